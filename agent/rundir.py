@@ -1,0 +1,253 @@
+"""The run directory: the versioned on-disk format between the agent and everything that reads it.
+
+Layout (schema "diag.run/1"):
+
+    RUN_DIR/
+      manifest.json                 job-level facts, written by rank 0 (MANIFEST_SCHEMA)
+      rank-00000/
+        rank.json                   this rank's facts (RANK_SCHEMA)
+        steps/steps-000000.jsonl    one JSON object per training step (STEP_FIELDS)
+        samples/samples-000000.jsonl  device and host metric samples, ~1 Hz
+        events/events-000000.jsonl  the agent's own log: collectors switched off, windows, faults
+        windows/window-000120.json  analysis summary of the profiler window starting at step 120
+        traces/*.pt.trace.json.gz   Kineto traces of profiler windows, within a size budget
+        nccl/                       NCCL_DEBUG_FILE output
+      rank-00001/ ...
+
+Every file is written whole to a temporary name and renamed into place, so a reader
+never sees half a file and a crash never corrupts what was already written. Record
+streams (steps, samples, events) are therefore sequences of small segment files, each
+written atomically; readers concatenate them in name order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+RUN_SCHEMA = "diag.run/1"
+RANK_SCHEMA = "diag.rank/1"
+MANIFEST = "manifest.json"
+RANK_FILE = "rank.json"
+STREAMS = ("steps", "samples", "events")
+WINDOWS = "windows"
+TRACES = "traces"
+NCCL = "nccl"
+
+# Keys of one steps record. Optional values are null when not measured.
+STEP_FIELDS = {
+    "step": "step number, the same on every rank",
+    "start_unix": "wall-clock start of the step, seconds since the epoch",
+    "duration_s": "step wall time from a monotonic clock",
+    "data_wait_s": "time spent waiting for the next batch (null without agent.loader())",
+    "samples": "samples in the step, from agent.step(samples=...)",
+    "tokens": "tokens in the step, from agent.step(tokens=...)",
+    "peak_mem_bytes": "peak device memory allocated during the step, where available",
+    "profiled": "true when a torch.profiler window covered the step",
+    "bound": "data | host | comm | memory | compute, or null",
+    "evidence": "trace | sampled: what the verdict rests on",
+}
+
+_RANK_DIR = re.compile(r"^rank-(\d+)$")
+
+
+def rank_dir_name(rank: int) -> str:
+    return f"rank-{rank:05d}"
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | os.PathLike, obj) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=1, default=_json_default) + "\n").encode("utf-8"))
+
+
+def _json_default(obj):
+    # numpy scalars and paths appear in records; everything else is a bug worth seeing.
+    if hasattr(obj, "item"):
+        return obj.item()
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+class SegmentWriter:
+    """Buffers records and writes them as atomically renamed segment files.
+
+    Memory is bounded by `flush_records`; disk by `max_bytes`, past which the writer
+    drops records and reports it once through `on_full` (the training goes on).
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        stream: str,
+        flush_records: int = 200,
+        flush_seconds: float = 10.0,
+        max_bytes: int = 256 << 20,
+        on_full=None,
+    ):
+        self.directory = Path(directory)
+        self.stream = stream
+        self.flush_records = flush_records
+        self.flush_seconds = flush_seconds
+        self.max_bytes = max_bytes
+        self.on_full = on_full
+        self.bytes_written = 0
+        self.dropped = 0
+        self._buf: list[str] = []
+        self._last_flush = time.monotonic()
+        self._index = self._next_index()
+
+    def _next_index(self) -> int:
+        existing = sorted(self.directory.glob(f"{self.stream}-*.jsonl")) if self.directory.exists() else []
+        if not existing:
+            return 0
+        return int(existing[-1].stem.rsplit("-", 1)[1]) + 1
+
+    def write(self, record: dict) -> None:
+        self._buf.append(json.dumps(record, separators=(",", ":"), default=_json_default))
+        if len(self._buf) >= self.flush_records or time.monotonic() - self._last_flush >= self.flush_seconds:
+            self.flush()
+
+    def flush(self) -> None:
+        self._last_flush = time.monotonic()
+        if not self._buf:
+            return
+        data = ("\n".join(self._buf) + "\n").encode("utf-8")
+        n = len(self._buf)
+        self._buf = []
+        if self.bytes_written + len(data) > self.max_bytes:
+            self.dropped += n
+            if self.on_full is not None and self.dropped == n:
+                self.on_full(f"{self.stream}: size budget of {self.max_bytes} bytes reached; dropping records")
+            return
+        atomic_write_bytes(self.directory / f"{self.stream}-{self._index:06d}.jsonl", data)
+        self._index += 1
+        self.bytes_written += len(data)
+
+
+def read_records(directory: str | os.PathLike, stream: str, problems: list | None = None) -> Iterator[dict]:
+    """All records of a stream in order. Unreadable lines are skipped and noted in `problems`."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return
+    for seg in sorted(directory.glob(f"{stream}-*.jsonl")):
+        try:
+            lines = seg.read_bytes().splitlines()
+        except OSError as exc:
+            if problems is not None:
+                problems.append(f"{seg}: unreadable ({exc.strerror or exc})")
+            continue
+        for i, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                if problems is not None:
+                    problems.append(f"{seg}:{i}: not a JSON record")
+                continue
+            if isinstance(rec, dict):
+                yield rec
+
+
+def read_json(path: str | os.PathLike, problems: list | None = None) -> dict | None:
+    try:
+        with open(path, "rb") as f:
+            obj = json.load(f)
+        return obj if isinstance(obj, dict) else None
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        if problems is not None:
+            problems.append(f"{path}: unreadable JSON ({exc})")
+        return None
+
+
+def is_run_dir(path: str | os.PathLike) -> bool:
+    p = Path(path)
+    return p.is_dir() and ((p / MANIFEST).exists() or any(_RANK_DIR.match(c.name) for c in p.iterdir()))
+
+
+class RunDir:
+    """Read access to a run directory. Tolerant: what is damaged is listed in `problems`."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.problems: list[str] = []
+
+    def manifest(self) -> dict:
+        return read_json(self.path / MANIFEST, self.problems) or {}
+
+    def ranks(self) -> list[int]:
+        if not self.path.is_dir():
+            return []
+        found = (_RANK_DIR.match(c.name) for c in self.path.iterdir() if c.is_dir())
+        return sorted(int(m.group(1)) for m in found if m)
+
+    def expected_world_size(self) -> int | None:
+        sizes = [self.manifest().get("world_size")]
+        sizes += [(self.rank_info(r) or {}).get("world_size") for r in self.ranks()]
+        sizes = [s for s in sizes if isinstance(s, int) and s > 0]
+        return max(sizes) if sizes else None
+
+    def missing_ranks(self) -> list[int]:
+        world = self.expected_world_size()
+        present = set(self.ranks())
+        return [r for r in range(world or 0) if r not in present]
+
+    def rank_path(self, rank: int) -> Path:
+        return self.path / rank_dir_name(rank)
+
+    def rank_info(self, rank: int) -> dict | None:
+        return read_json(self.rank_path(rank) / RANK_FILE, self.problems)
+
+    def records(self, rank: int, stream: str) -> Iterator[dict]:
+        return read_records(self.rank_path(rank) / stream, stream, self.problems)
+
+    def steps(self, rank: int) -> list[dict]:
+        return list(self.records(rank, "steps"))
+
+    def samples(self, rank: int) -> list[dict]:
+        return list(self.records(rank, "samples"))
+
+    def events(self, rank: int) -> list[dict]:
+        return list(self.records(rank, "events"))
+
+    def windows(self, rank: int) -> list[dict]:
+        d = self.rank_path(rank) / WINDOWS
+        out = [read_json(p, self.problems) for p in sorted(d.glob("window-*.json"))] if d.is_dir() else []
+        return [w for w in out if w]
+
+    def traces(self, rank: int) -> list[Path]:
+        d = self.rank_path(rank) / TRACES
+        return sorted(p for p in d.iterdir() if ".json" in p.name) if d.is_dir() else []
+
+    def nccl_logs(self, rank: int) -> list[Path]:
+        d = self.rank_path(rank) / NCCL
+        return sorted(p for p in d.iterdir() if p.is_file()) if d.is_dir() else []

@@ -1,0 +1,189 @@
+"""Evaluates the bottleneck decision tree in `decision_tree.toml`.
+
+The tree is data: nodes ask one question of one measurement against one threshold.
+`evaluate` returns the verdict, the path walked (value and threshold at each node) and
+the fixes; `advise` runs the advisory rules. Both are pure functions of their inputs.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BOUNDS = ("data", "host", "comm", "memory", "compute")
+DEFAULT_TREE = Path(__file__).with_name("decision_tree.toml")
+
+# What each measurement means; the analyzers and the agent fill these in.
+MEASUREMENTS = {
+    "data_share": "DataLoader wait / step time",
+    "host_share": "device idle, not waiting for data / step time",
+    "comm_share": "exposed communication / step time",
+    "memory_share": "bandwidth-bound kernel time (exclusive) / step time",
+    "compute_share": "compute-bound kernel time (exclusive) / step time",
+    "busy_share": "device busy / step time (derived: comm + memory + compute)",
+    "data_fraction_of_idle": "data wait / (data wait + host idle) (derived)",
+    "memory_to_compute": "bandwidth-bound device time / compute-bound device time",
+    "achieved_bw_frac": "achieved memory bandwidth / device peak",
+    "memory_used_frac": "peak device memory used / capacity",
+    "mfu": "model FLOPs utilisation, achieved FLOP/s / peak",
+    "scaling_efficiency": "per-rank throughput at larger world size / at smaller",
+}
+
+_OPS = {">=": operator.ge, ">": operator.gt, "<": operator.lt, "<=": operator.le}
+
+
+class TreeError(ValueError):
+    """The tree or a threshold override is malformed."""
+
+
+@dataclass(frozen=True)
+class Tree:
+    start: str
+    thresholds: dict
+    nodes: dict
+    verdicts: dict
+    advisories: list = field(default_factory=list)
+
+    def threshold(self, ref) -> float:
+        if isinstance(ref, (int, float)):
+            return float(ref)
+        if ref not in self.thresholds:
+            raise TreeError(f"unknown threshold {ref!r}")
+        return float(self.thresholds[ref])
+
+
+def load_tree(path: str | Path | None = None, overrides: dict | None = None) -> Tree:
+    """Load the default tree, then a config file's [thresholds], then explicit overrides."""
+    with open(DEFAULT_TREE, "rb") as f:
+        doc = tomllib.load(f)
+    thresholds = dict(doc["thresholds"])
+    if path is not None:
+        thresholds.update(_read_config_thresholds(Path(path)))
+    for name, value in (overrides or {}).items():
+        if name not in thresholds:
+            raise TreeError(f"unknown threshold {name!r}; known: {', '.join(sorted(thresholds))}")
+        thresholds[name] = float(value)
+    return Tree(
+        start=doc["start"],
+        thresholds=thresholds,
+        nodes=doc["nodes"],
+        verdicts=doc["verdicts"],
+        advisories=doc.get("advisories", []),
+    )
+
+
+def _read_config_thresholds(path: Path) -> dict:
+    try:
+        if path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            doc = yaml.safe_load(path.read_text()) or {}
+        else:
+            with open(path, "rb") as f:
+                doc = tomllib.load(f)
+    except FileNotFoundError:
+        raise TreeError(f"{path}: config file not found") from None
+    except Exception as exc:
+        raise TreeError(f"{path}: not a readable TOML/YAML config ({exc})") from None
+    table = doc.get("thresholds", {}) if isinstance(doc, dict) else None
+    if not isinstance(table, dict):
+        raise TreeError(f"{path}: [thresholds] must be a table of name = number")
+    try:
+        return {str(k): float(v) for k, v in table.items()}
+    except (TypeError, ValueError):
+        raise TreeError(f"{path}: every threshold must be a number") from None
+
+
+def parse_overrides(items: list[str] | None) -> dict:
+    """['data_wait=0.3', ...] from the CLI into a dict."""
+    out = {}
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            out[name.strip()] = float(value)
+        except ValueError:
+            raise TreeError(f"--threshold takes NAME=NUMBER, got {item!r}") from None
+    return out
+
+
+def derive(measurements: dict) -> dict:
+    """Fill in derived measurements from the five shares where they are missing."""
+    m = {k: v for k, v in measurements.items() if v is not None and not _nan(v)}
+    if "busy_share" not in m and all(k in m for k in ("comm_share", "memory_share", "compute_share")):
+        m["busy_share"] = m["comm_share"] + m["memory_share"] + m["compute_share"]
+    if "data_fraction_of_idle" not in m and "data_share" in m and "host_share" in m:
+        idle = m["data_share"] + m["host_share"]
+        m["data_fraction_of_idle"] = m["data_share"] / idle if idle > 0 else 0.0
+    return m
+
+
+def _nan(v) -> bool:
+    return isinstance(v, float) and math.isnan(v)
+
+
+def evaluate(measurements: dict, tree: Tree) -> dict:
+    """Walk the tree. An unmeasured metric answers 'unknown' and takes the 'no' branch."""
+    m = derive(measurements)
+    path = []
+    node_id = tree.start
+    for _ in range(len(tree.nodes) + 1):
+        node = tree.nodes[node_id]
+        threshold = tree.threshold(node["threshold"])
+        value = m.get(node["metric"])
+        if value is None:
+            answer = "unknown"
+            nxt = node["no"]
+        else:
+            hit = _OPS[node["op"]](value, threshold)
+            answer = "yes" if hit else "no"
+            nxt = node["yes" if hit else "no"]
+        path.append(
+            {
+                "node": node_id,
+                "question": node["question"].format(threshold=threshold),
+                "metric": node["metric"],
+                "value": value,
+                "op": node["op"],
+                "threshold": threshold,
+                "answer": answer,
+            }
+        )
+        if nxt.startswith("verdict:"):
+            bound = nxt.split(":", 1)[1]
+            verdict = tree.verdicts[bound]
+            return {
+                "bound": bound,
+                "title": verdict["title"],
+                "summary": verdict["summary"],
+                "path": path,
+                "fixes": list(verdict["fixes"]),
+            }
+        node_id = nxt
+    raise TreeError("decision tree has a cycle")
+
+
+def advise(measurements: dict, tree: Tree) -> list[dict]:
+    """Advisory findings whose rule fires on the measurements given."""
+    m = derive(measurements)
+    out = []
+    for rule in tree.advisories:
+        value = m.get(rule["metric"])
+        if value is None:
+            continue
+        threshold = tree.threshold(rule["threshold"])
+        if _OPS[rule["op"]](value, threshold):
+            out.append(
+                {
+                    "id": rule["id"],
+                    "severity": rule["severity"],
+                    "message": rule["message"].format(value=value, threshold=threshold),
+                    "advice": rule["advice"],
+                    "evidence": {rule["metric"]: value, "threshold": threshold},
+                }
+            )
+    return out

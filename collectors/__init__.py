@@ -1,0 +1,4 @@
+"""Collectors: they run inside the training process and write the run directory.
+
+Nothing here imports `diag.analyzers`; everything that can fail switches itself off.
+"""

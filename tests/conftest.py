@@ -1,0 +1,61 @@
+"""Shared test helpers: where the real data lives, and how missing tools are handled."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def real_data_dir() -> Path | None:
+    """$DIAG_REAL_DATA, else ../shared/data beside the repository, else None."""
+    env = os.environ.get("DIAG_REAL_DATA")
+    candidates = [Path(env)] if env else []
+    candidates.append(REPO.parent / "shared" / "data")
+    for c in candidates:
+        if c.is_dir():
+            return c
+    return None
+
+
+@pytest.fixture(scope="session")
+def real_data() -> Path:
+    d = real_data_dir()
+    if d is None:
+        pytest.skip("real data not found: set DIAG_REAL_DATA or place shared/data beside the repository")
+    return d
+
+
+@pytest.fixture(scope="session")
+def real_traces(real_data) -> Path:
+    return real_data / "traces"
+
+
+@pytest.fixture(scope="session")
+def real_nccl(real_data) -> Path:
+    return real_data / "nccl"
+
+
+def require_executable(name: str, hint: str) -> str:
+    """Path of a system tool. Missing: skip locally, fail in CI (where .ci/run installs it)."""
+    path = shutil.which(name) or next(
+        (p for p in (f"/usr/bin/{name}", f"/usr/local/bin/{name}") if os.access(p, os.X_OK)), None
+    )
+    if path:
+        return path
+    if IN_CI:
+        pytest.fail(f"{name} is required in CI ({hint}) but was not found")
+    pytest.skip(f"{name} not installed ({hint})")
+
+
+@pytest.fixture
+def artifacts_dir() -> Path:
+    d = REPO / "tests" / "artifacts"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
