@@ -167,11 +167,13 @@ def evaluate(measurements: dict, tree: Tree) -> dict:
     raise TreeError("decision tree has a cycle")
 
 
-def advise(measurements: dict, tree: Tree) -> list[dict]:
-    """Advisory findings whose rule fires on the measurements given."""
+def advise(measurements: dict, tree: Tree, bound: str | None = None) -> list[dict]:
+    """Advisory findings whose rule fires on the measurements given (beside verdict `bound`)."""
     m = derive(measurements)
     out = []
     for rule in tree.advisories:
+        if bound is not None and rule.get("unless_bound") == bound:
+            continue
         value = m.get(rule["metric"])
         if value is None:
             continue

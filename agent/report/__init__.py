@@ -1,0 +1,86 @@
+"""The bottleneck report: report.html (self-contained), report.md and summary.json.
+
+    write_report(run_dir, out_dir=None, progress=None) -> {"html": path, "markdown": path, "summary": path}
+    write_report_from_analysis(doc, out_dir) -> same, for `diag analyze --report DIR` on traces
+
+The data model comes from `diag.analyzers.report_model` (pure); this package reads the
+run directory, renders the model and writes the files atomically.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from diag import rundir
+
+REPORT_HTML = "report.html"
+REPORT_MD = "report.md"
+SUMMARY_JSON = "summary.json"
+SUMMARY_SCHEMA = "diag.report_summary/1"
+
+__all__ = ["REPORT_HTML", "REPORT_MD", "SUMMARY_JSON", "analyse_and_model", "build_run_model", "summary", "write_model",
+           "write_report", "write_report_from_analysis"]
+
+
+def build_run_model(run_dir, tree=None, progress=None) -> dict:
+    """The report model of a run directory (reads it, analyses it, builds the model)."""
+    return analyse_and_model(run_dir, tree=tree, progress=progress)[1]
+
+
+def analyse_and_model(source, tree=None, progress=None) -> tuple[dict, dict]:
+    """(analysis document, report model) of a run directory or of a saved analysis JSON file."""
+    from diag.analyzers.report_model import build_model
+    from diag.report.load import load_analysis_json, load_run
+
+    if Path(source).is_file():
+        doc = load_analysis_json(source)
+        return doc, build_model(doc, {"path": os.fspath(source)}, tree=tree)
+    doc, run = load_run(source, tree=tree, progress=progress)
+    return doc, build_model(doc, run, tree=tree)
+
+
+def write_report(run_dir, out_dir=None, progress=None, tree=None) -> dict:
+    """Write the report of a run directory into out_dir (default: the run directory)."""
+    model = build_run_model(run_dir, tree=tree, progress=progress)
+    return write_model(model, out_dir if out_dir is not None else run_dir)
+
+
+def write_report_from_analysis(doc: dict, out_dir, tree=None) -> dict:
+    """Write the report of a plain analysis document (traces analysed without a run directory)."""
+    from diag.analyzers.report_model import build_model
+
+    return write_model(build_model(doc, None, tree=tree), out_dir)
+
+
+def summary(model: dict) -> dict:
+    """The machine-readable summary: the model without chart arrays and per-step series."""
+    keep = ("run", "bound", "headline", "confidence", "decision_path", "phase_shares", "recommendations",
+            "stragglers", "ranks", "step_stats", "throughput", "top_kernels", "top_ops", "findings", "memory",
+            "nccl", "missing", "problems", "notes", "evidence")
+    out = {"schema": SUMMARY_SCHEMA, "model_schema": model.get("schema")}
+    out.update({k: model.get(k) for k in keep})
+    return out
+
+
+def write_model(model: dict, out_dir) -> dict:
+    from diag.report import html, markdown
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"html": out / REPORT_HTML, "markdown": out / REPORT_MD, "summary": out / SUMMARY_JSON}
+    rundir.atomic_write_text(paths["html"], html.render(model))
+    rundir.atomic_write_text(paths["markdown"], markdown.render(model))
+    rundir.atomic_write_json(paths["summary"], _finite(summary(model)))
+    return {k: os.fspath(v) for k, v in paths.items()}
+
+
+def _finite(obj):
+    """JSON has no NaN or infinity: write them as null."""
+    if isinstance(obj, float) and (obj != obj or obj in (float("inf"), float("-inf"))):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj

@@ -1,0 +1,732 @@
+"""`diag.Agent`: wrap a training loop on every rank; rank 0 writes the job's report at exit.
+
+    with diag.Agent(run_dir="runs/exp1") as agent:
+        for batch in agent.loader(train_loader):   # times the wait for each batch
+            loss = train_step(batch)
+            agent.step(samples=len(batch))         # marks the end of a training step
+
+The step path does only host-side bookkeeping: a monotonic clock read, an append to a
+queue and, inside profiler windows, the profiler's step markers. Everything else (the
+per-step verdict, writing records, the exporter, trace analysis) happens on one
+background thread or in a background process. Each part that fails is switched off
+and logged once (to stderr and to the rank's events stream); the training goes on.
+Exceptions from the user's loop propagate unchanged.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from diag import rundir
+from diag.collectors import launch_env, nccl_env
+from diag.collectors.profiler_windows import ProfilerWindows
+from diag.collectors.run_writer import RunWriter
+from diag.collectors.step_timer import StepTimer
+
+_DATA_WAIT_NAME = "enumerate(DataLoader)#diag.Agent.loader"
+
+
+class Agent:
+    """The diagnostics agent of one rank. Use as a context manager, or start()/close().
+
+    Main options (all keyword):
+      run_dir        folder of the run (default $DIAG_RUN_DIR or runs/<script>); a folder
+                     holding an earlier run is never overwritten: the run goes to <run_dir>-2, ...
+      overwrite      reuse run_dir even when it holds an earlier run
+      profile        profiler windows on/off; skip_first, warmup, active, every: the schedule
+      record_shapes, with_flops, profile_memory: torch.profiler options for windows
+      trace_budget_bytes: per-rank size budget of saved traces (oldest deleted beyond it)
+      sampling, sample_interval_s: device/host sampling thread (1 Hz by default)
+      nccl_log, nccl_coll: route NCCL_DEBUG=INFO logs into the rank's folder
+      export, export_port_base, export_bind: the Prometheus endpoint (port base + LOCAL_RANK)
+      flops_per_sample, flops_per_token, mfu_dtype: model FLOPs for MFU
+      report: rank 0 writes the job report at exit; report_wait_s bounds its wait for peers
+      heartbeat_s, flush_s: how often rank.json is refreshed and buffered records are written
+                     (a killed rank loses at most flush_s of step records)
+    """
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike | None = None,
+        *,
+        overwrite: bool = False,
+        run_id: str | None = None,
+        profile: bool = True,
+        skip_first: int = 10,
+        warmup: int = 1,
+        active: int = 3,
+        every: int = 500,
+        record_shapes: bool = True,
+        with_flops: bool = True,
+        profile_memory: bool = False,
+        trace_budget_bytes: int = 1 << 30,
+        sampling: bool = True,
+        sample_interval_s: float = 1.0,
+        device: int | None | str = "auto",
+        nccl_log: bool = True,
+        nccl_coll: bool = False,
+        export: bool = True,
+        export_port_base: int | None = None,
+        export_bind: str | None = None,
+        flops_per_sample: float | None = None,
+        flops_per_token: float | None = None,
+        mfu_dtype: str | None = None,
+        thresholds: dict | None = None,
+        config_file: str | os.PathLike | None = None,
+        report: bool = True,
+        report_wait_s: float = 120.0,
+        analysis_wait_s: float = 60.0,
+        heartbeat_s: float = 5.0,
+        flush_s: float = 10.0,
+        verbose: bool = True,
+    ):
+        self.config = {
+            "run_dir": str(run_dir) if run_dir is not None else None,
+            "overwrite": overwrite,
+            "profile": profile,
+            "schedule": {"skip_first": skip_first, "warmup": warmup, "active": active, "every": every},
+            "record_shapes": record_shapes,
+            "with_flops": with_flops,
+            "profile_memory": profile_memory,
+            "trace_budget_bytes": trace_budget_bytes,
+            "sampling": sampling,
+            "sample_interval_s": sample_interval_s,
+            "nccl_log": nccl_log,
+            "nccl_coll": nccl_coll,
+            "export": export,
+            "export_port_base": export_port_base,
+            "export_bind": export_bind,
+            "flops_per_sample": flops_per_sample,
+            "flops_per_token": flops_per_token,
+            "mfu_dtype": mfu_dtype,
+            "thresholds": dict(thresholds or {}),
+            "config_file": str(config_file) if config_file else None,
+            "report": report,
+            "report_wait_s": report_wait_s,
+            "heartbeat_s": heartbeat_s,
+            "flush_s": flush_s,
+        }
+        self._run_dir_arg = run_dir
+        self._run_id = run_id
+        self._device_arg = device
+        self._verbose = verbose
+        self.report_wait_s = report_wait_s
+        self.analysis_wait_s = analysis_wait_s
+        self.heartbeat_s = heartbeat_s
+        self.flush_s = flush_s
+
+        self.launch: launch_env.LaunchInfo | None = None
+        self.writer: RunWriter | None = None
+        self.windows: ProfilerWindows | None = None
+        self.sampler = None
+        self.exporter = None
+        self.tree = None
+        self.timer: StepTimer | None = None
+        self.report_paths: dict | None = None
+        self.status = "created"
+        self.peak_flops: float | None = None
+        self.thread_cpu_s: float | None = None  # CPU time of the background thread, once stopped
+
+        self._queue: collections.deque = collections.deque()
+        self._logged: set[str] = set()
+        self._early_events: list[dict] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._server: subprocess.Popen | None = None  # one analysis process for the whole run
+        self._server_starts = 0
+        self._inflight: dict[Path, tuple[int, int]] = {}
+        self._pending: collections.deque = collections.deque(maxlen=8)
+        self._composition: dict | None = None
+        self._windows_meta: list[dict] = []
+        self._latest_sample: dict | None = None
+        self._last_path_sig = None
+        self._steps_done = 0
+        self._last_step: int | None = None
+        self._loader_used = False
+        self._closed = False
+        self._atexit = None
+
+    # -- public API -----------------------------------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        return self.launch.rank if self.launch else 0
+
+    @property
+    def run_dir(self) -> Path | None:
+        return self.writer.path if self.writer else None
+
+    @property
+    def step_number(self) -> int:
+        """The number of the step in progress (0-based, the same on every rank)."""
+        return self.timer.step if self.timer else 0
+
+    def __enter__(self) -> Agent:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is None or (issubclass(exc_type, SystemExit) and getattr(exc, "code", 1) in (0, None)):
+            self.close("completed")
+        elif issubclass(exc_type, KeyboardInterrupt):
+            self.close("interrupted", "KeyboardInterrupt")
+        else:
+            self.close("failed", f"{exc_type.__name__}: {exc}")
+        return False  # the user's exception propagates unchanged
+
+    def start(self) -> Agent:
+        if self.timer is not None:
+            return self
+        try:
+            self._start()
+        except Exception as exc:  # the agent must never stop the training from starting
+            self._log(f"agent: start failed ({type(exc).__name__}: {exc}); only step timing is kept")
+        if self.timer is None:
+            self.timer = StepTimer()
+        self.status = "running"
+        self._atexit = atexit.register(self._close_at_exit)
+        return self
+
+    def loader(self, iterable):
+        """Yield from `iterable`, timing each wait for the next batch as data wait."""
+        it = iter(iterable)
+        timer = self.timer or self.start().timer
+        first = not self._loader_used and timer.step == 0
+        self._loader_used = True
+        perf = time.perf_counter
+        while True:
+            windows = self.windows
+            if first:
+                timer.restart()  # step 0 starts with its first batch, not at agent start
+                first = False
+            t0 = perf()
+            try:
+                if windows is not None and windows.recording:
+                    from torch.autograd.profiler import record_function
+
+                    with record_function(_DATA_WAIT_NAME):
+                        batch = next(it)
+                else:
+                    batch = next(it)
+            except StopIteration:
+                return
+            timer.add_data_wait(perf() - t0)
+            yield batch
+
+    def step(self, samples: float | None = None, tokens: float | None = None) -> None:
+        """End the current training step (and start the next)."""
+        if self._closed:
+            return
+        timer = self.timer
+        if timer is None:
+            self.start()
+            timer = self.timer
+        windows = self.windows
+        profiled = windows is not None and windows.recording
+        t = timer.finish(samples, tokens)
+        if windows is not None:
+            worked = windows.end(t.step)
+            if windows.begin(timer.step) or worked:
+                timer.rebase()
+        self._queue.append((t, profiled))
+
+    @property
+    def windows_analysed(self) -> list[dict]:
+        """Windows whose background analysis finished: first_step, last_step, bound."""
+        return list(self._windows_meta)
+
+    def trigger_profile(self, first_step: int | None = None) -> int | None:
+        """Profile a window starting at `first_step` (default: a few steps ahead) on this rank."""
+        if self.windows is None or not self.windows.enabled:
+            return None
+        return self.windows.request(first_step)
+
+    # -- start-up ---------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        info = launch_env.from_torch_distributed(launch_env.detect())
+        self.launch = info
+        self.writer = RunWriter.open(
+            self._run_dir_arg, info, run_id=self._run_id, overwrite=self.config["overwrite"],
+            config=self.config, log=self._log,
+        )
+        for ev in self._early_events:
+            self.writer.write_record("events", ev)
+        self._early_events.clear()
+        rank_path = self.writer.rank_path
+        writable = self.writer.enabled
+
+        if self.config["nccl_log"] and writable:
+            applied = nccl_env.configure(rank_path / rundir.NCCL, coll=self.config["nccl_coll"], log=self._log)
+            if applied:
+                self._event("nccl", f"NCCL logging routed to {applied.get('NCCL_DEBUG_FILE', 'stderr')}")
+
+        try:
+            from diag.analyzers.decision_tree import load_tree
+
+            self.tree = load_tree(self.config["config_file"], self.config["thresholds"] or None)
+        except Exception as exc:
+            self._log(f"agent: decision tree unavailable ({type(exc).__name__}: {exc}); steps get no live verdict")
+
+        device = self._device_index()
+        if self.config["sampling"]:
+            try:
+                from diag.collectors.sampler import Sampler
+
+                opts = {"interval_s": self.config["sample_interval_s"], "on_sample": self._on_sample,
+                        "log": self._log}
+                try:
+                    # The sampler finds DataLoader workers among our children; the window
+                    # analysis processes are ours, not workers.
+                    self.sampler = Sampler(device, exclude_pids=self._worker_pids, **opts)
+                except TypeError:
+                    self.sampler = Sampler(device, dataloader_pids=self._dataloader_pids, **opts)
+                self.sampler.start()
+            except Exception as exc:
+                self.sampler = None
+                self._log(f"sampler: switched off ({type(exc).__name__}: {exc})")
+
+        if self.config["profile"] and writable:
+            s = self.config["schedule"]
+            try:
+                self.windows = ProfilerWindows(
+                    rank_path / rundir.TRACES,
+                    skip_first=s["skip_first"], warmup=s["warmup"], active=s["active"], every=s["every"],
+                    record_shapes=self.config["record_shapes"], with_flops=self.config["with_flops"],
+                    profile_memory=self.config["profile_memory"],
+                    budget_bytes=self.config["trace_budget_bytes"],
+                    trigger_dir=self.writer.path, on_trace=self._on_trace, log=self._log,
+                )
+                self.windows.install_signal()
+            except Exception as exc:
+                self.windows = None
+                self._log(f"profiler: switched off ({type(exc).__name__}: {exc})")
+
+        self._start_exporter(device)
+        self._device_facts()
+        self.writer.heartbeat(collectors=self._collectors())
+        self.timer = StepTimer(device=device if isinstance(device, int) else None)
+        if self.windows is not None:
+            self.windows.begin(0)
+        self._thread = threading.Thread(target=self._run, name="diag-agent", daemon=True)
+        self._thread.start()
+
+    def _device_index(self) -> int | None:
+        if self._device_arg != "auto":
+            return self._device_arg if isinstance(self._device_arg, int) else None
+        torch = sys.modules.get("torch")
+        try:
+            if torch is not None and torch.cuda.is_available():
+                if torch.cuda.is_initialized():
+                    return torch.cuda.current_device()
+                n = torch.cuda.device_count()
+                return self.launch.local_rank % n if n else None
+        except Exception:
+            pass
+        return None
+
+    def _start_exporter(self, device) -> None:
+        if not self.config["export"]:
+            return
+        try:
+            from diag.exporter import runtime
+        except Exception as exc:
+            self._log(f"exporter: unavailable ({type(exc).__name__}: {exc})")
+            return
+        identity = {
+            "run": self.writer.path.name if self.writer else "run",
+            "rank": str(self.launch.rank),
+            "local_rank": self.launch.local_rank,
+            "host": self.launch.hostname,
+            "gpu": "" if device is None else str(device),
+        }
+        try:
+            self.exporter = runtime.start(
+                identity, port_base=self.config["export_port_base"], bind=self.config["export_bind"],
+                enabled=True, log=self._log,
+            )
+        except Exception as exc:
+            self.exporter = None
+            self._log(f"exporter: switched off ({type(exc).__name__}: {exc})")
+
+    def _device_facts(self) -> None:
+        """Device facts for rank.json and the peak FLOP/s for MFU."""
+        facts = None
+        if self.sampler is not None:
+            try:
+                facts = self.sampler.info(timeout=2.0)
+            except Exception:
+                facts = None
+        self.writer.update_info(device=facts)
+        if not (self.config["flops_per_sample"] or self.config["flops_per_token"]):
+            return
+        try:
+            from diag.analyzers import devices
+
+            dev = None
+            if facts and facts.get("name"):
+                dev = devices.lookup({"name": facts["name"], "totalGlobalMem": facts.get("memory_total_bytes")})
+            if dev is None and not (facts and facts.get("vendor")):
+                dev = devices.cpu_device()
+            dtype = self.config["mfu_dtype"] or ("fp32" if dev is not None and dev.key == "cpu" else "bf16")
+            self.peak_flops = dev.peak_flops(dtype) if dev is not None else None
+            if self.peak_flops is None:
+                self._log("mfu: device peak unknown (run `diag calibrate` on CPU hosts); MFU not reported")
+        except Exception as exc:
+            self._log(f"mfu: off ({type(exc).__name__}: {exc})")
+
+    def _collectors(self) -> dict:
+        return {
+            "writer": bool(self.writer and self.writer.enabled),
+            "profiler": bool(self.windows and self.windows.enabled),
+            "sampler": self.sampler is not None,
+            "exporter": self.exporter is not None,
+            "exporter_port": getattr(self.exporter, "port", None),
+            "verdicts": self.tree is not None,
+        }
+
+    # -- logging ----------------------------------------------------------------------------
+
+    def _event(self, source: str, message: str, level: str = "info") -> None:
+        ev = {"t": time.time(), "level": level, "source": source, "message": message}
+        if self.writer is None:
+            self._early_events.append(ev)
+        else:
+            self.writer.write_record("events", ev)
+        if self.exporter is not None:
+            try:
+                self.exporter.observe_event(ev)
+            except Exception:
+                pass
+
+    def _log(self, message: str) -> None:
+        """A collector switched off, a fault: logged once to stderr and to the events stream."""
+        source = message.split(":", 1)[0] if ":" in message[:24] else "agent"
+        self._event(source, message, level="warning")
+        key = re.sub(r"\d+", "#", message)[:80]  # "window 12 failed" and "window 40 failed" are one fault
+        if key in self._logged:
+            return
+        self._logged.add(key)
+        if self._verbose:
+            rank = self.launch.rank if self.launch else "?"
+            print(f"diag[rank {rank}]: {message}", file=sys.stderr, flush=True)
+
+    # -- callbacks from other threads ---------------------------------------------------------
+
+    def _on_sample(self, sample: dict) -> None:
+        self._latest_sample = sample
+        if self.writer is not None:
+            self.writer.write_record("samples", sample)
+        if self.exporter is not None:
+            self.exporter.observe_sample(sample)
+
+    def _on_trace(self, first: int, last: int, path: Path) -> None:
+        if len(self._pending) == self._pending.maxlen:
+            self._log("profiler: analysis queue full; the oldest pending window is analysed later by `diag analyze`")
+        self._pending.append((first, last, path))
+        self._event("profiler", f"window {first}-{last} saved to {path.name}")
+
+    def _worker_pids(self) -> list[int]:
+        server = self._server
+        return [server.pid] if server is not None else []
+
+    def _dataloader_pids(self) -> list[int]:
+        try:
+            import psutil
+
+            mine = set(self._worker_pids())
+            return [c.pid for c in psutil.Process().children(recursive=False) if c.pid not in mine]
+        except Exception:
+            return []
+
+    # -- the background thread ---------------------------------------------------------------
+
+    def _run(self) -> None:
+        cpu0 = time.thread_time()
+        try:
+            self._loop()
+        finally:
+            self.thread_cpu_s = time.thread_time() - cpu0
+
+    def _loop(self) -> None:
+        last_beat = last_poll = last_flush = time.monotonic()
+        while not self._stop.wait(0.2):
+            try:
+                self._drain()
+                now = time.monotonic()
+                if now - last_poll >= 1.0:
+                    last_poll = now
+                    if self.windows is not None:
+                        first = self.windows.poll_trigger()
+                        if first is not None:
+                            self._event("profiler", f"on-demand window requested at step {first}")
+                    self._poll_workers()
+                if now - last_flush >= self.flush_s:
+                    last_flush = now
+                    self.writer.flush()
+                if now - last_beat >= self.heartbeat_s:
+                    last_beat = now
+                    self.writer.heartbeat(steps=self._steps_done, last_step=self._last_step,
+                                          collectors=self._collectors())
+            except Exception as exc:  # keep the thread alive; report once
+                self._log(f"agent: background error ({type(exc).__name__}: {exc})")
+
+    def _drain(self) -> None:
+        q = self._queue
+        while q:
+            t, profiled = q.popleft()
+            rec = self._record(t, profiled)
+            self._steps_done += 1
+            self._last_step = t.step
+            self.writer.write_record("steps", rec)
+            if self.exporter is not None:
+                self.exporter.observe_step(rec)
+
+    def _record(self, t, profiled: bool) -> dict:
+        rec = {
+            "step": t.step,
+            "start_unix": t.start_unix,
+            "duration_s": t.duration_s,
+            "data_wait_s": t.data_wait_s,
+            "samples": t.samples,
+            "tokens": t.tokens,
+            "peak_mem_bytes": t.peak_mem_bytes,
+            "profiled": profiled,
+            "bound": None,
+            "evidence": "sampled",
+            "shares": None,
+        }
+        if self.peak_flops and t.duration_s > 0:
+            flops = None
+            if self.config["flops_per_token"] and t.tokens:
+                flops = self.config["flops_per_token"] * t.tokens
+            elif self.config["flops_per_sample"] and t.samples:
+                flops = self.config["flops_per_sample"] * t.samples
+            if flops:
+                rec["mfu"] = flops / t.duration_s / self.peak_flops
+        if self.tree is not None:
+            try:
+                from diag.analyzers.run_analysis import sampled_verdict
+
+                v = sampled_verdict(rec, self._latest_sample, self._composition, self.tree)
+                rec["bound"], rec["shares"] = v["bound"], v["shares"]
+                sig = tuple((p["node"], p["answer"]) for p in v["path"])
+                if sig != self._last_path_sig:
+                    rec["path"] = v["path"]
+                    self._last_path_sig = sig
+            except Exception as exc:
+                self.tree = None
+                self._log(f"agent: live verdicts off ({type(exc).__name__}: {exc})")
+        return rec
+
+    # -- window analysis in a background process ------------------------------------------------
+
+    def _poll_workers(self) -> None:
+        """Collect finished window analyses and hand the next trace to the analysis process."""
+        server = self._server
+        self._collect()
+        if server is not None and server.poll() is not None:
+            self._server = None
+            for out, (first, _last) in list(self._inflight.items()):
+                del self._inflight[out]
+                self._log(f"profiler: the window analysis process exited ({server.returncode}) during window "
+                          f"{first}; `diag analyze` analyses its trace later")
+        while self._pending and not self._inflight:
+            first, last, path = self._pending.popleft()
+            self._submit(first, last, path)
+        if self.windows is not None and not self._inflight:
+            self.windows.enforce_budget()
+
+    def _start_server(self) -> subprocess.Popen | None:
+        if self._server_starts >= 3:
+            return None  # it keeps dying: leave the traces to `diag analyze`
+        self._server_starts += 1
+        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", "diag.window_worker", "--serve"],
+                                    stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                    env=env, close_fds=True, text=True)
+        except OSError as exc:
+            self._log(f"profiler: cannot start the window analysis ({exc.strerror or exc}); traces are kept")
+            return None
+        try:
+            os.setpriority(os.PRIO_PROCESS, proc.pid, 10)  # behind the training
+        except (OSError, AttributeError):
+            pass
+        return proc
+
+    def _submit(self, first: int, last: int, path: Path) -> None:
+        out = self.writer.rank_path / rundir.WINDOWS / f"window-{first:06d}.json"
+        if self._server is None:
+            self._server = self._start_server()
+            if self._server is None:
+                return
+        job = {"trace": str(path), "out": str(out), "rank": self.rank, "first": first, "last": last,
+               "config": self.config["config_file"]}
+        try:
+            self._server.stdin.write(json.dumps(job) + "\n")
+            self._server.stdin.flush()
+        except (OSError, ValueError) as exc:
+            self._log(f"profiler: the window analysis process is gone ({exc}); traces are kept")
+            self._server = None
+            return
+        self._inflight[out] = (first, last)
+
+    def _window_done(self, first: int, last: int, out: Path, code: int) -> None:
+        doc = rundir.read_json(out)
+        if not doc:
+            self._log(f"profiler: window {first} analysis wrote nothing (exit {code})")
+            return
+        analysis = doc.get("analysis")
+        if not isinstance(analysis, dict):
+            self._log(f"profiler: window {first}: {doc.get('error', 'no analysis')}")
+            return
+        try:
+            from diag.analyzers.run_analysis import window_composition
+
+            comp = window_composition(analysis)
+            if comp is not None:
+                self._composition = comp
+        except Exception as exc:
+            self._log(f"agent: window composition failed ({type(exc).__name__}: {exc})")
+        self._windows_meta.append({"first_step": first, "last_step": last, "bound": analysis.get("bound")})
+        self._event("profiler", f"window {first}-{last} analysed: {analysis.get('bound')}-bound")
+        if self.exporter is not None:
+            self.exporter.observe_window(analysis)
+
+    def _collect(self) -> None:
+        for out, (first, last) in list(self._inflight.items()):
+            if out.exists():
+                del self._inflight[out]
+                self._window_done(first, last, out, 0)
+
+    def _wait_workers(self, timeout_s: float) -> None:
+        """Give the analysis of the last windows up to timeout_s, then end the analysis process."""
+        deadline = time.monotonic() + timeout_s
+        while (self._inflight or self._pending) and time.monotonic() < deadline:
+            self._poll_workers()
+            if self._server is None and self._server_starts >= 3:
+                break
+            if self._inflight or self._pending:
+                time.sleep(0.1)
+        self._collect()
+        left = sorted([f for f, _ in self._inflight.values()] + [f for f, _, _ in self._pending])
+        if left:
+            self._log(f"profiler: {len(left)} window(s) not analysed before exit (first steps {left}); "
+                      "`diag analyze` analyses their traces")
+        busy = bool(self._inflight)
+        self._inflight.clear()
+        self._pending.clear()
+        server, self._server = self._server, None
+        if server is not None:
+            try:
+                server.stdin.close()  # end of jobs: the service exits
+            except OSError:
+                pass
+            try:
+                server.wait(0.5 if busy else 5.0)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait(2.0)
+
+    # -- shutdown ---------------------------------------------------------------------------------
+
+    def _close_at_exit(self) -> None:
+        if not self._closed:
+            self.close("interrupted", "the process exited without closing the agent")
+
+    def close(self, status: str = "completed", error: str | None = None) -> None:
+        """Stop collecting, close this rank's part of the run; on rank 0 write the job report."""
+        if self._closed:
+            return
+        self._closed = True
+        self.status = status
+        if self._atexit is not None:
+            try:
+                atexit.unregister(self._close_at_exit)
+            except Exception:
+                pass
+        interrupted = status == "interrupted"
+        try:
+            self._shutdown_collectors(quick=interrupted)
+        except KeyboardInterrupt:
+            pass
+        except Exception as exc:
+            self._log(f"agent: shutdown error ({type(exc).__name__}: {exc})")
+        if self.writer is not None:
+            try:
+                self.writer.heartbeat(steps=self._steps_done, last_step=self._last_step, collectors=self._collectors())
+                self.writer.close(status, error)
+            except Exception as exc:
+                self._log(f"agent: closing the run directory failed ({type(exc).__name__}: {exc})")
+            if self.rank == 0:
+                try:
+                    self._finish_job(status, quick=interrupted)
+                except KeyboardInterrupt:
+                    print("diag: report skipped (interrupted); run `diag report` on the run directory",
+                          file=sys.stderr)
+                except Exception as exc:
+                    self._log(f"report: failed ({type(exc).__name__}: {exc}); run `diag report {self.run_dir}`")
+        if self.exporter is not None:
+            try:
+                self.exporter.close()
+            except Exception:
+                pass
+
+    def _shutdown_collectors(self, quick: bool) -> None:
+        if self.windows is not None:
+            self.windows.close()
+            self.windows.wait_exported(10.0 if quick else 60.0)
+        if self.sampler is not None:
+            try:
+                self.sampler.stop()
+            except Exception as exc:
+                self._log(f"sampler: stop failed ({exc})")
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5.0)
+        if self.writer is not None:
+            self._drain()
+            self._wait_workers(5.0 if quick else self.analysis_wait_s)
+            if self.windows is not None:
+                self.windows.enforce_budget()
+
+    def _finish_job(self, status: str, quick: bool) -> None:
+        w = self.writer
+        world = self.launch.world_size if self.launch else 1
+        peers = w.read_peers()
+        if world > 1:
+            wait = min(self.report_wait_s, 10.0) if quick else self.report_wait_s
+            peers = w.wait_for_peers(wait, stale_s=max(3 * self.heartbeat_s, 3.0))
+        finals = [i.get("status") if i else None for i in peers.values()]
+        if status != "completed":
+            job_status = status
+        elif any(s not in ("completed", "failed", "interrupted") for s in finals):
+            job_status = "incomplete"
+        elif "failed" in finals:
+            job_status = "failed"
+        elif "interrupted" in finals:
+            job_status = "interrupted"
+        else:
+            job_status = "completed"
+        w.write_manifest(job_status, peers)
+        if not self.config["report"] or not w.enabled:
+            return
+        try:
+            from diag.report import write_report
+        except ImportError as exc:
+            self._log(f"report: not available ({exc}); the run directory is complete")
+            return
+        self.report_paths = write_report(w.path, w.path)
+        html = (self.report_paths or {}).get("html")
+        if html and self._verbose:
+            print(f"diag: report written to {html}", file=sys.stderr, flush=True)

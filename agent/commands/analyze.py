@@ -1,0 +1,160 @@
+"""`diag analyze PATH...`: classify every step of torch.profiler traces or run directories."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from diag.errors import DiagInputError
+
+NAME = "analyze"
+HELP = "classify every step of torch.profiler traces or a run directory"
+
+_BAR = {"data": "data", "host": "host", "comm": "comm", "memory": "mem", "compute": "comp"}
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("paths", nargs="+", metavar="PATH",
+                        help="Kineto trace files (.json, .json.gz), directories of per-rank traces, or run directories")
+    parser.add_argument("--json", action="store_true", help="print one JSON document (schema diag.analysis/1)")
+    parser.add_argument("--config", metavar="FILE", help="TOML/YAML file with a [thresholds] table")
+    parser.add_argument("--threshold", action="append", metavar="NAME=VALUE", default=[],
+                        help="override one decision-tree threshold (repeatable), e.g. data_wait=0.3")
+    parser.add_argument("--jobs", type=int, metavar="N", help="parallel analysis processes (default: by free memory)")
+    parser.add_argument("--report", metavar="DIR", help="also write the HTML/Markdown report into DIR")
+
+
+def run(args) -> int:
+    from diag.analyzers import decision_tree as dt
+    from diag.analyzers.analysis import analyze_paths, json_safe
+
+    try:
+        tree = dt.load_tree(args.config, dt.parse_overrides(args.threshold))
+    except dt.TreeError as exc:
+        raise DiagInputError(str(exc)) from None
+    if args.jobs is not None and args.jobs < 1:
+        raise DiagInputError("--jobs must be at least 1")
+    doc = analyze_paths(args.paths, tree=tree, jobs=args.jobs, progress=_progress(len(args.paths)))
+    for e in doc["errors"]:
+        print(f"diag: error: {e['source']}: {e['error']}" if e.get("source") else f"diag: error: {e['error']}",
+              file=sys.stderr)
+    for w in doc.get("warnings", []):
+        print(f"diag: warning: {w['source']}: {w['warning']}" if w.get("source") else f"diag: warning: {w['warning']}",
+              file=sys.stderr)
+    if not doc["ranks"]:
+        if not doc["errors"]:
+            print("diag: error: nothing to analyse", file=sys.stderr)
+        return 2
+    doc = json_safe(doc)
+    if args.json:
+        sys.stdout.write(json.dumps(doc, indent=1) + "\n")
+    else:
+        sys.stdout.write(format_summary(doc))
+    if args.report:
+        _write_report(doc, args.report)
+    return 0
+
+
+def _write_report(doc: dict, out_dir: str) -> None:
+    try:
+        from diag import report
+    except ImportError:
+        report = None
+    fn = getattr(report, "write_report_from_analysis", None) if report else None
+    if fn is None:
+        raise DiagInputError("--report is unavailable: this installation has no "
+                             "diag.report.write_report_from_analysis")
+    fn(doc, out_dir)
+
+
+def _progress(n_paths: int):
+    if not sys.stderr.isatty():
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    bar = {}
+
+    def update(done, total, source):
+        if total < 2:
+            return
+        if "bar" not in bar:
+            bar["bar"] = tqdm(total=total, unit="trace", file=sys.stderr, leave=False)
+        bar["bar"].update(done - bar["bar"].n)
+        if done >= total:
+            bar["bar"].close()
+
+    return update
+
+
+def _pct(x) -> str:
+    return "  n/a" if x is None else f"{100 * x:5.1f}%"
+
+
+def _fmt_value(v) -> str:
+    if v is None:
+        return "unknown"
+    if isinstance(v, float):
+        return f"{v:.2f}" if v >= 1.5 else f"{100 * v:.1f}%"
+    return str(v)
+
+
+def _fmt_threshold(node: dict) -> str:
+    t = node["threshold"]
+    return f"{t:g}" if node["metric"] in ("memory_to_compute",) or t > 1 else f"{100 * t:.0f}%"
+
+
+def format_summary(doc: dict) -> str:
+    """The readable terminal summary of an analysis document."""
+    out = []
+    for r in doc["ranks"]:
+        dev = r.get("device_info") or {"name": r.get("device")}
+        steps = r.get("steps") or []
+        head = f"rank {r['rank']}"
+        if r.get("world_size"):
+            head += f"/{r['world_size']}"
+        out.append(f"{head}  {r['bound'].upper()}-BOUND  ({dev.get('name') or dev.get('type', '?')}, "
+                   f"{len(steps)} step{'s' if len(steps) != 1 else ''}, {r.get('source')})")
+        if r.get("summary"):
+            out.append(f"  {r['summary']}")
+        for node in r.get("path") or []:
+            out.append(f"  - {node['question']}  {node['answer']}  "
+                       f"(measured {_fmt_value(node['value'])}, threshold {node['op']} {_fmt_threshold(node)})")
+        sh = r.get("shares") or {}
+        out.append("  step time: " + "  ".join(f"{_BAR[b]} {_pct(sh.get(b))}" for b in _BAR))
+        if steps:
+            per = ", ".join(f"{s['step']}:{s['bound']}" for s in steps[:12])
+            more = f" (+{len(steps) - 12} more)" if len(steps) > 12 else ""
+            ms = [s["duration_ms"] for s in steps]
+            out.append(f"  steps: {per}{more}; mean {sum(ms) / len(ms):.1f} ms")
+        g = r.get("gpu_time") or {}
+        if g.get("idle_pct") is not None:
+            ov = g.get("comm_compute_overlap_pct")
+            out.append(f"  GPU time (HTA definitions): idle {g['idle_pct']:.2f}%  compute {g['compute_pct']:.2f}%  "
+                       f"non-compute {g['non_compute_pct']:.2f}%  comm/compute overlap "
+                       f"{'n/a' if ov is None else f'{ov:.2f}%'}")
+        if r.get("mfu") is not None:
+            out.append(f"  MFU: {100 * r['mfu']:.1f}% of peak")
+        for k in (r.get("top_kernels") or [])[:5]:
+            name = k["name"] if len(k["name"]) <= 90 else k["name"][:87] + "..."
+            out.append(f"    {k['pct']:5.1f}%  {k['time_ms']:9.2f} ms  {k['class']:<7} {name}")
+        for f in r.get("findings") or []:
+            out.append(f"  [{f['severity']}] {f['message']}")
+        fixes = r.get("fixes") or []
+        if fixes:
+            out.append("  fixes:")
+            out.extend(f"    * {x}" for x in fixes[:3])
+        out.append("")
+    job = doc.get("job") or {}
+    if job.get("bound"):
+        line = f"job: {job['bound'].upper()}-BOUND over {len(doc['ranks'])} rank(s)"
+        if job.get("method"):
+            line += f" [{job['method']}]"
+        out.append(line)
+        for s in job.get("stragglers") or []:
+            ev = s.get("evidence")
+            out.append(f"  straggler: rank {s.get('rank')}: {ev if isinstance(ev, str) else json.dumps(ev)}")
+        for f in job.get("findings") or []:
+            out.append(f"  [{f.get('severity', 'info')}] {f.get('message')}")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,40 @@
+"""`diag compare RUN_A RUN_B [--out DIR]`: did the change between two runs help?"""
+
+from __future__ import annotations
+
+NAME = "compare"
+HELP = "compare two runs: step time, phase shares, verdicts, throughput, scaling"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("run_a", metavar="RUN_A", help="the run before the change (run directory or "
+                                                      "diag analyze --json file)")
+    parser.add_argument("run_b", metavar="RUN_B", help="the run after the change")
+    parser.add_argument("--out", metavar="DIR", help="where to write compare.html/.md/.json (default: RUN_B)")
+    parser.add_argument("--config", metavar="FILE", help="TOML/YAML file with a [thresholds] table")
+    parser.add_argument("--threshold", action="append", metavar="NAME=VALUE",
+                        help="override one decision-tree threshold (repeatable)")
+    parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
+
+
+def run(args) -> int:
+    from pathlib import Path
+
+    from diag.analyzers.compare_model import compare
+    from diag.commands.report import load_tree_from_args
+    from diag.report import analyse_and_model
+    from diag.report.compare import write_compare
+    from diag.report.progress import progress_factory
+
+    tree = load_tree_from_args(args)
+    bar = progress_factory()
+    doc_a, model_a = analyse_and_model(args.run_a, tree=tree, progress=bar)
+    doc_b, model_b = analyse_and_model(args.run_b, tree=tree, progress=bar)
+    result = compare(model_a, model_b, doc_a, doc_b, tree=tree)
+    out = args.out or (args.run_b if Path(args.run_b).is_dir() else str(Path(args.run_b).parent))
+    paths = write_compare(result, out)
+    if not args.quiet:
+        print(result["headline"])
+        print(f"Comparison: {paths['html']}")
+        print(f"            {paths['markdown']}")
+    return 0

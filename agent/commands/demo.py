@@ -1,0 +1,58 @@
+"""`diag demo`: train a small DDP job on CPU under the agent and print its verdict and report."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from diag.errors import DiagInputError
+
+NAME = "demo"
+HELP = "run a small CPU training job under the agent and report on it"
+
+
+def add_arguments(parser) -> None:
+    from diag.demo import BOTTLENECKS, DEFAULT_STEPS
+
+    parser.add_argument("--bottleneck", choices=BOTTLENECKS, default="none",
+                        help="the bottleneck to induce (default: none, a healthy compute-bound run)")
+    parser.add_argument("--ranks", type=int, default=2, help="CPU processes in the DDP job (default 2)")
+    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help=f"training steps (default {DEFAULT_STEPS})")
+    parser.add_argument("--run-dir", default=None, help="run directory (default runs/demo-<timestamp>; never overwritten)")
+    parser.add_argument("--no-export", action="store_true", help="do not serve Prometheus metrics during the run")
+    parser.add_argument("--port-base", type=int, default=None, help="Prometheus port base (default 9870 + local rank)")
+    parser.add_argument("--json", action="store_true", help="print the analysis document instead of the summary")
+    parser.add_argument("--verbose", action="store_true", help="show the agent's messages from every rank")
+
+
+def run(args) -> int:
+    from diag.demo import headline, run_demo
+
+    if args.ranks < 1 or args.ranks > 16:
+        raise DiagInputError(f"--ranks must be between 1 and 16, got {args.ranks}")
+    if args.steps < 8:
+        raise DiagInputError(f"--steps must be at least 8 (the profiler skips the first steps), got {args.steps}")
+    if not args.json:
+        print(f"diag demo: {args.ranks} rank(s) of DDP on gloo, {args.steps} steps, bottleneck: {args.bottleneck}",
+              file=sys.stderr, flush=True)
+    result = run_demo(args.bottleneck, ranks=args.ranks, steps=args.steps, run_dir=args.run_dir,
+                      export=not args.no_export, port_base=args.port_base, verbose=args.verbose)
+    analysis = result["analysis"]
+    if args.json:
+        json.dump(analysis, sys.stdout, default=str)
+        sys.stdout.write("\n")
+        return 0
+    job = analysis.get("job") or {}
+    print(f"Verdict: {headline(analysis)}")
+    warnings = [f for f in job.get("findings") or [] if f.get("severity") in ("warning", "error")]
+    for r in analysis.get("ranks") or []:
+        warnings += [f for f in r.get("findings") or [] if f.get("severity") in ("warning", "error")]
+    for f in warnings[:5]:
+        print(f"  {f.get('severity')}: {f.get('message')}")
+    print(f"Run directory: {result['run_dir']}")
+    if result["report"] is not None:
+        print(f"Report: {result['report']}")
+    else:
+        print(f"Report: not written; run `diag report {result['run_dir']}`")
+    print(f"({result['elapsed_s']:.0f} s)", file=sys.stderr)
+    return 0

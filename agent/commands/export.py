@@ -1,0 +1,155 @@
+"""`diag export RUN_DIR`: serve a run directory's metrics to Prometheus from its files.
+
+For runs whose agents had the endpoint off (DIAG_EXPORTER=0, a firewall between the
+nodes and Prometheus, a shared filesystem readable from a login node) and for finished
+runs. One endpoint serves every rank, told apart by the identity labels, exactly as the
+agents' own endpoints would have. Each scrape first reads what was written since the
+previous one: segment files are renamed into place whole, so a new file name is a
+complete new batch of records.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+from diag.errors import DiagInputError
+from diag.exporter.registry import render_text
+from diag.exporter.runtime import DEFAULT_PORT_BASE, Handle
+from diag.exporter.server import MetricsServer
+from diag.rundir import RunDir, is_run_dir, read_json
+
+NAME = "export"
+HELP = "serve a run directory's metrics to Prometheus"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by the agent")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT_BASE,
+                   help=f"port to listen on (default: {DEFAULT_PORT_BASE}; 0 = any free port)")
+    p.add_argument("--bind", default="0.0.0.0", help="address to listen on (default: all interfaces)")
+    p.add_argument("--once", action="store_true",
+                   help="print the metrics in the Prometheus text format and exit instead of serving")
+
+
+def _identity(run: RunDir, rank: int) -> dict:
+    info = run.rank_info(rank) or {}
+    manifest = run.manifest()
+    device = info.get("device")
+    gpu = device.get("index") if isinstance(device, dict) else None
+    return {
+        "run": info.get("run_id") or manifest.get("run_id") or run.path.name,
+        "rank": rank,
+        "local_rank": info.get("local_rank", ""),
+        "host": info.get("host", ""),
+        "gpu": gpu,
+    }
+
+
+class RunDirExport:
+    """One Handle per rank, fed incrementally from the rank's files."""
+
+    def __init__(self, path: str | Path):
+        self.run = RunDir(path)
+        self.handles: dict[int, Handle] = {}
+        self._seen: dict[tuple[int, str], set[str]] = {}
+        self._nccl_mtime: float | None = None
+        self._lock = threading.Lock()
+
+    def refresh(self) -> list:
+        with self._lock:
+            for rank in self.run.ranks():
+                h = self.handles.get(rank)
+                if h is None:
+                    info = self.run.rank_info(rank) or {}
+                    h = self.handles[rank] = Handle(_identity(self.run, rank),
+                                                    start_time=info.get("started_unix"))
+                self._feed(rank, h)
+            self._feed_nccl()
+            return [h.state for _, h in sorted(self.handles.items())]
+
+    def _new_files(self, rank: int, folder: str, pattern: str) -> list[Path]:
+        d = self.run.rank_path(rank) / folder
+        if not d.is_dir():
+            return []
+        seen = self._seen.setdefault((rank, folder), set())
+        new = [p for p in sorted(d.glob(pattern)) if p.name not in seen]
+        seen.update(p.name for p in new)
+        return new
+
+    def _feed(self, rank: int, h: Handle) -> None:
+        for stream, observe in (("steps", h.observe_step), ("samples", h.observe_sample),
+                                ("events", h.observe_event)):
+            for seg in self._new_files(rank, stream, f"{stream}-*.jsonl"):
+                for rec in _read_segment(seg, self.run.problems):
+                    observe(rec)
+        for win in self._new_files(rank, "windows", "window-*.json"):
+            doc = read_json(win, self.run.problems)
+            if doc:
+                h.observe_window(doc)
+
+    def _feed_nccl(self) -> None:
+        path = self.run.path / "nccl_bench.json"
+        try:
+            mtime = path.stat().st_mtime
+        except OSError:
+            return
+        if mtime == self._nccl_mtime:
+            return
+        self._nccl_mtime = mtime
+        doc = read_json(path, self.run.problems)
+        if doc:
+            for h in self.handles.values():
+                h.observe_nccl(doc)
+
+
+def _read_segment(segment: Path, problems: list):
+    try:
+        lines = segment.read_bytes().splitlines()
+    except OSError as exc:
+        problems.append(f"{segment}: unreadable ({exc.strerror or exc})")
+        return
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            problems.append(f"{segment}:{i}: not a JSON record")
+            continue
+        if isinstance(rec, dict):
+            yield rec
+
+
+def run(args) -> int:
+    path = Path(args.run_dir)
+    if not path.exists():
+        raise DiagInputError("no such run directory", source=str(path))
+    if not is_run_dir(path):
+        raise DiagInputError("not a diag run directory (no manifest.json, no rank-NNNNN folders)",
+                             source=str(path))
+    export = RunDirExport(path)
+    if not export.refresh():
+        raise DiagInputError("run directory holds no ranks", source=str(path))
+    for problem in export.run.problems:
+        print(f"diag: warning: {problem}", file=sys.stderr)
+    if args.once:
+        sys.stdout.write(render_text(export.refresh).decode("utf-8"))
+        return 0
+    try:
+        server = MetricsServer((args.bind, args.port), lambda: render_text(export.refresh)).start()
+    except OSError as exc:
+        raise DiagInputError(f"cannot listen on {args.bind}:{args.port} ({exc.strerror or exc})") from None
+    print(f"diag: serving {len(export.handles)} rank(s) of {path} on "
+          f"http://{args.bind}:{server.port}/metrics (Ctrl-C to stop)", file=sys.stderr, flush=True)
+    try:
+        while server.thread.is_alive():
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0

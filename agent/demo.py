@@ -1,0 +1,283 @@
+"""`diag demo`: a small DDP job on gloo in N CPU processes, trained under the agent.
+
+Each bottleneck is induced the way it happens in real jobs:
+- data: a dataset whose __getitem__ waits on slow storage, read with num_workers=0;
+- comm: a wide model on a tiny batch, so gradient all-reduce dwarfs the arithmetic;
+- compute: large matrix multiplications;
+- memory: a model of long elementwise chains over large activations;
+- host: a loop of many tiny ops, each result pulled to Python with .item();
+- none: a healthy compute-bound MLP fed by an in-memory DataLoader that gathers whole batches.
+
+The ranks are started with torch.multiprocessing and the torchrun environment
+variables (RANK, WORLD_SIZE, MASTER_ADDR, ...), so the agent sees them as any launched
+job. The parent claims the run directory first and hands its id to the ranks, so a
+demo never overwrites an earlier run.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+import uuid
+from pathlib import Path
+
+BOTTLENECKS = ("data", "comm", "compute", "memory", "host", "none")
+DEFAULT_STEPS = 32
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def schedule(steps: int) -> dict:
+    """Profiler windows that fit the demo: skip start-up, then a few windows of 3 steps."""
+    skip = 3 if steps < 40 else 5
+    every = max(8, (steps - skip) // 3)
+    return {"skip_first": skip, "warmup": 1, "active": 3, "every": every}
+
+
+# -- the workloads ---------------------------------------------------------------------------
+
+
+def _build(bottleneck: str, rank: int):
+    """(model, batches iterable, step function(model, batch) -> loss tensor, samples per step)."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(1234 + rank)
+
+    if bottleneck == "data":
+
+        class SlowStorage(torch.utils.data.Dataset):
+            # Each sample is a read from slow storage (network file system, object store).
+            def __len__(self):
+                return 1 << 20
+
+            def __getitem__(self, i):
+                time.sleep(0.004)
+                g = torch.Generator().manual_seed(i)
+                return torch.randn(256, generator=g), int(i % 10)
+
+        model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 10))
+        loader = torch.utils.data.DataLoader(SlowStorage(), batch_size=32, num_workers=0)
+        return model, loader, _classify, 32
+
+    if bottleneck == "comm":
+        # A recommender-style embedding table with dense gradients: 8M parameters (32 MB of
+        # gradient to all-reduce every step) for a handful of lookups and a tiny head.
+        class Recommender(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.table = nn.Embedding(1 << 18, 32)
+                self.head = nn.Linear(32, 1)
+
+            def forward(self, ids):
+                return self.head(self.table(ids).mean(dim=1))
+
+        g = torch.Generator().manual_seed(rank)
+        batches = _repeat([(torch.randint(0, 1 << 18, (64, 8), generator=g), torch.randn(64, 1, generator=g))])
+        return Recommender(), batches, _regress, 64
+
+    if bottleneck == "compute":
+        # Many FLOPs per parameter (a large batch through square layers), so the gradient
+        # all-reduce stays small beside the matrix multiplications.
+        model = nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
+                              nn.Linear(1024, 1024))
+        batches = _repeat([(torch.randn(320, 1024), torch.randn(320, 1024))])
+        return model, batches, _regress, 320
+
+    if bottleneck == "memory":
+
+        class Elementwise(nn.Module):
+            # Per-feature scales and shifts between activations, as in norm-heavy blocks
+            # before fusion: every op reads and writes the whole activation.
+            def __init__(self, width: int, depth: int):
+                super().__init__()
+                self.scale = nn.Parameter(torch.ones(depth, width))
+                self.shift = nn.Parameter(torch.zeros(depth, width))
+
+            def forward(self, x):
+                for k in range(self.scale.shape[0]):
+                    x = torch.nn.functional.gelu(x * self.scale[k] + self.shift[k])
+                    x = x - x.mean(dim=-1, keepdim=True)
+                return x
+
+        model = Elementwise(8192, 6)
+        batches = _repeat([(torch.randn(128, 8192), torch.randn(128, 8192))])
+        return model, batches, _regress, 128
+
+    if bottleneck == "host":
+        model = nn.Linear(32, 32)
+        batches = _repeat([(torch.randn(12, 32), torch.randn(12, 32))])
+        return model, batches, _host_step, 12
+
+    # none: a healthy run — compute dominates, data is prefetched in memory.
+    # An in-memory dataset indexed a whole batch at a time (one gather, no per-sample collate).
+    data = torch.utils.data.TensorDataset(torch.randn(8192, 512), torch.randint(0, 10, (8192,)))
+    sampler = torch.utils.data.BatchSampler(torch.utils.data.RandomSampler(data), 512, drop_last=True)
+    loader = torch.utils.data.DataLoader(data, sampler=sampler, batch_size=None)
+    model = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
+    return model, _cycle(loader), _classify, 512
+
+
+def _repeat(batches):
+    while True:
+        yield from batches
+
+
+def _cycle(loader):
+    while True:
+        yield from loader
+
+
+def _classify(model, batch):
+    import torch
+
+    x, y = batch
+    return torch.nn.functional.cross_entropy(model(x), y)
+
+
+def _regress(model, batch):
+    x, y = batch
+    return (model(x) - y).pow(2).mean()
+
+
+def _host_step(model, batch):
+    """A per-element Python loop with a .item() on every iteration: host-bound by design."""
+    import torch
+
+    x, y = batch
+    out = model(x)
+    loss = (out - y).pow(2).mean()
+    acc = 0.0
+    for i in range(out.shape[0]):
+        for j in range(out.shape[1]):
+            v = out[i, j] * 0.5 + y[i, j]
+            acc += torch.tanh(v).item()
+    return loss + 0.0 * acc
+
+
+# -- one rank ---------------------------------------------------------------------------------
+
+
+def _rank_main(local_rank: int, cfg: dict) -> None:
+    env = {
+        "RANK": str(local_rank),
+        "LOCAL_RANK": str(local_rank),
+        "WORLD_SIZE": str(cfg["ranks"]),
+        "LOCAL_WORLD_SIZE": str(cfg["ranks"]),
+        "GROUP_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(cfg["port"]),
+        "DIAG_RUN_ID": cfg["run_id"],
+    }
+    os.environ.update(env)
+    import torch
+    import torch.distributed as dist
+
+    import diag
+
+    torch.set_num_threads(cfg["threads"])
+    steps = cfg["steps"]
+    sched = schedule(steps)
+    with diag.Agent(
+        run_dir=cfg["run_dir"],
+        device=None,  # the demo trains on the CPU even where a GPU exists
+        export=cfg["export"],
+        export_port_base=cfg.get("port_base"),
+        report_wait_s=60.0,
+        heartbeat_s=2.0,
+        verbose=cfg["verbose"],
+        **sched,
+    ) as agent:
+        # The agent starts before the process group, so NCCL logging (on GPU jobs) is set up.
+        dist.init_process_group("gloo", rank=local_rank, world_size=cfg["ranks"],
+                                timeout=__import__("datetime").timedelta(seconds=120))
+        model, batches, step_fn, samples = _build(cfg["bottleneck"], local_rank)
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+        it = iter(batches)
+        for _, batch in zip(range(steps), agent.loader(it)):
+            opt.zero_grad(set_to_none=True)
+            loss = step_fn(ddp, batch)
+            loss.backward()
+            opt.step()
+            agent.step(samples=samples)
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+# -- the parent -------------------------------------------------------------------------------
+
+
+def default_run_dir() -> Path:
+    return Path("runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def run_demo(
+    bottleneck: str = "none",
+    ranks: int = 2,
+    steps: int = DEFAULT_STEPS,
+    run_dir: str | os.PathLike | None = None,
+    export: bool = True,
+    port_base: int | None = None,
+    verbose: bool = False,
+) -> dict:
+    """Run the demo job; returns {"run_dir", "analysis", "report", "elapsed_s"}."""
+    if bottleneck not in BOTTLENECKS:
+        raise ValueError(f"unknown bottleneck {bottleneck!r}; choose from {', '.join(BOTTLENECKS)}")
+    import torch.multiprocessing as mp
+
+    from diag.collectors.run_writer import resolve_run_dir
+
+    t0 = time.monotonic()
+    run_id = uuid.uuid4().hex[:12]
+    base = Path(run_dir) if run_dir is not None else default_run_dir()
+    path = resolve_run_dir(base, f"diag:{run_id}", True, rank=0)
+    cfg = {
+        "bottleneck": bottleneck,
+        "ranks": ranks,
+        "steps": steps,
+        "run_dir": str(path),
+        "run_id": run_id,
+        "port": free_port(),
+        "threads": max(1, (os.cpu_count() or 2) // ranks),
+        "export": export,
+        "port_base": port_base,
+        "verbose": verbose,
+    }
+    # fork is fast (no re-import of torch) and safe here: the parent has run no torch ops.
+    method = "fork" if sys.platform.startswith("linux") else "spawn"
+    mp.start_processes(_rank_main, args=(cfg,), nprocs=ranks, join=True, start_method=method)
+
+    from diag.analyzers.run_analysis import analyze_run
+
+    analysis = analyze_run(path)
+    report = path / "report.html"
+    return {
+        "run_dir": path,
+        "analysis": analysis,
+        "report": report if report.exists() else None,
+        "elapsed_s": time.monotonic() - t0,
+    }
+
+
+def headline(analysis: dict) -> str:
+    """One sentence: the job's verdict with its numbers."""
+    job = analysis.get("job") or {}
+    bound = job.get("bound")
+    ranks = analysis.get("ranks") or []
+    shares = [r.get("shares") for r in ranks if r.get("shares")]
+    if bound is None:
+        return "No verdict: not enough evidence was recorded."
+    text = f"{bound}-bound"
+    if shares:
+        mean = sum(s.get(bound) or 0.0 for s in shares) / len(shares)
+        label = {"data": "waiting for data", "host": "host overhead (device idle)", "comm": "exposed communication",
+                 "memory": "bandwidth-bound work", "compute": "compute-bound work"}[bound]
+        text += f": {label} is {mean:.0%} of step time on {len(shares)} rank(s)"
+    return text

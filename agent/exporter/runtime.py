@@ -1,0 +1,354 @@
+"""The exporter inside a training process: one Prometheus endpoint per rank (contract E).
+
+    handle = start({"run": ..., "rank": 0, "local_rank": 0, "host": ..., "gpu": "0"})
+    handle.observe_step(step_record)      # from the agent's step path
+    handle.observe_sample(sample)         # from the sampling thread
+    handle.observe_window(rank_dict)      # after a profiler window was analysed
+    handle.observe_nccl(document)         # diag.nccl_bench/1 or diag.nccl_log/1
+    handle.close()
+
+The endpoint listens on port base + LOCAL_RANK (default base 9870, all interfaces), so
+ranks on one host never collide. Environment: DIAG_EXPORTER=0 turns it off,
+DIAG_EXPORTER_PORT sets the base (0 = any free port), DIAG_EXPORTER_BIND the address.
+A port in use gives a warning and the next free port; a server that cannot start at
+all gives a warning and no exporter, and the training goes on either way.
+
+The observe_* methods never raise and never block on the network: they do their
+arithmetic first, then apply it to plain dictionaries under a lock that a scrape holds
+only while copying them. A record the exporter cannot use is counted in
+diag_exporter_errors_total{stage} and otherwise ignored.
+"""
+
+from __future__ import annotations
+
+import errno
+import math
+import numbers
+import os
+import time
+
+from diag.exporter.metrics_table import BOUNDS, CLOCK_EVENT_REASONS
+from diag.exporter.registry import MetricState, make_registry, render_text
+from diag.exporter.server import MetricsServer
+
+DEFAULT_PORT_BASE = 9870
+DEFAULT_BIND = "0.0.0.0"
+# How far past a taken port we look; 8 GPUs per host plus a few strays fit easily.
+PORT_SEARCH = 64
+# Throughput is integrated between samples; a gap longer than this (a paused sampler,
+# a suspended job) is not filled with an assumed constant rate.
+MAX_INTEGRATION_GAP_S = 30.0
+
+_OFF = ("0", "false", "no", "off")
+
+
+def _num(v) -> float | None:
+    """A finite number as float, else None (bools, strings, NaN and infinities are not values)."""
+    t = type(v)
+    if t is float:
+        return v if v - v == 0.0 else None  # False for NaN and +-Inf
+    if t is int:
+        return float(v)
+    if t is bool or not isinstance(v, numbers.Real):  # numpy scalars are Real too
+        return None
+    v = float(v)
+    return v if math.isfinite(v) else None
+
+
+class Handle:
+    """One rank's metrics, and the HTTP server that serves them when it runs."""
+
+    def __init__(self, identity: dict, port: int | None = None, bind: str = "", start_time: float | None = None):
+        self.identity = dict(identity)
+        self.state = MetricState(identity, start_time=start_time)
+        self.registry = make_registry([self.state])
+        self.port = port
+        self.bind = bind
+        self._server = None
+        self._last_sample_t: float | None = None
+        self._closed = False
+
+    @property
+    def url(self) -> str | None:
+        if self.port is None:
+            return None
+        host = "127.0.0.1" if self.bind in ("", "0.0.0.0", "::") else self.bind
+        return f"http://{host}:{self.port}/metrics"
+
+    # ---------------------------------------------------------------- observers
+    def observe_step(self, record: dict) -> None:
+        self._guard("step", self._step, record)
+
+    def observe_sample(self, sample: dict) -> None:
+        self._guard("sample", self._sample, sample)
+
+    def observe_window(self, rank_dict: dict) -> None:
+        self._guard("window", self._window, rank_dict)
+
+    def observe_nccl(self, doc: dict) -> None:
+        self._guard("nccl", self._nccl, doc)
+
+    def observe_event(self, event: dict) -> None:
+        """An agent event record (collector switched off, fault, ...); OOM errors are counted."""
+        self._guard("event", self._event, event)
+
+    def _guard(self, kind: str, fn, obj) -> None:
+        try:
+            if not isinstance(obj, dict):
+                raise TypeError(f"{kind} record is not a dict")
+            fn(obj)
+            ok = True
+        except Exception:
+            ok = False
+        try:
+            with self.state.lock:
+                self.state.inc("diag_exporter_observations_total", 1.0, (kind,))
+                if not ok:
+                    self.state.inc("diag_exporter_errors_total", 1.0, (kind,))
+        except Exception:
+            pass
+
+    # ---------------------------------------------------------------- record -> metrics
+    def _step(self, rec: dict) -> None:
+        duration = _num(rec.get("duration_s"))
+        if duration is None or duration < 0:
+            raise ValueError("step record without a duration")
+        wait = _num(rec.get("data_wait_s"))
+        wait = min(max(wait, 0.0), duration) if wait is not None else None
+        shares = rec.get("shares")
+        fractions = [_num(shares.get(b)) for b in BOUNDS] if isinstance(shares, dict) else [None]
+        if None not in fractions:
+            phases = [(b, duration * f if f > 0 else 0.0) for b, f in zip(BOUNDS, fractions)]
+        else:
+            phases = [("data", wait or 0.0), ("unattributed", duration - (wait or 0.0))]
+        bound = rec.get("bound")
+        start = _num(rec.get("start_unix"))
+        end = start + duration if start is not None else time.time()
+        samples, tokens = _num(rec.get("samples")), _num(rec.get("tokens"))
+        peak = _num(rec.get("peak_mem_bytes"))
+        mfu = _num(rec.get("mfu"))
+        s = self.state
+        with s.lock:
+            s.inc("diag_steps_total", 1.0)
+            s.observe("diag_step_duration_seconds", duration)
+            for phase, seconds in phases:
+                s.inc("diag_step_phase_seconds_total", seconds, (phase,))
+            if bound in BOUNDS:
+                s.inc("diag_step_bound_total", 1.0, (bound,))
+            if wait is not None:
+                s.inc("diag_data_wait_seconds_total", wait)
+            s.set("diag_last_step_timestamp_seconds", end)
+            if samples is not None and samples > 0:
+                s.inc("diag_samples_total", samples)
+            if tokens is not None and tokens > 0:
+                s.inc("diag_tokens_total", tokens)
+            if peak is not None:
+                s.set("diag_step_peak_memory_bytes", peak)
+            if mfu is not None:
+                s.set("diag_mfu_ratio", mfu)
+
+    _GPU_GAUGES = (
+        ("utilization_ratio", "diag_gpu_utilization_ratio"),
+        ("memory_used_bytes", "diag_gpu_memory_used_bytes"),
+        ("memory_total_bytes", "diag_gpu_memory_total_bytes"),
+        ("power_watts", "diag_gpu_power_watts"),
+        ("energy_joules_total", "diag_gpu_energy_joules_total"),
+        ("temperature_celsius", "diag_gpu_temperature_celsius"),
+        ("sm_clock_hz", "diag_gpu_sm_clock_hertz"),
+        ("xid_errors_total", "diag_gpu_xid_errors_total"),
+        ("ecc_errors_total", "diag_gpu_ecc_errors_total"),
+    )
+    _HOST_GAUGES = (
+        ("cpu_ratio", "diag_host_cpu_ratio", ()),
+        ("memory_used_bytes", "diag_host_memory_used_bytes", ()),
+        ("memory_total_bytes", "diag_host_memory_total_bytes", ()),
+        ("disk_read_bytes_total", "diag_host_disk_bytes_total", ("read",)),
+        ("disk_write_bytes_total", "diag_host_disk_bytes_total", ("write",)),
+        ("net_rx_bytes_total", "diag_host_network_bytes_total", ("rx",)),
+        ("net_tx_bytes_total", "diag_host_network_bytes_total", ("tx",)),
+        ("process_cpu_ratio", "diag_process_cpu_ratio", ()),
+        ("process_rss_bytes", "diag_process_resident_memory_bytes", ()),
+        ("dataloader_workers", "diag_dataloader_workers", ()),
+        ("dataloader_workers_cpu_ratio", "diag_dataloader_workers_cpu_ratio", ()),
+    )
+
+    def _sample(self, sample: dict) -> None:
+        t = _num(sample.get("t")) or time.time()
+        dt = None
+        if self._last_sample_t is not None and 0 < t - self._last_sample_t <= MAX_INTEGRATION_GAP_S:
+            dt = t - self._last_sample_t
+        self._last_sample_t = t
+        updates: list[tuple] = []  # (method, name, value, labels)
+        gpu = sample.get("gpu")
+        if isinstance(gpu, dict):
+            if isinstance(gpu.get("name"), str) or isinstance(gpu.get("uuid"), str):
+                updates.append(("replace", "diag_gpu_info",
+                                {(str(gpu.get("name") or ""), str(gpu.get("uuid") or "")): 1.0}, None))
+            for key, name in self._GPU_GAUGES:
+                v = _num(gpu.get(key))
+                if v is not None:
+                    updates.append(("set", name, v, ()))
+            events = gpu.get("clock_events")
+            if isinstance(events, (list, tuple)):
+                active = {str(e) if str(e) in CLOCK_EVENT_REASONS else "other" for e in events}
+                series = {(r,): float(r in active) for r in CLOCK_EVENT_REASONS}
+                series.update({(r,): 1.0 for r in sorted(active) if (r,) not in series})
+                updates.append(("replace", "diag_gpu_clock_event_active", series, None))
+            for direction in ("tx", "rx"):
+                rate = _num(gpu.get(f"pcie_{direction}_bytes_per_second"))
+                if rate is not None:
+                    updates.append(("inc", "diag_gpu_pcie_bytes_total", rate * dt if dt else 0.0, (direction,)))
+                total = _num(gpu.get(f"nvlink_{direction}_bytes_total"))
+                if total is not None:
+                    updates.append(("set", "diag_gpu_nvlink_bytes_total", total, (direction,)))
+        host = sample.get("host")
+        if isinstance(host, dict):
+            for key, name, labels in self._HOST_GAUGES:
+                v = _num(host.get(key))
+                if v is not None:
+                    updates.append(("set", name, v, labels))
+        s = self.state
+        with s.lock:
+            for method, name, value, labels in updates:
+                if method == "replace":
+                    s.replace(name, value)
+                else:
+                    getattr(s, method)(name, value, labels)
+
+    def _window(self, doc: dict) -> None:
+        # A window summary file (contract C) wraps the rank dict under "analysis".
+        rank = doc.get("analysis") if isinstance(doc.get("analysis"), dict) else doc
+        mfu = _num(rank.get("mfu"))
+        gpu_time = rank.get("gpu_time") if isinstance(rank.get("gpu_time"), dict) else {}
+        overlap = _num(gpu_time.get("comm_compute_overlap_pct"))
+        findings = _count_ids(rank.get("findings"))
+        s = self.state
+        with s.lock:
+            if mfu is not None:
+                s.set("diag_mfu_ratio", mfu)
+            if overlap is not None:
+                s.set("diag_comm_compute_overlap_ratio", overlap / 100.0)
+            s.replace("diag_analysis_findings", findings)
+
+    def _nccl(self, doc: dict) -> None:
+        schema = str(doc.get("schema", ""))
+        if schema.startswith("diag.nccl_bench/"):
+            bw = {}
+            for test in doc.get("tests") or []:
+                gbps = _num(test.get("avg_busbw_gbps")) if isinstance(test, dict) else None
+                if gbps is not None and test.get("collective"):
+                    # nccl-tests reports GB/s with GB = 1e9 bytes.
+                    bw[(str(test["collective"]),)] = gbps * 1e9
+            with self.state.lock:
+                for labels, value in bw.items():
+                    self.state.set("diag_nccl_bus_bandwidth_bytes_per_second", value, labels)
+        elif schema.startswith("diag.nccl_log/"):
+            findings = _count_ids(doc.get("findings"))
+            with self.state.lock:
+                self.state.replace("diag_nccl_findings", findings)
+        else:
+            raise ValueError(f"unknown NCCL document schema {schema!r}")
+
+    def _event(self, event: dict) -> None:
+        if _is_oom(event):
+            with self.state.lock:
+                self.state.inc("diag_oom_errors_total", 1.0)
+
+    # ---------------------------------------------------------------- lifecycle
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        server, self._server = self._server, None
+        if server is not None:
+            try:
+                server.stop()
+            except Exception:
+                pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _count_ids(findings) -> dict[tuple[str], float]:
+    counts: dict[tuple[str], float] = {}
+    for f in findings or []:
+        if isinstance(f, dict) and f.get("id"):
+            key = (str(f["id"]),)
+            counts[key] = counts.get(key, 0.0) + 1.0
+    return counts
+
+
+def _is_oom(event: dict) -> bool:
+    for key in ("kind", "type", "event", "name"):
+        if str(event.get(key, "")).lower() in ("oom", "out_of_memory", "outofmemoryerror"):
+            return True
+    text = " ".join(str(event.get(k, "")) for k in ("error", "message", "exception")).lower()
+    return "outofmemoryerror" in text or "out of memory" in text
+
+
+def _env_port() -> int | None:
+    raw = os.environ.get("DIAG_EXPORTER_PORT", "").strip()
+    return int(raw) if raw.isdigit() else None
+
+
+def start(identity: dict, port_base: int | None = None, bind: str | None = None, enabled: bool = True,
+          log=print) -> Handle | None:
+    """Start this rank's endpoint. None when turned off or when no server could start."""
+    try:
+        if not enabled or os.environ.get("DIAG_EXPORTER", "").strip().lower() in _OFF:
+            return None
+        base = port_base if port_base is not None else _env_port()
+        base = DEFAULT_PORT_BASE if base is None else int(base)
+        bind = bind or os.environ.get("DIAG_EXPORTER_BIND", "").strip() or DEFAULT_BIND
+        local = identity.get("local_rank") if isinstance(identity, dict) else 0
+        local = int(local) if isinstance(local, int) and local >= 0 else 0
+        wanted = 0 if base == 0 else base + local
+        handle = Handle(identity, bind=bind)
+        server = _serve(handle, wanted, bind, log)
+        if server is None:
+            return None
+        handle._server, handle.port = server, server.port
+        return handle
+    except Exception as exc:  # the exporter must never take the training down
+        _say(log, f"diag: exporter: not started ({exc})")
+        return None
+
+
+def _serve(handle: Handle, wanted: int, bind: str, log):
+    state = handle.state
+
+    def on_error():
+        with state.lock:
+            state.inc("diag_exporter_errors_total", 1.0, ("collect",))
+
+    tries = 1 if wanted == 0 else PORT_SEARCH
+    for i in range(tries):
+        port = wanted + i if wanted else 0
+        if port > 65535:
+            break
+        try:
+            server = MetricsServer((bind, port), lambda: render_text([state]), on_error)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE and wanted:
+                continue
+            _say(log, f"diag: exporter: cannot listen on {bind}:{port} ({exc.strerror or exc}); "
+                      "metrics endpoint off, training goes on")
+            return None
+        if wanted and server.port != wanted:
+            _say(log, f"diag: exporter: port {wanted} in use; rank {handle.identity.get('rank')} serves "
+                      f"metrics on {bind}:{server.port} instead")
+        return server.start()
+    _say(log, f"diag: exporter: no free port in {wanted}-{wanted + tries - 1}; metrics endpoint off")
+    return None
+
+
+def _say(log, message: str) -> None:
+    try:
+        log(message)
+    except Exception:
+        pass
+

@@ -1,0 +1,605 @@
+"""report.html: one self-contained page (plotly.js inlined) that opens offline from a file.
+
+Untrusted strings (kernel and op names, hostnames, log lines, file names) reach the page
+two ways, both escaped:
+  * HTML text and attributes: through `esc` (html.escape with quotes);
+  * chart data: in a <script type="application/json"> block written by `script_json`,
+    which escapes '<', '>' and '&' as \\u003c \\u003e \\u0026, so no '</script>' or
+    '<!--' can end or confuse the block; the page parses it with JSON.parse. Labels that
+    plotly draws are additionally entity-escaped (`chart_text`), because plotly reads a
+    few HTML-like tags in labels; entities make it draw them as plain characters.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from datetime import UTC, datetime
+from functools import lru_cache
+from importlib import resources
+
+from diag import __version__
+from diag.analyzers.report_model import PHASE_LABELS, PHASES
+
+OPS = {">=": "≥", "<=": "≤", ">": ">", "<": "<"}
+COLORS = {"data": "#e4a11b", "host": "#9467bd", "comm": "#d62728", "memory": "#1f77b4", "compute": "#2ca02c"}
+
+
+def esc(value) -> str:
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def chart_text(value) -> str:
+    return html.escape("" if value is None else str(value), quote=False)
+
+
+def script_json(obj) -> str:
+    """JSON safe to embed inside a <script> element."""
+    text = json.dumps(obj, separators=(",", ":"), allow_nan=False, default=_default)
+    return (text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+            .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
+
+
+def _default(o):
+    if hasattr(o, "item"):
+        return o.item()
+    raise TypeError(type(o).__name__)
+
+
+@lru_cache(maxsize=1)
+def plotly_js() -> str:
+    from plotly.offline import get_plotlyjs
+
+    return get_plotlyjs()
+
+
+def _asset(name: str) -> str:
+    return resources.files("diag.report").joinpath(name).read_text(encoding="utf-8")
+
+
+def pct(x, digits: int = 0) -> str:
+    return "n/a" if x is None else f"{x * 100:.{digits}f}%"
+
+
+def num(x, fmt: str = "{:.3g}") -> str:
+    if x is None or (isinstance(x, float) and (math.isnan(x) or math.isinf(x))):
+        return "n/a" if x is None or math.isnan(x) else "inf"
+    return fmt.format(x)
+
+
+def _clean(v):
+    """Chart arrays: NaN/inf become null (JSON has neither)."""
+    if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
+        return None
+    if isinstance(v, list):
+        return [_clean(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    return v
+
+
+# ---------------------------------------------------------------------------- figures
+
+
+def _layout(title: str, **kw) -> dict:
+    base = {
+        "title": {"text": chart_text(title), "font": {"size": 14}, "x": 0.01, "xanchor": "left"},
+        "margin": {"l": 60, "r": 20, "t": 40, "b": 45},
+        "legend": {"orientation": "h", "y": -0.22},
+        "paper_bgcolor": "#ffffff",
+        "plot_bgcolor": "#ffffff",
+        "font": {"size": 11},
+    }
+    base.update(kw)
+    return base
+
+
+def _throttle_label(e: dict) -> str:
+    ranks = e.get("ranks") or []
+    who = ", ".join(str(r) for r in ranks[:6]) + (f" and {len(ranks) - 6} more" if len(ranks) > 6 else "")
+    return f"{e['reasons']} on rank{'s' if len(ranks) != 1 else ''} {who}"
+
+
+def _step_axis(xs: list, title: str = "step") -> dict:
+    """An x axis of step numbers: integer ticks, one per step when there are few."""
+    axis = {"title": {"text": title}, "tickformat": "d"}
+    if xs and len(xs) <= 20:
+        axis["dtick"] = 1
+    return axis
+
+
+def figures(model: dict) -> list[dict]:
+    """(div id, plotly data, layout) for every chart that has data."""
+    ch = model.get("charts") or {}
+    out = []
+    ph = ch.get("phases")
+    if ph:
+        out.append({
+            "id": "fig-phases",
+            "data": [{"type": "bar", "name": chart_text(PHASE_LABELS[p]), "x": ph["x"],
+                      "y": [round(v * 100, 2) for v in ph["y"][p]], "marker": {"color": COLORS[p]},
+                      "hovertemplate": "step %{x}: %{y:.1f}%<extra>" + chart_text(p) + "</extra>"}
+                     for p in PHASES],
+            "layout": _layout("Where each step's time goes (% of step)", barmode="stack", bargap=0,
+                              legend={"orientation": "h", "y": -0.22, "traceorder": "normal"},
+                              xaxis=_step_axis(ph["x"]),
+                              yaxis={"title": {"text": "% of step time"}, "range": [0, 100]}),
+        })
+    tp = ch.get("throughput")
+    if tp:
+        data = [{"type": "scatter", "mode": "lines", "name": "step time (ms)", "x": tp["x"], "y": tp["step_ms"],
+                 "line": {"color": "#444"}}]
+        lay = _layout("Step time and throughput over the run", xaxis=_step_axis(tp["x"]),
+                      yaxis={"title": {"text": "step time (ms)"}, "rangemode": "tozero"})
+        rate = ("samples_per_s", "samples/s") if tp.get("samples_per_s") else \
+            ("tokens_per_s", "tokens/s") if tp.get("tokens_per_s") else None
+        if rate:
+            data.append({"type": "scatter", "mode": "lines", "name": rate[1], "x": tp["x"], "y": tp[rate[0]],
+                         "yaxis": "y2", "line": {"color": "#1f77b4"}})
+            lay["yaxis2"] = {"title": {"text": rate[1]}, "overlaying": "y", "side": "right", "rangemode": "tozero"}
+            lay["margin"]["r"] = 60
+        out.append({"id": "fig-throughput", "data": data, "layout": lay})
+        mx, my = None, None
+        if tp.get("mfu"):
+            mx, my = tp["x"], tp["mfu"]
+        elif tp.get("mfu_points"):
+            mx, my = tp["mfu_points"]["x"], tp["mfu_points"]["y"]
+        if mx:
+            out.append({
+                "id": "fig-mfu",
+                "data": [{"type": "scatter", "mode": "lines+markers", "name": "MFU", "x": mx,
+                          "y": [None if v is None else round(v * 100, 2) for v in my],
+                          "line": {"color": "#2ca02c"}}],
+                "layout": _layout("Model FLOPs utilisation over the run (% of peak)",
+                                  xaxis=_step_axis(mx),
+                                  yaxis={"title": {"text": "MFU (%)"}, "rangemode": "tozero"}),
+            })
+    for key, fid, title, xlab in (
+        ("heatmap_step", "fig-heat-step", "Step time per rank (ms)", "step"),
+        ("heatmap_wait", "fig-heat-wait", "Waiting time at collectives per rank (ms)", "collective (in order)"),
+    ):
+        hm = ch.get(key)
+        if not hm:
+            continue
+        late = {s["rank"] for s in model.get("stragglers") or []}
+        ylabels = [f"rank {r}" + (" (late)" if r in late else "") for r in hm["ranks"]]
+        height = max(200, min(900, 22 * len(ylabels) + 120))
+        out.append({
+            "id": fid,
+            "data": [{"type": "heatmap", "z": hm["z"], "x": hm["x"], "y": ylabels, "colorscale": "Viridis",
+                      "colorbar": {"title": {"text": "ms"}}, "hoverongaps": False,
+                      "hovertemplate": "%{y}, " + xlab + " %{x}: %{z:.2f} ms<extra></extra>"}],
+            "layout": _layout(title, height=height, xaxis=_step_axis(hm["x"], xlab),
+                              yaxis={"autorange": "reversed", "type": "category"},
+                              margin={"l": 90, "r": 20, "t": 40, "b": 45}),
+        })
+    tl = ch.get("timelines")
+    if tl:
+        clock_key = "gpu_clock" if any(m["key"] == "gpu_clock" for m in tl["metrics"]) else None
+        for m in tl["metrics"]:
+            data = []
+            if tl["band"]:
+                data.append({"type": "scatter", "mode": "lines", "name": "max", "x": m["t"], "y": m["max"],
+                             "line": {"width": 0}, "showlegend": False, "hoverinfo": "skip"})
+                data.append({"type": "scatter", "mode": "lines", "name": "min-max across ranks", "x": m["t"],
+                             "y": m["min"], "fill": "tonexty", "line": {"width": 0},
+                             "fillcolor": "rgba(31,119,180,0.2)"})
+                data.append({"type": "scatter", "mode": "lines", "name": "median", "x": m["t"], "y": m["median"],
+                             "line": {"color": "#1f77b4"}})
+            else:
+                for line in m["lines"]:
+                    data.append({"type": "scatter", "mode": "lines", "name": f"rank {line['rank']}",
+                                 "x": line["t"], "y": line["y"]})
+            if m["key"] == clock_key and tl.get("throttle"):
+                ys = m["max"] if tl["band"] else [v for line in m["lines"] for v in line["y"]]
+                top = max([v for v in ys if v is not None] or [1])
+                data.append({"type": "scatter", "mode": "markers", "name": "throttle events",
+                             "x": [e["t"] for e in tl["throttle"]], "y": [top * 1.02] * len(tl["throttle"]),
+                             "marker": {"symbol": "triangle-down", "color": "#d62728", "size": 9},
+                             "text": [chart_text(_throttle_label(e)) for e in tl["throttle"]],
+                             "hovertemplate": "%{text} at %{x:.0f} s<extra></extra>"})
+            out.append({
+                "id": f"fig-tl-{m['key']}",
+                "data": data,
+                "layout": _layout(f"{m['label']} ({m['unit']})", height=230,
+                                  xaxis={"title": {"text": "seconds since start"}},
+                                  yaxis={"rangemode": "tozero"},
+                                  margin={"l": 55, "r": 15, "t": 35, "b": 40},
+                                  showlegend=not tl["band"] and len(m.get("lines") or []) > 1),
+            })
+    nb = ch.get("nccl_busbw")
+    if nb:
+        data = []
+        for s in nb["series"]:
+            data.append({"type": "scatter", "mode": "lines+markers", "name": chart_text(s["name"]),
+                         "x": s["x"], "y": s["y"]})
+        xs = [x for s in nb["series"] for x in s["x"]]
+        for e in nb.get("expected") or []:
+            data.append({"type": "scatter", "mode": "lines", "name": chart_text(f"expected: {e['label']}"),
+                         "x": [min(xs), max(xs)], "y": [e["busbw_gbps"]] * 2,
+                         "line": {"dash": "dash", "color": "#888"}})
+        out.append({
+            "id": "fig-busbw",
+            "data": data,
+            "layout": _layout("Bus bandwidth against message size", xaxis={"title": {"text": "message size (bytes)"},
+                                                                         "type": "log"},
+                              yaxis={"title": {"text": "bus bandwidth (GB/s)"}, "rangemode": "tozero"}),
+        })
+    return [_clean(f) for f in out]
+
+
+# ---------------------------------------------------------------------------- page
+
+
+def render(model: dict) -> str:
+    figs = figures(model)
+    ids = {f["id"] for f in figs}
+    body = "\n".join([
+        _verdict(model),
+        _recommendations(model),
+        _decision(model),
+        _phases(model, ids),
+        _ranks(model, ids),
+        _metrics(model, ids),
+        _kernels(model),
+        _nccl(model, ids),
+        _memory(model),
+        _missing(model),
+        _notes(model),
+        _glossary(),
+    ])
+    run = model.get("run") or {}
+    title = f"diag report: {run.get('name') or 'run'}"
+    generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+        f"<title>{esc(title)}</title>\n<style>\n{_asset('report.css')}</style>\n"
+        f"<script>{plotly_js()}</script>\n</head>\n<body>\n"
+        f"<header><h1>{esc(title)}</h1><div class=\"meta\">{_meta_line(run)} &middot; "
+        f"written by diag {esc(__version__)} on {esc(generated)}</div></header>\n"
+        f"<main>\n{body}\n</main>\n"
+        f"<script type=\"application/json\" id=\"diag-data\">{script_json({'figures': figs})}</script>\n"
+        f"<script>\n{_asset('report.js')}</script>\n</body>\n</html>\n"
+    )
+
+
+def _meta_line(run: dict) -> str:
+    parts = []
+    if run.get("world_size"):
+        parts.append(f"{run['world_size']} rank(s)")
+    if run.get("host_count"):
+        hosts = ", ".join(run["hosts"][:4]) + (" ..." if run["host_count"] > 4 else "")
+        parts.append(f"{run['host_count']} host(s): {hosts}")
+    if run.get("devices"):
+        parts.append(", ".join(run["devices"][:3]))
+    if run.get("backend"):
+        parts.append(f"backend {run['backend']}")
+    if run.get("steps"):
+        parts.append(f"{run['steps']} step(s)")
+    if run.get("path"):
+        parts.append(f"from {run['path']}")
+    return esc(" · ".join(str(p) for p in parts))
+
+
+def _section(sid: str, title: str, inner: str, cls: str = "") -> str:
+    return f"<section id=\"{sid}\" class=\"{cls}\"><h2>{esc(title)}</h2>\n{inner}\n</section>"
+
+
+def _absent(text: str) -> str:
+    return f"<p class=\"absent\">{esc(text)}</p>"
+
+
+def _chart(fid: str, ids: set, absent: str, small: bool = False) -> str:
+    if fid in ids:
+        return f"<div id=\"{fid}\" class=\"chart{' small' if small else ''}\" data-chart=\"1\"></div>"
+    return _absent(absent)
+
+
+def _verdict(model: dict) -> str:
+    h = model.get("headline") or {}
+    c = model.get("confidence") or {}
+    bound = model.get("bound")
+    recs = model.get("recommendations") or []
+    inner = [f"<div class=\"headline\">{esc(h.get('text'))}</div>"]
+    if h.get("summary"):
+        inner.append(f"<p>{esc(h['summary'])}</p>")
+    if h.get("note"):
+        inner.append(f"<p class=\"note\">{esc(h['note'])}</p>")
+    inner.append(f"<p><b>How sure we are:</b> <span class=\"badge {esc(c.get('level'))}\">"
+                 f"{esc(c.get('level', 'n/a'))} confidence</span> "
+                 f"<span class=\"note\">(score {num(c.get('score'), '{:.2f}')} of 1)</span></p>")
+    if c.get("reasons"):
+        inner.append("<ul>" + "".join(f"<li>{esc(r)}</li>" for r in c["reasons"]) + "</ul>")
+    if recs:
+        r = recs[0]
+        inner.append(f"<div class=\"first\"><b>Change this first:</b> {esc(r['title'])}. "
+                     f"<span class=\"gain\">{esc(r['gain'])}.</span> "
+                     f"<a href=\"#rec-{esc(r['id'])}\">How, and why we think so</a></div>")
+    shares = model.get("phase_shares")
+    if shares:
+        inner.append("<p class=\"note\">Step time split: " + esc(", ".join(
+            f"{PHASE_LABELS[p]} {pct(shares[p])}" for p in PHASES)) + ".</p>")
+    return _section("verdict", "What bounds the training", "\n".join(inner), f"verdict b-{esc(bound)}")
+
+
+def _ev_links(ids: list, model: dict) -> str:
+    labels = {e["id"]: e["label"] for e in model.get("evidence") or []}
+    labels["memory"] = "Memory capacity"
+    links = [f"<a href=\"#{esc(i)}\">{esc(labels.get(i, i))}</a>" for i in ids]
+    return f"<div class=\"evid\">Evidence: {''.join(links)}</div>" if links else ""
+
+
+def _recommendations(model: dict) -> str:
+    recs = model.get("recommendations") or []
+    if not recs:
+        return _section("recommendations", "What to change, in order",
+                        _absent("No recommendation: there is no measurement to base one on (see 'What was missing')."))
+    items = []
+    for r in recs:
+        acts = "".join(f"<li>{esc(a)}</li>" for a in r["actions"])
+        items.append(
+            f"<li id=\"rec-{esc(r['id'])}\"><b>{esc(r['title'])}</b><br>"
+            f"<span class=\"gain\">Expected gain: {esc(r['gain'])}.</span><br>"
+            f"<span class=\"note\">Why: {esc(r['why'])}</span><ul>{acts}</ul>{_ev_links(r['evidence'], model)}</li>"
+        )
+    note = ("<p class=\"note\">Ranked by expected gain: the share of the step a phase takes, times the part "
+            "of it that its fixes typically win back. Removing a phase that takes a share s of the step "
+            "entirely would make steps 1/(1-s) times faster; that is the upper bound quoted with each.</p>")
+    return _section("recommendations", "What to change, in order", note + f"<ol class=\"recs\">{''.join(items)}</ol>")
+
+
+def _decision(model: dict) -> str:
+    path = model.get("decision_path")
+    inner = []
+    if path and path.get("nodes"):
+        inner.append(f"<p>The verdict follows the decision tree below, evaluated on {esc(path['source'])}. "
+                     "Each row is one question: the measured value, the threshold, and the answer.</p>")
+        rows = []
+        for n in path["nodes"]:
+            v = n["value"]
+            shown = "not measured" if v is None else (pct(v, 1) if n["metric"].endswith(("share", "frac", "_idle"))
+                                                        or n["metric"] == "mfu" else num(v))
+            t = n["threshold"]
+            tshown = "" if t is None else (pct(t, 0) if n["metric"].endswith(("share", "frac", "_idle"))
+                                            else num(t))
+            op = OPS.get(n["op"], n["op"])
+            rows.append(f"<tr><td>{esc(n['question'])}</td><td class=\"name\">{esc(n['metric'])}</td>"
+                        f"<td class=\"num\">{esc(shown)}</td><td class=\"num\">{esc(op)} {esc(tshown)}</td>"
+                        f"<td class=\"{esc(n['answer'])}\">{esc(n['answer'])}</td></tr>")
+        inner.append("<table><tr><th>question</th><th>measurement</th><th class=\"num\">measured</th>"
+                     "<th class=\"num\">threshold</th><th>answer</th></tr>" + "".join(rows) + "</table>")
+        inner.append(f"<p>Verdict: <b>{esc(path.get('bound'))}-bound</b>. Thresholds can be changed with "
+                     "<code>diag analyze --threshold NAME=VALUE</code> or a config file.</p>")
+    else:
+        inner.append(_absent("No decision path: no step was analysed."))
+    ev = model.get("evidence") or []
+    if ev:
+        inner.append("<h3>Evidence</h3><ul>")
+        for e in ev:
+            if e.get("kind") == "finding":
+                continue
+            lines = "".join(f"<pre>{esc(x)}</pre>" for x in e.get("lines") or [])
+            inner.append(f"<li id=\"{esc(e['id'])}\"><b>{esc(e['label'])}:</b> {esc(e['text'])}{lines}</li>")
+        inner.append("</ul>")
+    findings = model.get("findings") or []
+    if findings:
+        inner.append("<h3>Findings</h3><table><tr><th>severity</th><th>finding</th><th>ranks</th>"
+                     "<th>advice</th></tr>")
+        for i, f in enumerate(findings):
+            ranks = ", ".join(str(r) for r in f["ranks"][:12]) + (" ..." if len(f["ranks"]) > 12 else "")
+            inner.append(f"<tr id=\"ev-finding-{i}\"><td><span class=\"badge {esc(f['severity'])}\">{esc(f['severity'])}</span></td>"
+                         f"<td>{esc(f['message'])}</td><td>{esc(ranks or 'job')}</td><td>{esc(f['advice'])}</td></tr>")
+        inner.append("</table>")
+    return _section("why", "Why we think so", "\n".join(inner))
+
+
+def _phases(model: dict, ids: set) -> str:
+    tp = (model.get("charts") or {}).get("throughput") or {}
+    st = model.get("step_stats")
+    thr = model.get("throughput") or {}
+    inner = []
+    if st:
+        line = (f"Median step time {st['median_ms']:.1f} ms (median absolute deviation {st['mad_ms']:.1f} ms; "
+                f"10th-90th percentile {st['p10_ms']:.1f}-{st['p90_ms']:.1f} ms) over {st['steps']} steps")
+        if thr.get("samples_per_s"):
+            line += f"; {thr['samples_per_s']:.1f} samples/s for the whole job"
+        if thr.get("tokens_per_s"):
+            line += f"; {thr['tokens_per_s']:.0f} tokens/s"
+        if thr.get("mfu") is not None:
+            line += f"; MFU {pct(thr['mfu'])}"
+        inner.append(f"<p>{esc(line)}.</p>")
+    inner.append(_chart("fig-phases", ids, "No phase shares: no step was attributed to phases."))
+    inner.append(_chart("fig-throughput", ids, "No step times were recorded."))
+    if tp and not tp.get("samples_per_s") and not tp.get("tokens_per_s"):
+        inner.append(_absent("Throughput is shown as step time only: pass agent.step(samples=..., tokens=...) "
+                             "to see samples or tokens per second."))
+    inner.append(_chart("fig-mfu", ids, "MFU over time is not available: it needs FLOPs per step "
+                                        "(profiler with_flops) and the device's peak."))
+    return _section("phases", "Where the time goes", "\n".join(inner))
+
+
+def _ranks(model: dict, ids: set) -> str:
+    inner = [_chart("fig-heat-step", ids, "No per-rank step times were recorded.")]
+    if "fig-heat-step" in ids:
+        inner.append("<p class=\"note\">Each row is a rank, each column a step (or a bucket of steps). A row "
+                     "brighter than the others is a rank whose steps take longer.</p>")
+    inner.append(_chart("fig-heat-wait", ids, "No collective waiting times: they need profiler traces from at "
+                                              "least two ranks with matching collectives."))
+    if "fig-heat-wait" in ids:
+        inner.append("<p class=\"note\">Waiting time is how much longer a rank spent in a collective than the "
+                     "fastest rank did, usually because it arrived first and waited for the others. A rank that "
+                     "waits much less than everyone else (a dark row) is the one they wait for: a straggler.</p>")
+    strag = model.get("stragglers") or []
+    if strag:
+        inner.append("<h3>Stragglers</h3><ul>" + "".join(
+            f"<li><b>rank {esc(s['rank'])}</b>: {esc(s['evidence_text'])} "
+            f"<a href=\"#ev-straggler-{esc(s['rank'])}\">evidence</a></li>" for s in strag) + "</ul>")
+    elif len(model.get("ranks") or []) > 1:
+        inner.append("<p>No straggler was named: no rank is consistently late for the others.</p>")
+    rows = model.get("ranks") or []
+    if rows:
+        t = ["<h3>Per rank</h3><table><tr><th>rank</th><th>host</th><th>device</th><th>verdict</th>"
+             "<th class=\"num\">steps</th><th class=\"num\">median step (ms)</th>"
+             + "".join(f"<th class=\"num\">{esc(p)}</th>" for p in PHASES)
+             + "<th class=\"num\">traced steps</th><th class=\"num\">samples</th></tr>"]
+        for r in rows:
+            sh = r.get("shares") or {}
+            t.append(
+                f"<tr class=\"{'late' if r['straggler'] else ''}\"><td>{esc(r['rank'])}"
+                f"{' (late)' if r['straggler'] else ''}</td><td class=\"name\">{esc(r['host'] or '')}</td>"
+                f"<td>{esc(r['device'] or '')}</td><td>{esc(r['bound'] or 'n/a')}</td>"
+                f"<td class=\"num\">{r['steps']}</td><td class=\"num\">{num(r['median_step_ms'], '{:.1f}')}</td>"
+                + "".join(f"<td class=\"num\">{pct(sh.get(p))}</td>" for p in PHASES)
+                + f"<td class=\"num\">{r['trace_steps']}</td><td class=\"num\">{r['samples']}</td></tr>"
+            )
+        t.append("</table>")
+        inner.append("".join(t))
+    missing = (model.get("run") or {}).get("missing_ranks") or []
+    if missing:
+        inner.append(f"<p class=\"absent\">Missing rank(s): {esc(', '.join(str(m) for m in missing[:32]))}.</p>")
+    return _section("ranks", "Ranks and stragglers", "\n".join(inner))
+
+
+def _metrics(model: dict, ids: set) -> str:
+    tl = (model.get("charts") or {}).get("timelines")
+    if not tl:
+        return _section("metrics", "Device and host metrics",
+                        _absent("No metric samples were recorded (see 'What was missing')."))
+    charts = "".join(f"<div id=\"fig-tl-{esc(m['key'])}\" class=\"chart small\" data-chart=\"1\"></div>"
+                     for m in tl["metrics"] if f"fig-tl-{m['key']}" in ids)
+    inner = [f"<div class=\"grid2\">{charts}</div>"]
+    if not any(m["key"].startswith("gpu_") for m in tl["metrics"]):
+        inner.append(_absent("No device metrics (no NVML or amdsmi): only host metrics are shown."))
+    n = tl.get("throttle_total") or 0
+    if n:
+        inner.append(f"<p>{n} throttle event(s) (clock reasons other than idle) are marked with red triangles "
+                     "on the SM clock chart. Throttling lowers clocks and slows every kernel.</p>")
+    elif any(m["key"] == "gpu_clock" for m in tl["metrics"]):
+        inner.append("<p>No clock throttling was reported.</p>")
+    return _section("metrics", "Device and host metrics", "\n".join(inner))
+
+
+def _table(rows: list, with_intensity: bool) -> str:
+    head = ("<table><tr><th>name</th><th>class</th><th class=\"num\">time per rank (ms)</th>"
+            "<th class=\"num\">calls</th><th class=\"num\">% of device time</th>"
+            + ("<th class=\"num\">FLOP/byte</th>" if with_intensity else "") + "</tr>")
+    body = []
+    for r in rows:
+        body.append(
+            f"<tr><td class=\"name\">{esc(r['name'])}</td><td>{esc(r['class'])}</td>"
+            f"<td class=\"num\">{num(r['time_ms'], '{:.2f}')}</td><td class=\"num\">{r['count']}</td>"
+            f"<td class=\"num\">{num(r['pct'], '{:.1f}')}</td>"
+            + (f"<td class=\"num\">{num(r['intensity'], '{:.1f}')}</td>" if with_intensity else "") + "</tr>"
+        )
+    return head + "".join(body) + "</table>"
+
+
+def _kernels(model: dict) -> str:
+    k, o = model.get("top_kernels") or [], model.get("top_ops") or []
+    inner = []
+    if k:
+        inner.append("<h3>Top device kernels</h3>" + _table(k, True))
+    elif o:
+        inner.append("<h3>Top device kernels</h3>" + _absent(
+            "The traces hold no device kernels (a CPU-only run): the operator table below shows where the "
+            "time went."))
+    else:
+        inner.append("<h3>Top device kernels</h3>" + _absent(
+            "No kernel table: it comes from profiler traces (see 'What was missing')."))
+    inner.append("<h3>Top operators</h3>" + (_table(o, False) if o else _absent(
+        "No operator table: it comes from profiler traces.")))
+    inner.append("<p class=\"note\">Class: compute-bound kernels (matmul, convolution, attention) against "
+                 "bandwidth-bound ones (elementwise, reductions, norms, copies) and communication. FLOP/byte is "
+                 "the arithmetic intensity where the trace recorded shapes and FLOPs; below the device's "
+                 "roofline knee a kernel is limited by memory bandwidth.</p>")
+    return _section("kernels", "Top kernels and operators", "\n".join(inner))
+
+
+def _nccl(model: dict, ids: set) -> str:
+    n = model.get("nccl") or {}
+    inner = []
+    if n.get("bandwidth_summary"):
+        inner.append(f"<p><b>{esc(n['bandwidth_summary'])}.</b></p>")
+    inner.append(_chart("fig-busbw", ids, "No bus-bandwidth measurement: run `diag nccl --run-dir RUN_DIR` "
+                                          "on the job's nodes to add one."))
+    if n.get("version") or n.get("transports"):
+        inner.append(f"<h3>Topology and transports</h3><p>NCCL {esc(n.get('version') or 'version unknown')}"
+                     + (f" on {len(n.get('hosts') or [])} host(s): {esc(', '.join(n['hosts'][:8]))}"
+                        if n.get("hosts") else "") + ".</p>")
+        if n.get("transports"):
+            inner.append("<table><tr><th>transport</th><th>detail</th></tr>" + "".join(
+                f"<tr><td>{esc(t['transport'])}</td><td class=\"name\">{esc(t['detail'])}</td></tr>"
+                for t in n["transports"]) + "</table>")
+    else:
+        run = model.get("run") or {}
+        if run.get("nccl_applicable") is False:
+            what = f"the {run['backend']} backend" if run.get("backend") else "a PyTorch build without CUDA or ROCm"
+            inner.append(f"<p>This job used {esc(what)}, so there is no NCCL log and no NCCL transport to check.</p>")
+        else:
+            inner.append(_absent("No NCCL log was parsed, so transports and topology are unknown "
+                                 "(see 'What was missing')."))
+    if n.get("log_findings"):
+        inner.append("<h3>NCCL findings</h3><ul>")
+        for f in n["log_findings"]:
+            lines = "".join(f"<pre>{esc(x)}</pre>" for x in f["evidence"])
+            inner.append(f"<li><span class=\"badge {esc(f['severity'])}\">{esc(f['severity'])}</span> "
+                         f"<b>{esc(f['id'])}</b>: {esc(f['message'])}{lines}</li>")
+        inner.append("</ul>")
+    if n.get("warnings"):
+        inner.append("<h3>NCCL warnings</h3>" + "".join(f"<pre>{esc(w)}</pre>" for w in n["warnings"]))
+    return _section("nccl", "Communication (NCCL)", "\n".join(inner))
+
+
+def _memory(model: dict) -> str:
+    m = model.get("memory") or {}
+    inner = [f"<p>{esc(m.get('text') or 'No memory figures.')}</p>"]
+    a = m.get("advice")
+    if a:
+        inner.append(f"<p><b>{esc(a['title'])}.</b> {esc(a['why'])}</p><ul>"
+                     + "".join(f"<li>{esc(x)}</li>" for x in a["actions"]) + "</ul>")
+    elif m.get("used_fraction_max") is not None:
+        inner.append("<p>Memory use is in the healthy range (80-95% of capacity): no change needed.</p>")
+    return _section("memory", "Memory capacity", "\n".join(inner))
+
+
+def _missing(model: dict) -> str:
+    miss = model.get("missing") or []
+    probs = model.get("problems") or []
+    inner = []
+    if miss:
+        inner.append("<table><tr><th>what was missing</th><th>why it matters</th><th>how to get it</th></tr>"
+                     + "".join(f"<tr><td>{esc(m['what'])}</td><td>{esc(m['why'])}</td><td>{esc(m['how'])}</td></tr>"
+                               for m in miss) + "</table>")
+    else:
+        inner.append("<p>Nothing: every kind of data this report uses was present.</p>")
+    if probs:
+        inner.append(f"<h3>Damaged or unreadable input ({len(probs)})</h3><p>These were skipped; the rest of the "
+                     "run was reported.</p>" + "".join(f"<pre>{esc(p)}</pre>" for p in probs[:50]))
+        if len(probs) > 50:
+            inner.append(f"<p class=\"note\">... and {len(probs) - 50} more.</p>")
+    return _section("missing", "What was missing, and how to get it", "\n".join(inner))
+
+
+def _notes(model: dict) -> str:
+    notes = model.get("notes") or []
+    if not notes:
+        return ""
+    return _section("notes", "How this page was reduced",
+                    "<p>This run is large, so some charts show aggregates instead of every point:</p><ul>"
+                    + "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul>")
+
+
+def _glossary() -> str:
+    rows = "".join(f"<tr><td style=\"color:{COLORS[p]}\"><b>{esc(p)}</b></td><td>{esc(d)}</td></tr>" for p, d in (
+        ("data", "Waiting for the DataLoader to hand over the next batch."),
+        ("host", "The device is idle while the host launches kernels, synchronises (.item(), "
+                 "synchronize) or runs Python."),
+        ("comm", "Communication (all-reduce, all-gather, ...) not hidden behind computation."),
+        ("memory", "Bandwidth-bound kernels: elementwise ops, reductions, norms, copies."),
+        ("compute", "Compute-bound kernels: matrix multiplies, convolutions, attention."),
+    ))
+    return _section("glossary", "The five phases", "<p>Every moment of a step is counted in exactly one phase, "
+                    "by priority in the order below, so the shares add up to 100%.</p>"
+                    f"<table>{rows}</table>")

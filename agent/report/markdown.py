@@ -1,0 +1,158 @@
+"""report.md: the report in Markdown, for pull requests, tickets and terminals.
+
+Untrusted strings are put in code spans or escaped so that a kernel or host name can
+neither break the table layout nor inject HTML when a forge renders the Markdown.
+"""
+
+from __future__ import annotations
+
+import html
+
+from diag.analyzers.report_model import PHASE_LABELS, PHASES
+
+
+def md_text(value) -> str:
+    """Plain text safe in Markdown prose and table cells: no HTML, links, code or cell breaks.
+
+    Emphasis characters are left alone: they cannot inject anything, and escaping them
+    would clutter the file for terminal readers.
+    """
+    s = html.escape("" if value is None else str(value), quote=False)
+    s = s.replace("\\", "\\\\")
+    for ch in ("`", "[", "]", "|"):
+        s = s.replace(ch, "\\" + ch)
+    return " ".join(s.splitlines())
+
+
+def md_code(value) -> str:
+    """An inline code span holding any text (names, log lines)."""
+    s = ("" if value is None else str(value)).replace("\n", " ").replace("\r", " ").replace("|", "\\|")
+    ticks = "`"
+    while ticks in s:
+        ticks += "`"
+    pad = " " if s.startswith("`") or s.endswith("`") else ""
+    return f"{ticks}{pad}{s}{pad}{ticks}"
+
+
+OPS = {">=": "≥", "<=": "≤", ">": ">", "<": "<"}
+
+
+def pct(x, digits: int = 0) -> str:
+    return "n/a" if x is None else f"{x * 100:.{digits}f}%"
+
+
+def render(model: dict) -> str:
+    run = model.get("run") or {}
+    h = model.get("headline") or {}
+    c = model.get("confidence") or {}
+    out = [f"# diag report: {md_text(run.get('name') or 'run')}", ""]
+    facts = [f"{run.get('world_size')} rank(s)"] if run.get("world_size") else []
+    if run.get("devices"):
+        facts.append(", ".join(run["devices"][:3]))
+    if run.get("steps"):
+        facts.append(f"{run['steps']} step(s)")
+    if facts:
+        out += [md_text(" · ".join(facts)), ""]
+    out += [f"**{md_text(h.get('text'))}**", ""]
+    if h.get("summary"):
+        out += [md_text(h["summary"]), ""]
+    if h.get("note"):
+        out += [md_text(h["note"]), ""]
+    out += [f"**Confidence: {md_text(c.get('level', 'n/a'))}** (score {c.get('score', 0):.2f} of 1)", ""]
+    out += [f"- {md_text(r)}" for r in c.get("reasons") or []]
+    out.append("")
+    shares = model.get("phase_shares")
+    if shares:
+        out += ["| phase | share of step time |", "|---|---:|"]
+        out += [f"| {PHASE_LABELS[p]} | {pct(shares[p], 1)} |" for p in PHASES]
+        out.append("")
+    st = model.get("step_stats")
+    thr = model.get("throughput") or {}
+    if st:
+        line = f"Median step {st['median_ms']:.1f} ms (MAD {st['mad_ms']:.1f} ms) over {st['steps']} steps"
+        if thr.get("samples_per_s"):
+            line += f"; {thr['samples_per_s']:.1f} samples/s"
+        if thr.get("tokens_per_s"):
+            line += f"; {thr['tokens_per_s']:.0f} tokens/s"
+        if thr.get("mfu") is not None:
+            line += f"; MFU {pct(thr['mfu'])}"
+        out += [line + ".", ""]
+    recs = model.get("recommendations") or []
+    out += ["## What to change, in order", ""]
+    if not recs:
+        out += ["No recommendation: nothing was measured to base one on.", ""]
+    evlabels = {e["id"]: e["label"] for e in model.get("evidence") or []}
+    for r in recs:
+        out.append(f"{r['rank']}. **{md_text(r['title'])}** — expected gain: {md_text(r['gain'])}.")
+        out.append(f"   Why: {md_text(r['why'])}")
+        out += [f"   - {md_text(a)}" for a in r["actions"]]
+        if r["evidence"]:
+            out.append("   Evidence: " + "; ".join(md_text(evlabels.get(e, e)) for e in r["evidence"]))
+    out.append("")
+    path = model.get("decision_path")
+    if path and path.get("nodes"):
+        out += ["## Decision path", "", f"Evaluated on {md_text(path['source'])}.", "",
+                "| question | measured | threshold | answer |", "|---|---:|---:|---|"]
+        for n in path["nodes"]:
+            v, t = n["value"], n["threshold"]
+            frac = n["metric"].endswith(("share", "frac", "_idle")) or n["metric"] == "mfu"
+            vs = "not measured" if v is None else (pct(v, 1) if frac else f"{v:.3g}")
+            ts = "" if t is None else (pct(t) if frac else f"{t:.3g}")
+            op = OPS.get(n["op"], md_text(n["op"]))
+            out.append(f"| {md_text(n['question'])} | {vs} | {op} {ts} | {md_text(n['answer'])} |")
+        out.append("")
+    ev = model.get("evidence") or []
+    if ev:
+        out += ["## Evidence", ""]
+        out += [f"- **{md_text(e['label'])}**: {md_text(e['text'])}" for e in ev if e.get("kind") != "finding"]
+        out.append("")
+    findings = model.get("findings") or []
+    if findings:
+        out += ["## Findings", ""]
+        out += [f"- {md_text(f['severity'])} `{md_text(f['id'])}`: {md_text(f['message'])}"
+                + (f" Advice: {md_text(f['advice'])}" if f.get("advice") else "") for f in findings]
+        out.append("")
+    strag = model.get("stragglers") or []
+    if strag:
+        out += ["## Stragglers", ""]
+        out += [f"- rank {s['rank']}: {md_text(s['evidence_text'])}" for s in strag]
+        out.append("")
+    for key, title in (("top_kernels", "Top kernels"), ("top_ops", "Top operators")):
+        rows = model.get(key) or []
+        if not rows:
+            continue
+        out += [f"## {title}", "", "| name | class | ms per rank | calls | % | FLOP/byte |", "|---|---|---:|---:|---:|---:|"]
+        for r in rows[:10]:
+            inten = "" if r.get("intensity") is None else f"{r['intensity']:.1f}"
+            p = "" if r.get("pct") is None else f"{r['pct']:.1f}"
+            out.append(f"| {md_code(r['name'][:120])} | {md_text(r['class'])} | {r['time_ms']:.2f} | "
+                       f"{r['count']} | {p} | {inten} |")
+        out.append("")
+    n = model.get("nccl") or {}
+    if n.get("bandwidth_summary") or n.get("log_findings"):
+        out += ["## Communication (NCCL)", ""]
+        if n.get("bandwidth_summary"):
+            out += [md_text(n["bandwidth_summary"]) + ".", ""]
+        for f in n.get("log_findings") or []:
+            out.append(f"- {md_text(f['severity'])} `{md_text(f['id'])}`: {md_text(f['message'])}")
+        out.append("")
+    mem = model.get("memory") or {}
+    out += ["## Memory capacity", "", md_text(mem.get("text") or "No memory figures."), ""]
+    if mem.get("advice"):
+        out += [f"**{md_text(mem['advice']['title'])}.**", ""]
+    miss = model.get("missing") or []
+    out += ["## What was missing", ""]
+    if not miss:
+        out += ["Nothing.", ""]
+    for m in miss:
+        out.append(f"- **{md_text(m['what'])}** {md_text(m['why'])} How to get it: {md_text(m['how'])}")
+    probs = model.get("problems") or []
+    if probs:
+        out += ["", f"Damaged or unreadable input ({len(probs)}), skipped:", ""]
+        out += [f"- {md_code(p)}" for p in probs[:20]]
+    notes = model.get("notes") or []
+    if notes:
+        out += ["", "## How this report was reduced", ""]
+        out += [f"- {md_text(x)}" for x in notes]
+    out.append("")
+    return "\n".join(out)

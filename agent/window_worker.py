@@ -1,0 +1,116 @@
+"""Background analysis of one profiler window, run as its own process by the agent.
+
+    python -m diag.window_worker --trace T --out O --rank R --first F --last L
+    python -m diag.window_worker --serve      # the same, one JSON job per line on stdin
+
+It compresses the raw trace (gzip, atomically; the raw file is removed), analyses it
+with the trace analyzer, and writes the small window summary of the run-directory
+format: {"first_step", "last_step", "trace", "analysis": <rank dict>}. The training
+process keeps only that summary; the big trace never enters its memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from diag import rundir
+
+
+def compress(raw: Path) -> Path:
+    if raw.name.endswith(".gz"):
+        return raw
+    dest = raw.with_name(raw.name + ".gz")
+    tmp = raw.with_name(f".{raw.name}.gz.tmp")
+    with open(raw, "rb") as src, gzip.open(tmp, "wb", compresslevel=3) as out:
+        shutil.copyfileobj(src, out, 1 << 20)
+    os.replace(tmp, dest)
+    raw.unlink()
+    return dest
+
+
+def steps_in(analysis: dict, first: int, last: int) -> dict:
+    """Keep the window's own steps (the trace may hold a partial step at either edge)."""
+    steps = analysis.get("steps")
+    if isinstance(steps, list):
+        inside = [s for s in steps if isinstance(s.get("step"), int) and first <= s["step"] <= last]
+        if inside:
+            analysis["steps"] = inside
+    return analysis
+
+
+def summarise(trace: Path, rank: int, first: int, last: int, config: str | None) -> dict:
+    doc = {"first_step": first, "last_step": last, "trace": trace.name, "created_unix": time.time(),
+           "analysis": None}
+    try:
+        trace = compress(trace)
+        doc["trace"] = trace.name
+    except OSError as exc:
+        doc["error"] = f"{trace}: could not compress ({exc.strerror or exc})"
+    try:
+        from diag.analyzers.decision_tree import load_tree
+        from diag.analyzers.trace_analysis import analyze_trace
+
+        tree = load_tree(config) if config else None
+        doc["analysis"] = steps_in(analyze_trace(str(trace), tree=tree, rank=rank), first, last)
+    except ImportError as exc:
+        doc["error"] = f"trace analyzer not available ({exc})"
+    except Exception as exc:
+        doc["error"] = f"{trace}: analysis failed ({type(exc).__name__}: {exc})"
+    return doc
+
+
+def run_job(job: dict) -> int:
+    doc = summarise(Path(job["trace"]), int(job["rank"]), int(job["first"]), int(job["last"]), job.get("config"))
+    try:
+        rundir.atomic_write_json(job["out"], doc)
+    except OSError as exc:
+        print(f"diag window worker: {job['out']}: cannot write ({exc.strerror or exc})", file=sys.stderr)
+        return 1
+    return 0 if doc.get("analysis") is not None else 3
+
+
+def serve(stream) -> int:
+    """One job per JSON line until the agent closes the pipe (or dies: the pipe closes too).
+
+    The agent keeps one such process for the whole run, so only the first window pays
+    for starting Python and importing the analyzers.
+    """
+    for line in stream:
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            job = json.loads(line)
+            run_job(job)
+        except Exception as exc:  # one bad window must not end the service
+            print(f"diag window worker: job failed ({type(exc).__name__}: {exc})", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m diag.window_worker")
+    p.add_argument("--serve", action="store_true", help="read jobs as JSON lines on stdin")
+    p.add_argument("--trace")
+    p.add_argument("--out")
+    p.add_argument("--rank", type=int)
+    p.add_argument("--first", type=int)
+    p.add_argument("--last", type=int)
+    p.add_argument("--config", default=None)
+    a = p.parse_args(argv)
+    if a.serve:
+        return serve(sys.stdin)
+    if None in (a.trace, a.out, a.rank, a.first, a.last):
+        p.error("--trace, --out, --rank, --first and --last are required without --serve")
+    return run_job({"trace": a.trace, "out": a.out, "rank": a.rank, "first": a.first, "last": a.last,
+                    "config": a.config})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,262 @@
+"""The whole analysis document (schema diag.analysis/1) from files, trace directories and run directories.
+
+`analyze_paths` expands directories into per-rank trace files, analyses the traces in
+parallel worker processes (as many as memory allows), delegates run directories to
+`diag.analyzers.run_analysis.analyze_run`, and adds the job part from
+`diag.analyzers.cross_rank.analyze_job`. A bad file becomes an entry in "errors"; the
+others are still analysed. Pure: nothing is printed or written.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from diag.analyzers import decision_tree as dt
+from diag.errors import DiagInputError
+
+SCHEMA = "diag.analysis/1"
+TRACE_SUFFIXES = (".json", ".json.gz")
+# Per worker: interpreter + numpy (~150 MB) plus columns and decode buffers, which grow
+# with the trace; gzip traces expand about tenfold.
+_BASE_BYTES = 200 << 20
+_GZ_EXPANSION = 10
+_PER_JSON_BYTE = 0.6
+
+
+def analyze_paths(paths, tree: dt.Tree | None = None, jobs: int | None = None, progress=None) -> dict:
+    """Analyse traces and run directories; returns the document of contract A.
+
+    progress: optional callable(done, total, source) called as each trace finishes.
+    """
+    tree = tree or dt.load_tree()
+    errors: list[dict] = []
+    warnings: list[dict] = []
+    files: list[str] = []
+    run_docs: list[dict] = []
+    for p in paths:
+        p = os.fspath(p)
+        if os.path.isdir(p):
+            if _is_run_dir(p):
+                doc = _analyze_run_dir(p, tree, errors)
+                if doc is not None:
+                    run_docs.append(doc)
+                continue
+            found = trace_files_in(p)
+            if not found:
+                errors.append({"source": p, "error": "directory holds no trace files (*.json, *.json.gz)"})
+            files.extend(found)
+        elif os.path.exists(p):
+            files.append(p)
+        else:
+            errors.append({"source": p, "error": "no such file or directory"})
+
+    ranks = _analyze_files(files, tree, jobs, progress, errors)
+    for doc in run_docs:
+        ranks.extend(doc.get("ranks") or [])
+        errors.extend(doc.get("errors") or [])
+        warnings.extend(doc.get("warnings") or [])
+    _settle_ranks(ranks, warnings)
+    ranks.sort(key=lambda r: (r["rank"] is None, r["rank"] if r["rank"] is not None else 0))
+    if len(run_docs) == 1 and not files:
+        job = run_docs[0].get("job") or job_verdict(ranks, tree, errors)
+    else:
+        job = job_verdict(ranks, tree, errors)
+    return {"schema": SCHEMA, "ranks": ranks, "job": job, "errors": errors, "warnings": warnings}
+
+
+def trace_files_in(directory: str) -> list[str]:
+    """Kineto trace files in a directory (not recursive), in rank-then-name order."""
+    out = []
+    for entry in sorted(Path(directory).iterdir()):
+        if entry.is_file() and entry.name.endswith(TRACE_SUFFIXES) and not entry.name.startswith("."):
+            out.append(str(entry))
+    return out
+
+
+def _is_run_dir(path: str) -> bool:
+    try:
+        from diag import rundir
+
+        return bool(rundir.is_run_dir(path))
+    except (ImportError, AttributeError):
+        return False
+
+
+def _analyze_run_dir(path: str, tree, errors: list) -> dict | None:
+    try:
+        mod = importlib.import_module("diag.analyzers.run_analysis")
+    except ImportError:
+        errors.append({"source": path, "error": "run directory analysis is not available in this version"})
+        return None
+    try:
+        return mod.analyze_run(path, tree=tree)
+    except DiagInputError as exc:
+        errors.append({"source": exc.source or path, "error": _msg(exc)})
+        return None
+
+
+def _msg(exc: DiagInputError) -> str:
+    text = str(exc)
+    prefix = f"{exc.source}: " if exc.source else ""
+    return text[len(prefix):] if prefix and text.startswith(prefix) else text
+
+
+def worker_count(files: list[str], jobs: int | None) -> int:
+    """Parallel processes: the user's --jobs, else as many as CPUs and free memory allow."""
+    if not files:
+        return 0
+    if jobs:
+        return max(1, min(int(jobs), len(files)))
+    try:
+        import psutil
+
+        avail = psutil.virtual_memory().available
+    except Exception:
+        avail = 2 << 30
+    need = max(_estimate_bytes(f) for f in files)
+    by_mem = max(1, int(avail * 0.7 // need))
+    return max(1, min(os.cpu_count() or 1, by_mem, len(files)))
+
+
+def _estimate_bytes(path: str) -> float:
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        return _BASE_BYTES
+    raw = size * _GZ_EXPANSION if path.endswith(".gz") else size
+    return _BASE_BYTES + raw * _PER_JSON_BYTE
+
+
+def _analyze_one(path: str, tree, decode_workers: int | None = None) -> tuple[str, object]:
+    from diag.analyzers.trace_analysis import analyze_trace
+
+    try:
+        return "ok", analyze_trace(path, tree=tree, workers=decode_workers)
+    except DiagInputError as exc:
+        return "error", _msg(exc)
+    except MemoryError:
+        return "error", "out of memory while analysing this trace (try --jobs 1)"
+
+
+def _analyze_files(files, tree, jobs, progress, errors) -> list[dict]:
+    ranks = []
+    n = worker_count(files, jobs)
+    if not files:
+        return ranks
+    results = []
+    if n <= 1 or len(files) == 1:
+        for i, f in enumerate(files):
+            # One file at a time: a large one may use decoding workers (idle CPUs only).
+            results.append((f, _analyze_one(f, tree, None)))
+            if progress:
+                progress(i + 1, len(files), f)
+    else:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn") if os.name != "posix" else mp.get_context("forkserver")
+        with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
+            # One process per file already: no nested decoding pools.
+            futures = [(f, pool.submit(_analyze_one, f, tree, 1)) for f in files]
+            for i, (f, fut) in enumerate(futures):
+                try:
+                    results.append((f, fut.result()))
+                except Exception as exc:  # a crashed worker (e.g. killed for memory)
+                    results.append((f, ("error", f"analysis process failed ({type(exc).__name__}: {exc})")))
+                if progress:
+                    progress(i + 1, len(files), f)
+    for f, (status, value) in results:
+        if status == "ok":
+            ranks.append(value)
+        else:
+            errors.append({"source": f, "error": value})
+    return ranks
+
+
+def _settle_ranks(ranks: list[dict], warnings: list) -> None:
+    """Every rank dict gets an integer rank: distributedInfo, else file name, else order."""
+    from diag.analyzers.trace_analysis import rank_from_name
+
+    taken = {r["rank"] for r in ranks if isinstance(r.get("rank"), int)}
+    multi = len(ranks) > 1
+    nxt = 0
+    for r in ranks:
+        if isinstance(r.get("rank"), int):
+            continue
+        guess = rank_from_name(r.get("source", ""))
+        if guess is not None and guess not in taken:
+            r["rank"], r["rank_from"] = guess, "file name"
+        else:
+            while nxt in taken:
+                nxt += 1
+            r["rank"], r["rank_from"] = nxt, "order"
+        taken.add(r["rank"])
+        if multi:
+            warnings.append({"source": r.get("source"),
+                             "warning": f"no distributedInfo in the trace; rank {r['rank']} taken from the "
+                                        f"{r['rank_from']}"})
+    counts = Counter(r["rank"] for r in ranks)
+    for rank, c in counts.items():
+        if c > 1:
+            warnings.append({"source": None, "warning": f"{c} traces claim rank {rank}; they may come from different runs"})
+    sizes = {r.get("world_size") for r in ranks if r.get("world_size")}
+    if len(sizes) > 1:
+        warnings.append({"source": None, "warning": f"traces disagree on world size: {sorted(sizes)}"})
+
+
+def job_verdict(ranks: list[dict], tree, errors: list) -> dict:
+    """The job part: cross-rank analysis when available, else the fallback verdict."""
+    if not ranks:
+        return {"bound": None, "stragglers": [], "findings": [], "world_size": None}
+    try:
+        mod = importlib.import_module("diag.analyzers.cross_rank")
+    except ImportError:
+        mod = None
+    if mod is not None and hasattr(mod, "analyze_job"):
+        try:
+            return mod.analyze_job(ranks, tree)
+        except DiagInputError as exc:
+            errors.append({"source": exc.source or "job", "error": _msg(exc)})
+    return fallback_job_verdict(ranks)
+
+
+def json_safe(obj):
+    """The document with non-finite floats as null (JSON has no inf/NaN) and numpy scalars as Python."""
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, float):
+        return obj if obj == obj and obj not in (float("inf"), float("-inf")) else None
+    if hasattr(obj, "item") and callable(obj.item):  # numpy scalar
+        return json_safe(obj.item())
+    return obj
+
+
+def fallback_job_verdict(ranks: list[dict]) -> dict:
+    """Used only while diag.analyzers.cross_rank is absent: majority of the rank verdicts.
+
+    Ties go to the bound with the larger mean share across ranks. No straggler detection.
+    """
+    bounds = Counter(r.get("bound") for r in ranks if r.get("bound"))
+    world = max((r.get("world_size") or 0 for r in ranks), default=0) or len(ranks)
+    if not bounds:
+        return {"bound": None, "stragglers": [], "findings": [], "world_size": world, "method": "fallback"}
+    top = max(bounds.values())
+    tied = [b for b, c in bounds.items() if c == top]
+
+    def mean_share(b):
+        return sum((r.get("shares") or {}).get(b, 0.0) for r in ranks) / len(ranks)
+
+    bound = max(tied, key=mean_share)
+    return {
+        "bound": bound,
+        "stragglers": [],
+        "findings": [],
+        "world_size": world,
+        "method": "fallback: majority of rank verdicts",
+        "rank_bounds": dict(bounds),
+    }

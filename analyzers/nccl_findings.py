@@ -1,0 +1,371 @@
+"""Finding rules over a parsed NCCL log: each rule is an object holding its stable id,
+severity, the short sentence used by the report and the comm-bound diagnosis, its advice
+and the check that produces the message and evidence lines.
+
+A check receives the `diag.nccl_log/1` document (without findings) and the parser's
+signal buckets (`name -> _Bucket` with `count`, example `lines` and `data`) and returns
+None or `{"message", "evidence", "details"?}`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from diag.analyzers.ib_status import ib_status
+
+SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    severity: str
+    summary: str  # one sentence for the report / comm-bound verdict
+    advice: str
+    check: Callable[[dict, dict], dict | None]
+
+
+def _lines(signals: dict, *names: str, cap: int = 5) -> list[str]:
+    out: list[str] = []
+    for n in names:
+        b = signals.get(n)
+        if b is not None:
+            for line in b.lines:
+                if line not in out:
+                    out.append(line)
+    return out[:cap]
+
+
+def _count(signals: dict, name: str) -> int:
+    b = signals.get(name)
+    return b.count if b is not None else 0
+
+
+def _ranks_text(ranks: list[int], limit: int = 8) -> str:
+    if not ranks:
+        return "unknown ranks"
+    shown = ", ".join(str(r) for r in ranks[:limit])
+    return f"rank{'s' if len(ranks) > 1 else ''} {shown}" + (f" and {len(ranks) - limit} more" if len(ranks) > limit else "")
+
+
+def _multi_node(doc: dict) -> bool:
+    return (doc.get("nodes") or 0) > 1 or any((c.get("nnodes") or 0) > 1 for c in doc["communicators"])
+
+
+# -- checks --------------------------------------------------------------------------------
+
+def _net_socket(doc, sig):
+    n = _count(sig, "via_net_socket")
+    if n:
+        where = " between nodes" if _multi_node(doc) else ""
+        return {"message": f"{n} NCCL connection{'s' if n > 1 else ''} use NET/Socket: traffic goes over TCP "
+                           f"sockets{where}, typically several times slower than InfiniBand/RoCE with GPUDirect RDMA",
+                "evidence": _lines(sig, "via_net_socket", "ibverbs_missing", "env_NCCL_IB_DISABLE")}
+    if _count(sig, "using_network_socket") and _multi_node(doc):
+        return {"message": f"NCCL selected the Socket network (TCP) on a job spanning {doc['nodes']} nodes: "
+                           "inter-node traffic goes over TCP sockets",
+                "evidence": _lines(sig, "using_network_socket", "ibverbs_missing", "env_NCCL_IB_DISABLE")}
+    return None
+
+
+def _ib_no_gdrdma(doc, sig):
+    n = _count(sig, "ib_no_gdrdma")
+    if not n:
+        return None
+    return {"message": f"{n} InfiniBand connection{'s' if n > 1 else ''} run without GPUDirect RDMA (no /GDRDMA "
+                       "in the transport): network data is staged through host memory",
+            "evidence": _lines(sig, "ib_no_gdrdma")}
+
+
+def _ib_completion(doc, sig):
+    b = sig.get("ib_completion_error")
+    if b is None:
+        return None
+    statuses = [ib_status(c) for c in b.data.get("statuses", [])]
+    expl = "; ".join(f"status {s['code']} = {s['name']}: {s['meaning']}" for s in statuses)
+    peers = b.data.get("peers") or []
+    return {"message": f"{b.count} InfiniBand work completion error{'s' if b.count > 1 else ''}"
+                       + (f" with peer {', '.join(peers[:4])}" if peers else "") + f" ({expl})",
+            "evidence": _lines(sig, "ib_completion_error"),
+            "details": {"statuses": statuses, "vendor_errors": b.data.get("vendor", [])}}
+
+
+def _socket_error(doc, sig):
+    n = _count(sig, "socket_error")
+    if not n:
+        return None
+    return {"message": f"{n} socket error{'s' if n > 1 else ''} (connection closed, refused or reset by a peer): "
+                       "a peer process died or the network path between the hosts is broken",
+            "evidence": _lines(sig, "socket_error")}
+
+
+def _timeout(doc, sig):
+    if not doc["timeouts"]:
+        return None
+    parts = []
+    for t in doc["timeouts"][:4]:
+        secs = f"{t['timeout_ms'] / 1000:g} s" if t["timeout_ms"] else "the timeout"
+        parts.append(f"{t['op']} SeqNum {t['seq']} did not finish within {secs} on {_ranks_text(t['ranks'])}")
+    wd = doc["watchdog"]
+    extra = ""
+    if wd:
+        w = wd[0]
+        extra = (f"; watchdog state: stuck at work {w['work']}, last completed {w['last_completed']}, "
+                 f"last enqueued {w['last_enqueued']}")
+    return {"message": "; ".join(parts) + extra,
+            "evidence": _lines(sig, "collective_timeout", "watchdog_state"),
+            "details": {"timeouts": doc["timeouts"][:20]}}
+
+
+def _desync(doc, sig):
+    msgs = []
+    # ranks reporting timeouts at different sequence numbers of the same op
+    by_seq: dict[int, list[int]] = {}
+    for t in doc["timeouts"]:
+        by_seq.setdefault(t["seq"], []).extend(t["ranks"])
+    if len(by_seq) > 1:
+        msgs.append("ranks time out at different sequence numbers: " + "; ".join(
+            f"SeqNum {s}: {_ranks_text(sorted(set(r)))}" for s, r in sorted(by_seq.items())))
+    groups: dict[str, dict[int, list[int]]] = {}
+    for w in doc["watchdog"]:
+        groups.setdefault(str(w["pg"]), {}).setdefault(w["last_completed"], []).append(w["rank"])
+    for pg, comp in groups.items():
+        if len(comp) > 1:
+            msgs.append(f"process group {pg}: ranks stopped at different collectives: " + "; ".join(
+                f"last completed {c}: {_ranks_text(sorted(r))}" for c, r in sorted(comp.items())))
+    for rep in doc["desync_reports"]:
+        if rep["kind"] == "joined_not_finished":
+            msgs.append(f"{_ranks_text(rep['ranks'])} joined but did not finish collective #{rep['seq']}")
+        elif rep["kind"] == "finished_not_joined":
+            msgs.append(f"{_ranks_text(rep['ranks'])} finished the previous collective but never joined #{rep['seq']}")
+        else:
+            msgs.append(f"{_ranks_text(rep['ranks'])} never joined any collective (lagging ranks)")
+    fr = doc.get("flight_recorder") or {}
+    for a in fr.get("analysis", []):
+        if a.get("missing_ranks"):
+            msgs.append(f"flight recorder: {_ranks_text(a['missing_ranks'])} never joined collective "
+                        f"{a['collective_seq']} ({a.get('collective') or 'unknown op'}, state {a.get('state')})")
+    # A desync report where every rank joined and none finished is a hang, not a desync.
+    only_all_joined = (msgs and all(r["kind"] == "joined_not_finished" for r in doc["desync_reports"])
+                       and len(msgs) == len(doc["desync_reports"]) and len(doc["desync_reports"]) == 1
+                       and doc["world_size"] and len(doc["desync_reports"][0]["ranks"]) >= doc["world_size"])
+    if not msgs or only_all_joined:
+        return None
+    return {"message": "; ".join(msgs[:6]),
+            "evidence": _lines(sig, "desync_report", "fr_mismatch", "collective_timeout", "watchdog_state")}
+
+
+def _init_failure(doc, sig):
+    n = _count(sig, "init_failure")
+    if not n:
+        return None
+    chains = [c for c in doc["error_chains"] if any(f.split(":")[0].endswith(("init.cc", "bootstrap.cc"))
+                                                    for f in c["frames"])]
+    msg = "communicator initialisation failed"
+    if chains:
+        c = chains[0]
+        msg += (f": error {c['code']} ({c['code_name']}) raised at {c['origin']} and propagated through "
+                f"{len(c['frames'])} frames")
+    return {"message": msg, "evidence": _lines(sig, "init_failure", "socket_error", "error_chain")}
+
+
+def _nccl_error(doc, sig):
+    n = _count(sig, "nccl_error") + _count(sig, "cuda_failure")
+    if not n:
+        return None
+    return {"message": f"{n} NCCL/CUDA error line{'s' if n > 1 else ''} reported by the application or nccl-tests",
+            "evidence": _lines(sig, "nccl_error", "cuda_failure")}
+
+
+def _version_mismatch(doc, sig):
+    base = {v.split("+")[0].split("-")[0] for v in doc["versions"]}
+    if len(base) < 2:
+        return None
+    return {"message": "processes run different NCCL versions: " + ", ".join(doc["versions"]),
+            "evidence": _lines(sig, "version")}
+
+
+def _ib_error(doc, sig):
+    n = _count(sig, "ib_error")
+    if not n:
+        return None
+    return {"message": f"{n} InfiniBand error{'s' if n > 1 else ''} reported by the NET/IB transport",
+            "evidence": _lines(sig, "ib_error")}
+
+
+def _p2p_disabled(doc, sig):
+    env = doc["env"]
+    why = []
+    if env.get("NCCL_P2P_DISABLE", "0") not in ("0", ""):
+        why.append(f"NCCL_P2P_DISABLE={env['NCCL_P2P_DISABLE']}")
+    level = env.get("NCCL_P2P_LEVEL")
+    if level is not None and level.upper() in ("LOC", "0"):
+        why.append(f"NCCL_P2P_LEVEL={level}")
+    if not why:
+        return None
+    return {"message": "peer-to-peer GPU transfers are disabled by the environment (" + ", ".join(why)
+                       + "): GPUs in a node exchange data through host memory",
+            "evidence": _lines(sig, "env_NCCL_P2P_DISABLE", "env_NCCL_P2P_LEVEL")}
+
+
+def _intra_shm(doc, sig):
+    n = _count(sig, "via_shm")
+    if not n:
+        return None
+    return {"message": f"{n} connection{'s' if n > 1 else ''} between GPUs of the same node go through host shared "
+                       "memory (SHM) instead of P2P over NVLink/PCIe",
+            "evidence": _lines(sig, "via_shm")}
+
+
+def _ib_disabled(doc, sig):
+    v = doc["env"].get("NCCL_IB_DISABLE")
+    if v in (None, "0", ""):
+        return None
+    return {"message": f"InfiniBand is disabled by the environment (NCCL_IB_DISABLE={v})",
+            "evidence": _lines(sig, "env_NCCL_IB_DISABLE")}
+
+
+def _ibverbs_missing(doc, sig):
+    n = _count(sig, "ibverbs_missing")
+    if not n:
+        return None
+    return {"message": "libibverbs could not be loaded, so NCCL cannot use InfiniBand/RoCE and uses TCP sockets "
+                       "for any traffic between nodes",
+            "evidence": _lines(sig, "ibverbs_missing")}
+
+
+def _ib_no_device(doc, sig):
+    if not _count(sig, "ib_no_device"):
+        return None
+    return {"message": "NET/IB found no usable InfiniBand/RoCE device", "evidence": _lines(sig, "ib_no_device")}
+
+
+def _nvls_unavailable(doc, sig):
+    n = doc["nvls"]["unavailable_devices"]
+    if not n:
+        return None
+    return {"message": f"NVLink SHARP (NVLS) multicast is not available on {n} device{'s' if n > 1 else ''}: "
+                       "NCCL cannot offload reductions to the NVSwitch",
+            "evidence": _lines(sig, "nvls_unavailable")}
+
+
+def _nvls_unused(doc, sig):
+    if not doc["nvls"]["available_devices"] or doc["nvls"]["channels"] != 0:
+        return None
+    return {"message": "NVLS multicast is available but NCCL built 0 NVLS channels",
+            "evidence": _lines(sig, "nvls_available")}
+
+
+def _algo_forced(doc, sig):
+    forced = {k: v for k, v in doc["env"].items() if k in ("NCCL_ALGO", "NCCL_PROTO")}
+    if not forced:
+        return None
+    return {"message": "the algorithm/protocol choice is forced by the environment ("
+                       + ", ".join(f"{k}={v}" for k, v in forced.items())
+                       + "): NCCL cannot pick a faster one per message size",
+            "evidence": _lines(sig, "env_NCCL_ALGO", "env_NCCL_PROTO")}
+
+
+def _simple(signal: str, message: str):
+    def check(doc, sig):
+        if not _count(sig, signal):
+            return None
+        return {"message": message, "evidence": _lines(sig, signal)}
+    return check
+
+
+RULES: list[Rule] = [
+    Rule("net_socket_fallback", "critical", "NCCL fell back to TCP sockets between nodes",
+         "Make InfiniBand/RoCE usable: install rdma-core (libibverbs) and the NIC driver in the container, "
+         "unset NCCL_IB_DISABLE, check NCCL_IB_HCA and NCCL_SOCKET_IFNAME; on AWS install the aws-ofi-nccl "
+         "plugin for EFA.", _net_socket),
+    Rule("ib_completion_error", "critical", "InfiniBand reported work completion errors",
+         "Find the first failing link or peer: check `ibstat`, cables and switch port counters, the peer "
+         "process's own log, and NCCL_IB_TIMEOUT / NCCL_IB_RETRY_CNT; status 4/10 point at GPUDirect RDMA "
+         "memory registration (nvidia-peermem, dmabuf).", _ib_completion),
+    Rule("socket_error", "critical", "NCCL lost a socket connection to a peer",
+         "Look for the first rank that died (OOM, exception, killed) in its own log; otherwise check "
+         "firewalls and that NCCL_SOCKET_IFNAME selects an interface every host can reach.", _socket_error),
+    Rule("collective_timeout", "critical", "a collective timed out in the PyTorch watchdog",
+         "A rank stopped calling collectives or a link hung. Set TORCH_NCCL_DESYNC_DEBUG=1 / the flight "
+         "recorder (TORCH_NCCL_TRACE_BUFFER_SIZE) to find the lagging rank; check for data-dependent control "
+         "flow, uneven batches, or one slow rank (I/O, checkpointing).", _timeout),
+    Rule("desync", "critical", "ranks are stuck at different collectives (desync)",
+         "Ranks issue different collectives: make every rank call the same collectives in the same order "
+         "(no rank-dependent branches around all_reduce/barrier, equal numbers of batches per rank).", _desync),
+    Rule("init_failure", "critical", "NCCL communicator initialisation failed",
+         "Check that every rank can reach the bootstrap address (MASTER_ADDR/port, NCCL_SOCKET_IFNAME), "
+         "that all ranks started, and the first WARN line of the error chain.", _init_failure),
+    Rule("nccl_error", "critical", "NCCL or CUDA returned an error",
+         "Re-run with NCCL_DEBUG=INFO (and NCCL_DEBUG_SUBSYS=INIT,NET) and read the first WARN line.", _nccl_error),
+    Rule("version_mismatch", "critical", "processes run different NCCL versions",
+         "Use one NCCL build on every node (same container image / wheel).", _version_mismatch),
+    Rule("ib_error", "warning", "the InfiniBand transport reported errors",
+         "Check the HCA state (`ibstat`, `ibv_devinfo`), firmware and dmesg on the reporting host.", _ib_error),
+    Rule("ib_no_gdrdma", "warning", "InfiniBand runs without GPUDirect RDMA",
+         "Load nvidia-peermem (or use dmabuf with a recent driver/kernel), check NCCL_NET_GDR_LEVEL and that "
+         "GPU and NIC share a PCIe switch.", _ib_no_gdrdma),
+    Rule("ib_disabled", "warning", "InfiniBand is disabled by NCCL_IB_DISABLE",
+         "Unset NCCL_IB_DISABLE unless the nodes really have no InfiniBand/RoCE.", _ib_disabled),
+    Rule("p2p_disabled", "warning", "GPU peer-to-peer is disabled by the environment",
+         "Unset NCCL_P2P_DISABLE / NCCL_P2P_LEVEL unless P2P is broken on this platform (check ACS/IOMMU "
+         "settings with `nvidia-smi topo -p2p r`).", _p2p_disabled),
+    Rule("intra_node_shm", "warning", "GPUs in one node talk through host shared memory instead of P2P",
+         "P2P is unavailable between these GPUs (PCIe ACS, IOMMU, virtualisation or NCCL_P2P_DISABLE); "
+         "check `nvidia-smi topo -m` and disable ACS for bare-metal servers.", _intra_shm),
+    Rule("ibverbs_missing", "warning", "libibverbs is missing, so NCCL cannot use InfiniBand/RoCE",
+         "Install rdma-core/libibverbs (and mount /dev/infiniband into containers).", _ibverbs_missing),
+    Rule("cuda_library_missing", "warning", "NCCL could not find the CUDA driver library",
+         "Make libcuda.so visible (driver install, container runtime, NCCL_CUDA_PATH).",
+         _simple("cuda_library_missing", "NCCL could not load libcuda.so (CUDA driver library)")),
+    Rule("rocm_iommu", "warning", "the kernel command line lacks iommu=pt (RCCL)",
+         "Add iommu=pt to the kernel command line on AMD GPU hosts, as RCCL recommends.",
+         _simple("rocm_iommu", "RCCL warns that \"iommu=pt\" is missing from the kernel command line, "
+                               "which can make the system unstable or hang")),
+    Rule("nvls_unused", "warning", "NVLS is available but unused",
+         "Check NCCL_NVLS_ENABLE and the fabric manager / IMEX service.", _nvls_unused),
+    Rule("ib_no_device", "info", "NCCL found no InfiniBand device",
+         "Expected on hosts without InfiniBand/RoCE; otherwise check the RDMA driver and NCCL_IB_HCA.", _ib_no_device),
+    Rule("nvls_unavailable", "info", "NVLink SHARP is unavailable",
+         "Expected without NVSwitch multicast (pre-Hopper or no fabric manager); on HGX H100/H200 check the "
+         "fabric manager and CUDA driver.", _nvls_unavailable),
+    Rule("algo_forced", "info", "the NCCL algorithm or protocol is forced by the environment",
+         "Unset NCCL_ALGO / NCCL_PROTO after experimenting; the defaults pick per message size.", _algo_forced),
+    Rule("topology_fallback", "info", "NCCL's topology search fell back to a simple order",
+         "Usually harmless on small PCIe systems; check `nvidia-smi topo -m` and NCCL_P2P_LEVEL.",
+         _simple("topology_fallback", "NCCL could not find a path for a ring/tree pattern and fell back to a "
+                                      "simple order (the topology search found no better graph)")),
+]
+
+RULES_BY_ID = {r.id: r for r in RULES}
+
+
+def evaluate(doc: dict, signals: dict) -> list[dict]:
+    """Findings in rule order, most severe first."""
+    out = []
+    for rule in RULES:
+        res = rule.check(doc, signals)
+        if not res:
+            continue
+        f = {"id": rule.id, "severity": rule.severity, "message": res["message"], "evidence": res["evidence"],
+             "summary": rule.summary, "advice": rule.advice}
+        if res.get("details"):
+            f["details"] = res["details"]
+        out.append(f)
+    out.sort(key=lambda f: SEVERITY_ORDER.get(f["severity"], 9))
+    return out
+
+
+def summary_sentences(log_doc: dict, max_sentences: int = 5, min_severity: str = "warning") -> list[str]:
+    """Pure: the report's and comm-bound verdict's short sentences for a diag.nccl_log/1 doc."""
+    limit = SEVERITY_ORDER[min_severity]
+    out = []
+    for f in sorted(log_doc.get("findings", []), key=lambda f: SEVERITY_ORDER.get(f.get("severity"), 9)):
+        if SEVERITY_ORDER.get(f.get("severity"), 9) > limit:
+            continue
+        rule = RULES_BY_ID.get(f.get("id"))
+        sentence = f.get("summary") or (rule.summary if rule else f.get("message", ""))
+        if sentence and sentence not in out:
+            out.append(sentence)
+    return out[:max_sentences]

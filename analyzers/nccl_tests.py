@@ -1,0 +1,604 @@
+"""Parse saved nccl-tests / rccl-tests output into `diag.nccl_bench/1` documents.
+
+Handles every format generation seen in the wild (2018-2025):
+
+- tables with `#wrong` (2.13+) or the older `error` column (a max delta, not a count),
+  with or without the `redop` and `root` columns, `N/A` cells, rccl-tests asterisks;
+- the `# Out of bounds values` / `# Avg bus bandwidth` footer, several tests per file
+  (split at headers, `# Collective test starting/concluded` and `*_perf` command lines);
+- launcher prefixes (OpenMPI `[1,0]<stdout>:`, `srun --label` `0: ` or `[0]`, Ray
+  worker tags, timestamps, Markdown quotes) and lost leading `#` characters;
+- failing runs (`Test NCCL failure`, `Test CUDA failure`, segfaults, MPI abort banners,
+  `#wrong` > 0, `Out of bounds values : N FAILED`) and partial runs (cut mid-table,
+  no footer, truncated JSON), each with its error lines;
+- the JSON line of the nccl-tests `--json` fork (pull request 318), even when cut short.
+
+When a saved excerpt lacks the header, the collective and world size are inferred from
+the table itself (element counts and the busbw/algbw factor) and listed in `inferred`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+from diag.errors import DiagInputError
+
+SCHEMA = "diag.nccl_bench/1"
+MAX_ERROR_LINES = 50
+
+# nccl-tests type names -> bytes per element (rccl-tests spellings included).
+DTYPE_BYTES = {
+    "int8": 1, "uint8": 1, "char": 1, "int32": 4, "uint32": 4, "int": 4, "int64": 8, "uint64": 8,
+    "half": 2, "float16": 2, "float": 4, "float32": 4, "double": 8, "float64": 8,
+    "bfloat16": 2, "bf16": 2, "f8e4m3": 1, "f8e5m2": 1, "fp8_e4m3": 1, "fp8_e5m2": 1,
+}
+REDUCTIONS = {"sum", "prod", "max", "min", "avg", "mulsum", "premulsum"}
+
+# Binary stem -> collective name used in diag.nccl_bench/1 (the runner uses the same names).
+COLLECTIVES = {
+    "all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
+    "broadcast": "broadcast", "reduce": "reduce", "alltoall": "alltoall", "sendrecv": "sendrecv",
+    "scatter": "scatter", "gather": "gather", "hypercube": "hypercube", "alltoallv": "alltoallv",
+}
+
+_PREFIX = re.compile(
+    r"""^(?:
+        \s*\[\d+,\d+\]<(?:stdout|stderr)>:\s?          # OpenMPI --tag-output
+      | \s*\d+:\s                                      # srun --label
+      | \s*\[\d+\]\s?                                  # [task] labels
+      | \[?\d{4}-\d{2}-\d{2}[T\ ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?\]?\s  # timestamps
+      | \s*>\s?                                        # Markdown quote
+      | \([^()]*\bpid=\d+[^()]*\)\s                    # Ray worker tag
+    )+""",
+    re.X,
+)
+_TAG = re.compile(r"\[\d+\]")
+_PARAM = re.compile(
+    r"(warmup iters|agg iters|iters|validation|graph|step|nThread|nGpus|minBytes|maxBytes):?\s+(\S+)"
+)
+_RANK = re.compile(
+    r"^#?\s*Rank\s+(\d+)\s+(?:Group\s+(\d+)\s+)?Pid\s+(\d+)\s+on\s+(\S+)\s+device\s+(\d+)\s+\[([^\]]*)\]\s*(.*?)\s*$"
+)
+_BINARY = re.compile(r"(?:^|[\s/.:])(?:nccl_|rccl_)?([a-z_]+?)_perf(?:_mpi)?\b")
+_VERSION = re.compile(r"\b([NR]CCL) version\s*:?\s*(\S+)")
+_AVG = re.compile(r"^#?\s*Avg bus bandwidth\s*:\s*(\S+)")
+_OOB = re.compile(r"^#?\s*Out of bounds values\s*:\s*(\d+)\s+(\w+)")
+_CONCLUDED = re.compile(r"^#?\s*Collective test (starting|concluded):\s*(\S+)")
+_FAILURE = re.compile(
+    r"\bTest (?:NCCL |CUDA |HIP |MPI )?failure\b|(?:^|\s|: )NCCL failure \S+|\bCUDA failure\b"
+    r"|Segmentation fault|\bSIGSEGV\b|signal 11\b|Caught signal|\bBus error\b|core dumped"
+    r"|mpirun detected that one or more processes exited with non-zero status"
+    r"|mpirun noticed that process|exited on signal|^srun: error:|Primary job\s+terminated"
+    r"|\bterminate called after\b|\bout of memory\b",
+    re.I,
+)
+_WARN = re.compile(r"\bNCCL WARN\b")
+_TYPE_WIDTH_HEADER = re.compile(r"\bcount(\s+)type\b")
+_TYPE_WIDTH_ROW = re.compile(r"\s*\d+\s+\d+(\s+)([A-Za-z]\w*)\s")
+# "host: Test NCCL failure ..." and " .. host pid 123: Test failure ..." name the failing host.
+_FAILED_HOST = re.compile(r"^(?:\.\. )?([\w.\-]+)(?: pid \d+)?: Test (?:\w+ )?failure")
+_CMD_ARG = re.compile(r"(?:^|\s)(-g|--ngpus|-t|--nthreads|-np|-n|--np)[\s=](\d+)")
+
+
+def _num(tok: str):
+    """A table cell as float/int, None for N/A; raises ValueError for non-numbers."""
+    tok = tok.rstrip("*")
+    if tok in ("N/A", "n/a", "-"):
+        return None
+    v = float(tok)
+    return int(v) if re.fullmatch(r"-?\d+", tok) else v
+
+
+_PARAM_NAMES = {"nThread": "nthread", "nGpus": "ngpus", "minBytes": "min_bytes", "maxBytes": "max_bytes",
+                "warmup iters": "warmup_iters", "iters": "iters", "agg iters": "agg_iters",
+                "validation": "check", "graph": "graph"}
+
+
+def _typed_params(pairs) -> dict:
+    """The `# nThread ...` header as ints, with the runner's key names (step_factor | step_bytes)."""
+    out: dict = {}
+    for k, v in pairs:
+        if k == "step":
+            m = re.match(r"(\d+)\((factor|bytes)\)", v)
+            if m:
+                out["step_factor" if m.group(2) == "factor" else "step_bytes"] = int(m.group(1))
+        elif k in _PARAM_NAMES and v.isdigit():
+            out[_PARAM_NAMES[k]] = int(v)
+    return out
+
+
+def _bus_number(pci: str) -> int | None:
+    """PCI bus number of "[0x0f]" (older nccl-tests) or "[0000:01:00]" (domain:bus:device)."""
+    try:
+        return int(pci, 16) if pci.lower().startswith("0x") else int(pci.split(":")[-2], 16)
+    except (ValueError, IndexError):
+        return None
+
+
+def strip_prefix(line: str) -> str:
+    """Remove launcher, label and timestamp prefixes (they are part of real pasted output)."""
+    m = _PREFIX.match(line)
+    return line[m.end():] if m else line
+
+
+class _Test:
+    def __init__(self, backend_hint: str | None):
+        self.collective = None
+        self.binary = None
+        self.params: dict = {}
+        self.devices: list[dict] = []
+        self.headers = 0
+        self.columns: list[str] | None = None  # names of the columns before the first "time"
+        self.error_column = None  # "#wrong" or "error"
+        self.type_width = None  # printf width of the type column: 8, or 6 in the oldest versions
+        self.rows: list[dict] = []
+        self.avg: list[float] = []
+        self.oob: int | None = None
+        self.oob_failed = False
+        self.errors: list[str] = []
+        self.warnings: list[str] = []
+        self.notes: list[str] = []
+        self.failed = False
+        self.truncated = False
+        self.backend = backend_hint
+        self.nccl_version = None
+        self.cmd_world = None
+        self.done = False  # a footer closed the table
+
+    @property
+    def has_content(self) -> bool:
+        return bool(self.headers or self.rows or self.avg or self.errors or self.columns)
+
+
+def _add_line(lst: list[str], line: str) -> None:
+    if len(lst) < MAX_ERROR_LINES and line not in lst:
+        lst.append(line)
+
+
+def _group(tokens: list[str], error_column: str | None) -> tuple[dict | None, bool]:
+    """One out-of-place / in-place cell group (time, algbw, busbw, wrong|error)."""
+    if len(tokens) < 4:
+        return None, True
+    time_us, algbw, busbw = (_num(t) for t in tokens[:3])
+    raw = tokens[3]
+    err = _num(raw)
+    g = {"time_us": time_us, "algbw_gbps": algbw, "busbw_gbps": busbw, "wrong": None}
+    count_column = error_column == "#wrong" or (error_column is None and (err is None or isinstance(err, int)))
+    if count_column and (err is None or isinstance(err, int)):
+        g["wrong"] = err
+    else:
+        g["error"] = None if err is None else float(err)
+    if raw.endswith("*"):
+        g["error_exceeded"] = True
+    return g, False
+
+
+def _parse_row(tokens: list[str], test: _Test) -> dict | None:
+    """A results row, or None when the tokens are not one."""
+    if len(tokens) < 3 or not tokens[0].isdigit() or not tokens[1].isdigit() or not tokens[2][:1].isalpha():
+        return None
+    cols = test.columns
+    if cols is None:
+        n = len(tokens)
+        if n >= 13:
+            cols = ["size", "count", "type", "redop", "root"]
+        elif n == 12:
+            fourth = tokens[3].lstrip("-")
+            cols = ["size", "count", "type", "root" if fourth.isdigit() else "redop"]
+        elif n == 11:
+            cols = ["size", "count", "type"]
+        elif n > 5 and tokens[3].isalpha() and tokens[4].lstrip("-").isdigit():
+            cols = ["size", "count", "type", "redop", "root"]
+        else:
+            return None
+        if n >= 11:
+            test.columns = cols
+    k = len(cols)
+    head = dict(zip(cols, tokens[:k]))
+    try:
+        root = head.get("root")
+        row = {
+            "size_bytes": int(head["size"]),
+            "count": int(head["count"]),
+            "dtype": head["type"],
+            "redop": head.get("redop"),
+            "root": int(root) if root is not None and root.lstrip("-").isdigit() else None,
+        }
+        oop, cut1 = _group(tokens[k:k + 4], test.error_column)
+        ip, cut2 = _group(tokens[k + 4:k + 8], test.error_column)
+    except ValueError:
+        return None
+    row["out_of_place"] = oop
+    row["in_place"] = ip
+    if cut1 or cut2:
+        row["truncated"] = True
+    return row
+
+
+def _parse_json_line(line: str, test: _Test) -> bool:
+    """The JSON object printed by the nccl-tests --json fork; salvages a truncated line."""
+    try:
+        obj = json.loads(line)
+        entries = obj.get("benchmark", [])
+        complete = True
+    except ValueError:
+        obj, entries, complete = {}, [], False
+        for m in re.finditer(r'"(\d+)"\s*:\s*(\{[^{}]*\})', line):
+            try:
+                entries.append({m.group(1): json.loads(m.group(2))})
+            except ValueError:
+                complete = False
+    if not entries and not line.lstrip().startswith('{"identifier"'):
+        return False
+    if isinstance(entries, dict):
+        entries = [entries]
+    for entry in entries:
+        for size, v in entry.items():
+            def grp(p, v=v):
+                err = v.get(p + "_error")
+                return {"time_us": _jnum(v.get(p + "_time")), "algbw_gbps": _jnum(v.get(p + "_algbw")),
+                        "busbw_gbps": _jnum(v.get(p + "_busbw")), "wrong": None, "error": _jnum(err)}
+            root = v.get("root")
+            test.rows.append({
+                "size_bytes": int(size), "count": v.get("count"), "dtype": v.get("type"),
+                "redop": v.get("redop"), "root": int(root) if str(root).lstrip("-").isdigit() else None,
+                "out_of_place": grp("oop"), "in_place": grp("ip"),
+            })
+    if not complete:
+        test.truncated = True
+        _add_line(test.notes, "JSON output is cut short; the rows before the cut are kept")
+    elif isinstance(obj, dict) and obj.get("version"):
+        test.nccl_version = test.nccl_version or obj["version"]
+    test.headers = max(test.headers, 1)
+    return True
+
+
+def _jnum(v):
+    if v is None or v == "N/A":
+        return None
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _collective_from_binary(stem: str) -> str | None:
+    return COLLECTIVES.get(stem)
+
+
+def _world_from_allreduce_factor(algbw: float, busbw: float) -> int | None:
+    """n from busbw = algbw * 2(n-1)/n, using the 2-decimal rounding of the printed values."""
+    lo = (busbw - 0.005) / (algbw + 0.005)
+    hi = (busbw + 0.005) / (algbw - 0.005) if algbw > 0.005 else math.inf
+    if hi < 1.0 - 1e-9 or lo >= 2.0:
+        return None
+    n_lo = 2.0 / (2.0 - max(lo, 0.0))
+    n_hi = math.inf if hi >= 2.0 else 2.0 / (2.0 - hi)
+    cands = [n for n in range(max(1, math.ceil(n_lo - 1e-9)), int(min(n_hi, 1e6)) + 1) if n >= 2] if n_hi < 1e6 else []
+    return cands[0] if len(cands) == 1 else None
+
+
+def _infer(test: _Test, out: dict) -> None:
+    """Collective and world size from the table when the header did not give them."""
+    rows = [r for r in test.rows if r["size_bytes"] > 0 and (r["count"] or 0) > 0 and r["out_of_place"]]
+    if not rows:
+        return
+    big = max(rows, key=lambda r: (r["out_of_place"]["algbw_gbps"] or 0, r["size_bytes"]))
+    esize = DTYPE_BYTES.get(str(big["dtype"]).lower())
+    inferred = []
+    redop, root = big["redop"], big["root"]
+    ratio = big["size_bytes"] / (big["count"] * esize) if esize else None
+    per_rank = ratio is not None and ratio >= 1.5
+    coll = world = None
+    if per_rank:
+        world = round(ratio) if abs(ratio - round(ratio)) < 0.05 else None
+        if redop in REDUCTIONS:
+            coll = "reduce_scatter"
+    else:
+        a, b = big["out_of_place"]["algbw_gbps"], big["out_of_place"]["busbw_gbps"]
+        factor = b / a if a and b is not None and a >= 0.1 else None
+        if redop in REDUCTIONS and (root == -1 or (root is None and factor is not None and factor > 1.05)):
+            # only all_reduce has a bus factor above 1; old tables have no root column
+            coll = "all_reduce"
+            if a and b is not None and a >= 0.1:
+                world = _world_from_allreduce_factor(a, b)
+        elif redop in REDUCTIONS and root is not None and root >= 0:
+            coll = "reduce"
+        elif redop in (None, "none") and root is not None and root >= 0:
+            coll = "broadcast"
+        elif redop == "none" and root == -1 and a and b is not None and a >= 0.1 and abs(b - a) <= 0.011:
+            coll = "sendrecv"
+    if out["collective"] is None and coll:
+        out["collective"] = coll
+        inferred.append("collective")
+    if out["world_size"] is None and world:
+        out["world_size"] = world
+        inferred.append("world_size")
+    if inferred:
+        out["inferred"] = inferred
+
+
+def _finish(test: _Test, source: str | None) -> dict:
+    rows = test.rows
+    failed = test.failed or test.oob_failed
+    for r in rows:
+        for g in (r["out_of_place"], r["in_place"]):
+            if g and ((g.get("wrong") or 0) > 0 or g.get("error_exceeded")):
+                failed = True
+        if r.get("truncated"):
+            test.truncated = True
+    if any((g.get("wrong") or 0) > 0 for r in rows for g in (r["out_of_place"], r["in_place"]) if g):
+        _add_line(test.errors, "results differ from the expected values (#wrong > 0)")
+    # Rows whose first cell group was cut off carry no measurement.
+    kept = [r for r in rows if r["out_of_place"] is not None]
+    if len(kept) < len(rows):
+        test.truncated = True
+    if failed:
+        status = "failed"
+    elif test.truncated or not test.avg or not kept:
+        status = "partial"
+    else:
+        status = "ok"
+    if status == "partial" and not test.avg:
+        _add_line(test.notes, "output ends before the '# Avg bus bandwidth' footer")
+    ids = [d["rank"] for d in test.devices]
+    copies = max(test.headers, len(test.avg))
+    if copies > 1 or len(ids) != len(set(ids)):
+        what = ("result footers" if len(test.avg) > 1 else "headers, with ranks numbered from 0 in each,")
+        test.warnings.append(
+            f"nccl-tests printed {copies} {what}: every process ran its own independent test instead of one "
+            "job across all processes (nccl-tests built without MPI=1, or run with a different MPI than it "
+            "was built with)"
+        )
+    distinct = {d["rank"] for d in test.devices}
+    world = None
+    per_proc = None
+    if "nthread" in test.params and "ngpus" in test.params:
+        per_proc = test.params["nthread"] * test.params["ngpus"]
+    if distinct or per_proc:
+        world = max(len(distinct), per_proc or 0)
+    elif test.cmd_world:
+        world = test.cmd_world
+    out = {
+        "collective": test.collective,
+        "world_size": world,
+        "backend": test.backend or "nccl",
+        "rows": kept,
+        "avg_busbw_gbps": test.avg[0] if test.avg else None,
+        "status": status,
+        "errors": list(test.errors),
+        "source": source,
+        "binary": test.binary,
+        "nccl_version": test.nccl_version,
+        "params": test.params,
+        "devices": test.devices,
+        "hosts": sorted({d["host"] for d in test.devices}),
+        "out_of_bounds": test.oob,
+        "max_busbw_gbps": max(
+            (g["busbw_gbps"] for r in kept for g in (r["out_of_place"], r["in_place"])
+             if g and g["busbw_gbps"] is not None), default=None),
+        "warnings": test.warnings,
+        "notes": test.notes,
+        "failed_hosts": sorted({m.group(1) for e in test.errors for m in [_FAILED_HOST.search(e)] if m}),
+        # the table's layout, so that it can be printed again as that generation did
+        "layout": {"columns": list(test.columns) if test.columns is not None else None,
+                   "error_column": test.error_column, "type_width": test.type_width},
+    }
+    if len(test.avg) > 1:
+        out["avg_busbw_gbps_per_process"] = list(test.avg)
+    _infer(test, out)
+    return out
+
+
+def parse_text(text: str, source: str | None = None) -> list[dict]:
+    """Every nccl-tests run found in `text`, as test dicts of diag.nccl_bench/1."""
+    tests: list[_Test] = []
+    backend = "rccl" if re.search(r"RCCL version|Errors with asterisks|HIP version|rccl-tests", text) else None
+    cur: _Test | None = None
+    pending_binary: str | None = None
+    pending_errors: list[str] = []
+    pending_warn: list[str] = []
+    pending_version = None
+    cmd_world = None
+
+    def new_test() -> _Test:
+        nonlocal cur, pending_binary, pending_errors, pending_warn
+        t = _Test(backend)
+        if pending_binary:
+            t.binary = pending_binary
+            t.collective = _collective_from_binary(pending_binary)
+        t.cmd_world = cmd_world
+        t.nccl_version = pending_version
+        for e in pending_errors:
+            _add_line(t.errors, e)
+        t.failed = bool(pending_errors)
+        for w in pending_warn:
+            _add_line(t.warnings, w)
+        pending_binary, pending_errors, pending_warn = None, [], []
+        tests.append(t)
+        cur = t
+        return t
+
+    def current(fresh_header: bool = False) -> _Test:
+        # A header after rows or a footer starts the next test.
+        if cur is None or (fresh_header and (cur.rows or cur.done)):
+            return new_test()
+        return cur
+
+    for raw in text.splitlines():
+        line = strip_prefix(raw.rstrip("\r\n"))
+        s = line.strip()
+        if not s or s.startswith("# source:"):
+            continue
+        body = s.lstrip("#").strip()
+
+        m = _VERSION.search(s)
+        if m:
+            pending_version = m.group(2)
+            if m.group(1) == "RCCL":
+                backend = "rccl"
+            if cur is not None and cur.nccl_version is None:
+                cur.nccl_version = m.group(2)
+            continue
+        if s.startswith("{") and ('"benchmark"' in s or '"identifier"' in s):
+            _parse_json_line(s, current(fresh_header=True))
+            continue
+        m = _CONCLUDED.match(s)
+        if m:
+            stem = _BINARY.search(" " + m.group(2))
+            stem = stem.group(1) if stem else m.group(2)
+            if m.group(1) == "starting":
+                pending_binary = stem
+                if cur is not None and (cur.rows or cur.done):
+                    cur = None
+            elif cur is not None:
+                cur.binary = cur.binary or stem
+                cur.collective = cur.collective or _collective_from_binary(stem)
+            continue
+        if body.startswith("nThread"):
+            t = current(fresh_header=True)
+            if t.headers and not t.rows and not t.done:
+                t.headers += 1  # the same header again: another process of a non-MPI build
+            else:
+                t.headers = max(t.headers, 1)
+            t.params = _typed_params(_PARAM.findall(body))
+            continue
+        if body.startswith("Rank") and "Pid" in body:
+            m = _RANK.match(body)
+            if m:
+                t = current()
+                t.devices.append({"rank": int(m.group(1)), "group": int(m.group(2)) if m.group(2) else 0,
+                                  "pid": int(m.group(3)), "host": m.group(4), "device": int(m.group(5)),
+                                  "bus_id": _bus_number(m.group(6)), "pci_id": m.group(6),
+                                  "name": m.group(7) or None})
+            continue
+        if body.startswith("size") and "time" in body and ("algbw" in body or "busbw" in body):
+            t = current(fresh_header=True)
+            names = body.split()
+            first = names.index("time")
+            t.columns = names[:first]
+            t.error_column = "#wrong" if "#wrong" in names else ("error" if "error" in names else None)
+            m = _TYPE_WIDTH_HEADER.search(line)
+            if m:
+                t.type_width = len(m.group(1)) + 2  # "count" + spaces + "type": %Ns with N = spaces + 4 - 2
+            continue
+        m = _AVG.match(s)
+        if m:
+            t = current()  # a second footer without new rows: another process's copy (see _finish)
+            try:
+                t.avg.append(float(m.group(1)))
+            except ValueError:
+                pass
+            t.done = True
+            continue
+        m = _OOB.match(s)
+        if m:
+            t = current()
+            t.oob = int(m.group(1))
+            if m.group(2).upper() != "OK":
+                t.oob_failed = True
+                _add_line(t.errors, s)
+            continue
+        if s.startswith("#"):
+            continue
+        tokens = _TAG.sub(" ", s).split() if "[" in s else s.split()
+        if tokens and tokens[0].isdigit():
+            t_probe = cur if cur is not None and not cur.done else None
+            probe = t_probe or _Test(backend)
+            row = _parse_row(tokens, probe)
+            if row is not None:
+                t = t_probe or new_test()
+                if t is not probe:
+                    t.columns = t.columns or probe.columns
+                t.rows.append(row)
+                if t.type_width is None:
+                    m = _TYPE_WIDTH_ROW.match(line)
+                    if m:
+                        t.type_width = len(m.group(1)) + len(m.group(2)) - 2  # "  %Ns" after the count
+                continue
+        if _WARN.search(s):
+            if cur is not None:
+                _add_line(cur.warnings, s)
+            else:
+                pending_warn.append(s)
+            continue
+        if _FAILURE.search(s):
+            if cur is not None:
+                cur.failed = True
+                for w in cur.warnings:
+                    _add_line(cur.errors, w)
+                _add_line(cur.errors, s)
+            else:
+                _add_line(pending_errors, s)
+            continue
+        if "NCCL INFO" in s:
+            continue
+        m = _BINARY.search(s)
+        if m and not s.startswith("=") and (m.group(1) in COLLECTIVES):
+            # a command line starts the next test
+            pending_binary = m.group(1)
+            # world size from the command: launcher options before the binary, -g/-t after it
+            launcher, bench_args = s[:m.start()], s[m.end():]
+            args = {k: int(v) for k, v in _CMD_ARG.findall(bench_args) if k in ("-g", "--ngpus", "-t", "--nthreads")}
+            procs = {k: int(v) for k, v in _CMD_ARG.findall(launcher) if k in ("-np", "--np", "-n")}
+            cw = 1
+            for v in args.values():
+                cw *= v
+            if procs and re.search(r"\b(mpirun|mpiexec|srun|orterun)\b", launcher):
+                cw *= next(iter(procs.values()))
+            cmd_world = cw if (args or procs) else None
+            if cur is not None and (cur.rows or cur.done or cur.errors):
+                cur = None
+            elif cur is not None and not cur.has_content:
+                cur.binary, cur.collective = pending_binary, _collective_from_binary(pending_binary)
+            continue
+
+    if pending_errors:
+        t = new_test()
+    docs = []
+    for t in tests:
+        if t.has_content or t.errors:
+            if t.failed:
+                for w in t.warnings:
+                    _add_line(t.errors, w)
+            docs.append(_finish(t, source))
+    return docs
+
+
+def _read_text(path: Path) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise DiagInputError(f"cannot read: {exc.strerror or exc}", source=str(path)) from None
+    if path.suffix == ".gz":
+        import gzip
+
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError):
+            raise DiagInputError("not a readable gzip file", source=str(path)) from None
+    if not data.strip():
+        raise DiagInputError("empty file", source=str(path))
+    sample = data[:65536]
+    if b"\x00" in sample or _binary_ratio(sample) > 0.10:
+        raise DiagInputError("binary data, not nccl-tests text output", source=str(path))
+    return data.decode("utf-8", errors="replace")
+
+
+def _binary_ratio(sample: bytes) -> float:
+    text = sample.decode("utf-8", errors="replace")
+    bad = sum(1 for ch in text if ch == "\ufffd" or (ord(ch) < 32 and ch not in "\t\n\r\f\v\x1b"))
+    return bad / max(1, len(text))
+
+
+def parse_file(path) -> dict:
+    """A `diag.nccl_bench/1` document for one saved output; DiagInputError when none is found."""
+    path = Path(path)
+    text = _read_text(path)
+    tests = parse_text(text, source=str(path))
+    if not tests:
+        raise DiagInputError("no nccl-tests output found (no results table, header or footer)", source=str(path))
+    return {"schema": SCHEMA, "source": str(path), "tests": tests}

@@ -1,0 +1,541 @@
+"""The analysis document (diag.analysis/1) of a run directory written by the agent.
+
+Every step gets a verdict labelled with its evidence:
+- "trace": the step was inside a profiler window, and the trace analyzer attributed
+  each moment of it (the window summaries in `rank-N/windows/`);
+- "sampled": outside windows, the decision tree runs on what the agent always measures
+  (data wait from `agent.loader()`, step time, device utilisation from NVML/amdsmi) and
+  on the composition of the most recent window, which tells how the device's busy time
+  splits between communication, bandwidth-bound and compute-bound work.
+
+The sampled attribution keeps the window's proportions rather than its absolute times,
+because profiled steps run slower than unprofiled ones (the profiler's own cost), and
+absolute times from a window would overstate the device's share of a normal step.
+
+Ranks that are absent, or that stopped reporting before the job ended (killed, hung,
+out of memory), are named in the job finding `missing_ranks`.
+Pure: reads the run directory, returns plain data.
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+import time
+from pathlib import Path
+
+from diag import rundir
+from diag.analyzers.decision_tree import BOUNDS, advise, evaluate, load_tree
+
+SCHEMA = "diag.analysis/1"
+FINAL_STATUSES = ("completed", "failed", "interrupted")
+# A tree answer of "unknown" on one of these means the verdict would be a guess.
+CORE_METRICS = frozenset({"data_share", "busy_share", "data_fraction_of_idle", "comm_share", "memory_to_compute"})
+# A running rank whose heartbeat is this much older than the newest one has stopped.
+STALE_S = 120.0
+SAMPLE_MATCH_S = 5.0
+TOP_N = 20
+
+
+# -- composition of a window ------------------------------------------------------------
+
+
+def window_composition(analysis: dict | None) -> dict | None:
+    """How a window's steps split their non-data time, from the trace analyzer's rank dict."""
+    if not isinstance(analysis, dict):
+        return None
+    acc = dict.fromkeys(BOUNDS, 0.0)
+    total = 0.0
+    for s in analysis.get("steps") or []:
+        sh, d = s.get("shares"), s.get("duration_ms")
+        if not isinstance(sh, dict) or not isinstance(d, (int, float)) or d <= 0:
+            continue
+        total += d
+        for b in BOUNDS:
+            acc[b] += float(sh.get(b) or 0.0) * d
+    if total <= 0:
+        return None
+    mean = {b: acc[b] / total for b in BOUNDS}
+    non_data = 1.0 - mean["data"]
+    if non_data <= 1e-9:
+        return None
+    busy = mean["comm"] + mean["memory"] + mean["compute"]
+    comp = {
+        "non_data": {b: mean[b] / non_data for b in ("host", "comm", "memory", "compute")},
+        "busy_split": {b: (mean[b] / busy if busy > 0 else 0.0) for b in ("comm", "memory", "compute")},
+        "achieved_bw_frac": _path_value(analysis.get("path"), "achieved_bw_frac"),
+    }
+    return comp
+
+
+def _path_value(path, metric: str):
+    for node in path or []:
+        if isinstance(node, dict) and node.get("metric") == metric and isinstance(node.get("value"), (int, float)):
+            return float(node["value"])
+    return None
+
+
+# -- the sampled verdict ----------------------------------------------------------------
+
+
+def sampled_shares(
+    duration_s: float | None,
+    data_wait_s: float | None,
+    utilization: float | None,
+    composition: dict | None,
+) -> tuple[dict | None, dict]:
+    """(the five shares or None, the tree measurements) of one step without a trace."""
+    m: dict = {}
+    if not isinstance(duration_s, (int, float)) or duration_s <= 0:
+        return None, m
+    data = min(max((data_wait_s or 0.0) / duration_s, 0.0), 1.0)
+    if data_wait_s is not None:
+        m["data_share"] = data
+    rest = 1.0 - data
+    if utilization is not None:
+        busy = min(max(float(utilization), 0.0), rest)
+        host = rest - busy
+        m["busy_share"] = busy
+        m["host_share"] = host
+        if composition is None:
+            return None, m
+        split = composition["busy_split"]
+        shares = {"data": data, "host": host, **{b: busy * split[b] for b in ("comm", "memory", "compute")}}
+    elif composition is not None:
+        nd = composition["non_data"]
+        shares = {"data": data, **{b: rest * nd[b] for b in ("host", "comm", "memory", "compute")}}
+    else:
+        return None, m
+    m.update({f"{b}_share": v for b, v in shares.items()})
+    m.update(share_ratios(shares))
+    if composition.get("achieved_bw_frac") is not None:
+        m["achieved_bw_frac"] = composition["achieved_bw_frac"]
+    return shares, m
+
+
+def share_ratios(shares: dict) -> dict:
+    mem, comp = shares.get("memory", 0.0), shares.get("compute", 0.0)
+    if comp > 0:
+        return {"memory_to_compute": mem / comp}
+    return {"memory_to_compute": float("inf")} if mem > 0 else {}
+
+
+def verdict_from(measurements: dict, tree) -> dict:
+    """Evaluate the tree; a verdict reached through an unknown core measurement is withheld."""
+    v = evaluate(measurements, tree)
+    guessed = any(n["answer"] == "unknown" and n["metric"] in CORE_METRICS for n in v["path"])
+    return {"bound": None if guessed else v["bound"], "path": v["path"], "fixes": [] if guessed else v["fixes"]}
+
+
+def sampled_verdict(record: dict, sample: dict | None, composition: dict | None, tree) -> dict:
+    """Verdict of one step record from always-on measurements (evidence "sampled")."""
+    util = None
+    gpu = (sample or {}).get("gpu") if isinstance(sample, dict) else None
+    if isinstance(gpu, dict) and isinstance(gpu.get("utilization_ratio"), (int, float)):
+        util = float(gpu["utilization_ratio"])
+    shares, m = sampled_shares(record.get("duration_s"), record.get("data_wait_s"), util, composition)
+    if not m:
+        return {"bound": None, "shares": None, "path": [], "evidence": "sampled"}
+    v = verdict_from(m, tree)
+    return {"bound": v["bound"], "shares": shares, "path": v["path"], "evidence": "sampled"}
+
+
+# -- one rank ---------------------------------------------------------------------------
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and x == x and x not in (float("inf"), float("-inf"))
+
+
+def _median(values):
+    vals = [v for v in values if _finite(v)]
+    return statistics.median(vals) if vals else None
+
+
+def _quantile(values, q: float):
+    vals = sorted(v for v in values if _finite(v))
+    if not vals:
+        return None
+    return vals[min(len(vals) - 1, int(q * (len(vals) - 1) + 0.5))]
+
+
+def _nearest_sample(times: list[float], samples: list[dict], t: float) -> dict | None:
+    if not times:
+        return None
+    i = bisect.bisect_left(times, t)
+    best = min((j for j in (i - 1, i) if 0 <= j < len(times)), key=lambda j: abs(times[j] - t))
+    return samples[best] if abs(times[best] - t) <= SAMPLE_MATCH_S else None
+
+
+def _merge_table(windows: list[dict], key: str) -> list[dict]:
+    merged: dict[str, dict] = {}
+    for w in windows:
+        for row in (w.get("analysis") or {}).get(key) or []:
+            name = row.get("name")
+            if name is None:
+                continue
+            if name not in merged:
+                merged[name] = {k: v for k, v in row.items() if k not in ("time_ms", "count", "pct")}
+                merged[name].update(time_ms=0.0, count=0)
+            merged[name]["time_ms"] += float(row.get("time_ms") or 0.0)
+            merged[name]["count"] += int(row.get("count") or 0)
+    rows = sorted(merged.values(), key=lambda r: -r["time_ms"])
+    total = sum(r["time_ms"] for r in rows)
+    for r in rows:
+        r["pct"] = 100.0 * r["time_ms"] / total if total > 0 else 0.0
+    return rows[:TOP_N]
+
+
+def _merge_gpu_time(windows: list[dict]) -> dict:
+    acc: dict[str, float] = {}
+    weight: dict[str, float] = {}
+    for w in windows:
+        a = w.get("analysis") or {}
+        g = a.get("gpu_time") or {}
+        wt = sum(float(s.get("duration_ms") or 0.0) for s in a.get("steps") or []) or 1.0
+        for k, v in g.items():
+            if _finite(v):
+                acc[k] = acc.get(k, 0.0) + float(v) * wt
+                weight[k] = weight.get(k, 0.0) + wt
+    keys = ("idle_pct", "compute_pct", "non_compute_pct", "comm_compute_overlap_pct")
+    out = {k: (acc[k] / weight[k] if weight.get(k) else None) for k in keys}
+    out.update({k: acc[k] / weight[k] for k in acc if k not in out})
+    return out
+
+
+def _dedupe_findings(findings: list[dict]) -> list[dict]:
+    seen, out = set(), []
+    for f in findings:
+        key = f.get("id")
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(f)
+    return out
+
+
+def _warmup_cut(steps: list[dict], windows: list[dict]) -> int:
+    """First step number that counts for the rank's verdict (start-up steps are atypical)."""
+    if windows:
+        return min(int(w.get("first_step", 0)) for w in windows)
+    n = len(steps)
+    if n < 5:
+        return 0
+    return steps[0]["step"] + max(1, n // 10)
+
+
+def _unsummarised_windows(rd: rundir.RunDir, rank: int, windows: list[dict], tree, errors: list) -> list[dict]:
+    """Traces whose background analysis never finished (the rank exited or was killed first)."""
+    named = {w.get("trace") for w in windows}
+    named |= {str(n)[: -len(".gz")] for n in named if str(n).endswith(".gz")}
+    out = []
+    for path in rd.traces(rank):
+        if path.name in named or path.name.startswith("."):
+            continue
+        try:
+            from diag.analyzers.trace_analysis import analyze_trace
+
+            a = analyze_trace(str(path), tree=tree, rank=rank)
+        except ImportError:
+            return out
+        except Exception as exc:
+            errors.append({"source": str(path), "error": f"{type(exc).__name__}: {exc}"})
+            continue
+        nums = [s["step"] for s in a.get("steps") or [] if isinstance(s.get("step"), int)]
+        if nums:
+            out.append({"first_step": min(nums), "last_step": max(nums), "trace": path.name, "analysis": a})
+    return out
+
+
+def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None = None,
+                 errors: list | None = None) -> dict:
+    info = rd.rank_info(rank) or {}
+    records = sorted((r for r in rd.steps(rank) if isinstance(r.get("step"), int)), key=lambda r: r["step"])
+    windows = rd.windows(rank)
+    windows += _unsummarised_windows(rd, rank, windows, tree, errors if errors is not None else [])
+    windows = sorted(windows, key=lambda w: int(w.get("first_step", 0)))
+    analysed = [w for w in windows if isinstance(w.get("analysis"), dict)]
+    samples = sorted((s for s in rd.samples(rank) if _finite(s.get("t"))), key=lambda s: s["t"])
+    sample_t = [s["t"] for s in samples]
+
+    trace_steps: dict[int, dict] = {}
+    comps: list[tuple[int, dict]] = []
+    for w in analysed:
+        for s in w["analysis"].get("steps") or []:
+            if isinstance(s.get("step"), int):
+                trace_steps[s["step"]] = s
+        c = window_composition(w["analysis"])
+        if c is not None:
+            comps.append((int(w.get("first_step", 0)), c))
+    comp_starts = [c[0] for c in comps]
+
+    steps_out: list[dict] = []
+    last_path_sig = None
+    for rec in records:
+        n = rec["step"]
+        if n in trace_steps:
+            t = trace_steps[n]
+            entry = {
+                "step": n,
+                "duration_ms": t.get("duration_ms"),
+                "bound": t.get("bound"),
+                "shares": t.get("shares"),
+                "path": t.get("path") or [],
+                "evidence": "trace",
+            }
+        else:
+            i = bisect.bisect_right(comp_starts, n) - 1
+            comp = comps[i][1] if i >= 0 else (comps[0][1] if comps else None)
+            mid = float(rec.get("start_unix") or 0.0) + float(rec.get("duration_s") or 0.0) / 2
+            v = sampled_verdict(rec, _nearest_sample(sample_t, samples, mid), comp, tree)
+            sig = tuple((p["node"], p["answer"]) for p in v["path"])
+            entry = {
+                "step": n,
+                "duration_ms": 1000.0 * float(rec.get("duration_s") or 0.0),
+                "bound": v["bound"],
+                "shares": v["shares"],
+                # The path is repeated only when it changes, so long runs stay small.
+                "path": v["path"] if sig != last_path_sig else [],
+                "evidence": "sampled",
+            }
+            last_path_sig = sig
+        entry["data_wait_ms"] = 1000.0 * rec["data_wait_s"] if _finite(rec.get("data_wait_s")) else None
+        for k in ("samples", "tokens", "peak_mem_bytes", "mfu"):
+            if rec.get(k) is not None:
+                entry[k] = rec[k]
+        steps_out.append(entry)
+    # Trace steps the agent did not record (a window cut short by a crash) still count.
+    recorded = {s["step"] for s in steps_out}
+    for n in sorted(set(trace_steps) - recorded):
+        t = trace_steps[n]
+        steps_out.append({"step": n, "duration_ms": t.get("duration_ms"), "bound": t.get("bound"),
+                          "shares": t.get("shares"), "path": t.get("path") or [], "evidence": "trace"})
+    steps_out.sort(key=lambda s: s["step"])
+
+    cut = _warmup_cut(steps_out, analysed)
+    counted = [s for s in steps_out if s["step"] >= cut] or steps_out
+    acc, tot = dict.fromkeys(BOUNDS, 0.0), 0.0
+    for s in counted:
+        sh, d = s.get("shares"), s.get("duration_ms")
+        if isinstance(sh, dict) and _finite(d) and d > 0:
+            tot += d
+            for b in BOUNDS:
+                acc[b] += float(sh.get(b) or 0.0) * d
+    measurements: dict = {}
+    if tot > 0:
+        mean = {b: acc[b] / tot for b in BOUNDS}
+        measurements = {f"{b}_share": v for b, v in mean.items()}
+        measurements.update(share_ratios(mean))
+        bw = next((c["achieved_bw_frac"] for _, c in reversed(comps) if c.get("achieved_bw_frac") is not None), None)
+        if bw is not None:
+            measurements["achieved_bw_frac"] = bw
+    else:
+        data = [s["data_wait_ms"] / s["duration_ms"] for s in counted
+                if _finite(s.get("data_wait_ms")) and _finite(s.get("duration_ms")) and s["duration_ms"] > 0]
+        if data:
+            measurements["data_share"] = statistics.fmean(data)
+    mfu = _median(s.get("mfu") for s in counted)
+    if mfu is None:
+        mfu = _median(w["analysis"].get("mfu") for w in analysed)
+    if mfu is not None:
+        measurements["mfu"] = mfu
+    mem_frac = _memory_used_frac(samples, info)
+    if mem_frac is not None:
+        measurements["memory_used_frac"] = mem_frac
+
+    if measurements:
+        v = verdict_from(measurements, tree)
+        bound, path, fixes = v["bound"], v["path"], v["fixes"]
+    else:
+        bound, path, fixes = None, [], []
+
+    findings = advise(measurements, tree) if measurements else []
+    for w in analysed:
+        findings.extend(f for f in w["analysis"].get("findings") or [] if isinstance(f, dict))
+    findings = _dedupe_findings(findings)
+    if not windows:
+        findings.append({
+            "id": "no_profiler_window", "severity": "info",
+            "message": "No profiler window was recorded on this rank: verdicts rest on sampled evidence only.",
+            "advice": "Run long enough to pass the profiler's skip_first steps, or touch RUN_DIR/profile.trigger "
+                      "(or send SIGUSR2) to profile a window on demand.",
+            "evidence": {"steps": len(steps_out)},
+        })
+    failed_windows = [w for w in windows if not isinstance(w.get("analysis"), dict)]
+    if failed_windows:
+        findings.append({
+            "id": "window_analysis_failed", "severity": "info",
+            "message": f"{len(failed_windows)} profiler window(s) could not be analysed.",
+            "advice": "Run `diag analyze` on the traces in the rank's traces/ folder to see the error.",
+            "evidence": {"windows": [{"first_step": w.get("first_step"), "error": w.get("error")}
+                                     for w in failed_windows][:20]},
+        })
+
+    dev = info.get("device") if isinstance(info.get("device"), dict) else {}
+    device = dev.get("name") or next((w["analysis"].get("device") for w in reversed(analysed)
+                                      if w["analysis"].get("device")), None)
+    durations = [s["duration_ms"] for s in counted if _finite(s.get("duration_ms"))]
+    wall_s = sum(durations) / 1000.0
+    samples_total = sum(float(s.get("samples") or 0) for s in counted)
+    tokens_total = sum(float(s.get("tokens") or 0) for s in counted)
+    collectives = []
+    for w in analysed:
+        collectives.extend(w["analysis"].get("collectives") or [])
+    return {
+        "rank": rank,
+        "source": str(rd.rank_path(rank)),
+        "device": device,
+        "world_size": info.get("world_size"),
+        "host": info.get("host"),
+        "status": status_override or info.get("status"),
+        "bound": bound,
+        "steps": steps_out,
+        "gpu_time": _merge_gpu_time(analysed),
+        "findings": findings,
+        "top_kernels": _merge_table(analysed, "top_kernels"),
+        "top_ops": _merge_table(analysed, "top_ops"),
+        "collectives": collectives,
+        "mfu": mfu,
+        "fixes": fixes,
+        "path": path,
+        "shares": {b: measurements.get(f"{b}_share") for b in BOUNDS} if tot > 0 else None,
+        "evidence": {
+            "trace_steps": sum(1 for s in steps_out if s["evidence"] == "trace"),
+            "sampled_steps": sum(1 for s in steps_out if s["evidence"] == "sampled"),
+            "windows": [{"first_step": w.get("first_step"), "last_step": w.get("last_step"),
+                         "trace": w.get("trace"), "bound": (w.get("analysis") or {}).get("bound")}
+                        for w in windows],
+            "samples": len(samples),
+            "warmup_steps_excluded": sum(1 for s in steps_out if s["step"] < cut),
+        },
+        "step_time_ms": {"p50": _median(durations), "p95": _quantile(durations, 0.95),
+                         "mean": statistics.fmean(durations) if durations else None},
+        "throughput": {
+            "samples_per_s": samples_total / wall_s if wall_s > 0 and samples_total else None,
+            "tokens_per_s": tokens_total / wall_s if wall_s > 0 and tokens_total else None,
+        },
+    }
+
+
+def _memory_used_frac(samples: list[dict], info: dict) -> float | None:
+    peak, total = None, None
+    for s in samples:
+        g = s.get("gpu")
+        if isinstance(g, dict) and _finite(g.get("memory_used_bytes")):
+            peak = max(peak or 0.0, float(g["memory_used_bytes"]))
+            if _finite(g.get("memory_total_bytes")):
+                total = float(g["memory_total_bytes"])
+    dev = info.get("device") if isinstance(info.get("device"), dict) else {}
+    total = total or dev.get("memory_total_bytes")
+    if peak is None or not total:
+        return None
+    return peak / float(total)
+
+
+# -- the job ----------------------------------------------------------------------------
+
+
+def lost_ranks(rd: rundir.RunDir, manifest: dict, now: float | None = None) -> list[dict]:
+    """Ranks absent from the run, or that stopped reporting before the job ended."""
+    world = rd.expected_world_size() or 0
+    present = rd.ranks()
+    infos = {r: rd.rank_info(r) for r in present}
+    beats = [float(i.get("updated_unix") or 0.0) for i in infos.values() if i]
+    newest = max(beats + [float(manifest.get("ended_unix") or 0.0)]) if beats else 0.0
+    job_over = manifest.get("status") not in (None, "running") or any(
+        (i or {}).get("status") in FINAL_STATUSES for i in infos.values()
+    )
+    out = []
+    for r in range(world):
+        if r not in infos:
+            out.append({"rank": r, "reason": "absent", "last_step": None, "host": None})
+    for r, info in infos.items():
+        if not info:
+            out.append({"rank": r, "reason": "no rank.json", "last_step": None, "host": None})
+            continue
+        if info.get("status") in FINAL_STATUSES:
+            continue
+        beat = float(info.get("updated_unix") or 0.0)
+        if job_over or newest - beat > STALE_S:
+            out.append({"rank": r, "reason": "stopped reporting", "last_step": info.get("last_step"),
+                        "host": info.get("host"), "last_heartbeat_unix": beat})
+    return sorted(out, key=lambda x: x["rank"])
+
+
+def _missing_finding(lost: list[dict], world: int | None) -> dict:
+    parts = []
+    for x in lost:
+        if x["reason"] == "stopped reporting":
+            where = f" on {x['host']}" if x.get("host") else ""
+            step = f" after step {x['last_step']}" if x.get("last_step") is not None else ""
+            parts.append(f"rank {x['rank']}{where} stopped reporting{step} and never finished")
+        else:
+            parts.append(f"rank {x['rank']} {'left no data' if x['reason'] == 'absent' else 'has no rank.json'}")
+    return {
+        "id": "missing_ranks",
+        "severity": "error",
+        "message": f"{len(lost)} of {world or '?'} ranks missing: " + "; ".join(parts)
+                   + ". The job analysis rests on the surviving ranks.",
+        "advice": "Check the launcher's log and the host's kernel log (OOM killer, segfault, NCCL watchdog) "
+                  "for the missing ranks; a killed rank usually makes its peers fail in the next collective.",
+        "evidence": {"ranks": [x["rank"] for x in lost], "details": lost, "world_size": world},
+    }
+
+
+def _fallback_job(ranks: list[dict], tree, world) -> dict:
+    acc, tot = dict.fromkeys(BOUNDS, 0.0), 0
+    for r in ranks:
+        if r.get("shares"):
+            tot += 1
+            for b in BOUNDS:
+                acc[b] += r["shares"].get(b) or 0.0
+    bound, path = None, []
+    if tot:
+        mean = {b: acc[b] / tot for b in BOUNDS}
+        v = verdict_from({**{f"{b}_share": x for b, x in mean.items()}, **share_ratios(mean)}, tree)
+        bound, path = v["bound"], v["path"]
+    return {"bound": bound, "path": path, "stragglers": [], "findings": [], "world_size": world}
+
+
+def analyze_run(run_dir, tree=None) -> dict:
+    """The analysis document (contract A) of a run directory."""
+    tree = tree or load_tree()
+    rd = rundir.RunDir(run_dir)
+    manifest = rd.manifest()
+    lost = lost_ranks(rd, manifest, now=time.time())
+    lost_ids = {x["rank"] for x in lost if x["reason"] == "stopped reporting"}
+    trace_errors: list[dict] = []
+    ranks = [analyze_rank(rd, r, tree, status_override="lost" if r in lost_ids else None, errors=trace_errors)
+             for r in rd.ranks()]
+    world = rd.expected_world_size()
+    try:
+        from diag.analyzers.cross_rank import analyze_job
+    except ImportError:
+        job = _fallback_job(ranks, tree, world)
+    else:
+        job = analyze_job(ranks, tree) if ranks else _fallback_job(ranks, tree, world)
+    job.setdefault("findings", [])
+    job["findings"] = [f for f in job["findings"] if f.get("id") != "missing_ranks"]
+    job["missing_ranks"] = [x["rank"] for x in lost]
+    if lost:
+        job["findings"].insert(0, _missing_finding(lost, world))
+    job["world_size"] = world or job.get("world_size")
+    errors = [{"source": p.split(": ", 1)[0], "error": p.split(": ", 1)[-1]} for p in rd.problems] + trace_errors
+    if not ranks:
+        errors.append({"source": str(run_dir), "error": "no rank data in this run directory"})
+    return {
+        "schema": SCHEMA,
+        "source": str(Path(run_dir)),
+        "run": {
+            "run_id": manifest.get("run_id"),
+            "status": manifest.get("status"),
+            "started_unix": manifest.get("started_unix"),
+            "ended_unix": manifest.get("ended_unix"),
+            "hosts": manifest.get("hosts"),
+            "versions": manifest.get("versions"),
+            "config": manifest.get("config"),
+        },
+        "ranks": ranks,
+        "job": job,
+        "errors": errors,
+    }

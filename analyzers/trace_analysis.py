@@ -1,0 +1,519 @@
+"""One rank's Kineto trace -> the rank dict of the analysis document (schema diag.analysis/1).
+
+`analyze_trace(path)` loads the trace (`trace_load`), classifies its events
+(`event_classes`, `roofline`), attributes every step's wall time to data / host / comm /
+memory / compute (`attribution`), walks the decision tree per step and for the rank
+(`decision_tree`), and adds HTA's GPU-time breakdown (`gpu_time`), MFU, top kernels and
+ops, and the rank's collectives (contract B) for cross-rank matching.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+
+from diag.analyzers import decision_tree as dt
+from diag.analyzers import devices, gpu_time, roofline
+from diag.analyzers import event_classes as ec
+from diag.analyzers import intervals as iv
+from diag.analyzers.attribution import (
+    BOUNDS,
+    CPU_ORDER,
+    GPU_ORDER,
+    HOST_OVERHEAD_US,
+    attribute,
+    normalize_shares,
+)
+from diag.analyzers.trace_load import Trace, load_trace, step_windows
+from diag.errors import DiagInputError
+
+TOP_N = 10
+SAMPLED_COVERAGE = 0.5
+_DTYPE_SIZE = {"float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "double": 8, "float64": 8,
+               "int": 4, "int32": 4, "long": 8, "int64": 8, "byte": 1, "uint8": 1, "char": 1, "int8": 1,
+               "bool": 1, "short": 2, "int16": 2}
+
+
+def analyze_trace(path, tree: dt.Tree | None = None, rank: int | None = None, workers: int | None = 1) -> dict:
+    """The rank dict of contract A from one Kineto trace file.
+
+    workers: decoding processes for a large file (1: serial, the default; None: by file
+    size and idle CPUs, as `diag analyze` does).
+    """
+    tree = tree or dt.load_tree()
+    trace = load_trace(path, workers=workers)
+    return analyze_loaded(trace, tree, rank=rank)
+
+
+def rank_from_name(path: str) -> int | None:
+    """Rank from a file name such as rank-3.json.gz, rank3.pt.trace.json, worker_3.pt.trace.json."""
+    base = os.path.basename(str(path))
+    m = re.search(r"rank[-_]?(\d+)", base, re.IGNORECASE)
+    if m:
+        return int(m.group(1))
+    # "<name>_3.pt.trace.json"; not "<host>_<pid>.<timestamp>.pt.trace.json" (torch's default).
+    m = re.search(r"_(\d+)\.pt\.trace\.json", base)
+    if m:
+        return int(m.group(1))
+    return None
+
+
+def analyze_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None) -> dict:
+    meta = trace.meta
+    dist = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
+    rank_from = "argument" if rank is not None else None
+    if rank is None and isinstance(dist.get("rank"), int):
+        rank, rank_from = dist["rank"], "distributedInfo"
+    if rank is None:
+        rank = rank_from_name(trace.source)
+        rank_from = "file name" if rank is not None else None
+    props = meta.get("deviceProperties") or []
+    props = props[0] if isinstance(props, list) and props and isinstance(props[0], dict) else None
+    on_device = trace.has_device
+    device = devices.lookup(props) if on_device else devices.cpu_device()
+    windows = step_windows(trace)
+    if not windows:
+        raise DiagInputError("trace has no timed events", source=trace.source)
+    win = np.array([[w[1], w[2]] for w in windows], dtype=np.float64)
+
+    op_info = _op_info(trace, device)
+    if on_device:
+        classes = _device_classes(trace, op_info, device)
+        layers, busy = _device_layers(trace, classes)
+        order = GPU_ORDER
+    else:
+        classes = None
+        layers, busy = _cpu_layers(trace, op_info, device)
+        order = CPU_ORDER
+    att = attribute(layers, order, win)
+
+    # Memory-vs-compute device (or CPU) time and achieved bandwidth, per window.
+    mem_t = iv.measure_in_windows(busy["memory"], win)
+    comp_t = iv.measure_in_windows(busy["compute"], win)
+    peak_frac_w = _peak_work_in_windows(trace, op_info, win, device)
+    bw_bytes, bw_time = _bandwidth_in_windows(trace, classes, op_info, win) if on_device else (None, None)
+
+    # A trace with most of its host events missing was sampled or filtered after recording.
+    sampled = trace.op_coverage is not None and trace.op_coverage < SAMPLED_COVERAGE
+    steps = []
+    totals = {b: 0.0 for b in BOUNDS}
+    for k, (num, lo, hi) in enumerate(windows):
+        dur = hi - lo
+        shares = att["shares"][k]
+        for b in BOUNDS:
+            totals[b] += att["us"][b][k]
+        m = _measurements(shares, mem_t[k], comp_t[k], dur, peak_frac_w, k, bw_bytes, bw_time, device)
+        verdict = dt.evaluate(m, tree)
+        steps.append({
+            "step": num,
+            "start_us": lo,
+            "duration_ms": dur / 1e3,
+            "bound": verdict["bound"],
+            "shares": shares,
+            "path": verdict["path"],
+            "evidence": "sampled" if sampled else "trace",
+            "measurements": m,
+        })
+
+    total_time = float(np.sum(win[:, 1] - win[:, 0]))
+    rank_shares = normalize_shares(totals, total_time)
+    rank_m = _measurements(rank_shares, mem_t.sum(), comp_t.sum(), total_time, peak_frac_w, None,
+                           bw_bytes, bw_time, device)
+    mem_frac = _memory_used_frac(trace, props)
+    if mem_frac is not None:
+        rank_m["memory_used_frac"] = mem_frac
+    verdict = dt.evaluate(rank_m, tree)
+    # The advisory says "though not the dominant cost"; when comm is the verdict it is noise.
+    findings = [f for f in dt.advise(rank_m, tree)
+                if not (f["id"] == "comm_share_notable" and verdict["bound"] == "comm")]
+    for f in findings:
+        f["evidence"] = {**f["evidence"], "source": "trace"}
+    if sampled:
+        findings.insert(0, {
+            "id": "sampled_trace",
+            "severity": "warning",
+            "message": f"Only {trace.op_coverage:.1%} of the host events the profiler numbered are in this trace "
+                       "(it was sampled or filtered): idle and host time are over-stated, so the verdict is indicative.",
+            "advice": "Analyse the unfiltered trace for a firm verdict.",
+            "evidence": {"op_coverage": trace.op_coverage, "source": "trace"},
+        })
+
+    gt = gpu_time.breakdown(trace) if on_device else None
+    dev_info = _device_info(props, device, on_device)
+    gpu_time_out = gt or {"idle_pct": None, "compute_pct": None, "non_compute_pct": None,
+                          "comm_compute_overlap_pct": None}
+    return {
+        "rank": rank,
+        "rank_from": rank_from,
+        "source": trace.source,
+        "device": dev_info["name"] or ("cpu" if not on_device else "gpu"),
+        "device_info": dev_info,
+        "world_size": dist.get("world_size") if isinstance(dist.get("world_size"), int) else None,
+        "backend": dist.get("backend"),
+        "bound": verdict["bound"],
+        "title": verdict["title"],
+        "summary": verdict["summary"],
+        "path": verdict["path"],
+        "fixes": verdict["fixes"],
+        "shares": rank_shares,
+        "measurements": rank_m,
+        "steps": steps,
+        "gpu_time": gpu_time_out,
+        "findings": findings,
+        "top_kernels": _top_kernels(trace, classes, op_info) if on_device else [],
+        "top_ops": _top_ops(trace),
+        "collectives": collectives(trace, classes),
+        "mfu": rank_m.get("mfu"),
+        "timeline": "device" if on_device else "cpu",
+        "sampled": sampled,
+        "n_events": trace.n_events,
+        "attribution_order": list(order) + ["host"],
+    }
+
+
+# --- classification ---------------------------------------------------------------------
+
+
+class _Ops:
+    """FLOP-carrying CPU ops: rows, FLOPs, bytes, intensity, peak dtype, top-level mask."""
+
+    def __init__(self, rows, flops, nbytes, ai, dtype, top, ext_to_row):
+        self.rows, self.flops, self.bytes, self.ai, self.dtype, self.top = rows, flops, nbytes, ai, dtype, top
+        self.ext_to_row = ext_to_row
+
+
+def _op_info(trace: Trace, device) -> _Ops:
+    """Ops with FLOPs: the trace's "flops" arg where written, else derived from shapes."""
+    cand = set(np.flatnonzero(np.isfinite(trace.cpu_flops) & (trace.cpu_flops > 0)).tolist()) | set(trace.shapes)
+    rows = np.array(sorted(cand), dtype=np.int64)
+    flops = np.full(len(rows), np.nan)
+    nbytes = np.full(len(rows), np.nan)
+    dtypes = []
+    for j, r in enumerate(rows.tolist()):
+        f = trace.cpu_flops[r]
+        sh = trace.shapes.get(r)
+        if sh is None:
+            flops[j] = f
+            dtypes.append("fp32")
+            continue
+        name = trace.names[trace.cpu_name[r]]
+        dims, types = roofline.parse_shapes(sh[0], sh[1])
+        concrete = roofline.parse_shapes(sh[2], None)[0] if len(sh) > 2 and sh[2] else []
+        est = roofline.estimate_flops(name, dims, concrete)
+        out_numel = None
+        if est is not None:
+            out_numel = est[1]
+            if not (np.isfinite(f) and f > 0):
+                f = est[0]
+        flops[j] = f
+        b = roofline.op_bytes(name, dims, types, out_numel)
+        nbytes[j] = b if b else np.nan
+        dtypes.append(roofline.op_dtype(types))
+    keep = np.isfinite(flops) & (flops > 0)
+    rows, flops, nbytes = rows[keep], flops[keep], nbytes[keep]
+    dtypes = [d for d, k in zip(dtypes, keep.tolist()) if k]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ai = flops / nbytes
+    # Top-level FLOP ops: not nested inside another FLOP op of the same thread (no double count).
+    top = np.ones(len(rows), dtype=bool)
+    if len(rows) > 1:
+        ts, end, tid = trace.cpu_ts[rows], trace.cpu_ts[rows] + trace.cpu_dur[rows], trace.cpu_tid[rows]
+        order = np.lexsort((-(end - ts), ts, tid))
+        reach_start, reach_end, reach_tid = -np.inf, -np.inf, -1
+        for o in order.tolist():
+            if tid[o] == reach_tid and end[o] <= reach_end and ts[o] >= reach_start:
+                top[o] = False
+                continue
+            reach_start, reach_end, reach_tid = ts[o], end[o], tid[o]
+    ext = trace.cpu_ext[rows]
+    ext_to_row = {int(e): j for j, e in enumerate(ext.tolist()) if e >= 0}
+    return _Ops(rows, flops, nbytes, ai, dtypes, top, ext_to_row)
+
+
+def _device_classes(trace: Trace, ops: _Ops, device) -> np.ndarray:
+    cls = ec.device_classes(trace.names, trace.dev_name, trace.dev_kind)
+    if device is None or not len(ops.rows):
+        return cls
+    # Roofline: kernels launched by an op with known intensity follow the knee, not the name.
+    work = np.flatnonzero((cls == ec.COMPUTE) | (cls == ec.BANDWIDTH))
+    for i in work.tolist():
+        j = ops.ext_to_row.get(int(trace.dev_ext[i]))
+        if j is None or not np.isfinite(ops.ai[j]):
+            continue
+        hit = roofline.is_compute_bound(float(ops.ai[j]), device.knee(ops.dtype[j]))
+        if hit is not None:
+            cls[i] = ec.COMPUTE if hit else ec.BANDWIDTH
+    return cls
+
+
+def _device_layers(trace: Trace, cls: np.ndarray):
+    ts, end = trace.dev_ts, trace.dev_ts + trace.dev_dur
+
+    def layer(mask):
+        return iv.from_arrays(ts[mask], end[mask])
+
+    compute = layer(cls == ec.COMPUTE)
+    memory = layer((cls == ec.BANDWIDTH) | (cls == ec.MEMCPY))
+    comm = layer(cls == ec.COMM)
+    data = _data_spans(trace)
+    return ({"compute": compute, "memory": memory, "comm": comm, "data": data},
+            {"compute": compute, "memory": memory})
+
+
+def _name_mask(trace: Trace, ids: np.ndarray, pred) -> np.ndarray:
+    per_name = np.array([bool(pred(n)) for n in trace.names], dtype=bool) if trace.names else np.zeros(0, bool)
+    return per_name[ids] if len(ids) else np.zeros(0, dtype=bool)
+
+
+def _data_spans(trace: Trace) -> np.ndarray:
+    m = _name_mask(trace, trace.cpu_name, ec.is_data_annotation)
+    return iv.from_arrays(trace.cpu_ts[m], trace.cpu_ts[m] + trace.cpu_dur[m])
+
+
+def _cpu_layers(trace: Trace, ops: _Ops, device):
+    """Layers of a CPU-only trace: the host's own ops are the execution timeline."""
+    names = trace.names
+    per_name = np.array([ec.cpu_op_class(n) for n in names], dtype=object) if names else np.zeros(0, object)
+    cls = per_name[trace.cpu_name] if len(trace.cpu_name) else np.zeros(0, object)
+    is_op = trace.cpu_kind != 2  # python functions never execute work themselves
+    ts, end = trace.cpu_ts, trace.cpu_ts + trace.cpu_dur
+    # Roofline overrides the name for ops with recorded FLOPs and shapes.
+    if device is not None and len(ops.rows):
+        cls = cls.copy()
+        for j, r in enumerate(ops.rows.tolist()):
+            if np.isfinite(ops.ai[j]) and cls[r] in (ec.CPU_COMPUTE, ec.CPU_MEMORY):
+                hit = roofline.is_compute_bound(float(ops.ai[j]), device.knee(ops.dtype[j]))
+                if hit is not None:
+                    cls[r] = ec.CPU_COMPUTE if hit else ec.CPU_MEMORY
+    big = trace.cpu_dur >= HOST_OVERHEAD_US
+    compute_m = is_op & (cls == ec.CPU_COMPUTE) & big
+    # Spans at any nesting level: an elementwise op's own children (scalar wrapping,
+    # allocation) are part of its cost; a matmul nested inside still wins by priority.
+    memory_m = is_op & (cls == ec.CPU_MEMORY) & big
+    comm_m = is_op & (cls == ec.CPU_COMM)
+    data_m = cls == ec.CPU_DATA
+    layers = {
+        "data": iv.from_arrays(ts[data_m], end[data_m]),
+        "compute": iv.from_arrays(ts[compute_m], end[compute_m]),
+        "memory": iv.from_arrays(ts[memory_m], end[memory_m]),
+        "comm": iv.from_arrays(ts[comm_m], end[comm_m]),
+    }
+    return layers, {"compute": layers["compute"], "memory": layers["memory"]}
+
+
+# --- measurements ------------------------------------------------------------------------
+
+
+def _measurements(shares, mem_t, comp_t, dur, peak_frac_w, k, bw_bytes, bw_time, device) -> dict:
+    m = {f"{b}_share": shares[b] for b in BOUNDS}
+    if comp_t > 0:
+        m["memory_to_compute"] = float(mem_t / comp_t)
+    elif mem_t > 0:
+        m["memory_to_compute"] = float("inf")
+    if peak_frac_w is not None and dur > 0:
+        v = peak_frac_w[k] if k is not None else peak_frac_w.sum()
+        if v > 0:
+            m["mfu"] = float(v / dur)
+    if bw_bytes is not None and device is not None and device.mem_bw:
+        b = bw_bytes[k] if k is not None else bw_bytes.sum()
+        t = bw_time[k] if k is not None else bw_time.sum()
+        if t > 0 and b > 0:
+            m["achieved_bw_frac"] = float(b / (t * 1e-6) / device.mem_bw)
+    return m
+
+
+def _peak_work_in_windows(trace: Trace, ops: _Ops, win: np.ndarray, device):
+    """Per window: microseconds the ops' FLOPs would take at the device's peak for their dtype.
+
+    Divided by the window's length this is the MFU. Only top-level FLOP ops count, so a
+    linear layer is not counted again through the addmm inside it.
+    """
+    if device is None or not len(ops.rows):
+        return None
+    rows = ops.rows[ops.top]
+    if not len(rows):
+        return None
+    peaks = np.array([device.peak_flops(d) or np.nan for d in np.asarray(ops.dtype, dtype=object)[ops.top]])
+    work_us = ops.flops[ops.top] / peaks * 1e6
+    mid = trace.cpu_ts[rows]
+    out = np.zeros(len(win))
+    for k, (lo, hi) in enumerate(win):
+        sel = (mid >= lo) & (mid < hi)
+        out[k] = np.nansum(work_us[sel])
+    return out if np.any(out > 0) else None
+
+
+def _bandwidth_in_windows(trace: Trace, cls: np.ndarray, ops: _Ops, win: np.ndarray):
+    """Bytes and time of bandwidth-bound device work whose bytes are known, per window."""
+    nbytes = trace.dev_bytes.copy()
+    if len(ops.rows):
+        for i in np.flatnonzero(cls == ec.BANDWIDTH).tolist():
+            j = ops.ext_to_row.get(int(trace.dev_ext[i]))
+            if j is not None and np.isfinite(ops.bytes[j]):
+                nbytes[i] = ops.bytes[j]
+    known = np.isfinite(nbytes) & ((cls == ec.BANDWIDTH) | (cls == ec.MEMCPY)) & (trace.dev_dur > 0)
+    if not known.any():
+        return None, None
+    ts, dur, b = trace.dev_ts[known], trace.dev_dur[known], nbytes[known]
+    k = np.searchsorted(win[:, 0], ts, side="right") - 1
+    ok = (k >= 0) & (ts < win[np.clip(k, 0, None), 1])
+    bb = np.bincount(k[ok], weights=b[ok], minlength=len(win))
+    tt = np.bincount(k[ok], weights=dur[ok], minlength=len(win))
+    return bb, tt
+
+
+def _memory_used_frac(trace: Trace, props) -> float | None:
+    if not trace.peak_allocated or not props or not props.get("totalGlobalMem"):
+        return None
+    return float(max(trace.peak_allocated.values()) / float(props["totalGlobalMem"]))
+
+
+def _device_info(props, device, on_device: bool) -> dict:
+    if not on_device:
+        return {"type": "cpu", "name": device.name if device else "CPU", "peaks": device.as_dict() if device else None}
+    out = {"type": "gpu", "name": props.get("name") if props else None,
+           "peaks": device.as_dict() if device else None}
+    if props:
+        out["memory_bytes"] = props.get("totalGlobalMem")
+        out["warp_size"] = props.get("warpSize")
+        out["sm_count"] = props.get("numSms")
+    return out
+
+
+# --- tables ------------------------------------------------------------------------------
+
+
+def _top_kernels(trace: Trace, cls: np.ndarray, ops: _Ops) -> list[dict]:
+    if not len(trace.dev_ts):
+        return []
+    total = float(trace.dev_dur.sum()) or 1.0
+    t = np.bincount(trace.dev_name, weights=trace.dev_dur, minlength=len(trace.names))
+    c = np.bincount(trace.dev_name, minlength=len(trace.names))
+    out = []
+    for nid in np.argsort(-t)[:TOP_N].tolist():
+        if c[nid] == 0:
+            break
+        sel = np.flatnonzero(trace.dev_name == nid)
+        ks = cls[sel]
+        kc = int(np.bincount(ks, minlength=5).argmax())
+        ais = []
+        for i in sel[:256].tolist():
+            j = ops.ext_to_row.get(int(trace.dev_ext[i]))
+            if j is not None and np.isfinite(ops.ai[j]):
+                ais.append(float(ops.ai[j]))
+        out.append({"name": trace.names[nid], "class": ec.CLASS_NAMES[kc], "time_ms": float(t[nid]) / 1e3,
+                    "count": int(c[nid]), "pct": 100.0 * float(t[nid]) / total,
+                    "intensity": float(np.median(ais)) if ais else None})
+    return out
+
+
+def _top_ops(trace: Trace) -> list[dict]:
+    rows = np.flatnonzero(trace.cpu_kind == 0)
+    if not len(rows):
+        return []
+    ids = trace.cpu_name[rows]
+    t = np.bincount(ids, weights=trace.cpu_dur[rows], minlength=len(trace.names))
+    c = np.bincount(ids, minlength=len(trace.names))
+    total = float(trace.cpu_dur[rows].sum()) or 1.0
+    out = []
+    for nid in np.argsort(-t).tolist():
+        if len(out) >= TOP_N or c[nid] == 0:
+            break
+        name = trace.names[nid]
+        if name.startswith("ProfilerStep"):
+            continue
+        out.append({"name": name, "class": ec.cpu_op_class(name), "time_ms": float(t[nid]) / 1e3,
+                    "count": int(c[nid]), "pct": 100.0 * float(t[nid]) / total})
+    return out
+
+
+# --- collectives (contract B) ------------------------------------------------------------
+
+
+def _bytes_of(args: dict) -> int | None:
+    n = args.get("in_nelems")
+    size = _DTYPE_SIZE.get(str(args.get("dtype") or "").lower())
+    if isinstance(n, int) and size:
+        return n * size
+    dims_raw = args.get("input_dims")
+    if dims_raw:
+        dims, types = roofline.parse_shapes(dims_raw, args.get("input_type"))
+        total = 0
+        for i, d in enumerate(dims):
+            t = types[i] if i < len(types) else None
+            if isinstance(d, list) and d and all(isinstance(x, int) for x in d) and t in roofline.DTYPE_BYTES:
+                total += int(np.prod(d)) * roofline.DTYPE_BYTES[t]
+            elif isinstance(d, list) and d and all(isinstance(x, list) for x in d) and t == "TensorList":
+                pass
+        return total or None
+    return None
+
+
+def _seq(v) -> int | None:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def collectives(trace: Trace, cls: np.ndarray | None) -> list[dict]:
+    """Contract B records in trace order: device NCCL/RCCL kernels, else host gloo spans."""
+    out = []
+    if cls is not None and np.any(cls == ec.COMM):
+        # Host-side parameters (record_param_comms, nccl:* annotations), by External id.
+        host_args = {}
+        for (where, i), a in trace.coll_args.items():
+            if where == "cpu":
+                op = trace.names[trace.cpu_name[i]]
+                host_args[int(trace.cpu_ext[i])] = {**a, "host_collective": ec.collective_name(op.split(":")[-1])}
+        # Fallback link: the kernel's launch (same correlation id) inside a host collective span.
+        host_rows = sorted((i for (where, i) in trace.coll_args if where == "cpu"), key=lambda i: trace.cpu_ts[i])
+        host_ts = np.array([trace.cpu_ts[i] for i in host_rows])
+        rt_order = np.argsort(trace.rt_corr, kind="stable")
+        rt_sorted = trace.rt_corr[rt_order]
+
+        def rt_of_corr(corr: int) -> int | None:
+            k = int(np.searchsorted(rt_sorted, corr))
+            return int(rt_order[k]) if corr >= 0 and k < len(rt_sorted) and rt_sorted[k] == corr else None
+
+        for i in np.flatnonzero(cls == ec.COMM).tolist():
+            kname = trace.names[trace.dev_name[i]]
+            a = dict(trace.coll_args.get(("dev", i)) or {})
+            ext = int(trace.dev_ext[i])
+            linked = [host_args.get(e) for e in (ext, ext - 1, ext - 2)]  # nccl:* annotation, record_param_comms
+            j = rt_of_corr(int(trace.dev_corr[i]))
+            if j is not None and len(host_rows):
+                t = trace.rt_ts[j]
+                k = int(np.searchsorted(host_ts, t, side="right")) - 1
+                for r in host_rows[max(0, k - 8): k + 1][::-1]:
+                    if trace.cpu_ts[r] <= t <= trace.cpu_ts[r] + trace.cpu_dur[r]:
+                        linked.append(host_args.get(int(trace.cpu_ext[r])))
+            for h in linked:
+                if h:
+                    for key, v in h.items():
+                        if a.get(key) is None and v is not None:
+                            a[key] = v
+            name = (ec.collective_name(a.get("collective")) or a.get("host_collective")
+                    or ec.collective_name(kname.split("(")[0]) or "unknown")
+            out.append({"name": name, "pg": a.get("pg"), "seq": _seq(a.get("seq")),
+                        "ts_us": float(trace.dev_ts[i]), "dur_us": float(trace.dev_dur[i]),
+                        "bytes": _bytes_of(a), "on": "device", "kernel": kname})
+        return out
+    # CPU-only: gloo:* spans on gloo's threads are the collectives' execution.
+    prefer = ("gloo:",), ("record_param_comms",), ("c10d::",)
+    for prefixes in prefer:
+        rows = np.flatnonzero(_name_mask(trace, trace.cpu_name, lambda n, p=prefixes: n.startswith(p)))
+        if not len(rows):
+            continue
+        rows = rows[np.argsort(trace.cpu_ts[rows], kind="stable")]
+        for i in rows.tolist():
+            a = trace.coll_args.get(("cpu", i), {})
+            nm = trace.names[trace.cpu_name[i]]
+            name = ec.collective_name(a.get("collective")) or ec.collective_name(nm.split(":")[-1]) or "unknown"
+            out.append({"name": name, "pg": a.get("pg"), "seq": _seq(a.get("seq")),
+                        "ts_us": float(trace.cpu_ts[i]), "dur_us": float(trace.cpu_dur[i]),
+                        "bytes": _bytes_of(a), "on": "host", "op": nm})
+        break
+    return out

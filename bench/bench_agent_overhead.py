@@ -1,0 +1,210 @@
+"""Overhead of diag.Agent on a CPU training loop (steps of ~20-50 ms), with and without it, interleaved.
+
+    python bench/bench_agent_overhead.py [--blocks 8] [--block-steps 60] [--windows 3]
+
+Machines running other work drift by tens of percent within seconds, so the comparison
+is made in short alternating blocks: a block of steps without the agent, then a block
+with a fresh agent, and so on. Each step's time is measured by this script's own clock.
+
+1. Always-on mode (step timing, loader() data wait, sampling at 1 Hz, the Prometheus
+   exporter, live verdicts; no profiler windows): the median step time with the agent
+   over the median without it (target <= 1.005). The same ratio of the training
+   thread's CPU time per step is printed too; it is insensitive to other processes.
+2. The default profiler schedule (skip 10 steps, then 1 warm-up + 3 active steps every
+   500): a profiler window costs the slower profiled steps, stopping the profiler and
+   exporting the trace, and the analysis process competing for the CPU. Runs of the
+   default schedule are timed through two windows, each from its warm-up step until its
+   analysis has finished; its excess over the same run's neighbouring steps, spread over
+   the 500 steps of the schedule's period and multiplied by the always-on ratio, gives
+   the whole-run ratio against the loop without the agent (target <= 1.02).
+   The first window of a run also starts the analysis process (once per run); the
+   second shows the steady state.
+   The step path's own cost is also timed directly (loader() + step() with no work),
+   which no load from other processes can blur.
+3. The sampling thread's CPU time (and the agent's own background thread's) as a share
+   of one core, at the default 1 Hz (target <= 1%).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+
+def make_loop(width: int, batch: int):
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, width))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    data = [torch.randn(batch, width) for _ in range(8)]
+
+    def batches(n):
+        for i in range(n):
+            yield data[i % len(data)]
+
+    def train_step(x):
+        loss = model(x).pow(2).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    return batches, train_step
+
+
+def timed_steps(it, train_step, agent=None, until=None):
+    """Per-step (wall, training-thread CPU) times; `until(i)` may end the loop early."""
+    perf, cpu = time.perf_counter, time.thread_time
+    walls, cpus = [], []
+    w0, c0 = perf(), cpu()
+    for i, x in enumerate(it):
+        train_step(x)
+        if agent is not None:
+            agent.step(samples=len(x))
+        w1, c1 = perf(), cpu()
+        walls.append(w1 - w0)
+        cpus.append(c1 - c0)
+        w0, c0 = w1, c1
+        if until is not None and until(i):
+            break
+    return walls, cpus
+
+
+def baseline_block(loop, steps):
+    batches, train_step = loop
+    return timed_steps(batches(steps), train_step)
+
+
+def agent_block(loop, steps, run_dir, **options):
+    import diag
+
+    batches, train_step = loop
+    agent = diag.Agent(run_dir=run_dir, export=True, export_port_base=0, report=False, verbose=False, **options)
+    with agent:
+        walls, cpus = timed_steps(agent.loader(batches(steps)), train_step, agent)
+    return walls, cpus, agent
+
+
+def window_block(loop, run_dir, windows=2, tail=10, max_steps=3000):
+    """Run the default schedule through `windows` windows, each timed until its analysis finished.
+
+    Returns per-step times and, per window, the step range [warm-up step, analysis done + tail).
+    The first window also pays for starting the analysis process; later ones reuse it.
+    """
+    import diag
+
+    batches, train_step = loop
+    agent = diag.Agent(run_dir=run_dir, export=True, export_port_base=0, report=False, verbose=False)
+    sched = agent.config["schedule"]
+    starts = [sched["skip_first"] + k * sched["every"] for k in range(windows)]
+    ends: list[int] = []
+
+    def until(i):
+        k = len(ends)
+        if k < windows and i >= starts[k] + sched["warmup"] + sched["active"] and len(agent.windows_analysed) > k:
+            ends.append(i + tail)
+        return len(ends) == windows and i >= ends[-1]
+
+    with agent:
+        walls, cpus = timed_steps(agent.loader(batches(max_steps)), train_step, agent, until=until)
+    return walls, cpus, agent, sched, list(zip(starts, ends))
+
+
+def step_path_cost(run_dir, calls=20000) -> float:
+    """Seconds the agent adds per step on the training thread: loader() + step() with no work."""
+    import diag
+
+    agent = diag.Agent(run_dir=run_dir, profile=False, export=True, export_port_base=0, report=False, verbose=False)
+    items = [None] * calls
+    perf = time.perf_counter
+    with agent:
+        t0 = perf()
+        for _ in agent.loader(items):
+            agent.step(samples=1)
+        agent_s = perf() - t0
+    t0 = perf()
+    for _ in iter(items):
+        pass
+    plain_s = perf() - t0
+    return (agent_s - plain_s) / calls
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--blocks", type=int, default=8, help="alternating block pairs for the always-on ratio")
+    p.add_argument("--block-steps", type=int, default=60)
+    p.add_argument("--windows", type=int, default=3, help="runs of the default schedule (two windows each)")
+    p.add_argument("--width", type=int, default=1024)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--threads", type=int, default=1)
+    a = p.parse_args()
+
+    import torch
+
+    torch.set_num_threads(a.threads)
+    loop = make_loop(a.width, a.batch)
+    skip = 5  # the first steps of a block warm caches; compared alike in both modes
+    base_w, base_c, on_w, on_c = [], [], [], []
+    sampler_share, thread_share = [], []
+    window_rows = []
+    with tempfile.TemporaryDirectory(prefix="diag-bench-") as tmp:
+        baseline_block(loop, 30)  # warm-up
+        for b in range(a.blocks):
+            w, c = baseline_block(loop, a.block_steps)
+            base_w += w[skip:]
+            base_c += c[skip:]
+            w, c, agent = agent_block(loop, a.block_steps, os.path.join(tmp, f"on{b}"), profile=False)
+            on_w += w[skip:]
+            on_c += c[skip:]
+            print(f"block {b + 1}/{a.blocks}: baseline {1000 * statistics.median(base_w[-len(w) + skip:]):.2f} ms, "
+                  f"always-on {1000 * statistics.median(w[skip:]):.2f} ms", file=sys.stderr, flush=True)
+        for k in range(a.windows):
+            w, c, agent, sched, spans = window_block(loop, os.path.join(tmp, f"win{k}"))
+            for n, (lo, hi) in enumerate(spans):
+                # The reference is the same run's always-on steps next to the window, so
+                # the machine's drift between runs does not enter the window's cost.
+                near = w[max(skip, lo - 100):lo] if lo - skip >= 50 else w[hi:hi + 100]
+                ref = statistics.median(near)
+                excess = sum(x - ref for x in w[lo:hi])
+                ratio = 1.0 + excess / (sched["every"] * ref)
+                window_rows.append((n, excess, ratio))
+                print(f"run {k + 1}/{a.windows} window {n + 1}: excess {1000 * excess:.0f} ms over {hi - lo} steps "
+                      f"(baseline {1000 * ref:.2f} ms/step) -> run ratio {ratio:.4f}", file=sys.stderr, flush=True)
+            wall = sum(w)
+            if agent.sampler is not None and getattr(agent.sampler, "thread_cpu_s", None) is not None:
+                sampler_share.append(agent.sampler.thread_cpu_s / wall)
+            if agent.thread_cpu_s is not None:
+                thread_share.append(agent.thread_cpu_s / wall)
+        cost = statistics.median(step_path_cost(os.path.join(tmp, f"cost{i}")) for i in range(3))
+
+    med_base, med_on = statistics.median(base_w), statistics.median(on_w)
+    print(f"loop: median step {1000 * med_base:.2f} ms without the agent (width {a.width}, batch {a.batch}, "
+          f"{a.threads} thread(s)); {a.blocks} alternating block pairs of {a.block_steps} steps")
+    print(f"always-on median step time ratio: {med_on / med_base:.4f} (target <= 1.005)")
+    print(f"always-on median training-thread CPU time ratio: "
+          f"{statistics.median(on_c) / statistics.median(base_c):.4f}")
+    print(f"step-path cost (loader + step, no training work): {1e6 * cost:.1f} us per step = "
+          f"ratio {1 + cost / med_base:.5f} on this loop's {1000 * med_base:.1f} ms steps")
+    if window_rows:
+        on_ratio = med_on / med_base
+        first = sorted(r for n, _, r in window_rows if n == 0)
+        later = sorted(r for n, _, r in window_rows if n > 0)
+        steady = statistics.median(later or first)
+        print(f"default profiler schedule (a window every 500 steps), whole-run ratio at steady state: "
+              f"{on_ratio * steady:.4f} (target <= 1.02) = always-on {on_ratio:.4f} x windows {steady:.4f}; "
+              f"windows per run: {', '.join(f'{r:.4f}' for r in later)}")
+        print(f"  first window of a run (also starts the analysis process): {statistics.median(first):.4f}; "
+              f"per run: {', '.join(f'{r:.4f}' for r in first)}")
+    if sampler_share:
+        print(f"sampling thread CPU at 1 Hz: {100 * statistics.median(sampler_share):.3f}% of one core (target <= 1%)")
+    if thread_share:
+        print(f"agent background thread CPU: {100 * statistics.median(thread_share):.3f}% of one core")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""Which physical GPU is this rank's device? Logical index -> physical index or UUID.
+
+A rank sees its devices through the runtime's visibility variables, so logical device 0
+may be physical GPU 3. The management libraries (NVML, amdsmi) always see every GPU on
+the node, so the sampler must translate before it asks them anything.
+
+- CUDA: ``CUDA_VISIBLE_DEVICES`` is a comma list of indices, ``GPU-<uuid>`` or
+  ``MIG-<uuid>`` entries (unique UUID prefixes are accepted). The runtime stops at the
+  first entry it cannot parse, so do we. An empty value hides every device.
+- ROCm: ``ROCR_VISIBLE_DEVICES`` (indices or ``GPU-<id>`` UUIDs) is applied first by
+  the ROCr runtime; ``HIP_VISIBLE_DEVICES`` (or, when unset, ``CUDA_VISIBLE_DEVICES``,
+  which HIP honours too) then indexes into what ROCr left visible.
+
+When torch has already initialised CUDA, the device's UUID from torch is the most
+reliable answer (it also covers ``CUDA_DEVICE_ORDER=FASTEST_FIRST`` on mixed nodes,
+where CUDA and NVML enumerate in different orders); the sampler prefers it.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+# Accepted forms of one visibility entry: a decimal index or a UUID with its prefix.
+_INDEX = re.compile(r"^\d+$")
+_UUID = re.compile(r"^(GPU|MIG)-[0-9A-Za-z][0-9A-Za-z\-/]*$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class DeviceRef:
+    """One physical device: by index in the management library's order, or by UUID (prefix)."""
+
+    index: int | None = None
+    uuid: str | None = None
+    source: str = "default"  # which variable decided: CUDA_VISIBLE_DEVICES, torch, default, ...
+
+    @property
+    def is_mig(self) -> bool:
+        return bool(self.uuid) and self.uuid.upper().startswith("MIG-")
+
+    def describe(self) -> str:
+        what = f"uuid {self.uuid}" if self.uuid else f"index {self.index}"
+        return f"{what} (from {self.source})"
+
+
+def parse_visible(spec: str | None) -> list[str] | None:
+    """Entries of a visibility variable; None when unset (everything visible).
+
+    The CUDA runtime ignores entries from the first invalid one on ('0,1,-1,2' -> 0,1),
+    and so does ROCr; whitespace around entries is tolerated.
+    """
+    if spec is None:
+        return None
+    out: list[str] = []
+    for raw in spec.split(","):
+        entry = raw.strip()
+        if _INDEX.match(entry) or _UUID.match(entry):
+            out.append(entry)
+        else:
+            break
+    return out
+
+
+def _entry_ref(entry: str, source: str) -> DeviceRef:
+    if _INDEX.match(entry):
+        return DeviceRef(index=int(entry), source=source)
+    return DeviceRef(uuid=entry, source=source)
+
+
+def resolve_nvidia(logical: int | None, env: Mapping[str, str]) -> DeviceRef | None:
+    """Physical NVIDIA device of logical index ``logical``; None when it is not visible."""
+    logical = 0 if logical is None else int(logical)
+    visible = parse_visible(env.get("CUDA_VISIBLE_DEVICES"))
+    if visible is None:
+        return DeviceRef(index=logical, source="default")
+    if not 0 <= logical < len(visible):
+        return None
+    return _entry_ref(visible[logical], "CUDA_VISIBLE_DEVICES")
+
+
+def resolve_amd(logical: int | None, env: Mapping[str, str]) -> DeviceRef | None:
+    """Physical AMD device of logical index ``logical``; None when it is not visible.
+
+    ROCr's list selects from all GPUs; HIP's list indexes into ROCr's result.
+    """
+    logical = 0 if logical is None else int(logical)
+    rocr = parse_visible(env.get("ROCR_VISIBLE_DEVICES"))
+    hip_name = "HIP_VISIBLE_DEVICES" if "HIP_VISIBLE_DEVICES" in env else "CUDA_VISIBLE_DEVICES"
+    hip = parse_visible(env.get(hip_name))
+
+    position = logical
+    source = "default"
+    if hip is not None:
+        if not 0 <= logical < len(hip):
+            return None
+        entry = hip[logical]
+        if not _INDEX.match(entry):
+            return DeviceRef(uuid=entry, source=hip_name)
+        position, source = int(entry), hip_name
+    if rocr is None:
+        return DeviceRef(index=position, source=source)
+    if not 0 <= position < len(rocr):
+        return None
+    return _entry_ref(rocr[position], "ROCR_VISIBLE_DEVICES" if source == "default" else f"{source}+ROCR_VISIBLE_DEVICES")
+
+
+def uuid_matches(wanted: str, actual: str | None) -> bool:
+    """CUDA accepts any unique prefix of a UUID; compare case-insensitively, with or without 'GPU-'."""
+    if not actual:
+        return False
+    w, a = wanted.strip().lower(), actual.strip().lower()
+    if a.startswith(w):
+        return True
+    for prefix in ("gpu-", "mig-"):
+        w2 = w[len(prefix):] if w.startswith(prefix) else w
+        a2 = a[len(prefix):] if a.startswith(prefix) else a
+        if w2 and a2.startswith(w2):
+            return True
+    return False
+
+
+def torch_cuda_uuid(logical: int | None) -> str | None:
+    """'GPU-<uuid>' of the logical device from torch, only if torch already initialised CUDA.
+
+    Never imports torch or initialises CUDA: that would cost seconds and device memory
+    in a process that may not want it. ROCm builds are skipped (their UUID format differs).
+    """
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        if getattr(torch.version, "hip", None) or not torch.cuda.is_initialized():
+            return None
+        index = torch.cuda.current_device() if logical is None else int(logical)
+        uuid = str(torch.cuda.get_device_properties(index).uuid)
+    except Exception:
+        return None
+    if not uuid:
+        return None
+    return uuid if uuid.upper().startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"

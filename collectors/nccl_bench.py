@@ -1,0 +1,870 @@
+"""The measuring half of `diag nccl`: it runs inside every rank and times collectives like nccl-tests.
+
+One process per GPU (or per CPU worker on gloo). For each collective, data type and
+reduction op it sweeps message sizes from min_bytes to max_bytes and, at each size,
+measures an out-of-place and an in-place run, following nccl-tests' `BenchTime`:
+
+  fill the buffers -> one untimed call -> barrier -> `iters` timed calls -> wait for the
+  device -> per-rank time per call -> combined across ranks (`average`: 1 = mean, the
+  nccl-tests default; 0 = rank 0, 2 = min, 3 = max) -> algbw, busbw -> optional check.
+
+Byte counts follow nccl-tests' `getCollByteCount`: all_gather, reduce_scatter and alltoall
+split the buffer into per-rank slices aligned to 16 bytes, so the `count` column holds the
+per-rank element count and `size` the whole buffer. algbw = size / time (decimal GB/s);
+busbw = algbw x factor, with factor 2(n-1)/n for all_reduce, (n-1)/n for all_gather,
+reduce_scatter and alltoall, 1 for broadcast, reduce and sendrecv.
+
+Timing: on GPUs, CUDA events recorded on the current stream around the timed loop (the
+process group makes the current stream wait for its own); on CPUs, the wall clock
+(`time.perf_counter`) after a barrier. `_Timer` is the only difference between the two
+paths: buffers, calls, checks and bookkeeping are shared.
+
+torch.distributed offers all_reduce, broadcast and reduce in place only. Their
+"out-of-place" column therefore times the same call on a separate receive buffer, which
+the check seeds from the send buffer; alltoall and sendrecv in place run with one buffer
+for input and output, as nccl-tests does, and are not checked (#wrong N/A).
+
+Failures: a backend that lacks an operation or data type (gloo has no uint32/uint64
+reductions, for example) raises on the first call; the test is reported as skipped with
+the backend's message and the run goes on. Any other error (a peer that died, a
+collective that timed out) ends the run: the rows measured so far are kept and the test
+is reported with status "partial". A watchdog thread guarantees that no rank waits more
+than about twice `timeout` without progress, even where the backend itself would hang.
+
+Fault injection, for the test-suite only: DIAG_NCCL_TEST_FAULT="exit:RANK:N" makes rank
+RANK leave abruptly (os._exit) after it measured N rows; "hang:RANK:N" makes it stop
+responding after N rows, so that the timeout and the watchdog can be exercised.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+from diag.collectors import launch_env
+
+SCHEMA = "diag.nccl_bench/1"
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "alltoall", "sendrecv")
+# nccl-tests' type names, in its order, and common aliases.
+DTYPES = ("int8", "uint8", "int32", "uint32", "int64", "uint64", "half", "float", "double", "bfloat16")
+DTYPE_ALIASES = {
+    "char": "int8", "int": "int32", "float16": "half", "fp16": "half", "float32": "float",
+    "fp32": "float", "float64": "double", "fp64": "double", "bf16": "bfloat16",
+}
+REDOPS = ("sum", "prod", "max", "min", "avg")
+AVERAGE_MODES = {0: "rank0", 1: "avg", 2: "min", 3: "max"}
+FAULT_ENV = "DIAG_NCCL_TEST_FAULT"
+SETUP_TIMEOUT = 120.0  # seconds for every rank to join the process group
+
+_REDUCING = {"all_reduce", "reduce_scatter", "reduce"}
+_ROOTED = {"broadcast", "reduce"}
+_SLICED = {"all_gather", "reduce_scatter", "alltoall"}
+# Messages with which backends refuse an operation, a data type or a reduction op.
+_UNSUPPORTED = re.compile(
+    r"not supported|unsupported|invalid scalar type|cannot use reduceop|not implemented|"
+    r"does not support|no support|only supports|can't be cast|cannot be cast", re.IGNORECASE
+)
+
+
+class BenchError(Exception):
+    """A run that cannot continue (peer failure, timeout, termination)."""
+
+
+class _Unsupported(Exception):
+    pass
+
+
+# ---------------------------------------------------------------- sizes and factors
+
+
+def parse_size(text: str | int) -> int:
+    """nccl-tests' size syntax: a number with an optional K, M or G suffix (powers of 1024)."""
+    if isinstance(text, int):
+        return text
+    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([kKmMgG]?)[bB]?\s*", str(text))
+    if not m:
+        raise ValueError(f"invalid size {text!r}: expected a number with an optional K, M or G suffix")
+    unit = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[m.group(2).lower()]
+    return int(float(m.group(1)) * unit)
+
+
+def sweep_sizes(min_bytes: int, max_bytes: int, step_factor: int = 2, step_bytes: int = 0) -> list[int]:
+    """The sizes nccl-tests visits: multiply by the factor when it is above 1, else add step_bytes."""
+    if min_bytes < 0 or max_bytes < min_bytes:
+        raise ValueError(f"invalid sizes: minBytes {min_bytes} > maxBytes {max_bytes}")
+    if step_factor <= 1 and step_bytes <= 0:
+        raise ValueError("the step must be a factor above 1 (-f) or a positive increment (-i)")
+    sizes, size = [], min_bytes
+    while size <= max_bytes:
+        sizes.append(size)
+        nxt = size * step_factor if step_factor > 1 else size + step_bytes
+        if nxt == size:  # -b 0 with a factor: nccl-tests would loop forever; stop after one row
+            break
+        size = nxt
+    return sizes
+
+
+def bus_factor(collective: str, nranks: int) -> float:
+    """nccl-tests' busbw / algbw ratio."""
+    if collective == "all_reduce":
+        return 2.0 * (nranks - 1) / nranks
+    if collective in _SLICED:
+        return (nranks - 1) / nranks
+    return 1.0
+
+
+@dataclass(frozen=True)
+class Counts:
+    """Element counts of one call, as nccl-tests' getCollByteCount computes them."""
+
+    param: int  # the count passed to the collective (the table's count column)
+    send: int
+    recv: int
+    send_inplace_offset: int  # in-place slices start at offset * rank inside the receive buffer
+    recv_inplace_offset: int
+
+    def table_bytes(self, elt: int) -> int:
+        return max(self.send, self.recv) * elt
+
+
+def coll_counts(collective: str, size_bytes: int, elt: int, nranks: int) -> Counts:
+    count = size_bytes // elt
+    if collective in _SLICED:
+        base = (count // nranks) & -(16 // elt) if elt <= 16 else count // nranks
+        if collective == "all_gather":
+            return Counts(base, base, base * nranks, base, 0)
+        if collective == "reduce_scatter":
+            return Counts(base, base * nranks, base, 0, base)
+        return Counts(base, base * nranks, base * nranks, 0, 0)
+    return Counts(count, count, count, 0, 0)
+
+
+def bandwidths(collective: str, counts: Counts, elt: int, seconds: float, nranks: int) -> tuple[float, float]:
+    """(algbw, busbw) in GB/s (10^9 bytes per second), as nccl-tests' getBw."""
+    if seconds <= 0:
+        return 0.0, 0.0
+    nbytes = counts.param * elt * (nranks if collective in _SLICED else 1)
+    alg = nbytes / 1.0e9 / seconds
+    return alg, alg * bus_factor(collective, nranks)
+
+
+def normalize_dtype(name: str) -> str:
+    key = DTYPE_ALIASES.get(name.lower(), name.lower())
+    if key not in DTYPES:
+        raise ValueError(f"unknown data type {name!r}: choose from {', '.join(DTYPES)} or all")
+    return key
+
+
+def normalize_collective(name: str) -> str:
+    key = name.lower().replace("-", "_").removesuffix("_perf")
+    key = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
+           "all_to_all": "alltoall", "all_to_all_single": "alltoall", "send_recv": "sendrecv"}.get(key, key)
+    if key not in COLLECTIVES:
+        raise ValueError(f"unknown collective {name!r}: choose from {', '.join(COLLECTIVES)} or all")
+    return key
+
+
+# ---------------------------------------------------------------- configuration
+
+
+@dataclass
+class BenchConfig:
+    collectives: list[str] = field(default_factory=lambda: ["all_reduce"])
+    min_bytes: int = 32 << 20
+    max_bytes: int = 32 << 20
+    step_factor: int = 1
+    step_bytes: int = 1 << 20
+    dtypes: list[str] = field(default_factory=lambda: ["float"])
+    redops: list[str] = field(default_factory=lambda: ["sum"])
+    root: int = 0
+    warmup_iters: int = 5
+    iters: int = 20
+    check: int = 1
+    average: int = 1
+    timeout: float = 300.0
+    backend: str | None = None  # None: nccl when CUDA is available, else gloo
+
+    def sizes(self) -> list[int]:
+        return sweep_sizes(self.min_bytes, self.max_bytes, self.step_factor, self.step_bytes)
+
+    def params(self) -> dict:
+        return {
+            "nthread": 1, "ngpus": 1, "min_bytes": self.min_bytes, "max_bytes": self.max_bytes,
+            "step_factor": self.step_factor if self.step_factor > 1 else 0,
+            "step_bytes": self.step_bytes if self.step_factor <= 1 else 0,
+            "warmup_iters": self.warmup_iters, "iters": self.iters, "agg_iters": 1,
+            "check": self.check, "graph": 0, "average": AVERAGE_MODES.get(self.average, "avg"),
+            "dtypes": list(self.dtypes), "redops": list(self.redops), "root": self.root,
+            "timeout_s": self.timeout,
+        }
+
+    def row_count(self) -> int:
+        per = len(self.sizes()) * len(self.dtypes)
+        return sum(per * (len(self.redops) if c in _REDUCING else 1) for c in self.collectives)
+
+
+class Reporter:
+    """What rank 0 is told while it measures; the command prints from these calls."""
+
+    def start(self, doc: dict) -> None: ...
+    def test_start(self, test: dict) -> None: ...
+    def row(self, test: dict, row: dict) -> None: ...
+    def note(self, test: dict, message: str) -> None: ...
+    def test_end(self, test: dict) -> None: ...
+
+
+# ---------------------------------------------------------------- watchdog and faults
+
+
+class _Watchdog:
+    """Ends this process when the main thread makes no progress for `limit` seconds.
+
+    The backend's own timeout normally fires first (gloo raises after `timeout`); this
+    is the last line of defence, for hangs that no backend timeout covers.
+    """
+
+    def __init__(self, limit: float, on_expire):
+        self.limit = limit
+        self.on_expire = on_expire
+        self.last = time.monotonic()
+        self.what = "start"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="diag-nccl-watchdog", daemon=True)
+        self._thread.start()
+
+    def kick(self, what: str | None = None) -> None:
+        self.last = time.monotonic()
+        if what is not None:
+            self.what = what
+
+    def _watch(self) -> None:
+        while not self._stop.wait(min(1.0, self.limit / 4)):
+            if time.monotonic() - self.last > self.limit:
+                try:
+                    self.on_expire(f"no progress for {self.limit:.0f} s during {self.what}: a peer is dead or hung")
+                finally:
+                    os._exit(3)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def _watchdog_limit(timeout: float) -> float:
+    return max(2.0 * timeout, timeout + 5.0)
+
+
+def _fault(rank: int) -> tuple[str, int] | None:
+    spec = os.environ.get(FAULT_ENV, "")
+    m = re.fullmatch(r"(exit|hang):(\d+):(\d+)", spec.strip())
+    if not m or int(m.group(2)) != rank:
+        return None
+    return m.group(1), int(m.group(3))
+
+
+# ---------------------------------------------------------------- communication
+
+
+class _Timer:
+    """Wall clock after a barrier on CPUs; CUDA events on the current stream on GPUs."""
+
+    def __init__(self, comm: _Comm):
+        self.comm = comm
+        self.cuda = comm.device.type == "cuda"
+        if self.cuda:
+            import torch
+
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._end = torch.cuda.Event(enable_timing=True)
+        self._t0 = 0.0
+
+    @property
+    def kind(self) -> str:
+        return "cuda_event" if self.cuda else "wall_clock"
+
+    def start(self) -> None:
+        self.comm.barrier()
+        if self.cuda:
+            self._start.record()
+        else:
+            self._t0 = time.perf_counter()
+
+    def stop(self) -> float:
+        if self.cuda:
+            self._end.record()
+            self._end.synchronize()
+            return self._start.elapsed_time(self._end) / 1000.0
+        return time.perf_counter() - self._t0
+
+
+class _Comm:
+    def __init__(self, backend: str, device, group=None):
+        import torch
+        import torch.distributed as dist
+
+        self.torch = torch
+        self.dist = dist
+        self.backend = backend
+        self.device = device
+        self.group = group  # the benchmark's own group, created with the user's --timeout
+        self.rank = dist.get_rank()
+        self.world = dist.get_world_size()
+
+    def barrier(self) -> None:
+        if self.device.type == "cuda":
+            self.dist.barrier(group=self.group, device_ids=[self.device.index])
+            self.torch.cuda.synchronize(self.device)
+        else:
+            self.dist.barrier(group=self.group)
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            self.torch.cuda.synchronize(self.device)
+
+    def gather_floats(self, value: float) -> list[float]:
+        t = self.torch.tensor([value], dtype=self.torch.float64, device=self.device)
+        out = self.torch.zeros(self.world, dtype=self.torch.float64, device=self.device)
+        gather = getattr(self.dist, "all_gather_single", None) or self.dist.all_gather_into_tensor
+        gather(out, t, group=self.group)
+        return out.tolist()
+
+    def sum_int(self, value: int) -> int:
+        t = self.torch.tensor([value], dtype=self.torch.int64, device=self.device)
+        self.dist.all_reduce(t, group=self.group)
+        return int(t.item())
+
+
+def _torch_dtype(torch, name: str):
+    return {
+        "int8": torch.int8, "uint8": torch.uint8, "int32": torch.int32, "uint32": torch.uint32,
+        "int64": torch.int64, "uint64": torch.uint64, "half": torch.float16, "float": torch.float32,
+        "double": torch.float64, "bfloat16": torch.bfloat16,
+    }[name]
+
+
+def _redop(dist, name: str):
+    return {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "max": dist.ReduceOp.MAX,
+            "min": dist.ReduceOp.MIN, "avg": dist.ReduceOp.AVG}[name]
+
+
+class _Case:
+    """One (collective, dtype, redop) test: its buffers, its call and its check."""
+
+    def __init__(self, comm: _Comm, collective: str, dtype: str, redop: str, root: int, max_bytes: int):
+        torch = comm.torch
+        self.comm = comm
+        self.collective = collective
+        self.dtype_name = dtype
+        self.redop_name = redop if collective in _REDUCING else "none"
+        self.dtype = _torch_dtype(torch, dtype)
+        self.elt = torch.empty((), dtype=self.dtype).element_size()
+        self.root = root if collective in _ROOTED else -1
+        self.op = _redop(comm.dist, redop) if collective in _REDUCING else None
+        big = coll_counts(collective, max_bytes, self.elt, comm.world)
+        n = max(big.send, big.recv, 1)
+        self.sendbuf = torch.zeros(n, dtype=self.dtype, device=comm.device)
+        self.recvbuf = torch.zeros(n, dtype=self.dtype, device=comm.device)
+        self.counts = big
+        # torch 2.13 renamed the tensor forms (*_single); older releases only have *_tensor.
+        dist = comm.dist
+        self._all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        self._reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+    # -- buffers
+
+    def setup(self, size_bytes: int) -> Counts:
+        self.counts = coll_counts(self.collective, size_bytes, self.elt, self.comm.world)
+        return self.counts
+
+    def views(self, in_place: bool):
+        c, r = self.counts, self.comm.rank
+        if in_place:
+            send = self.recvbuf.narrow(0, c.send_inplace_offset * r, c.send)
+            recv = self.recvbuf.narrow(0, c.recv_inplace_offset * r, c.recv)
+        else:
+            send = self.sendbuf.narrow(0, 0, c.send)
+            recv = self.recvbuf.narrow(0, 0, c.recv)
+        return send, recv
+
+    # -- the call
+
+    def call(self, send, recv) -> None:
+        dist, coll, g = self.comm.dist, self.collective, self.comm.group
+        if coll == "all_reduce":
+            dist.all_reduce(recv, op=self.op, group=g)
+        elif coll == "all_gather":
+            self._all_gather(recv, send, group=g)
+        elif coll == "reduce_scatter":
+            self._reduce_scatter(recv, send, op=self.op, group=g)
+        elif coll == "alltoall":
+            dist.all_to_all_single(recv, send, group=g)
+        elif coll == "broadcast":
+            dist.broadcast(recv, self.root, group=g)
+        elif coll == "reduce":
+            dist.reduce(recv, self.root, op=self.op, group=g)
+        elif coll == "sendrecv":
+            n, r = self.comm.world, self.comm.rank
+            ops = [dist.P2POp(dist.isend, send, (r + 1) % n, group=g),
+                   dist.P2POp(dist.irecv, recv, (r - 1) % n, group=g)]
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+
+    # -- data and check
+
+    def _values(self, rank: int, start: int, count: int):
+        """Rank-dependent inputs whose reductions are exact in every data type."""
+        torch, n = self.comm.torch, self.comm.world
+        idx = torch.arange(start, start + count, dtype=torch.int64, device=self.comm.device)
+        if self.redop_name == "prod":
+            vals = 1 + ((idx + rank) % max(n, 1) == 0).to(torch.int64)
+        else:
+            vals = (idx * 7 + rank * 3) % 5 + 1
+        return vals
+
+    def _reduce(self, start: int, count: int):
+        torch = self.comm.torch
+        acc = None
+        for j in range(self.comm.world):
+            v = self._values(j, start, count)
+            if acc is None:
+                acc = v.clone()
+            elif self.redop_name in ("sum", "avg"):
+                acc += v
+            elif self.redop_name == "prod":
+                acc *= v
+            elif self.redop_name == "max":
+                acc = torch.maximum(acc, v)
+            else:
+                acc = torch.minimum(acc, v)
+        if self.redop_name == "avg":
+            return (acc.to(torch.float64) / self.comm.world).to(self.dtype)
+        return acc.to(self.dtype)
+
+    def checkable(self, in_place: bool) -> bool:
+        return not (in_place and self.collective in ("alltoall", "sendrecv"))
+
+    def prepare(self, in_place: bool):
+        """Fill the inputs; return the expected output of this rank (None: not checked here)."""
+        torch, c, r, n = self.comm.torch, self.counts, self.comm.rank, self.comm.world
+        send, recv = self.views(in_place)
+        coll = self.collective
+        if not in_place:
+            recv.zero_()
+        if coll in ("all_reduce", "broadcast", "reduce"):
+            # In-place-only calls: the receive buffer carries the input.
+            send.copy_(self._values(r, 0, c.send))
+            if coll == "broadcast" and r != self.root:
+                recv.zero_()
+            elif not in_place:
+                recv.copy_(send)
+            if coll == "broadcast":
+                return self._values(self.root, 0, c.recv).to(self.dtype)
+            if coll == "reduce" and r != self.root:
+                return None
+            return self._reduce(0, c.recv)
+        if coll == "all_gather":
+            send.copy_(self._values(r, 0, c.send))
+            return torch.cat([self._values(j, 0, c.send) for j in range(n)]).to(self.dtype)
+        if coll == "reduce_scatter":
+            send.copy_(self._values(r, 0, c.send))
+            return self._reduce(r * c.param, c.param)
+        if coll == "alltoall":
+            send.copy_(self._values(r, 0, c.send))
+            parts = [self._values(j, r * c.param, c.param) for j in range(n)]
+            return torch.cat(parts).to(self.dtype) if parts else None
+        if coll == "sendrecv":
+            send.copy_(self._values(r, 0, c.send))
+            return self._values((r - 1) % n, 0, c.recv).to(self.dtype)
+        return None
+
+    def count_wrong(self, expected, in_place: bool) -> int:
+        if expected is None:
+            return 0
+        torch = self.comm.torch
+        _, recv = self.views(in_place)
+        if self.dtype.is_floating_point:
+            tol = {torch.float16: 1e-2, torch.bfloat16: 2e-2}.get(self.dtype, 1e-6)
+            bad = ~torch.isclose(recv.to(torch.float64), expected.to(torch.float64), rtol=tol, atol=0.0)
+        else:
+            bad = recv != expected
+        return int(bad.sum().item())
+
+
+# ---------------------------------------------------------------- the run
+
+
+def rendezvous_env(info: launch_env.LaunchInfo, env=None) -> dict:
+    """The env:// variables torch.distributed needs, for launchers that do not set them.
+
+    torchrun sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT itself. Under srun and
+    mpirun the rank comes from their variables; the master is MASTER_ADDR when given,
+    else the first node of the Slurm allocation, else this host when the whole job runs
+    on it. The port is MASTER_PORT, else one derived from the job id so that concurrent
+    jobs on a node do not collide.
+    """
+    env = os.environ if env is None else env
+    out = {"RANK": str(info.rank), "WORLD_SIZE": str(info.world_size), "LOCAL_RANK": str(info.local_rank),
+           "LOCAL_WORLD_SIZE": str(info.local_world_size)}
+    addr = env.get("MASTER_ADDR")
+    if not addr:
+        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+        hosts = launch_env.expand_slurm_nodelist(nodelist) if nodelist else []
+        if hosts:
+            addr = hosts[0]
+        elif info.local_world_size >= info.world_size:
+            addr = "127.0.0.1"
+        else:
+            raise BenchError(f"{info.launcher} launch across nodes: set MASTER_ADDR (and MASTER_PORT) to rank 0's host")
+    port = env.get("MASTER_PORT")
+    if not port:
+        job = re.sub(r"\D", "", info.job_id or "")
+        port = str(29500 + (int(job) % 10000 if job else 0))
+    out.update(MASTER_ADDR=addr, MASTER_PORT=port)
+    return out
+
+
+def _init_process_group(cfg: BenchConfig, info: launch_env.LaunchInfo):
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    backend = cfg.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if backend == "nccl":
+        if not torch.cuda.is_available():
+            raise BenchError("the nccl backend needs CUDA (or ROCm) devices; none is visible")
+        # Let NCCL errors and timeouts surface as exceptions instead of hanging the stream.
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+        device = torch.device("cuda", info.local_rank % max(torch.cuda.device_count(), 1))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    created = not dist.is_initialized()
+    if created and info.launcher not in ("torchrun", "none"):
+        os.environ.update(rendezvous_env(info))
+    if created:
+        # Joining waits for the slowest rank to start (importing torch on a loaded node takes
+        # seconds), so it gets a generous timeout; the measurements use their own group below.
+        kwargs = {"backend": backend, "timeout": datetime.timedelta(seconds=max(cfg.timeout, SETUP_TIMEOUT))}
+        if backend == "nccl":
+            kwargs["device_id"] = device
+        dist.init_process_group(**kwargs)
+    if backend == "nccl":
+        dist.barrier(device_ids=[device.index])
+    else:
+        dist.barrier()
+    group = dist.new_group(backend=backend, timeout=datetime.timedelta(seconds=cfg.timeout))
+    return backend, device, group, created
+
+
+def _device_entry(rank: int, device) -> dict:
+    entry = {"rank": rank, "group": 0, "pid": os.getpid(), "host": socket.gethostname(),
+             "device": -1, "bus_id": 0, "name": "cpu"}
+    if device.type == "cuda":
+        import torch
+
+        props = torch.cuda.get_device_properties(device)
+        entry.update(device=device.index, name=props.name,
+                     bus_id=int(getattr(props, "pci_bus_id", 0) or 0),
+                     memory_bytes=int(props.total_memory))
+        if getattr(torch.version, "hip", None):
+            entry["runtime"] = "rocm"
+    else:
+        entry["name"] = _cpu_name()
+    return entry
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return "CPU " + " ".join(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return "CPU"
+
+
+def _first_line(exc: BaseException) -> str:
+    """One readable line: gloo prefixes its messages with a source location and ends them in jokes."""
+    lines = str(exc).strip().splitlines()
+    text = re.sub(r"^\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*", "", lines[0] if lines else "")
+    text = re.sub(r"\s*GLHF!.*$", "", text)
+    return f"{type(exc).__name__}: {text}".strip()
+
+
+def _new_test(collective: str, comm: _Comm, cfg: BenchConfig, timer_kind: str) -> dict:
+    return {
+        "collective": collective, "world_size": comm.world, "backend": comm.backend, "rows": [],
+        "avg_busbw_gbps": None, "status": "ok", "errors": [], "skipped": False, "skipped_cases": [],
+        "timer": timer_kind, "dtypes": list(cfg.dtypes),
+        "redops": list(cfg.redops) if collective in _REDUCING else ["none"],
+        "root": cfg.root if collective in _ROOTED else -1,
+    }
+
+
+def _finish_test(test: dict) -> None:
+    values = [
+        (row.get(k) or {}).get("busbw_gbps") for row in test["rows"] for k in ("out_of_place", "in_place")
+    ]
+    values = [v for v in values if v is not None]
+    test["avg_busbw_gbps"] = sum(values) / len(values) if values else None
+
+
+class _Run:
+    def __init__(self, cfg: BenchConfig, comm: _Comm, reporter: Reporter | None):
+        self.cfg = cfg
+        self.comm = comm
+        self.reporter = reporter
+        self.timer = _Timer(comm)
+        self.rows_done = 0
+        self.fault = _fault(comm.rank)
+
+    def bench_time(self, case: _Case, in_place: bool, watchdog: _Watchdog) -> dict:
+        cfg, comm = self.cfg, self.comm
+        if cfg.check:
+            case.prepare(in_place)
+        send, recv = case.views(in_place)
+        case.call(send, recv)
+        comm.sync()
+        self.timer.start()
+        for _ in range(cfg.iters):
+            case.call(send, recv)
+            watchdog.last = time.monotonic()
+        seconds = self.timer.stop() / max(cfg.iters, 1)
+        per_rank = comm.gather_floats(seconds)
+        mode = cfg.average
+        if mode == 0:
+            combined = per_rank[0]
+        elif mode == 2:
+            combined = min(per_rank)
+        elif mode == 3:
+            combined = max(per_rank)
+        else:
+            combined = sum(per_rank) / len(per_rank)
+        algbw, busbw = bandwidths(case.collective, case.counts, case.elt, combined, comm.world)
+        wrong: int | None = None
+        if cfg.check and case.checkable(in_place):
+            wrong = 0
+            for _ in range(cfg.check):
+                expected = case.prepare(in_place)
+                case.call(*case.views(in_place))
+                comm.sync()
+                wrong = comm.sum_int(case.count_wrong(expected, in_place))
+                if wrong:
+                    break
+        return {
+            "time_us": combined * 1e6,
+            "algbw_gbps": algbw,
+            "busbw_gbps": busbw,
+            "wrong": wrong,
+            "rank_time_us": [t * 1e6 for t in per_rank],
+        }
+
+    def maybe_fault(self) -> None:
+        if self.fault and self.rows_done >= self.fault[1]:
+            if self.fault[0] == "exit":
+                os._exit(17)
+            while True:  # "hang": stop responding; the watchdog or the launcher ends us
+                time.sleep(3600)
+
+    def run_case(self, test: dict, case: _Case, watchdog: _Watchdog) -> None:
+        cfg = self.cfg
+        sizes = cfg.sizes()
+        if case.collective == "sendrecv" and self.comm.world == 1 and self.comm.backend == "gloo":
+            raise _Unsupported("gloo cannot send to its own rank, so a 1-rank ring has no link to measure")
+        watchdog.kick(f"{case.collective} warm-up")
+        # Warm-up at the largest, then the smallest size (out-of-place), like nccl-tests.
+        # The first call is always made (even with -w 0): a backend refuses what it lacks there.
+        for size, calls in ((sizes[-1], max(cfg.warmup_iters, 1)), (sizes[0], cfg.warmup_iters)):
+            case.setup(size)
+            send, recv = case.views(False)
+            for i in range(calls):
+                try:
+                    case.call(send, recv)
+                except Exception as exc:
+                    if i == 0 and size == sizes[-1] and _UNSUPPORTED.search(str(exc)):
+                        raise _Unsupported(str(exc).strip().splitlines()[0]) from exc
+                    raise
+            self.comm.sync()
+        for size in sizes:
+            self.maybe_fault()
+            counts = case.setup(size)
+            watchdog.kick(f"{case.collective} {case.dtype_name} {case.redop_name} size {size}")
+            row = {
+                "size_bytes": counts.table_bytes(case.elt),
+                "count": counts.param,
+                "dtype": case.dtype_name,
+                "redop": case.redop_name,
+                "root": case.root,
+            }
+            row["out_of_place"] = self.bench_time(case, False, watchdog)
+            row["in_place"] = self.bench_time(case, True, watchdog)
+            test["rows"].append(row)
+            self.rows_done += 1
+            if self.reporter:
+                self.reporter.row(test, row)
+
+    def run_test(self, test: dict, watchdog: _Watchdog) -> dict:
+        cfg, comm = self.cfg, self.comm
+        collective = test["collective"]
+        if self.reporter:
+            self.reporter.test_start(test)
+        redops = cfg.redops if collective in _REDUCING else ["sum"]
+        try:
+            for dtype in cfg.dtypes:
+                for redop in redops:
+                    case = None
+                    try:
+                        case = _Case(comm, collective, dtype, redop, cfg.root, cfg.max_bytes)
+                        self.run_case(test, case, watchdog)
+                    except _Unsupported as exc:
+                        what = f"{collective} with {dtype}" + (f" and {redop}" if collective in _REDUCING else "")
+                        msg = f"the {comm.backend} backend does not support {what}: {exc}; skipped"
+                        test["skipped_cases"].append(msg)
+                        if self.reporter:
+                            self.reporter.note(test, msg)
+                    finally:
+                        del case  # free this case's buffers before the next one allocates its own
+        except BaseException as exc:
+            test["errors"].append(_first_line(exc) if not isinstance(exc, BenchError) else str(exc))
+            test["status"] = "partial" if test["rows"] else "failed"
+            _finish_test(test)
+            raise BenchError(test["errors"][-1]) from exc
+        if not test["rows"] and test["skipped_cases"]:
+            test["status"] = "failed"
+            test["skipped"] = True
+            test["errors"].extend(test["skipped_cases"])
+        _finish_test(test)
+        return test
+
+
+def run_rank(cfg: BenchConfig, reporter: Reporter | None = None, info: launch_env.LaunchInfo | None = None,
+             on_abort=None) -> dict:
+    """Measure every configured collective in this rank; every rank returns the document.
+
+    Joins the process group from the launcher's environment, or uses the one already
+    initialised (which it then leaves in place), and measures on a group of its own.
+
+    `reporter` receives the rows as they are measured (pass one on rank 0 only). When a
+    peer dies or a collective times out, the document comes back with the failing test
+    marked "partial" (or "failed") and the remaining tests absent; `on_abort(doc)` is
+    called with that document if the watchdog has to end the process instead.
+    """
+    info = info or launch_env.detect()
+    for c in cfg.collectives:
+        normalize_collective(c)
+    cfg.sizes()  # validate before any process waits for another
+    doc = {
+        "schema": SCHEMA, "source": "diag nccl", "tests": [], "status": "ok", "errors": [],
+        "launcher": info.launcher, "world_size": info.world_size, "params": cfg.params(),
+    }
+
+    def expire(reason: str) -> None:
+        doc["errors"].append(reason)
+        doc["status"] = "partial" if any(t["rows"] for t in doc["tests"]) else "failed"
+        for t in doc["tests"]:
+            if t["status"] == "ok" and not t.get("_done"):
+                t["status"] = "partial" if t["rows"] else "failed"
+                t["errors"].append(reason)
+                _finish_test(t)
+        if on_abort is not None:
+            on_abort(_public(doc))
+
+    watchdog = _Watchdog(_watchdog_limit(max(cfg.timeout, SETUP_TIMEOUT)), expire)
+    previous = _install_sigterm()
+    try:
+        try:
+            backend, device, group, created = _init_process_group(cfg, info)
+        except BenchError:
+            raise
+        except Exception as exc:
+            raise BenchError(f"could not join the process group: {_first_line(exc)}") from exc
+        watchdog.kick("start")
+        watchdog.limit = _watchdog_limit(cfg.timeout)
+        import torch.distributed as dist
+
+        comm = _Comm(backend, device, group)
+        if any(c in _ROOTED for c in cfg.collectives) and not 0 <= cfg.root < comm.world:
+            raise BenchError(f"root {cfg.root} is not a rank of this {comm.world}-rank job")
+        run = _Run(cfg, comm, reporter)
+        doc.update(world_size=comm.world, backend=backend, timer=run.timer.kind)
+        entries: list = [None] * comm.world
+        dist.all_gather_object(entries, _device_entry(comm.rank, device), group=group)
+        doc["devices"] = entries
+        doc["hosts"] = sorted({e["host"] for e in entries if e})
+        if reporter:
+            reporter.start(doc)
+        for collective in cfg.collectives:
+            test = _new_test(collective, comm, cfg, run.timer.kind)
+            doc["tests"].append(test)
+            try:
+                run.run_test(test, watchdog)
+            except BenchError:
+                doc["status"] = test["status"]
+                if reporter:
+                    reporter.test_end(test)
+                break
+            test["_done"] = True
+            if reporter:
+                reporter.test_end(test)
+        else:
+            # Leave a process group the caller made (a training job, a benchmark) as it was.
+            try:
+                dist.destroy_process_group(None if created else group)
+            except Exception:
+                pass
+    except (BenchError, _Terminated) as exc:
+        doc["errors"].append(str(exc))
+        doc["status"] = "partial" if any(t["rows"] for t in doc["tests"]) else "failed"
+    finally:
+        watchdog.stop()
+        _restore_sigterm(previous)
+    return _public(doc)
+
+
+def _public(doc: dict) -> dict:
+    out = dict(doc)
+    out["tests"] = [{k: v for k, v in t.items() if not k.startswith("_")} for t in doc["tests"]]
+    return out
+
+
+class _Terminated(BaseException):
+    pass
+
+
+def _install_sigterm():
+    """The launcher stops the survivors with SIGTERM when a peer fails: report, don't vanish."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum, frame):
+        raise _Terminated("terminated by the launcher (SIGTERM): another rank failed")
+
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except (ValueError, OSError):
+        return None
+
+
+def _restore_sigterm(previous) -> None:
+    if previous is not None:
+        try:
+            signal.signal(signal.SIGTERM, previous)
+        except (ValueError, OSError):
+            pass
+
+
+__all__ = [
+    "SCHEMA", "COLLECTIVES", "DTYPES", "REDOPS", "BenchConfig", "BenchError", "Reporter",
+    "parse_size", "sweep_sizes", "bus_factor", "coll_counts", "bandwidths", "run_rank",
+    "normalize_dtype", "normalize_collective",
+]
+
+if __name__ == "__main__":  # pragma: no cover - use `diag nccl`
+    sys.exit("run `diag nccl` instead")

@@ -1,0 +1,65 @@
+"""Route NCCL's own logging into the run directory.
+
+NCCL reads NCCL_DEBUG* once, when the first communicator is created, so the variables
+must be set before `torch.distributed.init_process_group` (or at least before the first
+NCCL collective). Variables the user set are left alone, one by one.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, MutableMapping
+from pathlib import Path
+
+DEFAULT_SUBSYS = ("INIT", "ENV", "NET", "GRAPH")
+LOG_PATTERN = "nccl.%h.%p.log"  # NCCL expands %h to the host name and %p to the pid
+
+
+def nccl_env(log_dir: str | os.PathLike, coll: bool = False) -> dict[str, str]:
+    subsys = list(DEFAULT_SUBSYS) + (["COLL"] if coll else [])
+    return {
+        "NCCL_DEBUG": "INFO",
+        "NCCL_DEBUG_SUBSYS": ",".join(subsys),
+        "NCCL_DEBUG_FILE": str(Path(log_dir) / LOG_PATTERN),
+    }
+
+
+def process_group_initialized() -> bool:
+    try:
+        import torch.distributed as dist
+
+        return bool(dist.is_available() and dist.is_initialized())
+    except Exception:
+        return False
+
+
+def configure(
+    log_dir: str | os.PathLike,
+    coll: bool = False,
+    env: MutableMapping[str, str] | None = None,
+    log: Callable[[str], None] | None = None,
+    check_process_group: bool = True,
+) -> dict[str, str]:
+    """Set the NCCL variables the user has not set; return those set.
+
+    The log folder is created so NCCL can open its file there.
+    """
+    env = os.environ if env is None else env
+    wanted = nccl_env(log_dir, coll=coll)
+    applied = {k: v for k, v in wanted.items() if k not in env}
+    if not applied:
+        return {}
+    if "NCCL_DEBUG_FILE" in applied:
+        try:
+            Path(log_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            applied.pop("NCCL_DEBUG_FILE")
+            if log:
+                log(f"nccl: cannot create {log_dir} ({exc.strerror or exc}); NCCL logs stay on stderr")
+    env.update(applied)
+    if check_process_group and log and process_group_initialized():
+        log(
+            "nccl: the process group was initialised before diag.Agent; NCCL logging takes effect only "
+            "if no NCCL communicator exists yet. Start the agent before init_process_group."
+        )
+    return applied

@@ -1,0 +1,390 @@
+"""torch.profiler windows on a schedule or on demand, saved per rank within a size budget.
+
+Schedule: the first `skip_first` steps are never profiled (start-up, compilation,
+allocator warm-up); then a window of `active` steps, preceded by `warmup` steps in
+which the profiler runs but discards events, starts every `every` steps. Windows are
+placed on absolute step numbers, so every rank profiles the same steps and the
+cross-rank analysis can match them.
+
+On demand: SIGUSR2 to any rank, or touching `RUN_DIR/profile.trigger`, profiles one
+window on every rank. The first rank to see a trigger writes the step at which the
+window starts (a few steps ahead) into a file created with O_EXCL; all ranks read the
+same number, so the on-demand window lines up too.
+
+Each step of a window is marked with a `ProfilerStep#<step>` range carrying the
+training step number, exactly as torch.profiler's own schedule marks steps.
+A profiler that fails (another profiler active, CUPTI refused, disk full on export)
+switches profiling off for the run; the training goes on.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+TRIGGER_FILE = "profile.trigger"
+TRACE_SUFFIX = ".pt.trace.json"
+
+
+def trace_name(first_step: int) -> str:
+    return f"window-{first_step:06d}{TRACE_SUFFIX}"
+
+
+def default_activities():
+    """CUDA (which also covers HIP on ROCm builds) where a device exists, else CPU only."""
+    from torch.profiler import ProfilerActivity
+
+    acts = [ProfilerActivity.CPU]
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            acts.append(ProfilerActivity.CUDA)
+    except Exception:
+        pass
+    return acts
+
+
+class ProfilerWindows:
+    """Drives torch.profiler from the agent's step boundaries.
+
+    The agent calls `begin(step)` when a step starts and `end(step)` when it ends; both
+    are a single integer comparison outside windows.
+    """
+
+    def __init__(
+        self,
+        trace_dir: str | os.PathLike,
+        *,
+        skip_first: int = 10,
+        warmup: int = 1,
+        active: int = 3,
+        every: int = 500,
+        record_shapes: bool = True,
+        with_flops: bool = True,
+        profile_memory: bool = False,
+        with_stack: bool = False,
+        budget_bytes: int = 1 << 30,
+        trigger_dir: str | os.PathLike | None = None,
+        lead_steps: int = 5,
+        on_trace: Callable[[int, int, Path], None] | None = None,
+        log: Callable[[str], None] | None = None,
+        activities=None,
+        scheduled: bool = True,
+    ):
+        if active < 1 or warmup < 0 or skip_first < 0:
+            raise ValueError("profiler schedule: active >= 1, warmup >= 0, skip_first >= 0")
+        self.trace_dir = Path(trace_dir)
+        self.skip_first = skip_first
+        self.warmup = warmup
+        self.active = active
+        self.every = max(every, warmup + active + 1)
+        self.record_shapes = record_shapes
+        self.with_flops = with_flops
+        self.profile_memory = profile_memory
+        self.with_stack = with_stack
+        self.budget_bytes = budget_bytes
+        self.trigger_dir = Path(trigger_dir) if trigger_dir else None
+        self.lead_steps = max(lead_steps, warmup + 1)
+        self.on_trace = on_trace
+        self._log = log or (lambda msg: None)
+        self._activities = activities
+        self.scheduled = scheduled
+
+        self.enabled = True
+        self.current_step = 0
+        self.recording = False  # true during the active steps (the agent annotates data waits)
+        self.windows_done = 0
+        self._prof = None
+        self._step_rec = None
+        self._first = None  # active steps [first, last] of the window in progress
+        self._last = None
+        self._demand: int | None = None
+        self._next_start = self._scheduled_after(0)
+        self._signal_pending = False
+        self._seen_trigger: int | None = self._trigger_mtime()
+        self._old_handler = None
+        self._export_thread: threading.Thread | None = None
+
+    # -- schedule ---------------------------------------------------------------------
+
+    def _scheduled_first(self, n: int) -> int:
+        return self.skip_first + self.warmup + n * self.every
+
+    def _scheduled_after(self, step: int) -> int:
+        """The step at which the next window's warm-up begins, at or after `step`."""
+        candidates = []
+        if self.scheduled:
+            first0 = self._scheduled_first(0)
+            n = 0 if step <= first0 - self.warmup else -(-(step - first0 + self.warmup) // self.every)
+            candidates.append(self._scheduled_first(n) - self.warmup)
+        if self._demand is not None:
+            candidates.append(max(self._demand - self.warmup, step))
+        return min(candidates) if candidates else 1 << 62
+
+    def request(self, first_step: int | None = None) -> int:
+        """Profile a window whose first active step is `first_step` (default: a few steps ahead)."""
+        if first_step is None:
+            first_step = self.current_step + self.lead_steps
+        first_step = max(first_step, self.current_step + self.warmup + 1)
+        self._demand = first_step
+        if self._prof is None:
+            self._next_start = self._scheduled_after(self.current_step + 1)
+        return first_step
+
+    # -- step hooks (training thread) -------------------------------------------------
+
+    def begin(self, step: int) -> bool:
+        """Returns True when the profiler did work (the caller keeps that out of step time)."""
+        self.current_step = step
+        if step < self._next_start and self._prof is None:
+            return False
+        if not self.enabled:
+            return False
+        try:
+            if self._prof is None:
+                self._start(step)
+            if self._first is not None and step == self._first:
+                self._prof.start_trace()
+                self.recording = True
+            if self.recording:
+                from torch.autograd.profiler import record_function
+
+                self._step_rec = record_function(f"ProfilerStep#{step}")
+                self._step_rec.__enter__()
+        except Exception as exc:
+            self._fail("start", exc)
+        return True
+
+    def end(self, step: int) -> bool:
+        if self._prof is None:
+            return False
+        try:
+            if self._step_rec is not None:
+                rec, self._step_rec = self._step_rec, None
+                rec.__exit__(None, None, None)
+            if self._last is not None and step >= self._last:
+                self._finish()
+        except Exception as exc:
+            self._fail("stop", exc)
+        return True
+
+    def _start(self, step: int) -> None:
+        if self._export_thread is not None and self._export_thread.is_alive():
+            # The previous window is still being written; skip this one rather than wait.
+            self._next_start = self._scheduled_after(step + 1)
+            self._log("profiler: previous window still exporting; window skipped")
+            return
+        from torch.profiler import profile
+
+        first = step + self.warmup
+        self._first, self._last = first, first + self.active - 1
+        if self._demand is not None and self._demand <= self._last:
+            self._demand = None
+        self._prof = profile(
+            activities=self._activities or default_activities(),
+            record_shapes=self.record_shapes or self.with_flops,
+            with_flops=self.with_flops,
+            profile_memory=self.profile_memory,
+            with_stack=self.with_stack,
+        )
+        self._prof.prepare_trace()  # warm-up: the profiler runs, events are dropped
+        if self.warmup == 0:
+            pass  # start_trace follows in begin() for this same step
+
+    def _finish(self) -> None:
+        prof, first, last = self._prof, self._first, self._last
+        self._prof = None
+        self._first = self._last = None
+        self.recording = False
+        self._next_start = self._scheduled_after(last + 1)
+        prof.stop_trace()
+        self.windows_done += 1
+        self._export_thread = threading.Thread(
+            target=self._export, args=(prof, first, last), name="diag-trace-export", daemon=True
+        )
+        self._export_thread.start()
+
+    def _export(self, prof, first: int, last: int) -> None:
+        final = self.trace_dir / trace_name(first)
+        tmp = self.trace_dir / f".window-{first:06d}.tmp"
+        try:
+            self.trace_dir.mkdir(parents=True, exist_ok=True)
+            prof.export_chrome_trace(str(tmp))
+            os.replace(tmp, final)
+        except Exception as exc:
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
+            self._fail("export", exc)
+            return
+        self.enforce_budget(keep=final)
+        if self.on_trace is not None:
+            try:
+                self.on_trace(first, last, final)
+            except Exception as exc:  # the consumer's problem must not stop profiling
+                self._log(f"profiler: window handler failed ({type(exc).__name__}: {exc})")
+
+    def _fail(self, what: str, exc: Exception) -> None:
+        self.enabled = False
+        self.recording = False
+        self._next_start = 1 << 62
+        if self._step_rec is not None:
+            try:
+                self._step_rec.__exit__(None, None, None)
+            except Exception:
+                pass
+            self._step_rec = None
+        if self._prof is not None:
+            try:
+                self._prof.stop_trace()
+            except Exception:
+                pass
+            self._prof = None
+        self._log(f"profiler: {what} failed ({type(exc).__name__}: {exc}); profiling switched off, training goes on")
+
+    def close(self) -> None:
+        """End a window in progress (its steps so far are saved) and restore the signal handler."""
+        if self._prof is not None and self.enabled:
+            try:
+                if self._step_rec is not None:
+                    rec, self._step_rec = self._step_rec, None
+                    rec.__exit__(None, None, None)
+                # The step in progress at exit never completed: keep only finished steps.
+                if self.recording and self.current_step - 1 >= self._first:
+                    self._last = self.current_step - 1
+                    self._finish()
+                else:
+                    prof, self._prof = self._prof, None
+                    self.recording = False
+                    self._first = self._last = None
+                    prof.stop_trace()
+            except Exception as exc:
+                self._fail("stop", exc)
+        self.uninstall_signal()
+
+    def wait_exported(self, timeout_s: float) -> None:
+        t = self._export_thread
+        if t is not None:
+            t.join(timeout_s)
+
+    # -- size budget ------------------------------------------------------------------
+
+    def enforce_budget(self, keep: Path | None = None) -> list[Path]:
+        """Delete the oldest traces while the folder is over budget (the newest is always kept)."""
+        try:
+            files = sorted(
+                (p for p in self.trace_dir.iterdir() if p.is_file() and TRACE_SUFFIX in p.name),
+                key=lambda p: p.name,
+            )
+        except OSError:
+            return []
+        sizes = {}
+        for p in files:
+            try:
+                sizes[p] = p.stat().st_size
+            except OSError:
+                sizes[p] = 0
+        total = sum(sizes.values())
+        removed = []
+        for p in files[:-1]:
+            if total <= self.budget_bytes:
+                break
+            if keep is not None and p == keep:
+                continue
+            try:
+                p.unlink()
+                total -= sizes[p]
+                removed.append(p)
+            except OSError:
+                pass
+        if removed:
+            self._log(f"profiler: trace budget {self.budget_bytes} bytes: deleted {len(removed)} oldest trace(s)")
+        return removed
+
+    # -- on demand --------------------------------------------------------------------
+
+    def install_signal(self, signum: int = signal.SIGUSR2) -> bool:
+        """Handle SIGUSR2 when nobody else does (never replace a user's handler)."""
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        try:
+            current = signal.getsignal(signum)
+            if current not in (signal.SIG_DFL, None):
+                self._log("profiler: SIGUSR2 already has a handler; on-demand windows use the trigger file only")
+                return False
+            self._old_handler = (signum, current)
+            signal.signal(signum, self._on_signal)
+            return True
+        except (ValueError, OSError):
+            return False
+
+    def uninstall_signal(self) -> None:
+        if self._old_handler is None:
+            return
+        signum, old = self._old_handler
+        self._old_handler = None
+        try:
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signum, old if old is not None else signal.SIG_DFL)
+        except (ValueError, OSError):
+            pass
+
+    def _on_signal(self, signum, frame) -> None:
+        # Only a flag: the agent's background thread does the work.
+        self._signal_pending = True
+
+    def _trigger_mtime(self) -> int | None:
+        if self.trigger_dir is None:
+            return None
+        try:
+            return (self.trigger_dir / TRIGGER_FILE).stat().st_mtime_ns
+        except OSError:
+            return None
+
+    def poll_trigger(self) -> int | None:
+        """Called about once a second off the training thread. Returns the first step of a
+        window it requested, if any."""
+        if not self.enabled:
+            return None
+        if self._signal_pending:
+            self._signal_pending = False
+            if self.trigger_dir is None:
+                return self.request()
+            try:
+                (self.trigger_dir / TRIGGER_FILE).write_text(f"SIGUSR2 pid {os.getpid()} at {time.time():.3f}\n")
+            except OSError:
+                return self.request()
+        mtime = self._trigger_mtime()
+        if mtime is None or mtime == self._seen_trigger:
+            return None
+        self._seen_trigger = mtime
+        return self.request(self._agreed_start(mtime))
+
+    def _agreed_start(self, mtime: int) -> int:
+        """The first rank to see trigger `mtime` chooses the step; the others read it."""
+        path = self.trigger_dir / f".profile-trigger-{mtime}.step"
+        proposal = self.current_step + self.lead_steps
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            with os.fdopen(fd, "w") as f:
+                f.write(str(proposal))
+            return proposal
+        except FileExistsError:
+            pass
+        except OSError:
+            return proposal
+        for _ in range(20):  # the creator may not have written the number yet
+            try:
+                text = path.read_text().strip()
+                if text:
+                    return int(text)
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.01)
+        return proposal

@@ -1,0 +1,99 @@
+"""Always-on step timing: a monotonic clock, the data wait, and peak device memory.
+
+Nothing here synchronises the device. The step time is host wall time between two
+`agent.step()` calls; with asynchronous CUDA execution the host runs ahead by at most
+the launch queue, and over many steps host time equals device time. Peak memory comes
+from the caching allocator's counters (`max_memory_allocated`), which are host-side
+bookkeeping and do not synchronise; they are read only when CUDA is already
+initialised, so a CPU job never creates a CUDA context.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class StepTiming:
+    step: int
+    start_unix: float
+    duration_s: float
+    data_wait_s: float | None
+    samples: float | None
+    tokens: float | None
+    peak_mem_bytes: int | None
+
+
+class StepTimer:
+    """Counts steps and times them; `finish()` closes one step and opens the next."""
+
+    __slots__ = ("step", "_t0", "_unix_offset", "_wait", "_waited", "_cuda", "_device")
+
+    def __init__(self, first_step: int = 0, device: int | None = None):
+        self.step = first_step
+        self._unix_offset = time.time() - time.perf_counter()
+        self._t0 = time.perf_counter()
+        self._wait = 0.0
+        self._waited = False
+        self._cuda = None
+        self._device = device
+
+    def restart(self) -> None:
+        """Open the current step now (used when the loop starts later than the agent)."""
+        self._t0 = time.perf_counter()
+        self._wait = 0.0
+        self._waited = False
+
+    def rebase(self) -> None:
+        """Start the current step now: the agent's own work between steps (stopping a
+        profiler window) is not the training's time."""
+        self._t0 = time.perf_counter()
+
+    def add_data_wait(self, seconds: float) -> None:
+        self._wait += seconds
+        self._waited = True
+
+    def _cuda_module(self):
+        if self._cuda is None:
+            torch = sys.modules.get("torch")
+            cuda = getattr(torch, "cuda", None) if torch is not None else None
+            try:
+                ok = cuda is not None and cuda.is_available()
+            except Exception:
+                ok = False
+            self._cuda = cuda if ok else False
+        return self._cuda or None
+
+    def _peak_memory(self) -> int | None:
+        cuda = self._cuda_module()
+        if cuda is None:
+            return None
+        try:
+            if not cuda.is_initialized():
+                return None
+            dev = self._device if self._device is not None else cuda.current_device()
+            peak = int(cuda.max_memory_allocated(dev))
+            cuda.reset_peak_memory_stats(dev)
+            return peak
+        except Exception:
+            self._cuda = False  # switched off for the rest of the run
+            return None
+
+    def finish(self, samples=None, tokens=None) -> StepTiming:
+        now = time.perf_counter()
+        t = StepTiming(
+            step=self.step,
+            start_unix=self._t0 + self._unix_offset,
+            duration_s=now - self._t0,
+            data_wait_s=self._wait if self._waited else None,
+            samples=samples,
+            tokens=tokens,
+            peak_mem_bytes=self._peak_memory(),
+        )
+        self.step += 1
+        self._t0 = now
+        self._wait = 0.0
+        self._waited = False
+        return t

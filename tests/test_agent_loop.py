@@ -1,0 +1,289 @@
+"""diag.Agent around a real CPU training loop: records, profiler windows, verdicts and faults."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+import diag
+from diag import rundir
+from diag.analyzers.decision_tree import BOUNDS
+from diag.analyzers.run_analysis import analyze_run
+
+
+def _train(agent, steps, use_loader=True, sleep_s=0.0, width=128, on_step=None):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    batches = [torch.randn(32, width) for _ in range(steps)]
+    it = agent.loader(batches) if use_loader else iter(batches)
+    for i, x in enumerate(it):
+        if sleep_s:
+            time.sleep(sleep_s)
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        agent.step(samples=32)
+        if on_step is not None:
+            on_step(i)
+    return model
+
+
+def _agent(tmp_path, **kw):
+    opts = dict(run_dir=tmp_path / "run", export=False, skip_first=2, warmup=1, active=2, every=6,
+                report_wait_s=5, verbose=False, report=False)
+    opts.update(kw)
+    return diag.Agent(**opts)
+
+
+def _events(run_dir, rank=0):
+    return [e["message"] for e in rundir.RunDir(run_dir).events(rank)]
+
+
+def test_records_windows_and_verdicts(tmp_path):
+    def wait_for_first_window(i):
+        # Let the background analysis of window 3-4 finish, so later steps get live verdicts.
+        deadline = time.monotonic() + 60
+        while i == 6 and not agent.windows_analysed and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    with _agent(tmp_path) as agent:
+        _train(agent, 14, sleep_s=0.002, on_step=wait_for_first_window)
+    rd = rundir.RunDir(agent.run_dir)
+    steps = rd.steps(0)
+    assert [s["step"] for s in steps] == list(range(14))
+    assert all(s["duration_s"] > 0 and s["data_wait_s"] is not None and s["samples"] == 32 for s in steps)
+    assert set(rundir.STEP_FIELDS) <= set(steps[0])
+    # Windows on absolute steps: warm-up at 2, active 3-4; then 9-10 (every 6).
+    windows = rd.windows(0)
+    assert [(w["first_step"], w["last_step"]) for w in windows] == [(3, 4), (9, 10)]
+    assert [s["profiled"] for s in steps if s["profiled"]] and {s["step"] for s in steps if s["profiled"]} == {3, 4, 9, 10}
+    assert all(w["trace"].endswith(".pt.trace.json.gz") for w in windows)
+    assert [p.name for p in rd.traces(0)] == [w["trace"] for w in windows]
+    assert rd.rank_info(0)["status"] == "completed" and rd.manifest()["status"] == "completed"
+
+    doc = analyze_run(agent.run_dir)
+    rank = doc["ranks"][0]
+    by_step = {s["step"]: s for s in rank["steps"]}
+    if windows[0]["analysis"] is not None:  # the trace analyzer is present
+        assert {n for n, s in by_step.items() if s["evidence"] == "trace"} == {3, 4, 9, 10}
+        for s in rank["steps"]:
+            assert s["bound"] in BOUNDS
+            assert abs(sum(s["shares"].values()) - 1.0) < 1e-6
+        # Live step records after the first window carry a sampled verdict with shares.
+        late = [s for s in steps if s["step"] > 6 and not s["profiled"]]
+        assert any(s["bound"] and s["shares"] and s["evidence"] == "sampled" for s in late)
+    assert doc["job"]["missing_ranks"] == []
+
+
+def test_without_loader_steps_are_timed(tmp_path):
+    with _agent(tmp_path, profile=False) as agent:
+        _train(agent, 5, use_loader=False)
+    steps = rundir.RunDir(agent.run_dir).steps(0)
+    assert len(steps) == 5 and all(s["data_wait_s"] is None and s["duration_s"] > 0 for s in steps)
+
+
+def test_data_wait_is_measured(tmp_path):
+    def slow(n):
+        for _ in range(n):
+            time.sleep(0.03)
+            yield torch.randn(8, 16)
+
+    with _agent(tmp_path, profile=False) as agent:
+        for x in agent.loader(slow(4)):
+            x.sum()
+            agent.step()
+    steps = rundir.RunDir(agent.run_dir).steps(0)
+    assert all(s["data_wait_s"] >= 0.025 for s in steps)
+    assert all(s["bound"] == "data" and s["evidence"] == "sampled" for s in steps)
+
+
+def test_exception_propagates_unchanged_and_run_is_closed(tmp_path):
+    class Boom(RuntimeError):
+        pass
+
+    err = Boom("loss is NaN")
+    agent = _agent(tmp_path)
+    with pytest.raises(Boom) as info, agent:
+
+        def fail(i):
+            if i == 4:
+                raise err
+
+        _train(agent, 10, on_step=fail)
+    assert info.value is err
+    rd = rundir.RunDir(agent.run_dir)
+    assert rd.rank_info(0)["status"] == "failed" and "loss is NaN" in rd.rank_info(0)["error"]
+    assert rd.manifest()["status"] == "failed"
+    assert [s["step"] for s in rd.steps(0)] == list(range(5))
+    assert not list((agent.run_dir / "rank-00000" / "traces").glob(".*tmp"))
+
+
+def test_keyboard_interrupt_leaves_a_reportable_run(tmp_path):
+    agent = _agent(tmp_path)
+    with pytest.raises(KeyboardInterrupt), agent:
+
+        def interrupt(i):
+            if i == 5:
+                raise KeyboardInterrupt
+
+        _train(agent, 20, on_step=interrupt)
+    rd = rundir.RunDir(agent.run_dir)
+    assert rd.rank_info(0)["status"] == "interrupted" and rd.manifest()["status"] == "interrupted"
+    doc = analyze_run(agent.run_dir)
+    assert [s["step"] for s in doc["ranks"][0]["steps"]] == list(range(6))
+    assert doc["errors"] == []
+    try:
+        from diag.report import write_report
+    except ImportError:
+        return
+    paths = write_report(agent.run_dir, tmp_path / "report")
+    assert os.path.getsize(paths["html"]) > 0
+
+
+def test_profiler_failing_to_start_does_not_stop_training(tmp_path, monkeypatch):
+    from torch.profiler import profile
+
+    def refuse(self):
+        raise RuntimeError("CUPTI_ERROR_INSUFFICIENT_PRIVILEGES: profiling is not permitted")
+
+    monkeypatch.setattr(profile, "start_trace", refuse)
+    with _agent(tmp_path) as agent:
+        model = _train(agent, 12)
+    assert model is not None
+    rd = rundir.RunDir(agent.run_dir)
+    assert len(rd.steps(0)) == 12 and rd.windows(0) == [] and rd.traces(0) == []
+    assert any("profiling switched off" in m for m in _events(agent.run_dir))
+    assert rd.rank_info(0)["collectors"]["profiler"] is False
+    assert not any(s["profiled"] for s in rd.steps(0))
+
+
+def test_nvml_raising_and_amdsmi_missing_training_goes_on(tmp_path, monkeypatch):
+    import pynvml
+
+    def init():
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+
+    monkeypatch.setattr(pynvml, "nvmlInit", init)
+    monkeypatch.setitem(sys.modules, "amdsmi", None)  # not installed
+    with _agent(tmp_path, device=0, profile=False, sample_interval_s=0.1) as agent:
+        _train(agent, 6, sleep_s=0.05)
+    rd = rundir.RunDir(agent.run_dir)
+    assert len(rd.steps(0)) == 6 and rd.rank_info(0)["status"] == "completed"
+    events = " ".join(_events(agent.run_dir))
+    assert "nvml" in events and "Driver Not Loaded" in events
+    samples = rd.samples(0)
+    assert samples and all(s["gpu"] is None and s["host"] for s in samples)
+
+
+def test_nvml_device_calls_raising_training_goes_on(tmp_path, monkeypatch):
+    import pynvml
+
+    monkeypatch.setattr(pynvml, "nvmlInit", lambda *a, **k: None)
+    monkeypatch.setattr(pynvml, "nvmlShutdown", lambda *a, **k: None)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", lambda: 1)
+
+    def lost(*a, **k):
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+
+    for name in dir(pynvml):
+        if name.startswith("nvmlDeviceGet") and name != "nvmlDeviceGetCount":
+            monkeypatch.setattr(pynvml, name, lost)
+    with _agent(tmp_path, device=0, profile=False, sample_interval_s=0.1) as agent:
+        _train(agent, 6, sleep_s=0.05)
+    rd = rundir.RunDir(agent.run_dir)
+    assert len(rd.steps(0)) == 6 and rd.rank_info(0)["status"] == "completed"
+    assert any("nvml" in m.lower() for m in _events(agent.run_dir))
+
+
+def test_on_demand_window_by_trigger_file_and_signal(tmp_path):
+    with _agent(tmp_path, skip_first=1000) as agent:
+
+        def poke(i):
+            if i == 1:
+                (agent.run_dir / "profile.trigger").write_text("")
+            if i == 30:
+                os.kill(os.getpid(), signal.SIGUSR2)
+            time.sleep(0.06)  # the agent polls the trigger once a second
+
+        _train(agent, 60, on_step=poke)
+    windows = rundir.RunDir(agent.run_dir).windows(0)
+    assert len(windows) == 2, windows
+    assert all(w["last_step"] - w["first_step"] == 1 for w in windows)
+    assert 1 < windows[0]["first_step"] < 30 < windows[1]["first_step"] < 60
+    # Ranks agree on the on-demand step through the O_EXCL file named after the trigger.
+    agreed = sorted(int(p.read_text()) for p in agent.run_dir.glob(".profile-trigger-*.step"))
+    assert agreed == [w["first_step"] for w in windows]
+    assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL  # handler restored
+
+
+def test_trace_budget_deletes_oldest(tmp_path):
+    with _agent(tmp_path, every=4, trace_budget_bytes=1) as agent:
+        _train(agent, 20)
+    rd = rundir.RunDir(agent.run_dir)
+    windows = rd.windows(0)
+    assert len(windows) >= 3
+    traces = rd.traces(0)
+    assert [p.name for p in traces] == [windows[-1]["trace"]]  # only the newest is kept
+    assert any("deleted" in m for m in _events(agent.run_dir))
+
+
+_FSIZE_SCRIPT = textwrap.dedent(
+    """
+    import resource, signal, sys, torch, diag
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG
+    limit = int(sys.argv[2])
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    model = torch.nn.Linear(64, 64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    done = 0
+    with diag.Agent(run_dir=sys.argv[1], export=False, skip_first=2, every=5, active=2, report_wait_s=1) as agent:
+        for x in agent.loader([torch.randn(16, 64) for _ in range(40)]):
+            loss = model(x).sum(); opt.zero_grad(); loss.backward(); opt.step()
+            agent.step()
+            done += 1
+    print("trained", done, "steps")
+    """
+)
+
+
+def test_disk_full_stops_writing_and_training_continues(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(_FSIZE_SCRIPT)
+    # 2 KB per file: rank.json and small segments fit at first, traces and later writes do not.
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "run"), "2048"], capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "trained 40 steps" in proc.stdout
+    assert "stops writing" in proc.stderr or "profiling switched off" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_unwritable_run_dir_training_continues(tmp_path):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    with _agent(tmp_path, run_dir=blocker / "run", verbose=True) as agent:
+        _train(agent, 12)
+    assert agent.writer is not None and not agent.writer.enabled
+    assert agent.step_number == 12
+
+
+def test_window_left_unanalysed_at_exit_is_analysed_offline(tmp_path):
+    # No time for the background analysis at exit: the traces stay, their summaries do not.
+    with _agent(tmp_path, analysis_wait_s=0) as agent:
+        _train(agent, 8)
+    rd = rundir.RunDir(agent.run_dir)
+    assert rd.traces(0) and rd.windows(0) == []
+    pytest.importorskip("diag.analyzers.trace_analysis")
+    doc = analyze_run(agent.run_dir)
+    steps = {s["step"]: s for s in doc["ranks"][0]["steps"]}
+    assert {n for n, s in steps.items() if s["evidence"] == "trace"} == {3, 4}
+    assert steps[7]["evidence"] == "sampled" and steps[7]["bound"] in BOUNDS
+    assert doc["ranks"][0]["evidence"]["windows"][0]["first_step"] == 3

@@ -1,0 +1,154 @@
+"""The run directory as the agent writes it: claims, no overwriting, ranks of one launch agree."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from diag import rundir
+from diag.collectors import nccl_env
+from diag.collectors.launch_env import detect
+from diag.collectors.run_writer import CLAIM, RunWriter, launcher_run_id, resolve_run_dir
+
+
+def _launch(rank=0, world=1, **extra):
+    env = {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": "29500", **extra}
+    return detect(env)
+
+
+@pytest.mark.parametrize(
+    "env, expected, unique",
+    [
+        ({"TORCHELASTIC_RUN_ID": "job7", "TORCHELASTIC_RESTART_COUNT": "1"}, "torchelastic:job7:1", True),
+        ({"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "3"}, "slurm:4242.3", True),
+        ({"OMPI_MCA_ess_base_jobid": "81920001"}, "mpi:81920001", True),
+        ({"TORCHELASTIC_RUN_ID": "none", "MASTER_ADDR": "node1", "MASTER_PORT": "29500"},
+         "master:node1:29500:0", False),
+        ({"MASTER_ADDR": "node1", "MASTER_PORT": "29500"}, "master:node1:29500", False),
+        ({"DIAG_RUN_ID": "abc", "SLURM_JOB_ID": "1"}, "diag:abc", True),
+        ({}, None, True),
+    ],
+)
+def test_launcher_run_id(env, expected, unique):
+    assert launcher_run_id(env) == (expected, unique)
+
+
+def test_earlier_run_is_never_overwritten(tmp_path):
+    base = tmp_path / "exp"
+    first = resolve_run_dir(base, "slurm:1.0", True, rank=0)
+    (first / "rank-00000").mkdir()
+    second = resolve_run_dir(base, "slurm:2.0", True, rank=0)
+    third = resolve_run_dir(base, "slurm:3.0", True, rank=1)
+    assert (first, second, third) == (base, tmp_path / "exp-2", tmp_path / "exp-3")
+    assert json.loads((base / CLAIM).read_text())["run_id"] == "slurm:1.0"
+
+
+def test_ranks_of_one_launch_join_the_same_directory(tmp_path):
+    base = tmp_path / "exp"
+    resolve_run_dir(base, "slurm:1.0", True, rank=0)  # an earlier job
+    got = {resolve_run_dir(base, "slurm:9.0", True, rank=r) for r in (1, 0, 3, 2)}
+    assert got == {tmp_path / "exp-2"}
+
+
+def test_master_port_fallback_does_not_join_a_finished_run(tmp_path):
+    base = tmp_path / "exp"
+    a0 = resolve_run_dir(base, "master:h:29500", False, rank=0)
+    (a0 / "rank-00000").mkdir()
+    (a0 / "rank-00001").mkdir()
+    # The same port, later: the rank folders exist, so this is another launch.
+    b1 = resolve_run_dir(base, "master:h:29500", False, rank=1)
+    (b1 / "rank-00001").mkdir()
+    b0 = resolve_run_dir(base, "master:h:29500", False, rank=0)
+    assert a0 == base and b1 == b0 == tmp_path / "exp-2"
+
+
+def test_foreign_folder_is_not_used(tmp_path):
+    base = tmp_path / "exp"
+    base.mkdir()
+    (base / "notes.txt").write_text("mine")
+    assert resolve_run_dir(base, "slurm:1.0", True, rank=0) == tmp_path / "exp-2"
+    assert (base / "notes.txt").read_text() == "mine"
+
+
+def test_overwrite_clears_only_stale_data(tmp_path):
+    base = tmp_path / "exp"
+    old = RunWriter(resolve_run_dir(base, "slurm:1.0", True, rank=0), _launch(), "slurm:1.0")
+    old.write_record("steps", {"step": 0})
+    old.close("completed")
+    path = resolve_run_dir(base, "slurm:2.0", True, rank=0, overwrite=True)
+    assert path == base
+    assert not (base / "rank-00000").exists() and not (base / "manifest.json").exists()
+    w = RunWriter(path, _launch(), "slurm:2.0")
+    w.close("completed")
+    assert rundir.RunDir(base).manifest()["run_id"] == "slurm:2.0"
+
+
+def test_writer_layout_and_manifest(tmp_path):
+    w = RunWriter(tmp_path / "r", _launch(0, 2), "slurm:5.0", config={"profile": True})
+    w.update_info(device={"name": "cpu"})
+    for i in range(3):
+        w.write_record("steps", {"step": i, "duration_s": 0.1})
+    w.close("completed")
+    peer = tmp_path / "r" / "rank-00001"
+    peer.mkdir()
+    rundir.atomic_write_json(peer / "rank.json", {"rank": 1, "host": "other", "status": "completed"})
+    peers = w.wait_for_peers(timeout_s=2, stale_s=5)
+    w.write_manifest("completed", peers)
+    rd = rundir.RunDir(tmp_path / "r")
+    m = rd.manifest()
+    assert m["schema"] == rundir.RUN_SCHEMA and m["status"] == "completed"
+    assert m["hosts"] == sorted({"other", w.launch.hostname})
+    assert m["lost_ranks"] == [] and m["versions"]["python"] and m["config"] == {"profile": True}
+    assert [r["step"] for r in rd.steps(0)] == [0, 1, 2]
+    assert rd.rank_info(0)["status"] == "completed" and rd.rank_info(0)["ended_unix"]
+
+
+def test_wait_for_peers_gives_up_on_a_silent_rank(tmp_path):
+    w = RunWriter(tmp_path / "r", _launch(0, 2), "slurm:5.0")
+    peer = tmp_path / "r" / "rank-00001"
+    peer.mkdir()
+    rundir.atomic_write_json(peer / "rank.json", {"rank": 1, "status": "running", "updated_unix": 1.0})
+    import time
+
+    w.close("failed", "RuntimeError: peer went away")
+
+    t0 = time.monotonic()
+    peers = w.wait_for_peers(timeout_s=30, stale_s=1.0, poll_s=0.1)
+    assert time.monotonic() - t0 < 5
+    w.write_manifest("completed", peers)
+    assert rundir.RunDir(tmp_path / "r").manifest()["lost_ranks"] == [1]
+
+
+def test_unwritable_location_switches_writing_off(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the run directory's parent should be")
+    logs = []
+    w = RunWriter.open(blocker / "run", _launch(), run_id="x", log=logs.append)
+    assert not w.enabled and logs and "cannot create" in logs[0]
+    w.write_record("steps", {"step": 0})  # no exception
+    w.close("completed")
+
+
+def test_nccl_env_keeps_user_settings(tmp_path):
+    env = {"NCCL_DEBUG": "WARN"}
+    applied = nccl_env.configure(tmp_path / "nccl", env=env, coll=True, check_process_group=False)
+    assert env["NCCL_DEBUG"] == "WARN" and "NCCL_DEBUG" not in applied
+    assert env["NCCL_DEBUG_SUBSYS"] == "INIT,ENV,NET,GRAPH,COLL"
+    assert env["NCCL_DEBUG_FILE"] == os.path.join(tmp_path, "nccl", "nccl.%h.%p.log")
+    assert (tmp_path / "nccl").is_dir()
+    env2 = {"NCCL_DEBUG_FILE": "/elsewhere/%h.log"}
+    nccl_env.configure(tmp_path / "n2", env=env2, check_process_group=False)
+    assert env2["NCCL_DEBUG_FILE"] == "/elsewhere/%h.log" and env2["NCCL_DEBUG"] == "INFO"
+    assert env2["NCCL_DEBUG_SUBSYS"] == "INIT,ENV,NET,GRAPH"
+
+
+def test_nccl_env_warns_when_process_group_exists(tmp_path, monkeypatch):
+    import torch.distributed as dist
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    logs = []
+    nccl_env.configure(tmp_path / "nccl", env={}, log=logs.append)
+    assert logs and "before init_process_group" in logs[0]

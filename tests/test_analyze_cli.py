@@ -1,0 +1,258 @@
+"""`diag analyze` end to end: a real CPU torch.profiler run, real GPU traces, and bad input."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from diag.analyzers.decision_tree import BOUNDS
+from diag.analyzers.trace_analysis import analyze_trace
+
+RANK_KEYS = {"rank", "source", "device", "world_size", "bound", "steps", "gpu_time", "findings", "top_kernels",
+             "top_ops", "collectives", "mfu", "fixes", "path"}
+STEP_KEYS = {"step", "duration_ms", "bound", "shares", "path", "evidence"}
+ACTIVE = 4
+
+
+def diag(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "diag", "analyze", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def cpu_trace(tmp_path_factory):
+    """A real CPU profile: tiny MLP, a DataLoader whose collate sleeps, shapes and FLOPs on."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    out = tmp_path_factory.mktemp("prof") / "worker0.pt.trace.json.gz"
+
+    def slow_collate(batch):
+        time.sleep(0.05)  # a decoding-heavy input pipeline with num_workers=0
+        return torch.stack(batch)
+
+    data = torch.utils.data.DataLoader(list(torch.randn(64 * (ACTIVE + 2), 128)), batch_size=64,
+                                       collate_fn=slow_collate)
+    model = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=ACTIVE, repeat=1),
+                 record_shapes=True, with_flops=True,
+                 on_trace_ready=lambda p: p.export_chrome_trace(str(out))) as prof:
+        for x in data:
+            model(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+            prof.step()
+    assert out.exists()
+    return out
+
+
+@pytest.fixture
+def calibrated(tmp_path, monkeypatch):
+    from diag import calibrate
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    calibrate.save(calibrate.measure(seconds=0.3, matmul_n=128, stream_elems=1 << 18))
+
+
+def test_cpu_profiler_run_end_to_end(cpu_trace, calibrated):
+    r = analyze_trace(cpu_trace)
+    assert set(r) >= RANK_KEYS
+    assert r["timeline"] == "cpu" and r["device_info"]["type"] == "cpu" and r["device_info"]["peaks"]
+    assert len(r["steps"]) == ACTIVE
+    for s in r["steps"]:
+        assert set(s) >= STEP_KEYS and s["evidence"] == "trace"
+        assert sum(s["shares"].values()) == 1.0
+        # The 50 ms collate dwarfs a tiny MLP step (even on a busy CI machine): the
+        # DataLoader bounds every step, well past the tree's 20% data_wait threshold.
+        assert s["shares"]["data"] > 0.3 and s["bound"] == "data", s["shares"]
+    assert r["bound"] == "data"
+    assert r["fixes"] and "num_workers" in r["fixes"][0]
+    # FLOPs derived from the recorded shapes (linear layers forward and backward).
+    assert r["mfu"] is not None and 0 < r["mfu"] < 1
+    ops = {o["name"]: o for o in r["top_ops"]}
+    assert "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__" not in ops  # annotations are not ops
+    assert any(o["class"] == "compute" for o in r["top_ops"])
+    assert r["gpu_time"]["idle_pct"] is None and r["top_kernels"] == []
+
+
+def test_cli_json_document(cpu_trace, tmp_path):
+    good = tmp_path / "rank-3.json.gz"
+    good.write_bytes(cpu_trace.read_bytes())
+    proc = diag("--json", good)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    doc = json.loads(proc.stdout)
+    assert doc["schema"] == "diag.analysis/1"
+    assert set(doc) >= {"ranks", "job", "errors"}
+    (rank,) = doc["ranks"]
+    assert rank["rank"] == 3  # no distributedInfo in a single-process run: rank from the file name
+    assert rank["bound"] in BOUNDS and {"bound", "stragglers", "findings"} <= set(doc["job"])
+
+
+def test_cli_thresholds_and_config(cpu_trace, tmp_path):
+    proc = diag("--json", "--threshold", "data_wait=0.99", "--threshold", "device_busy=0.0", cpu_trace)
+    assert proc.returncode == 0, proc.stderr
+    rank = json.loads(proc.stdout)["ranks"][0]
+    assert rank["bound"] != "data"
+    assert rank["path"][0]["threshold"] == 0.99
+    cfg = tmp_path / "diag.toml"
+    cfg.write_text("[thresholds]\ndata_wait = 0.95\n")
+    rank = json.loads(diag("--json", "--config", cfg, cpu_trace).stdout)["ranks"][0]
+    assert rank["path"][0]["threshold"] == 0.95
+    bad = diag("--threshold", "no_such_threshold=1", cpu_trace)
+    assert bad.returncode == 2
+    assert bad.stderr.count("\n") == 1 and bad.stderr.startswith("diag: error:") and "no_such_threshold" in bad.stderr
+
+
+def test_cli_text_summary(cpu_trace):
+    proc = diag(cpu_trace)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "DATA-BOUND" in out and "Does the step wait for data" in out and "threshold >= 20%" in out
+    assert "job: DATA-BOUND" in out
+
+
+# --- bad input --------------------------------------------------------------------------
+
+
+def _bad_files(tmp_path, cpu_trace):
+    data = cpu_trace.read_bytes()
+    raw = gzip.decompress(data)
+    files = {}
+    (tmp_path / "truncated.json.gz").write_bytes(data[: len(data) // 2])
+    files["truncated.json.gz"] = "truncated gzip"
+    corrupt = bytearray(data)
+    for i in range(30, 400):
+        corrupt[i] ^= 0xA5
+    (tmp_path / "corrupt.json.gz").write_bytes(bytes(corrupt))
+    files["corrupt.json.gz"] = "gzip"
+    (tmp_path / "truncated.json").write_bytes(raw[: len(raw) // 2])
+    files["truncated.json"] = "truncated"
+    (tmp_path / "notatrace.json").write_text(json.dumps({"loss": [1.0, 0.5], "epoch": 3}))
+    files["notatrace.json"] = "not a Kineto trace"
+    (tmp_path / "noevents.json").write_text(json.dumps({"schemaVersion": 1, "traceEvents": []}))
+    files["noevents.json"] = "no events"
+    return files
+
+
+def test_each_bad_file_is_one_line_and_exit_2(tmp_path, cpu_trace):
+    for name, problem in _bad_files(tmp_path, cpu_trace).items():
+        proc = diag(tmp_path / name)
+        assert proc.returncode == 2, (name, proc.stderr)
+        lines = proc.stderr.splitlines()
+        assert len(lines) == 1, (name, proc.stderr)
+        assert lines[0].startswith(f"diag: error: {tmp_path / name}: "), lines[0]
+        assert problem in lines[0], (name, lines[0])
+        assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_empty_directory_and_missing_path(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    proc = diag(empty)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [f"diag: error: {empty}: directory holds no trace files (*.json, *.json.gz)"]
+    proc = diag(tmp_path / "nope.json")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "no such file" in proc.stderr
+
+
+def test_bad_files_do_not_stop_the_good_ones(tmp_path, cpu_trace):
+    bad = _bad_files(tmp_path, cpu_trace)
+    d = tmp_path / "job"
+    d.mkdir()
+    for i, name in enumerate(bad):
+        (tmp_path / name).rename(d / f"rank-{i + 1}_{name}")
+    (d / "rank-0.json.gz").write_bytes(cpu_trace.read_bytes())
+    proc = diag("--json", "--jobs", "2", d)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert [r["rank"] for r in doc["ranks"]] == [0]
+    assert len(doc["errors"]) == len(bad)
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("diag: error:")]
+    assert len(errors) == len(bad)
+    assert all(str(d) in ln for ln in errors)
+
+
+def test_missing_distributed_info_is_named(tmp_path, cpu_trace):
+    # Two traces of a job without distributedInfo or a rank in their names: analysed,
+    # ranks assigned by order, and one warning line per file says so.
+    d = tmp_path / "job"
+    d.mkdir()
+    for name in ("a.json.gz", "b.json.gz"):
+        (d / name).write_bytes(cpu_trace.read_bytes())
+    proc = diag("--json", "--jobs", "1", d)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(r["rank"] for r in json.loads(proc.stdout)["ranks"]) == [0, 1]
+    warn = [ln for ln in proc.stderr.splitlines() if "no distributedInfo" in ln]
+    assert len(warn) == 2 and all(ln.startswith("diag: warning: ") for ln in warn)
+
+
+@pytest.mark.slow
+def test_real_traces_directory(real_traces):
+    proc = diag("--json", "--jobs", "2", real_traces, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["errors"] == []
+    assert len(doc["ranks"]) == 6
+    for r in doc["ranks"]:
+        assert set(r) >= RANK_KEYS
+        assert r["gpu_time"]["idle_pct"] is not None
+        for s in r["steps"]:
+            assert set(s) >= STEP_KEYS
+    by_src = {r["source"].rsplit("/", 1)[-1]: r for r in doc["ranks"]}
+    assert by_src["v100_1rank_compute.json.gz"]["bound"] == "compute"
+    assert by_src["v100_resnet50_workers0_oldschema.json.gz"]["bound"] == "data"
+
+
+def test_report_hook(tmp_path, cpu_trace):
+    from diag import report
+
+    out = tmp_path / "report"
+    proc = diag("--report", out, cpu_trace)
+    if hasattr(report, "write_report_from_analysis"):
+        assert proc.returncode == 0, proc.stderr
+        assert out.is_dir() and any(out.iterdir())
+    else:
+        assert proc.returncode == 2
+        assert "write_report_from_analysis" in proc.stderr and proc.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("name, rank", [
+    ("rank-3.json.gz", 3), ("rank3.pt.trace.json", 3), ("trainer_3.pt.trace.json", 3), ("RANK_07.json", 7),
+    # torch's default "<host>_<pid>.<time>.pt.trace.json": the pid is not a rank.
+    ("host_12345.1700000000123.pt.trace.json", None), ("worker0.1623143566756.pt.trace.json.gz", None),
+])
+def test_rank_from_file_name(name, rank):
+    from diag.analyzers.trace_analysis import rank_from_name
+
+    assert rank_from_name(name) == rank
+
+
+def test_worker_count_respects_memory_and_jobs(tmp_path, monkeypatch):
+    import psutil
+
+    from diag.analyzers import analysis
+
+    files = []
+    for i in range(8):
+        f = tmp_path / f"rank-{i}.json.gz"
+        with open(f, "wb") as fh:
+            fh.truncate(50 << 20)  # sparse 50 MB "gzip": ~500 MB of JSON, ~500 MB to analyse
+        files.append(str(f))
+    assert analysis.worker_count(files, jobs=3) == 3
+    assert analysis.worker_count(files[:2], jobs=16) == 2
+
+    class VM:
+        available = 1 << 30
+
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: VM)
+    assert analysis.worker_count(files, None) == 1  # 1 GB free: one ~500 MB analysis at a time
+    VM.available = 64 << 30
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    assert analysis.worker_count(files, None) == 4  # plenty of memory: one per CPU

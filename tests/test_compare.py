@@ -1,0 +1,99 @@
+"""`diag compare`: did the change help, with a noise band so that fragile wins show."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from report_helpers import write_run
+
+from diag import rundir
+from diag.analyzers.compare_model import compare, noise_band, verdict_of_change, warmup_cut
+from diag.report import analyse_and_model
+
+
+def job_step_times(run) -> np.ndarray:
+    """Straight from the step records: per step the slowest rank, warm-up left out."""
+    rd = rundir.RunDir(run)
+    per: dict[int, float] = {}
+    for r in rd.ranks():
+        for rec in rd.steps(r):
+            per[rec["step"]] = max(per.get(rec["step"], 0.0), rec["duration_s"])
+    t = np.array([per[k] for k in sorted(per)])
+    return t[warmup_cut(len(t)):]
+
+
+def test_clear_win_is_called_helped(tmp_path):
+    a = write_run(tmp_path / "a", ranks=2, steps=60, bound="comm", step_s=0.050, seed=1)
+    b = write_run(tmp_path / "b", ranks=2, steps=60, bound="compute", step_s=0.040, seed=2)
+    (da, ma), (db, mb) = analyse_and_model(a), analyse_and_model(b)
+    c = compare(ma, mb, da, db)
+    ta, tb = job_step_times(a), job_step_times(b)
+    # The model keeps step times to the microsecond.
+    assert c["step_time"]["ratio"] == pytest.approx(np.median(tb) / np.median(ta), rel=1e-4)
+    assert c["step_time"]["result"] == "helped"
+    assert c["step_time"]["ci_high"] < 0.99
+    assert c["step_time"]["statement"].startswith("The change helped: steps are ")
+    assert c["verdict_change"] == {"before": "comm", "after": "compute", "changed": True,
+                                   "text": c["verdict_change"]["text"]}
+    comm = next(r for r in c["phases"] if r["phase"] == "comm")
+    assert comm["before"] == pytest.approx(0.5, abs=0.01) and comm["after"] == pytest.approx(0.125, abs=0.01)
+    assert c["scaling"] is None  # same world size
+
+
+def test_small_noisy_difference_is_not_called_a_win(tmp_path):
+    a = write_run(tmp_path / "a", ranks=1, steps=24, bound="data", step_s=0.050, jitter=0.8, seed=3)
+    b = write_run(tmp_path / "b", ranks=1, steps=24, bound="data", step_s=0.048, jitter=0.8, seed=4)
+    c = compare(analyse_and_model(a)[1], analyse_and_model(b)[1])
+    st = c["step_time"]
+    assert st["ci_low"] < 1.0 < st["ci_high"]
+    assert st["result"] in ("fragile_win", "fragile_loss", "no_change")
+    assert "noise" in st["statement"]
+
+
+def test_noise_band_and_verdicts_on_known_samples():
+    rng = np.random.default_rng(0)
+    same = rng.normal(1.0, 0.05, 400)
+    ratio, lo, hi = noise_band(same, rng.normal(1.0, 0.05, 400))
+    assert lo < 1.0 < hi and verdict_of_change(ratio, lo, hi) in ("no_change", "fragile_win", "fragile_loss")
+    ratio, lo, hi = noise_band(same, same * 1.2)
+    assert ratio == pytest.approx(1.2) and verdict_of_change(ratio, lo, hi) == "hurt"
+    assert verdict_of_change(0.95, 0.90, 1.02) == "fragile_win"
+    assert verdict_of_change(0.995, 0.98, 1.01) == "no_change"
+
+
+def test_scaling_efficiency_when_world_sizes_differ(tmp_path):
+    # 32 samples per rank per step; 2 ranks at 50 ms, 4 ranks at 62.5 ms per step.
+    a = write_run(tmp_path / "a", ranks=2, steps=40, bound="compute", step_s=0.050, jitter=0.0)
+    b = write_run(tmp_path / "b", ranks=4, steps=40, bound="comm", step_s=0.0625, jitter=0.0)
+    (da, ma), (db, mb) = analyse_and_model(a), analyse_and_model(b)
+    c = compare(ma, mb, da, db)
+    sc = c["scaling"]
+    # Per-rank throughput 32/0.0625 over 32/0.050 = 0.8.
+    assert sc["efficiency"] == pytest.approx(0.8, rel=1e-3)
+    assert (sc["smaller"], sc["larger"]) == (2, 4)
+    assert "80%" in sc["text"]
+    # Without the analysis documents, the report models give the same figure.
+    assert compare(ma, mb)["scaling"]["efficiency"] == pytest.approx(0.8, rel=1e-3)
+
+
+def test_compare_command_writes_html_and_markdown(tmp_path):
+    a = write_run(tmp_path / "a", ranks=2, steps=40, bound="data", step_s=0.05, seed=5)
+    b = write_run(tmp_path / "b", ranks=2, steps=40, bound="compute", step_s=0.03, seed=6)
+    out = tmp_path / "cmp"
+    proc = subprocess.run([sys.executable, "-m", "diag", "compare", str(a), str(b), "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("The change helped")
+    assert "data-bound to compute-bound" in proc.stdout
+    page = (out / "compare.html").read_text()
+    assert "Did the change help?" in page and 'id="fig-compare-phases"' in page
+    md = (out / "compare.md").read_text()
+    assert "| median step (ms) |" in md
+    assert json.loads((out / "compare.json").read_text())["step_time"]["result"] == "helped"
+    bad = subprocess.run([sys.executable, "-m", "diag", "compare", str(a), str(tmp_path / "none")],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.startswith("diag: error:")

@@ -1,0 +1,281 @@
+"""Cross-rank analysis: stragglers, waiting, job verdict and scaling, on real multi-process jobs and traces."""
+
+from __future__ import annotations
+
+import gzip
+import importlib
+import json
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES
+
+from diag.analyzers.cross_rank import SYMMETRIC, analyze_job, match_collectives, scaling_efficiency
+from diag.analyzers.decision_tree import load_tree
+from diag.analyzers.trace_analysis import analyze_trace
+from diag.errors import DiagInputError
+
+
+def _load_generator():
+    # Importable by name: gloo workers started with "spawn" unpickle their entry point from it.
+    if str(FIXTURES) not in sys.path:
+        sys.path.insert(0, str(FIXTURES))
+    return importlib.import_module("make_cpu_traces")
+
+
+gen = _load_generator()
+
+# Both ranks spend 30 ms off-CPU per step (standing in for device work, immune to the
+# CPU contention of a shared machine) before three all-reduces. In the "straggler" phase
+# rank 1 sleeps 40 ms more; the "balanced" phase is the same job with equal work.
+DELAY_S = 0.04
+PHASES = [
+    gen.GlooPhase("balanced", numel=1 << 16, grads=3, compute=64, work_s=0.03),
+    gen.GlooPhase("straggler", numel=1 << 16, grads=3, compute=64, work_s=0.03, late_rank=1, delay_s=DELAY_S),
+]
+
+
+@pytest.fixture(scope="module")
+def gloo_job(tmp_path_factory):
+    """One real 2-process gloo job under torch.profiler, two profiled phases."""
+    out = tmp_path_factory.mktemp("gloo")
+    return gen.run_gloo_job(out, PHASES, world=2, timeout=120, start_method="fork")
+
+
+def _ranks(paths):
+    return [analyze_trace(str(p)) for p in paths]
+
+
+def _finding(job, fid):
+    return next((f for f in job["findings"] if f["id"] == fid), None)
+
+
+@pytest.mark.slow
+def test_sleeping_rank_is_named_straggler_with_evidence(gloo_job):
+    ranks = _ranks(gloo_job["straggler"])
+    assert [r["rank"] for r in ranks] == [0, 1]
+    job = analyze_job(ranks, load_tree())
+
+    assert [s["rank"] for s in job["stragglers"]] == [1], job["stragglers"]
+    ev = job["stragglers"][0]["evidence"]
+    # Rank 0 waits out the extra sleep in every step; rank 1 hardly waits at all.
+    delay_ms = DELAY_S * 1000
+    assert ev["blame_share"] >= 0.75
+    assert 0.5 * delay_ms <= ev["peers_median_wait_ms_per_step"] <= 1.5 * delay_ms
+    assert 0.5 * delay_ms <= ev["imposed_wait_ms_per_step"] <= 1.5 * delay_ms
+    assert ev["own_wait_ms_per_step"] < 0.5 * ev["peers_median_wait_ms_per_step"]
+    # The late rank has the shortest collectives: it never waits inside them.
+    assert ev["own_median_collective_ms"] <= ev["peers_median_collective_ms"]
+    waits = {r["rank"]: r for r in job["rank_waits"]}
+    assert waits[0]["wait_ms"] > 5 * waits[1]["wait_ms"]
+    assert waits[0]["wait_fraction"] > waits[1]["wait_fraction"]
+    # Rank 1 does more outside communication (the sleep) than rank 0.
+    if ev["work_ms"] is not None:
+        assert ev["work_ms"] > ev["median_work_ms"]
+    assert "Rank 1" in job["stragglers"][0]["message"]
+
+    # The job verdict separates "late rank" from "slow network".
+    if job["bound"] == "comm":
+        assert job["cause"] == "straggler"
+        f = _finding(job, "straggler_induced_comm")
+        assert f is not None and f["evidence"]["stragglers"] == [1]
+        assert _finding(job, "slow_collectives") is None
+    else:
+        assert _finding(job, "straggler")["evidence"]["stragglers"] == [1]
+    assert job["world_size"] == 2 and job["missing_ranks"] == []
+
+
+@pytest.mark.slow
+def test_balanced_job_names_no_straggler(gloo_job):
+    job = analyze_job(_ranks(gloo_job["balanced"]), load_tree())
+    assert job["stragglers"] == [], job["stragglers"]
+    assert _finding(job, "straggler_induced_comm") is None and _finding(job, "straggler") is None
+    # Every all-reduce of the three profiled steps is matched on both ranks.
+    assert job["collectives"]["matched"] >= (gen.ACTIVE) * PHASES[0].grads
+
+
+def _shift_trace(src: Path, dst: Path, offset_us: float) -> None:
+    with gzip.open(src) as f:
+        doc = json.load(f)
+    for e in doc["traceEvents"]:
+        if isinstance(e.get("ts"), (int, float)):
+            e["ts"] = e["ts"] + offset_us
+    with gzip.open(dst, "wt") as f:
+        json.dump(doc, f)
+
+
+@pytest.mark.slow
+def test_clock_skew_between_ranks_changes_nothing(gloo_job, tmp_path):
+    paths = gloo_job["straggler"]
+    skewed = tmp_path / paths[1].name
+    _shift_trace(paths[1], skewed, offset_us=3.6e9 + 0.123)  # an hour and a bit ahead
+    a = analyze_job(_ranks(paths), load_tree())
+    b = analyze_job(_ranks([paths[0], skewed]), load_tree())
+    assert [s["rank"] for s in b["stragglers"]] == [s["rank"] for s in a["stragglers"]] == [1]
+    assert b["bound"] == a["bound"] and b["cause"] == a["cause"]
+    assert b["collectives"]["matched"] == a["collectives"]["matched"]
+    for ra, rb in zip(a["rank_waits"], b["rank_waits"]):
+        for k in ("wait_ms", "comm_ms", "late_fraction", "blame_share", "imposed_wait_ms_per_step"):
+            assert rb[k] == pytest.approx(ra[k], abs=0.01), k
+
+
+def test_network_bound_job_is_not_blamed_on_a_rank():
+    """The committed gloo fixture: big all-reduces, equal ranks -> slow collectives, no straggler."""
+    ranks = _ranks(
+        [FIXTURES / "cpu_comm_rank0.pt.trace.json.gz", FIXTURES / "cpu_comm_rank1.pt.trace.json.gz"]
+    )
+    job = analyze_job(ranks, load_tree())
+    assert job["stragglers"] == []
+    assert job["bound"] == "comm"
+    assert job["cause"] == "network"
+    f = _finding(job, "slow_collectives")
+    assert f is not None and f["evidence"]["transfer_fraction_of_comm"] >= 0.5
+    assert _finding(job, "straggler_induced_comm") is None
+
+
+def _waits_by_order(ranks):
+    """Independent reference: pair collectives by order within (pg, name, size of symmetric
+    collectives), wait = dur - min."""
+    seqs = {}
+    for r in ranks:
+        kind = "device" if any(c.get("on") == "device" for c in r["collectives"]) else "host"
+        per = defaultdict(list)
+        for c in sorted(r["collectives"], key=lambda c: c["ts_us"]):
+            if c.get("on", kind) == kind:
+                size = c["bytes"] if c["name"] in SYMMETRIC else None
+                per[(c["pg"], c["name"], size, c.get("step"))].append(c["dur_us"])
+        seqs[r["rank"]] = per
+    total = defaultdict(float)
+    matched = 0
+    keys = set().union(*(s.keys() for s in seqs.values()))
+    for key in keys:
+        n = max(len(s.get(key, [])) for s in seqs.values())
+        for i in range(n):
+            durs = {rk: s[key][i] for rk, s in seqs.items() if len(s.get(key, [])) > i}
+            if len(durs) < 2:
+                continue
+            matched += 1
+            lo = min(durs.values())
+            for rk, d in durs.items():
+                total[rk] += d - lo
+    return matched, total
+
+
+def test_job128_two_real_ranks(real_traces):
+    ranks = _ranks(
+        [real_traces / "job128_rank0_sampled.json.gz", real_traces / "job128_rank1_sampled.json.gz"]
+    )
+    assert {r["rank"] for r in ranks} == {0, 1}
+    assert all(r["collectives"] for r in ranks), "the analyzer found no collectives in the job128 traces"
+    job = analyze_job(ranks, load_tree())
+    assert job["world_size"] == 128
+    assert job["missing_ranks"] == list(range(2, 128))
+    # The sampled traces hold different subsets of the calls: some cannot be paired.
+    assert _finding(job, "collective_count_mismatch") is not None
+    missing = _finding(job, "missing_ranks")
+    assert missing is not None and "126 of 128" in missing["message"]
+    assert job["collectives"]["source"] == "device"
+    if job["collectives"]["matched_by"] == "order":
+        matched, total = _waits_by_order(ranks)
+        assert job["collectives"]["matched"] == matched
+        for row in job["rank_waits"]:
+            assert row["wait_ms"] == pytest.approx(total[row["rank"]] / 1000, abs=0.002)
+    # Skew-free by construction: every matched collective has a rank with zero wait.
+    groups = match_collectives({r["rank"]: r["collectives"] for r in ranks})["groups"]
+    assert groups
+    for g in groups:
+        assert min(g["dur_us"].values()) >= 0
+    assert job["bound"] in ("data", "host", "comm", "memory", "compute")
+    for s in job["stragglers"]:
+        assert s["evidence"]["blame_share"] >= 0.75
+
+
+def test_missing_duplicate_and_unknown_ranks():
+    r0 = analyze_trace(str(FIXTURES / "cpu_comm_rank0.pt.trace.json.gz"))
+    assert r0["world_size"] == 2
+    job = analyze_job([r0], load_tree())
+    assert job["missing_ranks"] == [1]
+    assert "ranks 1" in _finding(job, "missing_ranks")["message"]
+    assert job["stragglers"] == []
+    # One comm-bound rank alone cannot tell waiting from transfer.
+    assert job["bound"] == "comm" and job["cause"] == "undetermined"
+    assert _finding(job, "comm_cause_undetermined") is not None
+
+    job = analyze_job([r0, dict(r0, source="copy.json")], load_tree())
+    assert _finding(job, "duplicate_ranks")["evidence"]["duplicates"] == [{"rank": 0, "source": "copy.json"}]
+    job = analyze_job([r0, dict(r0, rank=None, source="anon.json")], load_tree())
+    assert _finding(job, "unknown_rank")["evidence"]["sources"] == ["anon.json"]
+    assert analyze_job([], load_tree())["bound"] is None
+
+
+def _coll(name, ts, dur, seq=None, pg="0", on="device"):
+    return {"name": name, "pg": pg, "seq": seq, "ts_us": ts, "dur_us": dur, "bytes": 4 << 20, "on": on}
+
+
+def test_sequence_numbers_win_over_order():
+    # Rank 1 recorded the two collectives in the opposite order (different streams); the
+    # sequence numbers still pair them, and order alone would pair them wrongly.
+    by_rank = {
+        0: [_coll("all_reduce", 100.0, 500.0, seq=7), _coll("all_reduce", 700.0, 50.0, seq=8)],
+        1: [_coll("all_reduce", 90.0, 40.0, seq=8), _coll("all_reduce", 200.0, 100.0, seq=7)],
+    }
+    m = match_collectives(by_rank)
+    assert m["matched_by"] == "seq"
+    durs = {g["seq"]: g["dur_us"] for g in m["groups"]}
+    assert durs == {7: {0: 500.0, 1: 100.0}, 8: {0: 50.0, 1: 40.0}}
+    # Without sequence numbers, order within (pg, name) is the fallback.
+    for recs in by_rank.values():
+        for c in recs:
+            c["seq"] = None
+    m = match_collectives(by_rank)
+    assert m["matched_by"] == "order" and len(m["groups"]) == 2
+
+
+def _doc(world, step_ms, samples=None):
+    steps = [
+        {"step": i, "duration_ms": step_ms * (1 + 0.01 * i), **({"samples": samples} if samples else {})}
+        for i in range(4)
+    ]
+    return {
+        "ranks": [{"rank": r, "world_size": world, "steps": steps} for r in range(world)],
+        "job": {"world_size": world},
+    }
+
+
+def test_scaling_efficiency_advisory():
+    tree = load_tree()
+    good = scaling_efficiency(_doc(2, 100.0), _doc(4, 120.0), tree)
+    assert good["efficiency"] == pytest.approx(100.0 / 120.0, rel=1e-3)
+    assert good["smaller"]["world_size"] == 2 and good["larger"]["world_size"] == 4
+    assert good["findings"] == []
+    bad = scaling_efficiency(_doc(8, 200.0), _doc(2, 100.0), tree)
+    assert bad["efficiency"] == pytest.approx(0.5, rel=1e-3)
+    assert bad["speedup"] == pytest.approx(2.0, rel=1e-3)
+    assert [f["id"] for f in bad["findings"]] == ["low_scaling_efficiency"]
+    # Samples per step count when both runs give them. Strong scaling of a global batch of
+    # 64: 32 per rank in 100 ms at world 2, 16 per rank in 60 ms at world 4. Per-rank
+    # throughput falls from 320 to 267 samples/s (0.83), though steps got 1.67x faster.
+    s = scaling_efficiency(_doc(2, 100.0, samples=32), _doc(4, 60.0, samples=16), tree)
+    assert s["unit"] == "samples"
+    assert s["efficiency"] == pytest.approx((16 / 60) / (32 / 100), rel=1e-3)
+    assert s["findings"] == []
+    with pytest.raises(DiagInputError):
+        scaling_efficiency(_doc(2, 100.0), _doc(2, 90.0), tree)
+
+
+def test_scaling_efficiency_takes_the_slowest_rank_of_each_step(gloo_job):
+    """On real analyses: rank 0's steps alone (as world 1) against the 2-rank job, whose
+    step time is that of its slower rank in each step."""
+    ranks = _ranks(gloo_job["balanced"])
+    two = {"ranks": ranks, "job": analyze_job(ranks, load_tree())}
+    one = {"ranks": [dict(ranks[0], world_size=1)], "job": {"world_size": 1}}
+    res = scaling_efficiency(one, two, load_tree())
+    step = statistics.median(
+        max(s["duration_ms"] for r in ranks for s in r["steps"] if s["step"] == k)
+        for k in {s["step"] for s in ranks[0]["steps"]}
+    )
+    own = statistics.median(s["duration_ms"] for s in ranks[0]["steps"])
+    assert res["efficiency"] == pytest.approx(own / step, rel=1e-3)

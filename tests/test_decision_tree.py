@@ -1,0 +1,125 @@
+"""The decision tree file and its evaluator: every branch, overrides, config files, advisories."""
+
+import pytest
+
+from diag.analyzers import decision_tree as dt
+
+
+def shares(data=0.0, host=0.0, comm=0.0, memory=0.0, compute=0.0, **extra):
+    return {"data_share": data, "host_share": host, "comm_share": comm,
+            "memory_share": memory, "compute_share": compute, **extra}
+
+
+@pytest.fixture(scope="module")
+def tree():
+    return dt.load_tree()
+
+
+@pytest.mark.parametrize(
+    "m, bound, nodes",
+    [
+        (shares(data=0.25, compute=0.75), "data", ["data_wait"]),
+        (shares(data=0.15, host=0.45, compute=0.4), "host", ["data_wait", "device_busy", "idle_cause"]),
+        (shares(comm=0.3, compute=0.5, memory=0.2, memory_to_compute=0.4), "comm",
+         ["data_wait", "device_busy", "exposed_comm"]),
+        (shares(comm=0.1, compute=0.3, memory=0.6, memory_to_compute=2.0), "memory",
+         ["data_wait", "device_busy", "exposed_comm", "memory_vs_compute"]),
+        (shares(compute=0.7, memory=0.3, memory_to_compute=0.4, achieved_bw_frac=0.85), "memory",
+         ["data_wait", "device_busy", "exposed_comm", "memory_vs_compute", "bandwidth_of_peak"]),
+        (shares(compute=0.7, memory=0.3, memory_to_compute=0.4, achieved_bw_frac=0.5), "compute",
+         ["data_wait", "device_busy", "exposed_comm", "memory_vs_compute", "bandwidth_of_peak"]),
+    ],
+)
+def test_each_branch(tree, m, bound, nodes):
+    verdict = dt.evaluate(m, tree)
+    assert verdict["bound"] == bound
+    assert [p["node"] for p in verdict["path"]] == nodes
+    assert verdict["fixes"], "every verdict carries fixes"
+
+
+def test_idle_mostly_data_branch_needs_a_raised_data_threshold(tree):
+    # With the default 20% data threshold this branch cannot be reached when the shares sum
+    # to 1 (data < 20% and data > host leave the device busy > 60%); raising it opens it.
+    m = shares(data=0.35, host=0.25, compute=0.4)
+    assert dt.evaluate(m, tree)["bound"] == "data"
+    raised = dt.load_tree(overrides={"data_wait": 0.5})
+    verdict = dt.evaluate(m, raised)
+    assert verdict["bound"] == "data"
+    assert [p["node"] for p in verdict["path"]] == ["data_wait", "device_busy", "idle_cause"]
+
+
+def test_path_records_value_threshold_and_answer(tree):
+    verdict = dt.evaluate(shares(data=0.3, compute=0.7), tree)
+    first = verdict["path"][0]
+    assert first["value"] == pytest.approx(0.3)
+    assert first["threshold"] == pytest.approx(0.20)
+    assert first["answer"] == "yes"
+    assert "20%" in first["question"]
+
+
+def test_boundary_is_inclusive_where_the_file_says_so(tree):
+    # data_wait uses >=: exactly 20% is data-bound; exposed_comm uses >: exactly 20% is not comm-bound.
+    assert dt.evaluate(shares(data=0.20, compute=0.8), tree)["bound"] == "data"
+    m = shares(comm=0.20, compute=0.8, memory_to_compute=0.1)
+    assert dt.evaluate(m, tree)["bound"] == "compute"
+
+
+def test_unmeasured_metric_answers_unknown(tree):
+    verdict = dt.evaluate(shares(compute=0.9, memory=0.1), tree)
+    answers = {p["node"]: p["answer"] for p in verdict["path"]}
+    assert answers["memory_vs_compute"] == "unknown"
+    assert answers["bandwidth_of_peak"] == "unknown"
+    assert verdict["bound"] == "compute"
+
+
+def test_cli_override_changes_the_verdict():
+    m = shares(data=0.25, compute=0.75)
+    assert dt.evaluate(m, dt.load_tree())["bound"] == "data"
+    raised = dt.load_tree(overrides=dt.parse_overrides(["data_wait=0.3"]))
+    assert raised.thresholds["data_wait"] == 0.3
+    assert dt.evaluate(m, raised)["bound"] == "compute"
+
+
+@pytest.mark.parametrize("suffix, text", [
+    (".toml", "[thresholds]\nexposed_comm = 0.1\n"),
+    (".yaml", "thresholds:\n  exposed_comm: 0.1\n"),
+])
+def test_config_file_overrides(tmp_path, suffix, text):
+    cfg = tmp_path / f"diag{suffix}"
+    cfg.write_text(text)
+    m = shares(comm=0.15, compute=0.85, memory_to_compute=0.1)
+    assert dt.evaluate(m, dt.load_tree())["bound"] == "compute"
+    assert dt.evaluate(m, dt.load_tree(cfg))["bound"] == "comm"
+
+
+@pytest.mark.parametrize("bad", ["nonsense", "data_wait", "data_wait=abc"])
+def test_bad_override_is_a_clear_error(bad):
+    with pytest.raises(dt.TreeError):
+        dt.load_tree(overrides=dt.parse_overrides([bad]))
+
+
+def test_unknown_threshold_name_is_rejected():
+    with pytest.raises(dt.TreeError, match="unknown threshold 'data_wiat'"):
+        dt.load_tree(overrides={"data_wiat": 0.1})
+
+
+def test_bad_config_file(tmp_path):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text("[thresholds\n")
+    with pytest.raises(dt.TreeError, match="bad.toml"):
+        dt.load_tree(cfg)
+    with pytest.raises(dt.TreeError, match="not found"):
+        dt.load_tree(tmp_path / "missing.toml")
+
+
+def test_advisories_fire_on_their_thresholds(tree):
+    ids = {f["id"] for f in dt.advise(shares(compute=1.0, mfu=0.3, memory_used_frac=0.5), tree)}
+    assert ids == {"low_mfu", "low_memory_use"}
+    assert dt.advise(shares(compute=1.0, mfu=0.6, memory_used_frac=0.9), tree) == []
+
+
+def test_advisory_that_repeats_the_verdict_is_dropped(tree):
+    m = shares(comm=0.3, compute=0.7)
+    assert [f["id"] for f in dt.advise(m, tree)] == ["comm_share_notable"]
+    assert dt.advise(m, tree, bound="comm") == []
+    assert [f["id"] for f in dt.advise(m, tree, bound="compute")] == ["comm_share_notable"]

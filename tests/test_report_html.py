@@ -1,0 +1,131 @@
+"""report.html / report.md / summary.json: self-contained, escaped, and written by the CLI."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from report_helpers import analysis_rank, write_run
+
+from diag.report import html as report_html
+from diag.report import write_report, write_report_from_analysis
+from diag.report.progress import Stages, progress_factory
+
+KERNEL = "<img src=x onerror=alert(1)>"
+HOST = "<script>alert(2)</script>"
+
+
+def hostile_doc() -> dict:
+    ranks = [analysis_rank(r, 2, "compute", 0.6, kernel_name=KERNEL, host=HOST) for r in range(2)]
+    ranks[0]["findings"] = [{"id": "x", "severity": "warning", "message": "log line: " + HOST + "</script><!--",
+                             "advice": KERNEL, "evidence": {"line": HOST}}]
+    return {"schema": "diag.analysis/1", "ranks": ranks,
+            "job": {"bound": "compute", "stragglers": [], "findings": [], "world_size": 2}, "errors": []}
+
+
+def test_script_json_cannot_end_the_script_block():
+    payload = {"a": "</script><script>alert(1)</script>", "b": "<!-- x -->", "c": "&amp; \u2028"}
+    text = report_html.script_json(payload)
+    assert "<" not in text and ">" not in text and "&" not in text and "\u2028" not in text
+    assert json.loads(text) == payload
+
+
+def test_untrusted_names_are_text_in_html_and_markdown(tmp_path):
+    paths = write_report_from_analysis(hostile_doc(), tmp_path)
+    page = Path(paths["html"]).read_text(encoding="utf-8")
+    # The hostile strings appear only escaped.
+    assert KERNEL not in page and HOST not in page
+    assert "&lt;img src=x onerror=alert(1)&gt;" in page
+    assert "&lt;script&gt;alert(2)&lt;/script&gt;" in page
+    # Every <script> element is one the page itself opened: no extra opening tag got in.
+    body = page.split("</head>", 1)[1]
+    assert body.count("<script") == body.count("</script>") == 2
+    data = re.search(r'<script type="application/json" id="diag-data">(.*?)</script>', page, re.S).group(1)
+    assert "<" not in data and "-->" not in data
+    md = Path(paths["markdown"]).read_text(encoding="utf-8")
+    assert "`<img src=x onerror=alert(1)>`" in md  # in a code span, shown literally
+    outside_code = re.sub(r"(`+).*?\1", "", md)
+    assert "<img" not in outside_code and "<script" not in outside_code
+    summary = json.loads(Path(paths["summary"]).read_text())
+    assert summary["top_kernels"][0]["name"] == KERNEL  # JSON keeps the real name
+
+
+def test_page_is_self_contained_with_plotly_inlined_once(tmp_path):
+    run = write_run(tmp_path / "run", ranks=2, steps=30, bound="comm", gpu=True)
+    paths = write_report(run)
+    page = Path(paths["html"]).read_text(encoding="utf-8")
+    # Nothing is fetched from elsewhere: no script/link/img pointing to a URL.
+    assert not re.search(r"<(script|link|img|iframe)[^>]+(src|href)=", page)
+    assert page.count("Plotly.newPlot") == 1 or page.count("newPlot") >= 1
+    js = report_html.plotly_js()
+    assert page.count(js[:200]) == 1
+    figs = json.loads(re.search(r'id="diag-data">(.*?)</script>', page, re.S).group(1))["figures"]
+    ids = {f["id"] for f in figs}
+    assert {"fig-phases", "fig-throughput", "fig-heat-step", "fig-tl-gpu_util", "fig-tl-gpu_clock"} <= ids
+    for fid in ids:  # every figure has a div to draw into
+        assert f'id="{fid}"' in page
+    # The five questions a reader has are answered in plain words on the page.
+    for heading in ("What bounds the training", "How sure we are", "Change this first", "What to change, in order",
+                    "Why we think so", "What was missing, and how to get it"):
+        assert heading in page
+
+
+def test_report_command_writes_three_files_and_prints_the_verdict(tmp_path):
+    run = write_run(tmp_path / "run", ranks=2, steps=30, bound="data", strength=0.4)
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "diag", "report", str(run), "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("Data-bound: waiting for the DataLoader takes 40% of step time")
+    assert "Change first: Feed the device faster" in proc.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.md", "summary.json"]
+    assert proc.stderr == ""  # not a terminal: no progress bar
+    summary = json.loads(Path(out / "summary.json").read_text())
+    assert summary["schema"] == "diag.report_summary/1" and summary["bound"] == "data"
+
+
+def test_report_command_on_bad_input_is_one_line_error(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "diag", "report", str(tmp_path / "missing")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("diag: error: ") and proc.stderr.count("\n") == 1
+    assert "Traceback" not in proc.stderr
+
+
+def test_threshold_override_changes_the_verdict(tmp_path):
+    run = write_run(tmp_path / "run", ranks=1, steps=20, bound="data", strength=0.3, windows=False)
+    out = tmp_path / "o"
+    proc = subprocess.run([sys.executable, "-m", "diag", "report", str(run), "--out", str(out),
+                           "--threshold", "data_wait=0.5", "--quiet"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == ""
+    summary = json.loads(Path(out / "summary.json").read_text())
+    assert summary["decision_path"]["nodes"][0]["threshold"] == 0.5
+    assert summary["bound"] != "data"
+
+
+class _Tty(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_bar_only_on_a_terminal():
+    assert progress_factory(io.StringIO()) is None
+    tty = _Tty()
+    bar = progress_factory(tty)
+    assert list(bar(range(3), desc="reading ranks")) == [0, 1, 2]
+    assert "reading ranks" in tty.getvalue()
+    stages = Stages(["analysing the run", "writing the files"], stream=tty)
+    stages.advance("analysing the run")
+    stages.advance("writing the files")
+    stages.close()
+    assert "writing the files:  50%" in tty.getvalue()
+    quiet = io.StringIO()
+    stages = Stages(["analysing the run"], stream=quiet)
+    stages.advance("analysing the run")
+    stages.close()
+    assert quiet.getvalue() == ""

@@ -1,0 +1,295 @@
+"""The report's data model: verdict sentence, confidence, ranked recommendations, what was missing.
+
+Inputs are run directories written with diag.rundir and analysis documents of contract A;
+every expected figure is computed here from the numbers put into them.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from report_helpers import PHASES, analysis_rank, shares_for, write_run
+
+from diag import rundir
+from diag.analyzers.report_model import RECOVERABLE, Limits, build_model
+from diag.report import build_run_model, write_report
+
+# ------------------------------------------------------------------ verdict and recommendations
+
+
+def test_data_bound_run_headline_numbers_and_first_recommendation(tmp_path):
+    run = write_run(tmp_path / "run", ranks=2, steps=30, bound="data", strength=0.45)
+    m = build_run_model(run)
+    assert m["bound"] == "data"
+    text = m["headline"]["text"]
+    assert text.startswith("Data-bound: waiting for the DataLoader takes 45% of step time")
+    assert "both ranks" in text
+    # The first recommendation is the verdict's phase, with the gain computed from its share.
+    first = m["recommendations"][0]
+    assert first["id"] == "phase-data"
+    assert first["gain_max_share"] == pytest.approx(0.45, abs=0.005)
+    assert first["gain_share"] == pytest.approx(0.45 * RECOVERABLE["data"], abs=0.005)
+    assert f"{1 / (1 - first['gain_share']):.2f}x faster steps" in first["gain"]
+    assert m["headline"]["note"] is None  # the largest gain is the verdict's own phase
+    # Each recommendation's evidence links to an evidence entry on the page.
+    ids = {e["id"] for e in m["evidence"]} | {"memory"}
+    for r in m["recommendations"]:
+        assert r["evidence"] and set(r["evidence"]) <= ids, r
+    # Ranked by expected gain, unquantified ones last.
+    gains = [r["gain_share"] for r in m["recommendations"]]
+    quantified = [g for g in gains if g is not None]
+    assert quantified == sorted(quantified, reverse=True)
+    assert gains[: len(quantified)] == quantified
+
+
+def test_decision_path_shows_question_value_threshold_answer(tmp_path):
+    run = write_run(tmp_path / "run", ranks=1, steps=20, bound="comm", strength=0.5)
+    m = build_run_model(run)
+    nodes = m["decision_path"]["nodes"]
+    assert nodes[0]["metric"] == "data_share" and nodes[0]["answer"] == "no"
+    last = nodes[-1]
+    assert last["metric"] == "comm_share" and last["answer"] == "yes"
+    assert last["threshold"] == pytest.approx(0.20)
+    assert last["value"] > last["threshold"]
+
+
+def test_straggler_named_in_headline_and_wait_heatmap(tmp_path):
+    """Rank 3 reaches every all-reduce last: its peers' collectives last 12 ms, its own 2 ms."""
+    from diag.analyzers.cross_rank import analyze_job
+
+    ranks = []
+    for r in range(4):
+        colls = [{"name": "all_reduce", "pg": "0", "seq": i, "ts_us": (i // 3) * 50_000.0 + i * 1000,
+                  "dur_us": 2000.0 if r == 3 else 12_000.0, "bytes": 1 << 24, "on": "device", "step": i // 3}
+                 for i in range(30)]
+        ranks.append(analysis_rank(r, 4, "comm", 0.45, collectives=colls, steps=range(10)))
+    doc = {"schema": "diag.analysis/1", "ranks": ranks, "job": analyze_job(ranks), "errors": []}
+    m = build_model(doc)
+    assert [s["rank"] for s in m["stragglers"]] == [3]
+    assert "rank 3 is late" in m["headline"]["text"]
+    hm = m["charts"]["heatmap_wait"]
+    assert hm["ranks"] == [0, 1, 2, 3] and hm["collectives"] == 30
+    # The peers wait 10 ms per collective for rank 3; rank 3 waits for nobody.
+    assert hm["total_wait_ms"]["3"] == pytest.approx(0.0)
+    assert hm["total_wait_ms"]["0"] == pytest.approx(30 * 10.0)
+    rec = next(r for r in m["recommendations"] if r["id"] == "straggler-3")
+    assert rec["gain_share"] == pytest.approx(0.6)  # the peers' wait for rank 3: 30 ms of a 50 ms step
+    assert m["recommendations"][0]["id"] == "straggler-3"
+    assert "ev-straggler-3" in {e["id"] for e in m["evidence"]}
+
+
+def test_verdict_and_largest_gain_disagreeing_is_explained():
+    """Comm-bound by the tree (30% > 20%), but bandwidth-bound kernels hold 60% of the step."""
+    sh = {"data": 0.0, "host": 0.05, "comm": 0.30, "memory": 0.60, "compute": 0.05}
+    r = analysis_rank(0, 1, "comm", steps=range(5))
+    for st in r["steps"]:
+        st["shares"] = sh
+    m = build_model({"ranks": [r], "job": {}})
+    assert m["bound"] == "comm"
+    assert [x["id"] for x in m["recommendations"][:2]] == ["phase-memory", "phase-comm"]
+    assert m["recommendations"][0]["gain_share"] == pytest.approx(0.60 * RECOVERABLE["memory"])
+    assert "comm-bound because the decision tree asks" in m["headline"]["note"]
+
+
+def test_memory_capacity_advice_from_nvml_samples(tmp_path):
+    run = write_run(tmp_path / "run", ranks=1, steps=20, bound="compute", gpu=True)
+    m = build_run_model(run)
+    mem = m["memory"]
+    # 4 GiB used (NVML) of 80 GiB: 5%, below the 80% threshold -> raise the batch.
+    assert mem["used_fraction_max"] == pytest.approx(4 / 80)
+    assert mem["advice"]["title"].startswith("Use the free device memory")
+    assert any("raise the batch" in r["title"].lower() or r["id"] == "memory-capacity"
+               or r["id"] == "finding-low_memory_use" for r in m["recommendations"])
+
+
+def test_throttle_events_marked_and_benign_reasons_ignored(tmp_path):
+    run = write_run(tmp_path / "run", ranks=1, steps=200, bound="compute", gpu=True, step_s=0.05)
+    m = build_run_model(run)
+    tl = m["charts"]["timelines"]
+    keys = [x["key"] for x in tl["metrics"]]
+    assert {"gpu_util", "gpu_mem", "gpu_power", "gpu_clock", "host_cpu"} <= set(keys)
+    # write_run marks sw_power_cap on every 7th of its 10 samples: t = 0 and 7.
+    assert [e["t"] for e in tl["throttle"]] == [0, 7]
+    assert all(e["reasons"] == "sw_power_cap" for e in tl["throttle"])
+
+
+# ------------------------------------------------------------------ bad runs still report
+
+
+def test_missing_rank_is_named_and_report_written(tmp_path):
+    run = write_run(tmp_path / "run", ranks=3, steps=20, bound="data")
+    shutil.rmtree(run / "rank-00001")
+    paths = write_report(run)
+    m = json.loads(Path(paths["summary"]).read_text())
+    assert m["run"]["missing_ranks"] == [1]
+    assert m["run"]["world_size"] == 3
+    assert any("Rank(s) 1 left no data" in x["what"] for x in m["missing"])
+    assert "on 2 of 3 ranks" in m["headline"]["text"]
+    assert "rank" in Path(paths["markdown"]).read_text().lower()
+
+
+def test_truncated_and_corrupt_files_are_listed_and_the_rest_reported(tmp_path):
+    run = write_run(tmp_path / "run", ranks=2, steps=30, bound="host", step_segment=10)
+    steps_dir = run / "rank-00000" / "steps"
+    seg = sorted(steps_dir.glob("steps-*.jsonl"))[-1]
+    data = seg.read_bytes()
+    seg.write_bytes(data[: len(data) // 2])  # truncated mid-record
+    (run / "rank-00001" / "windows" / "window-000010.json").write_text('{"first_step": 10, "analysis": {')
+    (run / "rank-00001" / "rank.json").write_bytes(b"\x00\x01garbage")
+    paths = write_report(run)
+    m = json.loads(Path(paths["summary"]).read_text())
+    probs = "\n".join(m["problems"])
+    assert "steps-000002.jsonl" in probs and "not a JSON record" in probs
+    assert "window-000010.json" in probs
+    assert "rank.json" in probs
+    assert m["bound"] == "host"
+    assert m["run"]["ranks_present"] == [0, 1]
+    assert "damaged or unreadable" in " ".join(m["confidence"]["reasons"])
+    html = Path(paths["html"]).read_text()
+    assert "Damaged or unreadable input" in html
+
+
+def test_no_profiler_window_says_so_and_lowers_confidence(tmp_path):
+    with_trace = build_run_model(write_run(tmp_path / "a", ranks=1, steps=30, bound="data"))
+    without = build_run_model(write_run(tmp_path / "b", ranks=1, steps=30, bound="data", windows=False))
+    assert any(x["what"].startswith("No profiler window") for x in without["missing"])
+    assert not any(x["what"].startswith("No profiler window") for x in with_trace["missing"])
+    assert without["confidence"]["score"] < with_trace["confidence"]["score"]
+    assert "sampled measurements only" in " ".join(without["confidence"]["reasons"])
+    assert without["top_kernels"] == []
+
+
+def test_run_without_any_step_still_reports(tmp_path):
+    run = tmp_path / "run"
+    rundir.atomic_write_json(run / rundir.MANIFEST, {"schema": rundir.RUN_SCHEMA, "world_size": 2})
+    rundir.atomic_write_json(run / "rank-00000" / rundir.RANK_FILE, {"rank": 0, "world_size": 2})
+    paths = write_report(run)
+    m = json.loads(Path(paths["summary"]).read_text())
+    assert m["bound"] is None
+    assert m["headline"]["text"].startswith("No verdict")
+    # Nothing was measured, so nothing is quantified: only findings' advice (the missing rank) remains.
+    assert all(r["gain_share"] is None for r in m["recommendations"])
+    assert not any(r["id"].startswith("phase-") for r in m["recommendations"])
+    assert m["run"]["missing_ranks"] == [1]
+
+
+def test_not_a_run_directory_is_a_one_line_input_error(tmp_path):
+    from diag.errors import DiagInputError
+
+    (tmp_path / "x").mkdir()
+    with pytest.raises(DiagInputError, match="not a diag run directory"):
+        write_report(tmp_path / "x")
+    with pytest.raises(DiagInputError, match="no such run directory"):
+        write_report(tmp_path / "nope")
+
+
+# ------------------------------------------------------------------ NCCL sections from real files
+
+
+def test_nccl_log_and_bench_feed_the_comm_verdict(tmp_path, real_nccl):
+    from diag.analyzers import nccl_expected, nccl_tests
+
+    run = write_run(tmp_path / "run", ranks=2, steps=20, bound="comm", strength=0.4)
+    # An NCCL_DEBUG=INFO log in which inter-node traffic uses TCP sockets, as the agent would save it.
+    (run / "rank-00000" / "nccl").mkdir()
+    shutil.copy(real_nccl / "nccllog_NVIDIA-nccl_1232.txt", run / "rank-00000" / "nccl" / "nccl.log")
+    # A real nccl-tests all_reduce table, saved the way `diag nccl --run-dir` saves it with the
+    # topology given on its command line (A100 NVLink inside a node, 200 Gb/s RoCE between nodes).
+    bench = nccl_tests.parse_file(real_nccl / "nccltests_NVIDIA-nccl_1453.txt")
+    bench["topology"] = nccl_expected.topology_from_flags("nvlink3", "roce_200")
+    rundir.atomic_write_json(run / "nccl_bench.json", bench)
+    m = build_run_model(run)
+    n = m["nccl"]
+    assert {t["transport"] for t in n["transports"]} >= {"NET/Socket", "SHM"}
+    assert any(f["id"] == "net_socket_fallback" for f in n["log_findings"])
+    # The log says TCP sockets, and so does the bandwidth diagnosis: the headline says it once.
+    assert m["headline"]["text"].count("TCP sockets") == 1
+    assert n["log_sentences"][0] == "NCCL fell back to TCP sockets between nodes"
+    chart = m["charts"]["nccl_busbw"]
+    sizes = [r["size_bytes"] for t in bench["tests"] for r in t["rows"]]
+    assert chart["series"] and max(max(s["x"]) for s in chart["series"]) == max(sizes)
+    assert any(r["id"] == "nccl-net_socket_fallback" for r in m["recommendations"])
+    # x% of expected: the table's large-message busbw over the slower of NVLink 3 (300 GB/s x 80%)
+    # and the one NIC the log shows between its 2 nodes (25 GB/s x 96%).
+    measured, _ = nccl_expected.large_message_busbw(bench["tests"][0])
+    expected = min(300.0 * 0.80, 25.0 * 0.96)
+    assert n["busbw_fraction"] == pytest.approx(measured / expected, rel=1e-6)
+    assert f"{measured / expected:.0%} of the expected bus bandwidth" in m["headline"]["text"]
+    assert chart["expected"][0]["busbw_gbps"] == pytest.approx(expected)
+    gain = next(r for r in m["recommendations"] if r["id"] == "nccl-bandwidth")["gain_share"]
+    assert gain == pytest.approx(m["phase_shares"]["comm"] * (1 - measured / expected))
+    assert not any(x["what"] == "No NCCL log." for x in m["missing"])
+
+
+# ------------------------------------------------------------------ scale
+
+
+def test_big_run_is_aggregated_and_says_so():
+    """A model of many ranks and steps stays small: bucketed series, bands, and notes saying so."""
+    ranks = [analysis_rank(r, 16, "comm", 0.4, steps=range(3000)) for r in range(16)]
+    for r in ranks:
+        for s in r["steps"]:
+            s["duration_ms"] = 50.0 + (s["step"] % 7)
+    samples = {r: {"samples": [{"t": 1000.0 + i, "gpu": {"utilization_ratio": 0.5}, "host": {"cpu_ratio": 0.2}}
+                               for i in range(1500)]} for r in range(16)}
+    lim = Limits()
+    m = build_model({"schema": "diag.analysis/1", "ranks": ranks, "job": {}}, {"ranks": samples}, limits=lim)
+    ch = m["charts"]
+    assert len(ch["phases"]["x"]) <= lim.series_points
+    assert len(ch["heatmap_step"]["z"][0]) <= lim.heatmap_columns
+    assert ch["timelines"]["band"] is True
+    assert len(ch["timelines"]["metrics"][0]["t"]) <= lim.timeline_points
+    notes = " ".join(m["notes"])
+    assert "3000 steps are shown as" in notes and "min, median and max" in notes
+    # Bucket means preserve the overall mean of the phase shares.
+    comm = [v for v in ch["phases"]["y"]["comm"]]
+    assert sum(comm) / len(comm) == pytest.approx(shares_for("comm", 0.4)["comm"], abs=1e-6)
+    assert m["step_stats"]["steps"] == 3000
+
+
+def test_shares_are_renormalised_and_garbage_ignored():
+    bad = analysis_rank(0, 1, "data", 0.5, steps=range(4))
+    bad["steps"][0]["shares"] = {p: 2.0 for p in PHASES}  # sums to 10: renormalised to 0.2 each
+    bad["steps"][1]["shares"] = {"data": "x"}  # garbage: ignored
+    bad["steps"][2]["duration_ms"] = float("nan")
+    m = build_model({"ranks": [bad], "job": {}})
+    assert m["phase_shares"] is not None
+    assert sum(m["phase_shares"].values()) == pytest.approx(1.0)
+
+
+def test_real_gpu_trace_through_the_real_analyzer(real_traces, tmp_path):
+    """A100 trace with NCCL kernels: the report's tables and verdict follow the analysis document."""
+    from diag.analyzers.analysis import analyze_paths
+    from diag.report import write_report_from_analysis
+
+    doc = analyze_paths([str(real_traces / "a100_2rank_nccl.json.gz")])
+    m = build_model(doc)
+    rank = doc["ranks"][0]
+    assert m["bound"] == doc["job"]["bound"]
+    top = max(rank["top_kernels"], key=lambda k: k["time_ms"])
+    assert m["top_kernels"][0]["name"] == top["name"] and m["top_kernels"][0]["class"] == top["class"]
+    assert m["top_kernels"][0]["time_ms"] == pytest.approx(top["time_ms"])
+    assert m["run"]["devices"] == [f"1 x {rank['device']}"]
+    assert m["run"]["name"] == "a100_2rank_nccl.json.gz"
+    paths = write_report_from_analysis(doc, tmp_path)
+    page = Path(paths["html"]).read_text()
+    assert "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)" in page
+
+
+def test_report_survives_a_failing_run_analysis(tmp_path, monkeypatch):
+    """A bug in the run analysis costs the user the precise verdict, not the report."""
+    from diag.analyzers import run_analysis
+
+    def broken(*a, **k):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(run_analysis, "analyze_run", broken)
+    run = write_run(tmp_path / "run", ranks=2, steps=20, bound="memory", strength=0.6)
+    m = build_run_model(run)
+    assert any("run analysis failed (RuntimeError: boom)" in p for p in m["problems"])
+    # The analysed windows the agent saved still give the verdict.
+    assert m["bound"] == "memory"
+    assert m["top_kernels"]
