@@ -33,6 +33,10 @@ from diag.collectors.run_writer import RunWriter
 from diag.collectors.step_timer import StepTimer
 
 _DATA_WAIT_NAME = "enumerate(DataLoader)#diag.Agent.loader"
+_EXCEPTION_TEXT = re.compile(r"([A-Za-z_][\w.]*)(?:: (.*))?\Z", re.S)  # "OutOfMemoryError: CUDA out of memory"
+NCCL_BENCH_FILE = "nccl_bench.json"  # written by `diag nccl --run-dir` (contract C)
+NCCL_LOG_PARSE_MAX = 16 << 20  # bytes; larger NCCL logs are parsed by `diag report`, not live
+NCCL_LOG_SETTLE_S = 3.0  # a NCCL log is parsed live once it has not changed for this long
 
 
 class Agent:
@@ -48,8 +52,14 @@ class Agent:
       sampling, sample_interval_s: device/host sampling thread (1 Hz by default)
       nccl_log, nccl_coll: route NCCL_DEBUG=INFO logs into the rank's folder
       export, export_port_base, export_bind: the Prometheus endpoint (port base + LOCAL_RANK)
+      export_linger_s: after a completed run (and rank 0's report), keep the endpoint serving
+                     this long so a scraper sees the final values; SIGINT or stop_linger() ends it
+      on_closed:     called with the agent once the run directory is closed (and, on rank 0,
+                     the report written), before the endpoint lingers
       flops_per_sample, flops_per_token, mfu_dtype: model FLOPs for MFU
       report: rank 0 writes the job report at exit; report_wait_s bounds its wait for peers
+      analyse_during_run: analyse each window as soon as it is saved (default); False defers
+                     the analysis to exit, for hosts with no spare core (analysis_wait_s bounds it)
       heartbeat_s, flush_s: how often rank.json is refreshed and buffered records are written
                      (a killed rank loses at most flush_s of step records)
     """
@@ -64,7 +74,7 @@ class Agent:
         skip_first: int = 10,
         warmup: int = 1,
         active: int = 3,
-        every: int = 500,
+        every: int = 1000,
         record_shapes: bool = True,
         with_flops: bool = True,
         profile_memory: bool = False,
@@ -77,6 +87,8 @@ class Agent:
         export: bool = True,
         export_port_base: int | None = None,
         export_bind: str | None = None,
+        export_linger_s: float = 0.0,
+        on_closed=None,
         flops_per_sample: float | None = None,
         flops_per_token: float | None = None,
         mfu_dtype: str | None = None,
@@ -85,6 +97,7 @@ class Agent:
         report: bool = True,
         report_wait_s: float = 120.0,
         analysis_wait_s: float = 60.0,
+        analyse_during_run: bool = True,
         heartbeat_s: float = 5.0,
         flush_s: float = 10.0,
         verbose: bool = True,
@@ -105,6 +118,7 @@ class Agent:
             "export": export,
             "export_port_base": export_port_base,
             "export_bind": export_bind,
+            "export_linger_s": export_linger_s,
             "flops_per_sample": flops_per_sample,
             "flops_per_token": flops_per_token,
             "mfu_dtype": mfu_dtype,
@@ -112,6 +126,7 @@ class Agent:
             "config_file": str(config_file) if config_file else None,
             "report": report,
             "report_wait_s": report_wait_s,
+            "analyse_during_run": analyse_during_run,
             "heartbeat_s": heartbeat_s,
             "flush_s": flush_s,
         }
@@ -121,8 +136,12 @@ class Agent:
         self._verbose = verbose
         self.report_wait_s = report_wait_s
         self.analysis_wait_s = analysis_wait_s
+        self.analyse_during_run = analyse_during_run
         self.heartbeat_s = heartbeat_s
         self.flush_s = flush_s
+        self.export_linger_s = max(float(export_linger_s or 0.0), 0.0)
+        self._on_closed = on_closed
+        self._linger_stop = threading.Event()
 
         self.launch: launch_env.LaunchInfo | None = None
         self.writer: RunWriter | None = None
@@ -152,6 +171,10 @@ class Agent:
         self._steps_done = 0
         self._last_step: int | None = None
         self._loader_used = False
+        self._nccl_seen: dict[str, tuple[float, int]] = {}  # NCCL file -> (mtime, size) last handed on
+        self._nccl_log_changed: float | None = None  # when this rank's NCCL log last changed, until parsed
+        self._dist_recorded = False
+        self._exception: tuple[str, str] | None = None  # (type, text) of what the training loop raised
         self._closed = False
         self._atexit = None
 
@@ -178,8 +201,10 @@ class Agent:
         if exc_type is None or (issubclass(exc_type, SystemExit) and getattr(exc, "code", 1) in (0, None)):
             self.close("completed")
         elif issubclass(exc_type, KeyboardInterrupt):
+            self._exception = (exc_type.__name__, str(exc))
             self.close("interrupted", "KeyboardInterrupt")
         else:
+            self._exception = (exc_type.__name__, str(exc))
             self.close("failed", f"{exc_type.__name__}: {exc}")
         return False  # the user's exception propagates unchanged
 
@@ -284,12 +309,9 @@ class Agent:
 
                 opts = {"interval_s": self.config["sample_interval_s"], "on_sample": self._on_sample,
                         "log": self._log}
-                try:
-                    # The sampler finds DataLoader workers among our children; the window
-                    # analysis processes are ours, not workers.
-                    self.sampler = Sampler(device, exclude_pids=self._worker_pids, **opts)
-                except TypeError:
-                    self.sampler = Sampler(device, dataloader_pids=self._dataloader_pids, **opts)
+                # The sampler finds DataLoader workers among our children (a few /proc reads);
+                # the window analysis process is ours, not a worker.
+                self.sampler = Sampler(device, exclude_pids=self._worker_pids, **opts)
                 self.sampler.start()
             except Exception as exc:
                 self.sampler = None
@@ -396,8 +418,8 @@ class Agent:
 
     # -- logging ----------------------------------------------------------------------------
 
-    def _event(self, source: str, message: str, level: str = "info") -> None:
-        ev = {"t": time.time(), "level": level, "source": source, "message": message}
+    def _event(self, source: str, message: str, level: str = "info", **fields) -> None:
+        ev = {"t": time.time(), "level": level, "source": source, "message": message, **fields}
         if self.writer is None:
             self._early_events.append(ev)
         else:
@@ -439,15 +461,6 @@ class Agent:
         server = self._server
         return [server.pid] if server is not None else []
 
-    def _dataloader_pids(self) -> list[int]:
-        try:
-            import psutil
-
-            mine = set(self._worker_pids())
-            return [c.pid for c in psutil.Process().children(recursive=False) if c.pid not in mine]
-        except Exception:
-            return []
-
     # -- the background thread ---------------------------------------------------------------
 
     def _run(self) -> None:
@@ -470,15 +483,75 @@ class Agent:
                         if first is not None:
                             self._event("profiler", f"on-demand window requested at step {first}")
                     self._poll_workers()
+                    self._poll_nccl()
                 if now - last_flush >= self.flush_s:
                     last_flush = now
                     self.writer.flush()
                 if now - last_beat >= self.heartbeat_s:
                     last_beat = now
+                    self._record_dist()
                     self.writer.heartbeat(steps=self._steps_done, last_step=self._last_step,
                                           collectors=self._collectors())
             except Exception as exc:  # keep the thread alive; report once
                 self._log(f"agent: background error ({type(exc).__name__}: {exc})")
+
+    def _record_dist(self) -> None:
+        """The process group's backend and size in rank.json, once it is initialised."""
+        if self._dist_recorded or self.writer is None:
+            return
+        torch = sys.modules.get("torch")
+        try:
+            dist = torch.distributed if torch is not None else None
+            if dist is None or not dist.is_available() or not dist.is_initialized():
+                return
+            backend, world = str(dist.get_backend()), int(dist.get_world_size())
+        except Exception:
+            return
+        self._dist_recorded = True
+        self.writer.update_info(backend=backend, world_size=world)
+
+    def _poll_nccl(self) -> None:
+        """Hand `diag nccl` results and this rank's parsed NCCL log to the exporter when they change."""
+        if self.exporter is None or self.writer is None:
+            return
+        bench = self.writer.path / NCCL_BENCH_FILE
+        changed = self._nccl_changed(bench)
+        if changed:
+            doc = rundir.read_json(bench)
+            if isinstance(doc, dict) and str(doc.get("schema") or "").startswith("diag.nccl_bench/"):
+                self.exporter.observe_nccl(doc)
+        log_dir = self.writer.rank_path / rundir.NCCL
+        try:
+            logs = [log_dir / n for n in os.listdir(log_dir)] if log_dir.is_dir() else []
+        except OSError:
+            logs = []
+        now = time.monotonic()
+        if any([self._nccl_changed(p) for p in logs]):
+            self._nccl_log_changed = now
+        # NCCL writes its log while communicators start, then (without COLL tracing) stays
+        # quiet: parse once a change has settled for a few seconds. A log that keeps
+        # growing (COLL tracing) is left to `diag report`, as is a very large one.
+        if self._nccl_log_changed is None or now - self._nccl_log_changed < NCCL_LOG_SETTLE_S:
+            return
+        self._nccl_log_changed = None
+        sized = [p for p in logs if p.is_file() and p.stat().st_size <= NCCL_LOG_PARSE_MAX]
+        if len(sized) < len(logs):
+            self._log(f"nccl: a log over {NCCL_LOG_PARSE_MAX >> 20} MB is left to `diag report`")
+        if sized:
+            from diag.analyzers.nccl_log import parse_files
+
+            self.exporter.observe_nccl(parse_files([str(p) for p in sized]))
+
+    def _nccl_changed(self, path: Path) -> bool:
+        try:
+            st = path.stat()
+        except OSError:
+            return False
+        sig = (st.st_mtime, st.st_size)
+        if self._nccl_seen.get(str(path)) == sig:
+            return False
+        self._nccl_seen[str(path)] = sig
+        return True
 
     def _drain(self) -> None:
         q = self._queue
@@ -540,7 +613,7 @@ class Agent:
                 del self._inflight[out]
                 self._log(f"profiler: the window analysis process exited ({server.returncode}) during window "
                           f"{first}; `diag analyze` analyses its trace later")
-        while self._pending and not self._inflight:
+        while self._pending and not self._inflight and (self.analyse_during_run or self._closed):
             first, last, path = self._pending.popleft()
             self._submit(first, last, path)
         if self.windows is not None and not self._inflight:
@@ -656,6 +729,18 @@ class Agent:
             except Exception:
                 pass
         interrupted = status == "interrupted"
+        if self._exception is None and error and status in ("failed", "interrupted"):
+            # close(status, "TypeName: text") from a framework callback (Lightning's on_exception)
+            m = _EXCEPTION_TEXT.match(error)
+            if m:
+                self._exception = (m.group(1), m.group(2) or "")
+        if self._exception is not None:
+            # Recorded before anything closes: the events stream keeps it, and the exporter
+            # counts an out-of-memory error (torch.OutOfMemoryError, "CUDA out of memory").
+            name, text = self._exception
+            self._event("agent", f"training loop raised {name}: {text}" if text else f"training loop raised {name}",
+                        level="error" if status == "failed" else "warning", exception=name, error=text)
+        self._record_dist()
         try:
             self._shutdown_collectors(quick=interrupted)
         except KeyboardInterrupt:
@@ -676,11 +761,33 @@ class Agent:
                           file=sys.stderr)
                 except Exception as exc:
                     self._log(f"report: failed ({type(exc).__name__}: {exc}); run `diag report {self.run_dir}`")
+        if self._on_closed is not None:
+            try:
+                self._on_closed(self)
+            except Exception as exc:
+                self._log(f"agent: on_closed failed ({type(exc).__name__}: {exc})")
         if self.exporter is not None:
+            if self.export_linger_s > 0 and status == "completed":
+                self._linger(self.export_linger_s)
             try:
                 self.exporter.close()
             except Exception:
                 pass
+
+    def stop_linger(self) -> None:
+        """End the endpoint's linger after close (safe from a signal handler or another thread)."""
+        self._linger_stop.set()
+
+    def _linger(self, seconds: float) -> None:
+        port = getattr(self.exporter, "port", None)
+        self._event("exporter", f"serving the final metrics on port {port} for {seconds:.0f} s")
+        deadline = time.monotonic() + seconds
+        try:
+            # Short sleeps, so a signal handler calling stop_linger() ends it at once.
+            while not self._linger_stop.is_set() and time.monotonic() < deadline:
+                time.sleep(min(0.2, max(deadline - time.monotonic(), 0.0)))
+        except KeyboardInterrupt:
+            pass
 
     def _shutdown_collectors(self, quick: bool) -> None:
         if self.windows is not None:

@@ -17,8 +17,10 @@ demo never overwrites an earlier run.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -85,10 +87,10 @@ def _build(bottleneck: str, rank: int):
     if bottleneck == "compute":
         # Many FLOPs per parameter (a large batch through square layers), so the gradient
         # all-reduce stays small beside the matrix multiplications.
-        model = nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
-                              nn.Linear(1024, 1024))
-        batches = _repeat([(torch.randn(320, 1024), torch.randn(320, 1024))])
-        return model, batches, _regress, 320
+        model = nn.Sequential(nn.Linear(1024, 768), nn.ReLU(), nn.Linear(768, 768), nn.ReLU(),
+                              nn.Linear(768, 1024))
+        batches = _repeat([(torch.randn(512, 1024), torch.randn(512, 1024))])
+        return model, batches, _regress, 512
 
     if bottleneck == "memory":
 
@@ -164,7 +166,7 @@ def _host_step(model, batch):
 # -- one rank ---------------------------------------------------------------------------------
 
 
-def _rank_main(local_rank: int, cfg: dict) -> None:
+def _rank_main(local_rank: int, cfg: dict, done=None) -> None:
     env = {
         "RANK": str(local_rank),
         "LOCAL_RANK": str(local_rank),
@@ -176,6 +178,13 @@ def _rank_main(local_rank: int, cfg: dict) -> None:
         "DIAG_RUN_ID": cfg["run_id"],
     }
     os.environ.update(env)
+    # Kineto prints a "USDT: ... profiler_start/stop" line to stderr at every profiler
+    # window; from several ranks at once the lines interleave into broken and blank lines.
+    # The demo's windows are the agent's own business: keep its terminal output clean.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    # SIGTERM ends the rank as Ctrl-C does: the agent closes the run as interrupted, and
+    # a lingering endpoint stops serving at once.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     import torch
     import torch.distributed as dist
 
@@ -190,7 +199,15 @@ def _rank_main(local_rank: int, cfg: dict) -> None:
         export=cfg["export"],
         export_port_base=cfg.get("port_base"),
         report_wait_s=60.0,
+        # On a small machine the ranks have no spare core: analysing a window during the
+        # run slows one rank and makes it a straggler. Live analysis feeds the live
+        # metrics, so without the exporter the windows are analysed at exit instead.
+        analyse_during_run=cfg["export"] or (os.cpu_count() or 1) > 2 * cfg["ranks"],
         heartbeat_s=2.0,
+        export_linger_s=cfg.get("linger_s", 0.0),
+        # Rank 0 closes last (it waits for its peers and writes the report): then the
+        # parent can print the verdict while the endpoints linger.
+        on_closed=(lambda _agent: done.set()) if done is not None and local_rank == 0 else None,
         verbose=cfg["verbose"],
         **sched,
     ) as agent:
@@ -226,8 +243,15 @@ def run_demo(
     export: bool = True,
     port_base: int | None = None,
     verbose: bool = False,
+    linger_s: float = 0.0,
+    on_ready=None,
 ) -> dict:
-    """Run the demo job; returns {"run_dir", "analysis", "report", "elapsed_s"}."""
+    """Run the demo job; returns {"run_dir", "analysis", "report", "elapsed_s", "endpoints"}.
+
+    With `linger_s`, the ranks keep their Prometheus endpoints serving that long after
+    training and the report; `on_ready(result)` is called as soon as the report is
+    written (before the linger), and SIGINT or SIGTERM ends the linger at once.
+    """
     if bottleneck not in BOTTLENECKS:
         raise ValueError(f"unknown bottleneck {bottleneck!r}; choose from {', '.join(BOTTLENECKS)}")
     import torch.multiprocessing as mp
@@ -249,21 +273,73 @@ def run_demo(
         "export": export,
         "port_base": port_base,
         "verbose": verbose,
+        "linger_s": max(float(linger_s or 0.0), 0.0) if export else 0.0,
     }
     # fork is fast (no re-import of torch) and safe here: the parent has run no torch ops.
     method = "fork" if sys.platform.startswith("linux") else "spawn"
-    mp.start_processes(_rank_main, args=(cfg,), nprocs=ranks, join=True, start_method=method)
+    done = mp.get_context(method).Event()
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler) if main else None  # SIGTERM: as Ctrl-C
+    try:
+        procs = mp.start_processes(_rank_main, args=(cfg, done), nprocs=ranks, join=False, start_method=method)
+        try:
+            while not procs.join(timeout=0.5) and not done.is_set():
+                pass
+        except KeyboardInterrupt:
+            _stop_ranks(procs)
+            raise
 
-    from diag.analyzers.run_analysis import analyze_run
+        from diag.analyzers.run_analysis import analyze_run
 
-    analysis = analyze_run(path)
-    report = path / "report.html"
-    return {
-        "run_dir": path,
-        "analysis": analysis,
-        "report": report if report.exists() else None,
-        "elapsed_s": time.monotonic() - t0,
-    }
+        analysis = analyze_run(path)
+        report = path / "report.html"
+        result = {
+            "run_dir": path,
+            "analysis": analysis,
+            "report": report if report.exists() else None,
+            "elapsed_s": time.monotonic() - t0,
+            "endpoints": _endpoints(path, ranks) if cfg["linger_s"] > 0 else [],
+        }
+        if on_ready is not None:
+            on_ready(result)
+        try:
+            while not procs.join(timeout=0.5):
+                pass
+        except KeyboardInterrupt:  # the linger ends early; training is over, nothing is lost
+            _stop_ranks(procs)
+        return result
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _stop_ranks(procs, timeout_s: float = 30.0) -> None:
+    """Interrupt the rank processes still running and wait for them (bounded), then kill."""
+    live = [p for p in procs.processes if p.is_alive()]
+    for p in live:
+        try:
+            os.kill(p.pid, signal.SIGINT)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout_s
+    for p in live:
+        p.join(max(deadline - time.monotonic(), 0.1))
+        if p.is_alive():
+            p.kill()
+            p.join(5.0)
+
+
+def _endpoints(path: Path, ranks: int) -> list[str]:
+    """host:port of each rank's metrics endpoint, from the rank.json files."""
+    from diag import rundir
+
+    out = []
+    for r in range(ranks):
+        info = rundir.read_json(path / rundir.rank_dir_name(r) / rundir.RANK_FILE) or {}
+        port = (info.get("collectors") or {}).get("exporter_port")
+        if port:
+            out.append(f"{info.get('host') or 'localhost'}:{port}")
+    return out
 
 
 def headline(analysis: dict) -> str:

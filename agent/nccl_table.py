@@ -95,17 +95,24 @@ def format_error(error) -> str:
     return "%5.0e" % error
 
 
+BACKEND_LINE = "# diag nccl: backend %s"
+
+
 def header_lines(params: dict | None = None, devices: list[dict] | None = None,
-                 collective: str | None = None) -> list[str]:
+                 collective: str | None = None, backend: str | None = None) -> list[str]:
     """The block printed before the table: test name, sweep parameters, devices.
 
     params keys: nthread, ngpus, min_bytes, max_bytes, step_factor | step_bytes,
     warmup_iters, iters, agg_iters, check, graph. devices: rank, group, pid, host,
-    device, bus_id (int), name.
+    device, bus_id (int), name. `backend` (diag's own runs: gloo, nccl, rccl) adds the
+    comment line `# diag nccl: backend <name>`, which tells diag's output apart from
+    nccl-tests' for a reader of the saved text; nccl-tests readers skip it as a comment.
     """
     lines: list[str] = []
     if collective:
         lines.append(f"# Collective test starting: {binary_name(collective)}")
+    if backend:
+        lines.append(BACKEND_LINE % backend)
     if params:
         factor = params.get("step_factor") or 0
         if factor > 1:

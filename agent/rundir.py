@@ -30,6 +30,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
+
 RUN_SCHEMA = "diag.run/1"
 RANK_SCHEMA = "diag.rank/1"
 MANIFEST = "manifest.json"
@@ -54,6 +56,7 @@ STEP_FIELDS = {
 }
 
 _RANK_DIR = re.compile(r"^rank-(\d+)$")
+_decode = msgspec.json.Decoder().decode  # several times faster than json.loads on big runs
 
 
 def rank_dir_name(rank: int) -> str:
@@ -157,23 +160,32 @@ def read_records(directory: str | os.PathLike, stream: str, problems: list | Non
     if not directory.is_dir():
         return
     for seg in sorted(directory.glob(f"{stream}-*.jsonl")):
-        try:
-            lines = seg.read_bytes().splitlines()
-        except OSError as exc:
-            if problems is not None:
-                problems.append(f"{seg}: unreadable ({exc.strerror or exc})")
+        yield from read_segment(seg, problems)
+
+
+def read_segment(segment: str | os.PathLike, problems: list | None = None) -> Iterator[dict]:
+    """The records of one segment file; unreadable lines are skipped and noted in `problems`."""
+    try:
+        lines = Path(segment).read_bytes().splitlines()
+    except OSError as exc:
+        if problems is not None:
+            problems.append(f"{segment}: unreadable ({exc.strerror or exc})")
+        return
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
             continue
-        for i, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
+        try:
+            rec = _decode(line)
+        except msgspec.DecodeError:
+            # json writes NaN/Infinity literals, which msgspec rejects; json reads them back.
             try:
                 rec = json.loads(line)
             except ValueError:
                 if problems is not None:
-                    problems.append(f"{seg}:{i}: not a JSON record")
+                    problems.append(f"{segment}:{i}: not a JSON record")
                 continue
-            if isinstance(rec, dict):
-                yield rec
+        if isinstance(rec, dict):
+            yield rec
 
 
 def read_json(path: str | os.PathLike, problems: list | None = None) -> dict | None:

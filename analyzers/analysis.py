@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib
 import os
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from diag.analyzers import decision_tree as dt
@@ -107,8 +106,8 @@ def _msg(exc: DiagInputError) -> str:
 
 def worker_count(files: list[str], jobs: int | None) -> int:
     """Parallel processes: the user's --jobs, else as many as CPUs and free memory allow."""
-    if not files:
-        return 0
+    if len(files) <= 1:
+        return len(files)
     if jobs:
         return max(1, min(int(jobs), len(files)))
     try:
@@ -156,6 +155,7 @@ def _analyze_files(files, tree, jobs, progress, errors) -> list[dict]:
                 progress(i + 1, len(files), f)
     else:
         import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor  # only here: a single trace needs no pool
 
         ctx = mp.get_context("spawn") if os.name != "posix" else mp.get_context("forkserver")
         with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
@@ -225,6 +225,15 @@ def job_verdict(ranks: list[dict], tree, errors: list) -> dict:
 
 def json_safe(obj):
     """The document with non-finite floats as null (JSON has no inf/NaN) and numpy scalars as Python."""
+    t = type(obj)  # exact types first: a large document is mostly plain leaves
+    if t is str or t is int or t is bool or obj is None:
+        return obj
+    if t is float:
+        return obj if obj - obj == 0.0 else None  # NaN and +-inf give NaN
+    if t is dict:
+        return {k if type(k) is str else str(k): json_safe(v) for k, v in obj.items()}
+    if t is list:
+        return [json_safe(v) for v in obj]
     if isinstance(obj, dict):
         return {str(k): json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

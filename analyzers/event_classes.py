@@ -15,6 +15,7 @@ expressions over every generation seen in the wild:
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 import numpy as np
 
@@ -155,6 +156,7 @@ _COLL_WORDS = [
 _COLL_RES = [(n, re.compile(p, re.IGNORECASE)) for n, p in _COLL_WORDS]
 
 
+@lru_cache(maxsize=4096)  # a trace repeats a handful of collective names thousands of times
 def collective_name(text: str | None) -> str | None:
     if not text:
         return None

@@ -100,37 +100,46 @@ def breakdown(trace: Trace) -> dict | None:
     busy = iv.total(every)
     compute = iv.total(comp)
     comm_total = iv.total(comm)
-    overlap = iv.total(iv.intersect(comp, comm))
+    comp_comm = iv.intersect(comp, comm)
+    overlap = iv.total(comp_comm)
     pct = (lambda x: round(100.0 * x / span, 2)) if span > 0 else (lambda x: 0.0)
     return {
         "idle_pct": pct(span - busy),
         "compute_pct": pct(compute),
         "non_compute_pct": pct(busy - compute),
         "comm_compute_overlap_pct": round(100.0 * overlap / comm_total, 2) if comm_total > 0 else None,
-        "kernel_type_split": _split(comp, comm, mem),
+        "kernel_type_split": _split(comp, comm, mem, comp_comm),
         "span_us": span,
         "definition": "HTA 0.5.0",
     }
 
 
-def _split(comp, comm, mem) -> dict:
-    """Exclusive time of each combination of COMP/COMM/MEM as % of their union."""
-    sets = {COMP: comp, COMM: comm, MEM: mem}
-    names = [COMP, COMM, MEM]
-    allu = iv.union(comp, comm, mem)
-    total = iv.total(allu)
+def _split(comp, comm, mem, comp_comm=None) -> dict:
+    """Exclusive time of each combination of COMP/COMM/MEM as % of their union.
+
+    Each part is built from two-set differences and intersections (nine sweeps, the
+    memory set being the small one); the parts are the same sets whichever way they are
+    combined, so the figures do not depend on the order of operations.
+    """
+    comp_or_comm = iv.union(comp, comm)
+    total = iv.total(iv.union(comp_or_comm, mem))
     if total <= 0:
         return {}
+    both = iv.intersect(comp, comm) if comp_comm is None else comp_comm
+    comp_only = iv.subtract(comp, comm)
+    comm_only = iv.subtract(comm, comp)
+    parts = [
+        (COMP, iv.subtract(comp_only, mem)),
+        (COMM, iv.subtract(comm_only, mem)),
+        (f"{COMP}∩{COMM}", iv.subtract(both, mem)),
+        (MEM, iv.subtract(mem, comp_or_comm)),
+        (f"{COMP}∩{MEM}", iv.intersect(comp_only, mem)),
+        (f"{COMM}∩{MEM}", iv.intersect(comm_only, mem)),
+        (f"{COMP}∩{COMM}∩{MEM}", iv.intersect(both, mem)),
+    ]
     out = {}
-    for mask in range(1, 8):
-        inside = [n for i, n in enumerate(names) if mask >> i & 1]
-        outside = [n for i, n in enumerate(names) if not mask >> i & 1]
-        part = sets[inside[0]]
-        for n in inside[1:]:
-            part = iv.intersect(part, sets[n])
-        for n in outside:
-            part = iv.subtract(part, sets[n])
+    for name, part in parts:
         t = iv.total(part)
         if t > 0:
-            out["∩".join(inside)] = round(100.0 * t / total, 1)
+            out[name] = round(100.0 * t / total, 1)
     return out

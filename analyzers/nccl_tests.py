@@ -15,6 +15,10 @@ Handles every format generation seen in the wild (2018-2025):
 
 When a saved excerpt lacks the header, the collective and world size are inferred from
 the table itself (element counts and the busbw/algbw factor) and listed in `inferred`.
+
+`backend` is "rccl" for rccl-tests output (its banner and RCCL-only lines), the backend
+named by the `# diag nccl: backend <name>` line of diag's own tables (gloo on CPU), and
+"nccl" otherwise.
 """
 
 from __future__ import annotations
@@ -76,6 +80,9 @@ _FAILURE = re.compile(
     re.I,
 )
 _WARN = re.compile(r"\bNCCL WARN\b")
+# rccl-tests' own lines (not a "# source:" note about them)
+_RCCL_TEXT = re.compile(r"^(?!# source:)[^\n]*?(?:RCCL version|Errors with asterisks|HIP version|rccl-tests)", re.M)
+_DIAG_BACKEND = re.compile(r"^#\s*diag nccl: backend (\w+)")
 _TYPE_WIDTH_HEADER = re.compile(r"\bcount(\s+)type\b")
 _TYPE_WIDTH_ROW = re.compile(r"\s*\d+\s+\d+(\s+)([A-Za-z]\w*)\s")
 # "host: Test NCCL failure ..." and " .. host pid 123: Test failure ..." name the failing host.
@@ -396,7 +403,7 @@ def _finish(test: _Test, source: str | None) -> dict:
 def parse_text(text: str, source: str | None = None) -> list[dict]:
     """Every nccl-tests run found in `text`, as test dicts of diag.nccl_bench/1."""
     tests: list[_Test] = []
-    backend = "rccl" if re.search(r"RCCL version|Errors with asterisks|HIP version|rccl-tests", text) else None
+    backend = "rccl" if _RCCL_TEXT.search(text) else None
     cur: _Test | None = None
     pending_binary: str | None = None
     pending_errors: list[str] = []
@@ -435,6 +442,12 @@ def parse_text(text: str, source: str | None = None) -> list[dict]:
             continue
         body = s.lstrip("#").strip()
 
+        m = _DIAG_BACKEND.match(s)
+        if m:  # diag's own table: the backend it measured (gloo, nccl, rccl)
+            backend = m.group(1)
+            if cur is not None and not cur.rows and not cur.done:
+                cur.backend = backend
+            continue
         m = _VERSION.search(s)
         if m:
             pending_version = m.group(2)

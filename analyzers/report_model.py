@@ -601,8 +601,8 @@ def _order_note(bound, recs, job_shares) -> str | None:
         return None
     return (f"The verdict is {bound}-bound because the decision tree asks its questions in a fixed order "
             f"(data wait, device idle, exposed communication, then the kernel mix) and the {bound} question "
-            f"answered yes first. By expected gain, though, {PHASE_LABELS[p]} ({_pct(job_shares[p])} of the step) "
-            "come first in the list below.")
+            f"answered yes first. By expected gain, though, the fixes for {PHASE_LABELS[p]} "
+            f"({_pct(job_shares[p])} of the step) come first in the list below.")
 
 
 def _rank_bound_from_steps(r: dict) -> str | None:

@@ -20,12 +20,15 @@ Pure: reads the run directory, returns plain data.
 from __future__ import annotations
 
 import bisect
+import math
 import statistics
 import time
 from pathlib import Path
 
+import numpy as np
+
 from diag import rundir
-from diag.analyzers.decision_tree import BOUNDS, advise, evaluate, load_tree
+from diag.analyzers.decision_tree import _OPS, BOUNDS, advise, evaluate, load_tree
 
 SCHEMA = "diag.analysis/1"
 FINAL_STATUSES = ("completed", "failed", "interrupted")
@@ -34,6 +37,7 @@ CORE_METRICS = frozenset({"data_share", "busy_share", "data_fraction_of_idle", "
 # A running rank whose heartbeat is this much older than the newest one has stopped.
 STALE_S = 120.0
 SAMPLE_MATCH_S = 5.0
+_STEP_EXTRAS = ("samples", "tokens", "peak_mem_bytes", "mfu")  # step record fields kept as they are
 TOP_N = 20
 
 
@@ -133,6 +137,8 @@ def sampled_verdict(record: dict, sample: dict | None, composition: dict | None,
     gpu = (sample or {}).get("gpu") if isinstance(sample, dict) else None
     if isinstance(gpu, dict) and isinstance(gpu.get("utilization_ratio"), (int, float)):
         util = float(gpu["utilization_ratio"])
+        if not math.isfinite(util):  # a failed reading is no reading
+            util = None
     shares, m = sampled_shares(record.get("duration_s"), record.get("data_wait_s"), util, composition)
     if not m:
         return {"bound": None, "shares": None, "path": [], "evidence": "sampled"}
@@ -143,8 +149,13 @@ def sampled_verdict(record: dict, sample: dict | None, composition: dict | None,
 # -- one rank ---------------------------------------------------------------------------
 
 
+_INF = (math.inf, -math.inf)
+
+
 def _finite(x) -> bool:
-    return isinstance(x, (int, float)) and x == x and x not in (float("inf"), float("-inf"))
+    if type(x) is float:  # the common case, first
+        return math.isfinite(x)
+    return isinstance(x, (int, float)) and x == x and x not in _INF
 
 
 def _median(values):
@@ -152,19 +163,190 @@ def _median(values):
     return statistics.median(vals) if vals else None
 
 
-def _quantile(values, q: float):
-    vals = sorted(v for v in values if _finite(v))
+def _sorted_quantile(vals: list, q: float):
     if not vals:
         return None
     return vals[min(len(vals) - 1, int(q * (len(vals) - 1) + 0.5))]
 
 
-def _nearest_sample(times: list[float], samples: list[dict], t: float) -> dict | None:
-    if not times:
-        return None
-    i = bisect.bisect_left(times, t)
-    best = min((j for j in (i - 1, i) if 0 <= j < len(times)), key=lambda j: abs(times[j] - t))
-    return samples[best] if abs(times[best] - t) <= SAMPLE_MATCH_S else None
+# -- sampled verdicts of many steps at once -----------------------------------------------
+#
+# A long run has hundreds of thousands of sampled steps. Their shares are computed with
+# numpy over the rank's step arrays, and the tree is walked once per group of steps that
+# reach the same node by the same answers (a handful of groups), not once per step. A
+# step whose path differs from the previous step's is evaluated again by
+# `sampled_verdict`, which gives the full path; so the output is exactly the per-step one.
+
+_NO_SAMPLE = -1
+
+
+def _plain_number(x) -> bool:
+    return type(x) in (int, float) and math.isfinite(x)
+
+
+def _sample_utilization(samples: list[dict]) -> np.ndarray:
+    out = np.full(len(samples), np.nan)
+    for i, s in enumerate(samples):
+        gpu = s.get("gpu")
+        if isinstance(gpu, dict) and isinstance(gpu.get("utilization_ratio"), (int, float)):
+            v = float(gpu["utilization_ratio"])
+            if math.isfinite(v):  # as sampled_verdict: a failed reading is no reading
+                out[i] = v
+    return out
+
+
+def _nearest_samples(times: np.ndarray, mids: np.ndarray) -> np.ndarray:
+    """Index of the sample nearest each time (the earlier one on a tie), or -1 beyond SAMPLE_MATCH_S."""
+    if len(times) == 0:
+        return np.full(len(mids), _NO_SAMPLE, dtype=np.int64)
+    i = np.searchsorted(times, mids, side="left")
+    lo = np.clip(i - 1, 0, len(times) - 1)
+    hi = np.clip(i, 0, len(times) - 1)
+    d_lo = np.where(i - 1 >= 0, np.abs(times[lo] - mids), np.inf)
+    d_hi = np.where(i < len(times), np.abs(times[hi] - mids), np.inf)
+    best = np.where(d_lo <= d_hi, lo, hi)
+    return np.where(np.abs(times[best] - mids) <= SAMPLE_MATCH_S, best, _NO_SAMPLE)
+
+
+class _Walker:
+    """The tree's walk (as `evaluate`) over columns of measurements: per row, a path and a bound."""
+
+    def __init__(self, tree):
+        self.tree = tree
+        self._ids: dict[tuple, int] = {(): 0}
+        self.sigs: list[tuple] = [()]
+
+    def _child(self, pid: int, node: str, answer: str) -> int:
+        key = (*self.sigs[pid], (node, answer))
+        sid = self._ids.get(key)
+        if sid is None:
+            sid = self._ids[key] = len(self.sigs)
+            self.sigs.append(key)
+        return sid
+
+    def walk(self, cols: dict[str, np.ndarray], n: int) -> tuple[np.ndarray, list]:
+        """(path id per row, bound per row, guessed per row folded in: None when guessed)."""
+        tree = self.tree
+        sig = np.zeros(n, dtype=np.int64)
+        bound: list = [None] * n
+        groups = [(tree.start, 0, np.arange(n))]
+        for _ in range(len(tree.nodes) + 1):
+            nxt_groups = []
+            for node_id, pid, rows in groups:
+                node = tree.nodes[node_id]
+                threshold = tree.threshold(node["threshold"])
+                col = cols.get(node["metric"])
+                values = col[rows] if col is not None else np.full(len(rows), np.nan)
+                known = ~np.isnan(values)
+                hit = np.zeros(len(rows), dtype=bool)
+                hit[known] = _OPS[node["op"]](values[known], threshold)
+                for answer, mask, branch in (("unknown", ~known, "no"), ("yes", known & hit, "yes"),
+                                             ("no", known & ~hit, "no")):
+                    sub = rows[mask]
+                    if not len(sub):
+                        continue
+                    child = self._child(pid, node_id, answer)
+                    target = node[branch]
+                    if target.startswith("verdict:"):
+                        sig[sub] = child
+                        b = target.split(":", 1)[1]
+                        guessed = any(a == "unknown" and tree.nodes[nd]["metric"] in CORE_METRICS
+                                      for nd, a in self.sigs[child])
+                        for r in sub.tolist():
+                            bound[r] = None if guessed else b
+                    else:
+                        nxt_groups.append((target, child, sub))
+            groups = nxt_groups
+            if not groups:
+                return sig, bound
+        raise ValueError("decision tree has a cycle")
+
+
+def _sampled_batch(recs: list[dict], comp_of: list, util: np.ndarray, tree, walker: _Walker) -> list:
+    """Per record: (bound, shares, sig) for the records the vectorised path covers, else None."""
+    n = len(recs)
+    out: list = [None] * n
+    ok = [i for i, r in enumerate(recs)
+          if _plain_number(r.get("duration_s")) and r["duration_s"] > 0
+          and (r.get("data_wait_s") is None or _plain_number(r["data_wait_s"]))]
+    if not ok:
+        return out
+    idx = np.array(ok, dtype=np.int64)
+    dur = np.array([float(recs[i]["duration_s"]) for i in ok])
+    dw_raw = [recs[i].get("data_wait_s") for i in ok]
+    has_dw = np.array([w is not None for w in dw_raw])
+    dw = np.array([float(w or 0.0) for w in dw_raw])
+    u = util[idx]
+    has_u = ~np.isnan(u)
+    # The few distinct window compositions, indexed per row (-1: none, the table's last entry).
+    table: list[dict] = []
+    seen: dict[int, int] = {}
+    cid = []
+    for i in ok:
+        c = comp_of[i]
+        if c is None:
+            cid.append(-1)
+            continue
+        k = seen.get(id(c))
+        if k is None:
+            k = seen[id(c)] = len(table)
+            table.append(c)
+        cid.append(k)
+    cidx = np.array(cid, dtype=np.int64)
+    has_c = cidx >= 0
+    m = len(ok)
+
+    def per_row(values: list) -> np.ndarray:
+        return np.array([*values, np.nan], dtype=float)[cidx]
+
+    def split(key: str, b: str) -> np.ndarray:
+        return per_row([c[key][b] for c in table])
+
+    data = np.minimum(np.maximum(dw / dur, 0.0), 1.0)
+    rest = 1.0 - data
+    busy = np.minimum(np.maximum(np.where(has_u, u, 0.0), 0.0), rest)
+    host_u = rest - busy
+    nan = np.full(m, np.nan)
+    shares = {"data": data}
+    with np.errstate(invalid="ignore"):
+        shares["host"] = np.where(has_u, host_u, rest * split("non_data", "host"))
+        for b in ("comm", "memory", "compute"):
+            shares[b] = np.where(has_u, busy * split("busy_split", b), rest * split("non_data", b))
+    has_shares = has_c
+    cols = {
+        "data_share": np.where(has_dw | has_shares, data, nan),
+        "busy_share": np.where(has_u, busy, nan),
+        "host_share": np.where(has_u | has_shares, shares["host"], nan),
+    }
+    for b in ("comm", "memory", "compute"):
+        cols[f"{b}_share"] = np.where(has_shares, shares[b], nan)
+    mem, cmp_ = cols["memory_share"], cols["compute_share"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(cmp_ > 0, mem / np.where(cmp_ > 0, cmp_, 1.0), np.where(mem > 0, np.inf, nan))
+    cols["memory_to_compute"] = np.where(has_shares, ratio, nan)
+    bw = per_row([c["achieved_bw_frac"] if c.get("achieved_bw_frac") is not None else np.nan for c in table])
+    cols["achieved_bw_frac"] = np.where(has_shares, bw, nan)
+    # Derived as decision_tree.derive does.
+    derived_busy = cols["comm_share"] + cols["memory_share"] + cols["compute_share"]
+    cols["busy_share"] = np.where(np.isnan(cols["busy_share"]), derived_busy, cols["busy_share"])
+    ds, hs = cols["data_share"], cols["host_share"]
+    idle = ds + hs
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cols["data_fraction_of_idle"] = np.where(idle > 0, ds / np.where(idle > 0, idle, 1.0), 0.0)
+    cols["data_fraction_of_idle"][np.isnan(idle)] = np.nan
+
+    sig, bound = walker.walk(cols, m)
+    empty = ~(has_dw | has_u | has_shares)  # no measurement at all: no verdict, empty path
+    share_rows = np.column_stack([shares[b] for b in BOUNDS]).tolist()
+    sig_l, empty_l, has_sh_l = sig.tolist(), empty.tolist(), has_shares.tolist()
+    for j, i in enumerate(ok):
+        if empty_l[j]:
+            out[i] = (None, None, ())
+        elif has_sh_l[j]:
+            out[i] = (bound[j], dict(zip(BOUNDS, share_rows[j])), walker.sigs[sig_l[j]])
+        else:
+            out[i] = (bound[j], None, walker.sigs[sig_l[j]])
+    return out
 
 
 def _merge_table(windows: list[dict], key: str) -> list[dict]:
@@ -269,8 +451,22 @@ def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None
             comps.append((int(w.get("first_step", 0)), c))
     comp_starts = [c[0] for c in comps]
 
+    # The sampled steps' verdicts, all at once (see _sampled_batch).
+    sampled_recs = [r for r in records if r["step"] not in trace_steps]
+    mids = np.array([float(r.get("start_unix") or 0.0) + float(r.get("duration_s") or 0.0) / 2
+                     for r in sampled_recs])
+    nearest = _nearest_samples(np.array(sample_t, dtype=float), mids).tolist()
+    sample_util = _sample_utilization(samples)
+    util = np.array([sample_util[k] if k != _NO_SAMPLE else np.nan for k in nearest])
+    comp_of = []
+    for r in sampled_recs:
+        i = bisect.bisect_right(comp_starts, r["step"]) - 1
+        comp_of.append(comps[i][1] if i >= 0 else (comps[0][1] if comps else None))
+    batch = _sampled_batch(sampled_recs, comp_of, util, tree, _Walker(tree)) if sampled_recs else []
+
     steps_out: list[dict] = []
     last_path_sig = None
+    j = -1  # index among the sampled records
     for rec in records:
         n = rec["step"]
         if n in trace_steps:
@@ -284,25 +480,33 @@ def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None
                 "evidence": "trace",
             }
         else:
-            i = bisect.bisect_right(comp_starts, n) - 1
-            comp = comps[i][1] if i >= 0 else (comps[0][1] if comps else None)
-            mid = float(rec.get("start_unix") or 0.0) + float(rec.get("duration_s") or 0.0) / 2
-            v = sampled_verdict(rec, _nearest_sample(sample_t, samples, mid), comp, tree)
-            sig = tuple((p["node"], p["answer"]) for p in v["path"])
+            j += 1
+            fast = batch[j]
+            if fast is None or fast[2] != last_path_sig:
+                # A new path (or a record the vectorised path does not cover): the full verdict.
+                k = nearest[j]
+                v = sampled_verdict(rec, samples[k] if k != _NO_SAMPLE else None, comp_of[j], tree)
+                bound_, shares_, path_ = v["bound"], v["shares"], v["path"]
+                sig = tuple((p["node"], p["answer"]) for p in path_)
+            else:
+                bound_, shares_, sig = fast
+                path_ = []
             entry = {
                 "step": n,
                 "duration_ms": 1000.0 * float(rec.get("duration_s") or 0.0),
-                "bound": v["bound"],
-                "shares": v["shares"],
+                "bound": bound_,
+                "shares": shares_,
                 # The path is repeated only when it changes, so long runs stay small.
-                "path": v["path"] if sig != last_path_sig else [],
+                "path": path_ if sig != last_path_sig else [],
                 "evidence": "sampled",
             }
             last_path_sig = sig
-        entry["data_wait_ms"] = 1000.0 * rec["data_wait_s"] if _finite(rec.get("data_wait_s")) else None
-        for k in ("samples", "tokens", "peak_mem_bytes", "mfu"):
-            if rec.get(k) is not None:
-                entry[k] = rec[k]
+        dw = rec.get("data_wait_s")
+        entry["data_wait_ms"] = 1000.0 * dw if _finite(dw) else None
+        for k in _STEP_EXTRAS:
+            v = rec.get(k)
+            if v is not None:
+                entry[k] = v
         steps_out.append(entry)
     # Trace steps the agent did not record (a window cut short by a crash) still count.
     recorded = {s["step"] for s in steps_out}
@@ -315,12 +519,18 @@ def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None
     cut = _warmup_cut(steps_out, analysed)
     counted = [s for s in steps_out if s["step"] >= cut] or steps_out
     acc, tot = dict.fromkeys(BOUNDS, 0.0), 0.0
+    a_data = a_host = a_comm = a_memory = a_compute = 0.0  # summed step by step, in step order
     for s in counted:
-        sh, d = s.get("shares"), s.get("duration_ms")
+        sh, d = s["shares"], s["duration_ms"]
         if isinstance(sh, dict) and _finite(d) and d > 0:
             tot += d
-            for b in BOUNDS:
-                acc[b] += float(sh.get(b) or 0.0) * d
+            g = sh.get
+            a_data += float(g("data") or 0.0) * d
+            a_host += float(g("host") or 0.0) * d
+            a_comm += float(g("comm") or 0.0) * d
+            a_memory += float(g("memory") or 0.0) * d
+            a_compute += float(g("compute") or 0.0) * d
+    acc.update(data=a_data, host=a_host, comm=a_comm, memory=a_memory, compute=a_compute)
     measurements: dict = {}
     if tot > 0:
         mean = {b: acc[b] / tot for b in BOUNDS}
@@ -349,7 +559,7 @@ def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None
     else:
         bound, path, fixes = None, [], []
 
-    findings = advise(measurements, tree) if measurements else []
+    findings = advise(measurements, tree, bound=bound) if measurements else []
     for w in analysed:
         findings.extend(f for f in w["analysis"].get("findings") or [] if isinstance(f, dict))
     findings = _dedupe_findings(findings)
@@ -408,7 +618,9 @@ def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None
             "samples": len(samples),
             "warmup_steps_excluded": sum(1 for s in steps_out if s["step"] < cut),
         },
-        "step_time_ms": {"p50": _median(durations), "p95": _quantile(durations, 0.95),
+        # durations are all finite already: no second filtering pass
+        "step_time_ms": {"p50": statistics.median(durations) if durations else None,
+                         "p95": _sorted_quantile(sorted(durations), 0.95),
                          "mean": statistics.fmean(durations) if durations else None},
         "throughput": {
             "samples_per_s": samples_total / wall_s if wall_s > 0 and samples_total else None,

@@ -125,9 +125,7 @@ def analyze_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None) -> dict
     if mem_frac is not None:
         rank_m["memory_used_frac"] = mem_frac
     verdict = dt.evaluate(rank_m, tree)
-    # The advisory says "though not the dominant cost"; when comm is the verdict it is noise.
-    findings = [f for f in dt.advise(rank_m, tree)
-                if not (f["id"] == "comm_share_notable" and verdict["bound"] == "comm")]
+    findings = dt.advise(rank_m, tree, bound=verdict["bound"])
     for f in findings:
         f["evidence"] = {**f["evidence"], "source": "trace"}
     if sampled:
@@ -164,7 +162,7 @@ def analyze_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None) -> dict
         "findings": findings,
         "top_kernels": _top_kernels(trace, classes, op_info) if on_device else [],
         "top_ops": _top_ops(trace),
-        "collectives": collectives(trace, classes),
+        "collectives": _tag_steps(collectives(trace, classes), windows),
         "mfu": rank_m.get("mfu"),
         "timeline": "device" if on_device else "cpu",
         "sampled": sampled,
@@ -458,6 +456,20 @@ def _seq(v) -> int | None:
         return None
 
 
+def _tag_steps(records: list[dict], windows) -> list[dict]:
+    """Add each collective's ProfilerStep number: the last step that began at or before it.
+
+    No upper bound: device kernels run after the host-side step annotation that launched them.
+    """
+    if not records:
+        return records
+    starts = np.array([w[1] for w in windows], dtype=np.float64)
+    k = np.searchsorted(starts, np.array([r["ts_us"] for r in records]), side="right") - 1
+    for rec, i in zip(records, k.tolist()):
+        rec["step"] = windows[i][0] if i >= 0 else None
+    return records
+
+
 def collectives(trace: Trace, cls: np.ndarray | None) -> list[dict]:
     """Contract B records in trace order: device NCCL/RCCL kernels, else host gloo spans."""
     out = []
@@ -470,26 +482,36 @@ def collectives(trace: Trace, cls: np.ndarray | None) -> list[dict]:
                 host_args[int(trace.cpu_ext[i])] = {**a, "host_collective": ec.collective_name(op.split(":")[-1])}
         # Fallback link: the kernel's launch (same correlation id) inside a host collective span.
         host_rows = sorted((i for (where, i) in trace.coll_args if where == "cpu"), key=lambda i: trace.cpu_ts[i])
-        host_ts = np.array([trace.cpu_ts[i] for i in host_rows])
-        rt_order = np.argsort(trace.rt_corr, kind="stable")
-        rt_sorted = trace.rt_corr[rt_order]
-
-        def rt_of_corr(corr: int) -> int | None:
-            k = int(np.searchsorted(rt_sorted, corr))
-            return int(rt_order[k]) if corr >= 0 and k < len(rt_sorted) and rt_sorted[k] == corr else None
-
-        for i in np.flatnonzero(cls == ec.COMM).tolist():
+        host_ts = trace.cpu_ts[np.array(host_rows, dtype=np.int64)]
+        host_end = (host_ts + trace.cpu_dur[np.array(host_rows, dtype=np.int64)]).tolist()
+        host_ext = trace.cpu_ext[np.array(host_rows, dtype=np.int64)].tolist()
+        # Vectorised lookups for all communication kernels at once: launch row, launch time,
+        # and the last host collective span starting at or before it.
+        rows = np.flatnonzero(cls == ec.COMM)
+        corr = trace.dev_corr[rows]
+        launch = np.full(len(rows), -1, dtype=np.int64)
+        if len(trace.rt_corr):
+            rt_order = np.argsort(trace.rt_corr, kind="stable")
+            rt_sorted = trace.rt_corr[rt_order]
+            k = np.searchsorted(rt_sorted, corr)
+            kk = np.minimum(k, len(rt_sorted) - 1)
+            hit = (corr >= 0) & (k < len(rt_sorted)) & (rt_sorted[kk] == corr)
+            launch[hit] = rt_order[kk[hit]]
+        t_launch = np.where(launch >= 0, trace.rt_ts[np.maximum(launch, 0)] if len(trace.rt_ts) else 0.0, 0.0)
+        k_host = (np.searchsorted(host_ts, t_launch, side="right") - 1).tolist()
+        host_ts_l = host_ts.tolist()
+        ext_l, launch_l, t_l = trace.dev_ext[rows].tolist(), launch.tolist(), t_launch.tolist()
+        for n, i in enumerate(rows.tolist()):
             kname = trace.names[trace.dev_name[i]]
             a = dict(trace.coll_args.get(("dev", i)) or {})
-            ext = int(trace.dev_ext[i])
+            ext = ext_l[n]
             linked = [host_args.get(e) for e in (ext, ext - 1, ext - 2)]  # nccl:* annotation, record_param_comms
-            j = rt_of_corr(int(trace.dev_corr[i]))
-            if j is not None and len(host_rows):
-                t = trace.rt_ts[j]
-                k = int(np.searchsorted(host_ts, t, side="right")) - 1
-                for r in host_rows[max(0, k - 8): k + 1][::-1]:
-                    if trace.cpu_ts[r] <= t <= trace.cpu_ts[r] + trace.cpu_dur[r]:
-                        linked.append(host_args.get(int(trace.cpu_ext[r])))
+            if launch_l[n] >= 0 and host_rows:
+                t = t_l[n]
+                k = k_host[n]
+                for r in range(k, max(0, k - 8) - 1, -1):
+                    if host_ts_l[r] <= t <= host_end[r]:
+                        linked.append(host_args.get(host_ext[r]))
             for h in linked:
                 if h:
                     for key, v in h.items():

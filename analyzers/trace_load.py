@@ -3,10 +3,20 @@
 Why not `json.load` or one DataFrame: a 2M-event trace is ~1 GB of JSON and several GB
 as Python dicts. Here the file is decompressed in blocks, the `traceEvents` array is cut
 at event boundaries into chunks of a few MB, each chunk is decoded by msgspec into small
-typed structs (only the fields diag reads; `args` as a typed struct of a dozen keys), and
-the chunk's events are appended to numpy columns per event class before the next chunk is
-read. Flow events (ac2g, fwdbwd, async) are decoded but dropped at once. Inflating runs
-in a reader thread (zlib releases the GIL), overlapping the decoding.
+typed structs, and the chunk's events are appended to numpy columns per event class
+before the next chunk is read.
+
+Where the time goes on a 2M-event trace, and what keeps each part small:
+- inflating: ISA-L (python-isal) when installed, 2-3x faster than zlib (the fallback); it
+  runs in a reader thread (both release the GIL), overlapping the decoding;
+- decoding: a tagged union keyed on "cat" gives each category a struct holding only the
+  keys its columns need; flow events (a third of the events) become empty structs;
+- columns: one C-level pass (map/attrgetter into np.fromiter) per column and event
+  group; names are interned through a dict (new names only in Python), thread ids by one
+  np.unique at the end; sparse extras (steps, shapes, collective parameters) are looked
+  at row by row only for the few rows that carry them;
+- copies: a large inflated block is decoded straight from the block up to its last event
+  boundary, framed in one copy; only the partial event after it is carried over.
 
 For large files on a machine with idle CPUs, slices (cut where the count of unescaped
 quotes shows the cut lies outside any string) are decoded by worker processes and their
@@ -31,7 +41,7 @@ import zlib
 from dataclasses import dataclass, field
 from functools import reduce
 from itertools import compress, repeat
-from operator import attrgetter, is_not, itemgetter, or_
+from operator import attrgetter, is_, is_not, itemgetter, or_
 from typing import Any
 
 import msgspec
@@ -45,6 +55,9 @@ try:  # ISA-L's inflate (python-isal) is 2-3x faster than zlib's, with the same 
 except ImportError:
     _inflate = zlib
 _INFLATE_ERRORS = (zlib.error, _inflate.error)
+# python-isal's gzip reader inflates straight into a caller's buffer (no growing output
+# buffer, no fresh pages per block); without it, decompressobj blocks are used.
+_GzipReader = getattr(_inflate, "_GzipReader", None)
 
 CHUNK_BYTES = 8 << 20
 READ_BYTES = 1 << 20
@@ -119,8 +132,6 @@ class Event(msgspec.Struct, forbid_unknown_fields=False, gc=False):
 # (a third of a trace) decode to empty structs, and the category needs no string and no
 # per-event lookup. A chunk holding an event the union does not know (no "cat", an
 # unexpected category) is decoded again with `Event`; both paths fill the same columns.
-
-
 def _args_struct(name: str, keys: list[str]) -> type:
     fields = []
     for f in msgspec.structs.fields(Args):
@@ -252,7 +263,6 @@ class Trace:
 class _Builder:
     def __init__(self):
         self.names: dict[str, int] = {}
-        self.tids: dict[Any, int] = {}
         # Per column, a list of per-chunk numpy arrays, concatenated once in build().
         self.dev = {k: [] for k in ("name", "kind", "ts", "dur", "stream", "corr", "bytes", "ext")}
         self.rt = {k: [] for k in ("name", "ts", "dur", "corr", "stream")}
@@ -305,26 +315,7 @@ class _Builder:
 
     def _ids(self, evs, n: int) -> np.ndarray:
         """Name ids; new names are numbered in order of appearance."""
-        d = self.names
-        try:
-            return np.fromiter(map(d.__getitem__, map(_g_name, evs)), np.int32, n)
-        except KeyError:
-            names = list(map(_g_name, evs))
-            for s in names:
-                if s not in d:
-                    d[s] = len(d)
-            return np.fromiter(map(d.__getitem__, names), np.int32, n)
-
-    def _tid_ids(self, evs, n: int) -> np.ndarray:
-        tids = self.tids
-        try:
-            return np.fromiter(map(tids.__getitem__, map(_g_tid, evs)), np.int32, n)
-        except KeyError:
-            values = list(map(_g_tid, evs))
-            for t in values:
-                if t not in tids:
-                    tids[t] = len(tids)
-            return np.fromiter(map(tids.__getitem__, values), np.int32, n)
+        return _intern(self.names, list(map(_g_name, evs)), n)
 
     def _add_device(self, evs, code, dur):
         dev = self.dev
@@ -370,7 +361,7 @@ class _Builder:
         cpu["kind"].append(code - _C_OP)
         cpu["ts"].append(np.fromiter(map(_g_ts, evs), np.float64, n))
         cpu["dur"].append(dur)
-        cpu["tid"].append(self._tid_ids(evs, n))
+        cpu["tid"].append(_raw_tids(evs, n))
         flops = np.fromiter(map(_g_flops, args), np.float64, n)
         cpu["flops"].append(flops)
         cpu["ext"].append(_ext_column(args, n))
@@ -412,26 +403,26 @@ class _Builder:
     def export(self) -> dict:
         """This builder's columns and extras, to be merged into another builder (worker -> main)."""
         return {
-            "names": self._name_list(), "tids": list(self.tids),
+            "names": self._name_list(),
             "dev": {k: _cat(v, _DTYPES[k]) for k, v in self.dev.items()},
             "rt": {k: _cat(v, _DTYPES[k]) for k, v in self.rt.items()},
-            "cpu": {k: _cat(v, _DTYPES[k]) for k, v in self.cpu.items()},
+            "cpu": {k: (v if k == "tid" else _cat(v, _DTYPES[k])) for k, v in self.cpu.items()},
             "steps": self.steps, "gpu_steps": self.gpu_steps, "shapes": self.shapes, "coll": self.coll,
             "peak": self.peak, "ev_idx": self.ev_idx, "n": self.n, "n_dev": self.n_dev, "n_cpu": self.n_cpu,
         }
 
     def merge(self, part: dict) -> None:
         """Append an exported part after what this builder holds (ids remapped, rows offset)."""
-        names, tids = self.names, self.tids
+        names = self.names
         nmap = np.array([names.setdefault(x, len(names)) for x in part["names"]], dtype=np.int32)
-        tmap = np.array([tids.setdefault(x, len(tids)) for x in part["tids"]], dtype=np.int32)
         for group, mine in (("dev", self.dev), ("rt", self.rt), ("cpu", self.cpu)):
             for k, arr in part[group].items():
                 if k == "name" and len(arr):
                     arr = nmap[arr]
-                elif k == "tid" and len(arr):
-                    arr = tmap[arr]
-                mine[k].append(arr)
+                if k == "tid":
+                    mine[k].extend(arr)  # raw thread ids, numbered in build()
+                else:
+                    mine[k].append(arr)
         self.steps += part["steps"]
         self.gpu_steps += part["gpu_steps"]
         self.shapes.update({i + self.n_cpu: v for i, v in part["shapes"].items()})
@@ -480,7 +471,7 @@ class _Builder:
             cpu_kind=_cat(c["kind"], np.int8),
             cpu_ts=_cat(c["ts"], f8),
             cpu_dur=_cat(c["dur"], f8),
-            cpu_tid=_cat(c["tid"], np.int32),
+            cpu_tid=_tid_ids(c["tid"]),
             cpu_flops=_cat(c["flops"], f8),
             cpu_ext=_cat(c["ext"], i8),
             steps=_dedupe_steps(self.steps),
@@ -507,6 +498,37 @@ def _pick(events: list, idx: np.ndarray) -> list:
 
 def _cat(parts: list, dtype) -> np.ndarray:
     return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype=dtype)
+
+
+def _intern(table: dict, values: list, n: int) -> np.ndarray:
+    """Ids of values in table, adding new values in order of appearance. C-level passes
+    only: a chunk brings few new values (a new ProfilerStep#N, a new kernel)."""
+    ids = list(map(table.get, values))
+    try:
+        return np.fromiter(ids, np.int32, n)
+    except TypeError:  # None: a new value
+        for j in compress(range(n), map(is_, ids, repeat(None))):
+            ids[j] = table.setdefault(values[j], len(table))
+        return np.fromiter(ids, np.int32, n)
+
+
+def _raw_tids(evs: list, n: int):
+    """Thread ids of a chunk as Kineto writes them: an int64 array when all are integers,
+    else the raw values (2021 traces write strings such as "stream 7")."""
+    try:
+        return np.fromiter(map(_g_tid, evs), np.int64, n)
+    except (TypeError, ValueError, OverflowError):
+        return list(map(_g_tid, evs))
+
+
+def _tid_ids(parts: list) -> np.ndarray:
+    """Thread ids numbered 0..k-1 (in sorted order when all are integers: one np.unique
+    instead of a dict lookup per event; else in order of appearance)."""
+    if all(isinstance(p, np.ndarray) for p in parts):
+        raw = _cat(parts, np.int64)
+        return np.unique(raw, return_inverse=True)[1].astype(np.int32).reshape(-1)
+    values = [v for p in parts for v in (p.tolist() if isinstance(p, np.ndarray) else p)]
+    return _intern({}, values, len(values))
 
 
 def _timed(evs: list, code):
@@ -613,6 +635,9 @@ def _blocks(path: str):
                 if not b:
                     return
                 yield b
+        if _GzipReader is not None:
+            yield from _reader_blocks(f, path)
+            return
         d = _inflate.decompressobj(16 + zlib.MAX_WBITS)
         while True:
             b = f.read(READ_BYTES)
@@ -637,7 +662,33 @@ def _blocks(path: str):
             yield tail
 
 
-def _threaded(gen, depth: int = 3):
+_QUEUE_DEPTH = 3
+
+
+def _reader_blocks(f, path: str):
+    """Blocks inflated into a ring of reused buffers. Each block is a memoryview that stays
+    valid while the consumer holds it: the reader thread is at most _QUEUE_DEPTH blocks
+    ahead of the block in use, and the ring is longer than that."""
+    from gzip import BadGzipFile
+
+    reader = _GzipReader(f, READ_BYTES)
+    ring = [memoryview(bytearray(READ_BYTES * 8)) for _ in range(_QUEUE_DEPTH + 3)]
+    k = 0
+    while True:
+        out = ring[k % len(ring)]
+        k += 1
+        try:
+            n = reader.readinto(out)
+        except EOFError:
+            raise DiagInputError("truncated gzip file (ended before the end-of-stream marker)", source=path) from None
+        except (BadGzipFile, *_INFLATE_ERRORS) as exc:
+            raise DiagInputError(f"corrupt gzip data ({exc})", source=path) from None
+        if not n:
+            return
+        yield out[:n]
+
+
+def _threaded(gen, depth: int = _QUEUE_DEPTH):
     """Run a block generator in a thread: zlib releases the GIL, so inflating the next
     block overlaps with decoding this one. Errors are re-raised in the consumer."""
     q: queue.Queue = queue.Queue(maxsize=depth)
@@ -828,6 +879,12 @@ def _load(path: str, blocks, b: _Builder, par: _Parallel | None = None) -> Trace
             continue
         if tail is not None:
             tail += blk
+        elif par is None and len(blk) >= CHUNK_BYTES // 2 and len(buf) < CHUNK_BYTES:
+            rest = _decode_direct(buf, blk, b)
+            if rest is None:
+                buf += blk
+            else:
+                buf = rest
         else:
             buf += blk
     if par is not None:
@@ -840,6 +897,31 @@ def _load(path: str, blocks, b: _Builder, par: _Parallel | None = None) -> Trace
     if b.n_dev == 0 and b.n_cpu == 0:
         raise DiagInputError("trace has no CPU or device activity events", source=path)
     return b.build(path, meta)
+
+
+_DIRECT_WINDOW = 64 << 10
+
+
+def _decode_direct(buf: bytearray, blk: bytes, b: _Builder) -> bytearray | None:
+    """Decode the unconsumed front of the array (buf) and a new large block up to the
+    block's last event boundary, framed in a single copy (instead of appending the block
+    to buf and cutting it again). Returns what follows that boundary; None when there is
+    no boundary near the block's end or the text does not decode (the boundary lay inside
+    a string, or the array ends in this block): the caller then takes the general path.
+    """
+    found = list(_SEP_RE.finditer(blk, max(0, len(blk) - _DIRECT_WINDOW)))
+    if not found:
+        return None
+    last = found[-1]
+    with memoryview(blk) as mv:
+        data = b"".join((b"[", buf, mv[: last.start() + 1], b"]"))
+    try:
+        events, codes = b.decode(data)
+    except msgspec.DecodeError:  # ValidationError included: the general path reports it
+        return None
+    del data
+    b.add(events, codes)
+    return bytearray(blk[last.end() - 1:])
 
 
 def _decode_chunks(path: str, buf: bytearray, b: _Builder, final: bool, par: _Parallel | None = None):

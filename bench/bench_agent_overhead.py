@@ -11,11 +11,11 @@ with a fresh agent, and so on. Each step's time is measured by this script's own
    over the median without it (target <= 1.005). The same ratio of the training
    thread's CPU time per step is printed too; it is insensitive to other processes.
 2. The default profiler schedule (skip 10 steps, then 1 warm-up + 3 active steps every
-   500): a profiler window costs the slower profiled steps, stopping the profiler and
+   1000): a profiler window costs the slower profiled steps, stopping the profiler and
    exporting the trace, and the analysis process competing for the CPU. Runs of the
    default schedule are timed through two windows, each from its warm-up step until its
    analysis has finished; its excess over the same run's neighbouring steps, spread over
-   the 500 steps of the schedule's period and multiplied by the always-on ratio, gives
+   the steps of the schedule's period (`every`) and multiplied by the always-on ratio, gives
    the whole-run ratio against the loop without the agent (target <= 1.02).
    The first window of a run also starts the analysis process (once per run); the
    second shows the steady state.
@@ -139,7 +139,7 @@ def main() -> int:
     p.add_argument("--block-steps", type=int, default=60)
     p.add_argument("--windows", type=int, default=3, help="runs of the default schedule (two windows each)")
     p.add_argument("--width", type=int, default=1024)
-    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--batch", type=int, default=96)
     p.add_argument("--threads", type=int, default=1)
     a = p.parse_args()
 
@@ -194,7 +194,7 @@ def main() -> int:
         first = sorted(r for n, _, r in window_rows if n == 0)
         later = sorted(r for n, _, r in window_rows if n > 0)
         steady = statistics.median(later or first)
-        print(f"default profiler schedule (a window every 500 steps), whole-run ratio at steady state: "
+        print(f"default profiler schedule (a window every {sched['every']} steps), whole-run ratio at steady state: "
               f"{on_ratio * steady:.4f} (target <= 1.02) = always-on {on_ratio:.4f} x windows {steady:.4f}; "
               f"windows per run: {', '.join(f'{r:.4f}' for r in later)}")
         print(f"  first window of a run (also starts the analysis process): {statistics.median(first):.4f}; "

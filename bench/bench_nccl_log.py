@@ -10,8 +10,15 @@ floor set by Python's line reading.
     python bench/bench_nccl_log.py --mb 64 --mix job    # quick run
 
 Two mixes: "uniform" draws every real line with equal weight (the real files are excerpts
-chosen for their variety, so this is the worst case: many rare, costly line kinds);
-"job" is shaped like a real job's log (per-rank init preamble, then COLL lines).
+chosen for their variety, so this is the worst case: many rare, costly line kinds, and
+lines that excerpts mangled: glued pairs, COLL lines without their prefix);
+"job" is shaped like a real job's log (per-rank init preamble, then COLL lines as NCCL
+prints them, with their host:pid:tid [dev] prefix).
+
+The parser reads undecoded chunks and splits out the frequent line kinds with one regular
+expression in C (see `NcclLogParser.feed_bytes`); the figure that matters on a shared
+machine is lines per CPU second, printed beside the wall-clock rate together with a
+reference timing that shows how much slower than an idle core this machine currently is.
 """
 
 from __future__ import annotations
@@ -32,13 +39,15 @@ DEFAULT_DATA = REPO.parent / "shared" / "data" / "nccl"
 PREFIX = re.compile(r"^(?P<lead>.*?)(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\]")
 
 CHILD = r"""
-import json, resource, sys, time
+import json, os, resource, sys, time
 from diag.analyzers.nccl_log import parse_files
 mode, path, jobs = sys.argv[1], sys.argv[2], int(sys.argv[3])
 t0 = time.perf_counter()
 if mode == "parse":
     doc = parse_files([path], jobs=jobs or None)
-    extra = {"findings": [f["id"] for f in doc["findings"]], "lines": doc["lines"],
+    from diag.analyzers.nccl_log_parallel import MIN_PARALLEL_BYTES, default_jobs
+    used = (jobs or default_jobs()) if os.path.getsize(path) >= MIN_PARALLEL_BYTES else 1
+    extra = {"findings": [f["id"] for f in doc["findings"]], "lines": doc["lines"], "jobs": used,
              "warning_kinds": len(doc["warnings"]), "peers": len(doc["transports"]["peers"])}
 else:
     n = 0
@@ -122,12 +131,18 @@ def write_log(path: Path, mb: int, data_dir: Path, mix: str = "uniform") -> int:
     return written
 
 
-def calibrate() -> float:
-    """Best-of-5 microseconds of `sum(range(1000))`: how fast (or how shared) this machine is.
-    About 8-10 us on an idle modern x86 core with CPython 3.11."""
+IDLE_REFERENCE_US = 9.0  # sum(range(1000)) on an idle modern x86 core with CPython 3.11: 8-10 us
+
+
+def calibrate() -> tuple[float, float]:
+    """Best-of-5 microseconds of `sum(range(1000))` in wall time (how shared this machine is:
+    time slices lost to other processes) and in CPU time (how fast a core runs for us when we
+    have it: SMT siblings and cache contention slow it too)."""
     import timeit
 
-    return min(timeit.repeat("sum(range(1000))", number=2000, repeat=5)) / 2000 * 1e6
+    wall = min(timeit.repeat("sum(range(1000))", number=2000, repeat=5)) / 2000 * 1e6
+    cpu = min(timeit.repeat("sum(range(1000))", number=2000, repeat=5, timer=time.process_time)) / 2000 * 1e6
+    return wall, cpu
 
 
 def run_child(mode: str, path: Path, jobs: int = 0) -> dict:
@@ -152,8 +167,9 @@ def bench(mix: str, args) -> None:
                 "a job log: per-rank init preamble, then COLL lines (NCCL_DEBUG_SUBSYS=INIT,COLL)")
         print(f"[{mix}] {what}")
         print(f"synthetic log: {size / 2**20:.0f} MiB, {lines:,} lines (generated in {gen:.1f} s)")
+        ref_wall, ref_cpu = calibrate()
         print(f"machine: {os.cpu_count()} CPUs, load average {load:.1f}; reference sum(range(1000)) "
-              f"{calibrate():.1f} us (about 8-10 us on an idle modern core)")
+              f"{ref_wall:.1f} us wall, {ref_cpu:.1f} us CPU (about 8-10 us on an idle modern core)")
         print(f"bare line read : {floor['seconds']:.2f} s wall  {floor['lines'] / floor['seconds']:,.0f} lines/s  "
               f"peak RSS {floor['peak_rss_bytes'] / 2**20:.0f} MiB")
         rate = lines / res["seconds"]
@@ -163,6 +179,10 @@ def bench(mix: str, args) -> None:
               f"(workers: {res['worker_peak_rss_bytes'] / 2**20:.0f} MiB each at most)")
         print(f"parser cost over bare read: {res['seconds'] / floor['seconds']:.1f}x wall; "
               f"target >= 500,000 lines/s: {'met' if rate >= 500_000 else 'NOT met'} on this machine")
+        per_cpu_idle = lines / res["cpu_seconds"] * ref_cpu / IDLE_REFERENCE_US
+        print(f"estimate for an idle machine: {per_cpu_idle:,.0f} lines per CPU second (this run's rate x "
+              f"{ref_cpu:.1f} / {IDLE_REFERENCE_US:.0f} us CPU reference), so about "
+              f"{per_cpu_idle * res['jobs']:,.0f} lines/s wall with its {res['jobs']} worker(s) on idle cores")
         print(f"findings: {', '.join(res['findings'])}; warning kinds {res['warning_kinds']}; "
               f"peers kept {res['peers']}")
     finally:

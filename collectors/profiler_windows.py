@@ -63,7 +63,7 @@ class ProfilerWindows:
         skip_first: int = 10,
         warmup: int = 1,
         active: int = 3,
-        every: int = 500,
+        every: int = 1000,
         record_shapes: bool = True,
         with_flops: bool = True,
         profile_memory: bool = False,
@@ -261,8 +261,12 @@ class ProfilerWindows:
                     self._finish()
                 else:
                     prof, self._prof = self._prof, None
-                    self.recording = False
+                    recording, self.recording = self.recording, False
                     self._first = self._last = None
+                    if not recording:
+                        # Still in warm-up (prepared, never started): torch warns on stderr when
+                        # such a session is stopped, so it is started and stopped at once, empty.
+                        prof.start_trace()
                     prof.stop_trace()
             except Exception as exc:
                 self._fail("stop", exc)

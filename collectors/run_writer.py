@@ -218,6 +218,7 @@ class RunWriter:
             "host": launch.hostname,
             "launcher": launch.launcher,
             "pid": os.getpid(),
+            "backend": None,  # torch.distributed's backend once the process group exists
             "device": None,
             "status": "running",
             "started_unix": self.started_unix,
@@ -347,10 +348,13 @@ class RunWriter:
             for r, i in sorted(ranks.items())
             if i
         ]
+        # The process group's backend and size, as the ranks recorded them (None: no group).
+        backends = [i.get("backend") for _, i in sorted(ranks.items()) if i and i.get("backend")]
         return {
             "schema": rundir.RUN_SCHEMA,
             "run_id": self.run_id,
-            "world_size": self.launch.world_size,
+            "world_size": int(self.info.get("world_size") or self.launch.world_size),
+            "backend": backends[0] if backends else None,
             "launcher": self.launch.launcher,
             "job_id": self.launch.job_id,
             "master": f"{self.launch.master_addr}:{self.launch.master_port}" if self.launch.master_addr else None,

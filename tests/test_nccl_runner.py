@@ -138,6 +138,75 @@ def test_rows_and_footer_render_exactly_like_nccl_tests(real_nccl):
     assert nccl_table.format_time_us(5.7) == "   5.70"
 
 
+OLD_LAYOUT = {  # file -> (parameter columns, type width, data rows with a measurement)
+    "nccltests_NVIDIA-nccl-tests_82.txt": (("root",), 6, 1),      # broadcast, oldest generation
+    "nccltests_NVIDIA-nccl-tests_176.txt": (("redop",), 8, 6),    # all_reduce with the error column
+    "nccltests_NVIDIA-nccl_340.txt": ((), 6, 12),                 # all_gather: neither redop nor root
+}
+
+
+def test_old_layouts_render_as_their_generation(real_nccl):
+    for name, (cols, width, nrows) in OLD_LAYOUT.items():
+        real = (real_nccl / name).read_text().splitlines()
+        lines = set(real)
+        test = nccl_tests.parse_file(real_nccl / name)["tests"][0]
+        layout = nccl_table.table_layout(test)
+        assert layout == {"columns": cols, "type_width": width, "error_column": "error"}, name
+        text = nccl_table.render_test(test, framed=False)
+        rows = [nccl_table.format_row(r, layout) for r in test["rows"]]
+        assert len(rows) == nrows and all(r in lines for r in rows), (name, rows)
+        assert all(r in text.splitlines() for r in rows)
+        # no cell the generation did not print: no #wrong count, no invented redop / root
+        assert "#wrong" not in text and " none " not in text and "    -1 " not in text, name
+        # header lines as that generation printed them (the excerpts that kept their header)
+        header = nccl_table.column_header_lines(layout=layout)[1:]
+        real_header = [ln.rstrip() for ln in real if ln.lstrip("# ").startswith(("size", "(B)", "out-of-place"))]
+        if real_header:
+            assert [h.rstrip() for h in header] == real_header[:3], name
+    # the old delta column: %5.0le, so an exact result reads 0e+00 (not a #wrong count of 0)
+    old = nccl_tests.parse_file(real_nccl / "nccltests_NVIDIA-nccl_340.txt")["tests"][0]
+    assert old["rows"][0]["out_of_place"] == {"time_us": 16.57, "algbw_gbps": 1.98, "busbw_gbps": 1.98,
+                                              "wrong": None, "error": 0.0}
+    assert nccl_table.format_row(old["rows"][0], nccl_table.table_layout(old)).endswith("  0e+00")
+    assert nccl_table.format_error(1e-06) == "1e-06" and nccl_table.format_error(None) == "N/A"
+    # the current layout is unchanged for the current generation and for diag's own runs
+    modern = nccl_tests.parse_file(real_nccl / "nccltests_NVIDIA-nccl-tests_287.txt")["tests"][0]
+    assert nccl_table.table_layout(modern) == nccl_table.MODERN_LAYOUT
+    assert nccl_table.table_layout({"rows": []}) == nccl_table.MODERN_LAYOUT
+
+
+def test_parse_command_reprints_an_old_table_in_its_layout(tmp_path, real_nccl):
+    proc = _run(_diag("parse", str(real_nccl / "nccltests_NVIDIA-nccl_340.txt")), cwd=tmp_path)
+    assert proc.returncode in (0, 1), proc.stderr
+    first = proc.stdout.split("# Avg bus bandwidth")[0]
+    assert "       65536          8192   float    16.57    1.98    1.98  0e+00    13.83    2.37    2.37  0e+00" in first
+    assert "#wrong" not in first and "error" in first
+
+
+def test_backend_of_each_table(real_nccl):
+    for f in sorted(real_nccl.iterdir()):
+        if f.name.startswith(("nccltests_", "rccltests_")):
+            want = "rccl" if f.name.startswith("rccltests_") else "nccl"
+            assert {t["backend"] for t in nccl_tests.parse_file(f)["tests"]} == {want}, f.name
+    # a note that merely mentions rccl-tests is not rccl-tests output
+    row = "        1024           256     float     sum      -1    10.00    0.10    0.18      0    10.00    0.10    0.18      0"
+    assert nccl_tests.parse_text(f"# source: a thread about rccl-tests\n{row}\n")[0]["backend"] == "nccl"
+    # diag's own table names its backend in a comment line and keeps nccl-tests' layout
+    test = {"collective": "all_reduce", "backend": "gloo", "avg_busbw_gbps": 0.18,
+            "rows": [{"size_bytes": 1024, "count": 256, "dtype": "float", "redop": "sum", "root": -1,
+                      "out_of_place": {"time_us": 10.0, "algbw_gbps": 0.1024, "busbw_gbps": 0.18, "wrong": 0},
+                      "in_place": {"time_us": 10.0, "algbw_gbps": 0.1024, "busbw_gbps": 0.18, "wrong": 0}}]}
+    head = nccl_table.header_lines({"min_bytes": 1024, "max_bytes": 1024, "step_factor": 2}, None, "all_reduce",
+                                   backend="gloo")
+    assert head[:2] == ["# Collective test starting: all_reduce_perf", "# diag nccl: backend gloo"]
+    text = "\n".join(head + nccl_table.column_header_lines() + [nccl_table.format_row(test["rows"][0])]
+                     + nccl_table.footer_lines(0, 0.18, "all_reduce"))
+    assert row in text.splitlines()
+    (parsed,) = nccl_tests.parse_text(text)
+    assert parsed["backend"] == "gloo" and parsed["collective"] == "all_reduce" and parsed["status"] == "ok"
+    assert parsed["rows"][0]["out_of_place"]["wrong"] == 0
+
+
 # ---------------------------------------------------------------- measuring on gloo
 
 
@@ -178,6 +247,7 @@ def test_self_launched_gloo_run_prints_a_correct_table(tmp_path):
     assert proc.stdout.count("# Collective test starting:") == 7  # rank 0 prints, the others do not
     printed = nccl_tests.parse_text(proc.stdout, source="stdout")
     assert [t["collective"] for t in printed] == list(nb.COLLECTIVES)
+    assert {t["backend"] for t in printed} == {"gloo"}
     doc = json.loads(out_json.read_text())
     assert doc["schema"] == "diag.nccl_bench/1" and doc["launcher"] == "torchrun"
     assert json.loads((tmp_path / "run" / "nccl_bench.json").read_text())["tests"] == doc["tests"]
@@ -213,6 +283,7 @@ def test_torchrun_launch_is_detected(tmp_path):
     assert [t["collective"] for t in doc["tests"]] == ["all_reduce", "sendrecv"]
     printed = nccl_tests.parse_text(proc.stdout)
     assert [t["collective"] for t in printed] == ["all_reduce", "sendrecv"]
+    assert proc.stdout.count("# diag nccl: backend gloo") == 2 and {t["backend"] for t in printed} == {"gloo"}
     for test in printed:
         floats = [r for r in test["rows"] if r["dtype"] == "float"]
         _check_printed_table({**test, "rows": floats}, 2, [4096, 8192, 16384])

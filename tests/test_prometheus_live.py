@@ -4,8 +4,8 @@ Prometheus (Debian's package) runs on loopback with a temporary data directory, 
 and rule-evaluation interval, the scrape configuration written by `diag prometheus-config`,
 and dashboards/alerts.yml as its rule file. Its targets:
 
-- the two ranks of a live `diag demo` run (gloo DDP on CPU under the real agent), kept
-  serving by `--linger` where the demo has it, else checked while it trains;
+- the two ranks of a live `diag demo` run (gloo DDP on CPU under the real agent), scraped
+  while it trains and kept serving after it by `--linger`;
 - one more endpoint in this process, fed GPU-shaped samples (contract D), profiler window
   summaries, NCCL documents (parsed from the real nccl-tests outputs and NCCL logs where
   the data exists) and an out-of-memory event, because this machine has no GPU and the
@@ -43,8 +43,8 @@ pytestmark = pytest.mark.slow
 
 LOOP = "127.0.0.1"
 DASH = REPO / "dashboards"
-DEMO_STEPS = 30
-DEMO_STEPS_NO_LINGER = 400  # ample: the demo is stopped once the checks are done
+DEMO_STEPS = 60
+DEMO_LINGER_S = 120  # ample: the demo is stopped once the checks are done
 WAIT_S = 150  # upper bound for the demo to come up and be scraped
 
 
@@ -138,26 +138,16 @@ def stop(p):
 
 
 # ---------------------------------------------------------------------------- what trains
-def demo_has_linger() -> bool:
-    src = REPO / "agent" / "commands" / "demo.py"
-    return src.exists() and "--linger" in src.read_text(encoding="utf-8")
-
-
 def start_demo(tmp_path, base: int, env: dict):
     """(process, run name, description). The run label is the run directory's name.
 
-    With `--linger`, the demo keeps its endpoints up after training. Without it, the demo
-    trains for more steps than the checks need, and the checks run while it trains.
+    With `--linger`, the demo keeps its endpoints up after training and the report, so the
+    checks need not race the training.
     """
     run_dir = tmp_path / "demo-run"
-    cmd = [sys.executable, "-m", "diag", "demo", "--run-dir", str(run_dir), "--port-base", str(base)]
-    if demo_has_linger():
-        cmd += ["--steps", str(DEMO_STEPS), "--linger", "120"]
-        how = "diag demo --linger"
-    else:
-        cmd += ["--steps", str(DEMO_STEPS_NO_LINGER)]
-        how = "diag demo (checked while it trains)"
-    return start("demo", cmd, tmp_path, env=env), run_dir.name, how
+    cmd = [sys.executable, "-m", "diag", "demo", "--run-dir", str(run_dir), "--port-base", str(base),
+           "--steps", str(DEMO_STEPS), "--linger", str(DEMO_LINGER_S)]
+    return start("demo", cmd, tmp_path, env=env), run_dir.name, "diag demo --linger"
 
 
 # ---------------------------------------------------------------------------- GPU-shaped feeder
@@ -323,15 +313,17 @@ def test_real_prometheus_scrapes_a_live_demo(tmp_path):
                                          f"--web.listen-address={LOOP}:{prom_port}", "--log.level=warn"],
                           tmp_path)
         procs.append(("prometheus", prom_proc))
+        prom = Prom(prom_port)
+        # Prometheus scrapes before the demo starts: a short demo on a quiet machine trains in
+        # a few seconds, and the training must be seen (the linger keeps the endpoints after it).
+        wait_for(prom.ready, 60, "Prometheus to be ready", procs)
         feeder.start()
         demo, run, how = start_demo(tmp_path, base, env)
         procs.append(("diag demo", demo))
-        prom = Prom(prom_port)
-        wait_for(prom.ready, 60, "Prometheus to be ready", procs)
 
-        # Both ranks scraped while training, several times.
+        # Both ranks scraped while training, several times (the counter moved between scrapes).
         def training_seen():
-            r = prom.query(f'count(increase(diag_steps_total{{run="{run}"}}[5s]) > 0)')
+            r = prom.query(f'count(increase(diag_steps_total{{run="{run}"}}[10s]) > 0)')
             return r.get("status") == "success" and r["data"]["result"] and r["data"]["result"][0]["value"][1] == "2"
 
         wait_for(training_seen, WAIT_S, f"both ranks of {how} to be scraped while training", procs)
@@ -387,7 +379,7 @@ def test_real_prometheus_scrapes_a_live_demo(tmp_path):
             if valid.get("status") != "success":
                 problems.append(f"alerts.yml {name}: invalid ({valid.get('error')})")
             expect_data(f"alerts.yml {name} (quantity)", quantity, classify(quantity))
-        assert demo.poll() is None, f"diag demo ended during the checks; raise DEMO_STEPS_NO_LINGER:\n{tail(demo)}"
+        assert demo.poll() is None, f"diag demo ended during the checks; raise DEMO_LINGER_S:\n{tail(demo)}"
         assert not problems, "\n".join(problems)
 
         # The rules Prometheus evaluates itself: all loaded and healthy.

@@ -224,6 +224,30 @@ def test_nccl_log_and_bench_feed_the_comm_verdict(tmp_path, real_nccl):
     assert not any(x["what"] == "No NCCL log." for x in m["missing"])
 
 
+def test_recorded_backend_decides_whether_a_missing_nccl_log_is_named(tmp_path):
+    run = write_run(tmp_path / "run", ranks=2, steps=10, bound="comm", strength=0.4)
+
+    def named() -> bool:
+        return any(x["what"] == "No NCCL log." for x in build_run_model(run)["missing"])
+
+    assert not named()  # the agent recorded gloo: no NCCL log is expected
+    manifest = rundir.read_json(run / rundir.MANIFEST)
+    rundir.atomic_write_json(run / rundir.MANIFEST, {**manifest, "backend": "nccl"})
+    assert named()
+    # No backend in the manifest (an older agent, a killed rank 0): the ranks' record decides.
+    rundir.atomic_write_json(run / rundir.MANIFEST, {k: v for k, v in manifest.items() if k != "backend"})
+    for r in (0, 1):
+        path = run / rundir.rank_dir_name(r) / rundir.RANK_FILE
+        rundir.atomic_write_json(path, {**rundir.read_json(path), "backend": "nccl"})
+    assert named()
+    # `diag run` left the job's logs in RUN_DIR/nccl/: they are read, nothing is missing.
+    (run / "nccl").mkdir()
+    (run / "nccl" / "nccl.node1.77.log").write_text(
+        "node1:77:77 [0] NCCL INFO NCCL version 2.18.3+cuda12.2\n"
+        "node1:77:90 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC\n")
+    assert not named()
+
+
 # ------------------------------------------------------------------ scale
 
 

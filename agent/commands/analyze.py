@@ -92,17 +92,29 @@ def _pct(x) -> str:
     return "  n/a" if x is None else f"{100 * x:5.1f}%"
 
 
-def _fmt_value(v) -> str:
+# Decision-tree metrics that are ratios of two times (printed as "0.19x"); every other
+# metric is a share or fraction of something (printed as a percentage).
+_RATIO_METRICS = frozenset({"memory_to_compute"})
+
+
+def _fmt_metric(metric: str | None, v, threshold: bool = False) -> str:
     if v is None:
         return "unknown"
-    if isinstance(v, float):
-        return f"{v:.2f}" if v >= 1.5 else f"{100 * v:.1f}%"
-    return str(v)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return str(v)
+    if metric in _RATIO_METRICS:
+        if v == float("inf"):
+            return "inf"
+        return f"{v:g}x" if threshold else f"{v:.2f}x"
+    return f"{100 * v:g}%" if threshold else f"{100 * v:.1f}%"
+
+
+def _fmt_value(node: dict) -> str:
+    return _fmt_metric(node.get("metric"), node.get("value"))
 
 
 def _fmt_threshold(node: dict) -> str:
-    t = node["threshold"]
-    return f"{t:g}" if node["metric"] in ("memory_to_compute",) or t > 1 else f"{100 * t:.0f}%"
+    return _fmt_metric(node.get("metric"), node.get("threshold"), threshold=True)
 
 
 def format_summary(doc: dict) -> str:
@@ -114,13 +126,14 @@ def format_summary(doc: dict) -> str:
         head = f"rank {r['rank']}"
         if r.get("world_size"):
             head += f"/{r['world_size']}"
-        out.append(f"{head}  {r['bound'].upper()}-BOUND  ({dev.get('name') or dev.get('type', '?')}, "
+        verdict = f"{r['bound'].upper()}-BOUND" if r.get("bound") else "NO VERDICT"
+        out.append(f"{head}  {verdict}  ({dev.get('name') or dev.get('type', '?')}, "
                    f"{len(steps)} step{'s' if len(steps) != 1 else ''}, {r.get('source')})")
         if r.get("summary"):
             out.append(f"  {r['summary']}")
         for node in r.get("path") or []:
             out.append(f"  - {node['question']}  {node['answer']}  "
-                       f"(measured {_fmt_value(node['value'])}, threshold {node['op']} {_fmt_threshold(node)})")
+                       f"(measured {_fmt_value(node)}, threshold {node['op']} {_fmt_threshold(node)})")
         sh = r.get("shares") or {}
         out.append("  step time: " + "  ".join(f"{_BAR[b]} {_pct(sh.get(b))}" for b in _BAR))
         if steps:

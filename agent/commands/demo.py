@@ -21,12 +21,15 @@ def add_arguments(parser) -> None:
     parser.add_argument("--run-dir", default=None, help="run directory (default runs/demo-<timestamp>; never overwritten)")
     parser.add_argument("--no-export", action="store_true", help="do not serve Prometheus metrics during the run")
     parser.add_argument("--port-base", type=int, default=None, help="Prometheus port base (default 9870 + local rank)")
+    parser.add_argument("--linger", type=float, default=0.0, metavar="SECONDS",
+                        help="after training and the report, keep the ranks' Prometheus endpoints serving "
+                             "this long, so Prometheus can scrape the finished run (default 0; Ctrl-C ends it)")
     parser.add_argument("--json", action="store_true", help="print the analysis document instead of the summary")
     parser.add_argument("--verbose", action="store_true", help="show the agent's messages from every rank")
 
 
 def run(args) -> int:
-    from diag.demo import headline, run_demo
+    from diag.demo import run_demo
 
     if args.ranks < 1 or args.ranks > 16:
         raise DiagInputError(f"--ranks must be between 1 and 16, got {args.ranks}")
@@ -35,13 +38,25 @@ def run(args) -> int:
     if not args.json:
         print(f"diag demo: {args.ranks} rank(s) of DDP on gloo, {args.steps} steps, bottleneck: {args.bottleneck}",
               file=sys.stderr, flush=True)
-    result = run_demo(args.bottleneck, ranks=args.ranks, steps=args.steps, run_dir=args.run_dir,
-                      export=not args.no_export, port_base=args.port_base, verbose=args.verbose)
+    if args.linger < 0:
+        raise DiagInputError(f"--linger must be 0 or more seconds, got {args.linger:g}")
+    run_demo(args.bottleneck, ranks=args.ranks, steps=args.steps, run_dir=args.run_dir,
+             export=not args.no_export, port_base=args.port_base, verbose=args.verbose,
+             linger_s=args.linger, on_ready=lambda result: _show(result, args))
+    return 0
+
+
+def _show(result: dict, args) -> None:
+    """Print the outcome as soon as the report exists (before the endpoints linger)."""
+    from diag.demo import headline
+
     analysis = result["analysis"]
     if args.json:
         json.dump(analysis, sys.stdout, default=str)
         sys.stdout.write("\n")
-        return 0
+        sys.stdout.flush()
+        _say_linger(result, args)
+        return
     job = analysis.get("job") or {}
     print(f"Verdict: {headline(analysis)}")
     warnings = [f for f in job.get("findings") or [] if f.get("severity") in ("warning", "error")]
@@ -55,4 +70,11 @@ def run(args) -> int:
     else:
         print(f"Report: not written; run `diag report {result['run_dir']}`")
     print(f"({result['elapsed_s']:.0f} s)", file=sys.stderr)
-    return 0
+    sys.stdout.flush()
+    _say_linger(result, args)
+
+
+def _say_linger(result: dict, args) -> None:
+    if result.get("endpoints"):
+        print(f"Serving Prometheus metrics on {', '.join(result['endpoints'])} for {args.linger:g} s "
+              "(Ctrl-C to stop)", file=sys.stderr, flush=True)

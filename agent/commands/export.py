@@ -10,7 +10,6 @@ complete new batch of records.
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
 import time
@@ -20,7 +19,7 @@ from diag.errors import DiagInputError
 from diag.exporter.registry import render_text
 from diag.exporter.runtime import DEFAULT_PORT_BASE, Handle
 from diag.exporter.server import MetricsServer
-from diag.rundir import RunDir, is_run_dir, read_json
+from diag.rundir import RunDir, is_run_dir, read_json, read_segment
 
 NAME = "export"
 HELP = "serve a run directory's metrics to Prometheus"
@@ -84,7 +83,7 @@ class RunDirExport:
         for stream, observe in (("steps", h.observe_step), ("samples", h.observe_sample),
                                 ("events", h.observe_event)):
             for seg in self._new_files(rank, stream, f"{stream}-*.jsonl"):
-                for rec in _read_segment(seg, self.run.problems):
+                for rec in read_segment(seg, self.run.problems):
                     observe(rec)
         for win in self._new_files(rank, "windows", "window-*.json"):
             doc = read_json(win, self.run.problems)
@@ -105,23 +104,6 @@ class RunDirExport:
             for h in self.handles.values():
                 h.observe_nccl(doc)
 
-
-def _read_segment(segment: Path, problems: list):
-    try:
-        lines = segment.read_bytes().splitlines()
-    except OSError as exc:
-        problems.append(f"{segment}: unreadable ({exc.strerror or exc})")
-        return
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            problems.append(f"{segment}:{i}: not a JSON record")
-            continue
-        if isinstance(rec, dict):
-            yield rec
 
 
 def run(args) -> int:

@@ -282,7 +282,7 @@ def _parse_mode(args, files: list[str]) -> int:
     if not to_stdout_json:
         for test in doc["tests"]:
             print(f"# {test.get('source')}: {test.get('collective') or 'unknown collective'}, "
-                  f"{test.get('world_size') or '?'} ranks, status {test.get('status')}")
+                  f"{test.get('world_size') or '?'} ranks, backend {test.get('backend')}, status {test.get('status')}")
             print(nccl_table.render_test(test, devices=test.get("devices"), framed=False), end="")
             for err in test.get("errors") or []:
                 print(f"#   error: {err}")
@@ -481,7 +481,7 @@ class _TableReporter:
         from diag import nccl_table
 
         lines = nccl_table.header_lines(self.doc.get("params"), _printable_devices(self.doc.get("devices")),
-                                        test["collective"])
+                                        test["collective"], backend=_library_name(test.get("backend")))
         self._print(lines + nccl_table.column_header_lines())
 
     def row(self, test: dict, row: dict) -> None:
@@ -515,6 +515,19 @@ class _TableReporter:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+def _library_name(backend: str | None) -> str | None:
+    """The communication library behind a torch.distributed backend: "nccl" is RCCL on ROCm."""
+    if backend == "nccl":
+        try:
+            import torch
+
+            if getattr(torch.version, "hip", None):
+                return "rccl"
+        except ImportError:
+            pass
+    return backend
 
 
 def _printable_devices(devices):

@@ -14,6 +14,7 @@ from diag import rundir
 from diag.errors import DiagInputError
 
 NCCL_BENCH_FILE = "nccl_bench.json"
+NCCL_LOG_FILE = "nccl_log.json"  # written by `diag run`
 
 
 def load_run(run_dir, tree=None, progress=None) -> tuple[dict, dict]:
@@ -126,6 +127,31 @@ def _load_nccl(rd: rundir.RunDir, run: dict, unavailable: dict) -> None:
         else:
             run["problems"].append(f"{rd.path / NCCL_BENCH_FILE}: not a diag.nccl_bench/1 document")
     logs = [p for r in run["ranks"] for p in rd.nccl_logs(r)]
+    # `diag run -- <launcher>` routes every rank's log into RUN_DIR/nccl/ and parses them
+    # into RUN_DIR/nccl_log.json; the raw logs are re-parsed when present (a newer parser
+    # may find more), the saved document is the fallback.
+    job_dir = rd.path / rundir.NCCL
+    if job_dir.is_dir():
+        logs += sorted(p for p in job_dir.iterdir() if p.is_file() and not p.name.startswith("."))
+    if not logs:
+        saved = rundir.read_json(rd.path / NCCL_LOG_FILE, run["problems"]) if (rd.path / NCCL_LOG_FILE).exists() \
+            else None
+        if saved is not None:
+            if str(saved.get("schema", "")).startswith("diag.nccl_log/"):
+                run["nccl_log"] = saved
+                try:
+                    from diag.analyzers import nccl_log
+
+                    summarize = getattr(nccl_log, "summarize_for_diagnosis", None)
+                    if summarize is not None:
+                        run["nccl_log_summary"] = summarize(saved)
+                except ImportError:
+                    pass
+                except Exception as exc:
+                    run["problems"].append(f"{rd.path / NCCL_LOG_FILE}: cannot be summarised "
+                                           f"({type(exc).__name__}: {exc})")
+            else:
+                run["problems"].append(f"{rd.path / NCCL_LOG_FILE}: not a diag.nccl_log/1 document")
     if logs:
         try:
             from diag.analyzers import nccl_log
