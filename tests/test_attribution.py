@@ -74,7 +74,7 @@ def test_cpu_only_priority_data_compute_memory_comm_host(tmp_path):
     assert step["shares"] == pytest.approx({"data": 0.20, "compute": 0.30, "memory": 0.10, "comm": 0.20,
                                             "host": 0.20})
     assert r["collectives"] == [{"name": "all_reduce", "pg": None, "seq": None, "ts_us": 40.0, "dur_us": 40.0,
-                                 "bytes": None, "on": "host", "op": "gloo:all_reduce"}]
+                                 "bytes": None, "on": "host", "op": "gloo:all_reduce", "step": 3}]
 
 
 def test_attribute_windows_and_exact_sum():

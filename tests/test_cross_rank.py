@@ -67,9 +67,10 @@ def test_sleeping_rank_is_named_straggler_with_evidence(gloo_job):
     assert 0.5 * delay_ms <= ev["peers_median_wait_ms_per_step"] <= 1.5 * delay_ms
     assert 0.5 * delay_ms <= ev["imposed_wait_ms_per_step"] <= 1.5 * delay_ms
     assert ev["own_wait_ms_per_step"] < 0.5 * ev["peers_median_wait_ms_per_step"]
-    # The late rank has the shortest collectives: it never waits inside them.
-    assert ev["own_median_collective_ms"] <= ev["peers_median_collective_ms"]
     waits = {r["rank"]: r for r in job["rank_waits"]}
+    # The late rank spends the least time inside collectives: it never waits in them. (Only the
+    # first of each step's all-reduces absorbs the delay, so medians would compare noise; totals don't.)
+    assert waits[1]["comm_ms"] < waits[0]["comm_ms"]
     assert waits[0]["wait_ms"] > 5 * waits[1]["wait_ms"]
     assert waits[0]["wait_fraction"] > waits[1]["wait_fraction"]
     # Rank 1 does more outside communication (the sleep) than rank 0.
