@@ -28,6 +28,7 @@ from pathlib import Path
 
 from diag import rundir
 from diag.collectors import launch_env, nccl_env
+from diag.collectors import profiler_windows as pw
 from diag.collectors.profiler_windows import ProfilerWindows
 from diag.collectors.run_writer import RunWriter
 from diag.collectors.step_timer import StepTimer
@@ -71,10 +72,10 @@ class Agent:
         overwrite: bool = False,
         run_id: str | None = None,
         profile: bool = True,
-        skip_first: int = 10,
-        warmup: int = 1,
-        active: int = 3,
-        every: int = 1000,
+        skip_first: int = pw.SKIP_FIRST,
+        warmup: int = pw.WARMUP,
+        active: int = pw.ACTIVE,
+        every: int = pw.EVERY,
         record_shapes: bool = True,
         with_flops: bool = True,
         profile_memory: bool = False,
