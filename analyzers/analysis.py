@@ -9,7 +9,6 @@ others are still analysed. Pure: nothing is printed or written.
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections import Counter
 from pathlib import Path
@@ -61,9 +60,9 @@ def analyze_paths(paths, tree: dt.Tree | None = None, jobs: int | None = None, p
     _settle_ranks(ranks, warnings)
     ranks.sort(key=lambda r: (r["rank"] is None, r["rank"] if r["rank"] is not None else 0))
     if len(run_docs) == 1 and not files:
-        job = run_docs[0].get("job") or job_verdict(ranks, tree, errors)
+        job = run_docs[0].get("job") or job_verdict(ranks, tree)
     else:
-        job = job_verdict(ranks, tree, errors)
+        job = job_verdict(ranks, tree)
     return {"schema": SCHEMA, "ranks": ranks, "job": job, "errors": errors, "warnings": warnings}
 
 
@@ -77,22 +76,16 @@ def trace_files_in(directory: str) -> list[str]:
 
 
 def _is_run_dir(path: str) -> bool:
-    try:
-        from diag import rundir
+    from diag import rundir
 
-        return bool(rundir.is_run_dir(path))
-    except (ImportError, AttributeError):
-        return False
+    return rundir.is_run_dir(path)
 
 
 def _analyze_run_dir(path: str, tree, errors: list) -> dict | None:
+    from diag.analyzers.run_analysis import analyze_run
+
     try:
-        mod = importlib.import_module("diag.analyzers.run_analysis")
-    except ImportError:
-        errors.append({"source": path, "error": "run directory analysis is not available in this version"})
-        return None
-    try:
-        return mod.analyze_run(path, tree=tree)
+        return analyze_run(path, tree=tree)
     except DiagInputError as exc:
         errors.append({"source": exc.source or path, "error": _msg(exc)})
         return None
@@ -207,20 +200,13 @@ def _settle_ranks(ranks: list[dict], warnings: list) -> None:
         warnings.append({"source": None, "warning": f"traces disagree on world size: {sorted(sizes)}"})
 
 
-def job_verdict(ranks: list[dict], tree, errors: list) -> dict:
-    """The job part: cross-rank analysis when available, else the fallback verdict."""
+def job_verdict(ranks: list[dict], tree) -> dict:
+    """The job part of the document: the cross-rank analysis of the ranks analysed."""
     if not ranks:
         return {"bound": None, "stragglers": [], "findings": [], "world_size": None}
-    try:
-        mod = importlib.import_module("diag.analyzers.cross_rank")
-    except ImportError:
-        mod = None
-    if mod is not None and hasattr(mod, "analyze_job"):
-        try:
-            return mod.analyze_job(ranks, tree)
-        except DiagInputError as exc:
-            errors.append({"source": exc.source or "job", "error": _msg(exc)})
-    return fallback_job_verdict(ranks)
+    from diag.analyzers.cross_rank import analyze_job
+
+    return analyze_job(ranks, tree)
 
 
 def json_safe(obj):
@@ -243,29 +229,3 @@ def json_safe(obj):
     if hasattr(obj, "item") and callable(obj.item):  # numpy scalar
         return json_safe(obj.item())
     return obj
-
-
-def fallback_job_verdict(ranks: list[dict]) -> dict:
-    """Used only while diag.analyzers.cross_rank is absent: majority of the rank verdicts.
-
-    Ties go to the bound with the larger mean share across ranks. No straggler detection.
-    """
-    bounds = Counter(r.get("bound") for r in ranks if r.get("bound"))
-    world = max((r.get("world_size") or 0 for r in ranks), default=0) or len(ranks)
-    if not bounds:
-        return {"bound": None, "stragglers": [], "findings": [], "world_size": world, "method": "fallback"}
-    top = max(bounds.values())
-    tied = [b for b, c in bounds.items() if c == top]
-
-    def mean_share(b):
-        return sum((r.get("shares") or {}).get(b, 0.0) for r in ranks) / len(ranks)
-
-    bound = max(tied, key=mean_share)
-    return {
-        "bound": bound,
-        "stragglers": [],
-        "findings": [],
-        "world_size": world,
-        "method": "fallback: majority of rank verdicts",
-        "rank_bounds": dict(bounds),
-    }

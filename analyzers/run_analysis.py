@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from diag import rundir
+from diag.analyzers.cross_rank import analyze_job
 from diag.analyzers.decision_tree import _OPS, BOUNDS, advise, evaluate, load_tree
 
 SCHEMA = "diag.analysis/1"
@@ -694,21 +695,6 @@ def _missing_finding(lost: list[dict], world: int | None) -> dict:
     }
 
 
-def _fallback_job(ranks: list[dict], tree, world) -> dict:
-    acc, tot = dict.fromkeys(BOUNDS, 0.0), 0
-    for r in ranks:
-        if r.get("shares"):
-            tot += 1
-            for b in BOUNDS:
-                acc[b] += r["shares"].get(b) or 0.0
-    bound, path = None, []
-    if tot:
-        mean = {b: acc[b] / tot for b in BOUNDS}
-        v = verdict_from({**{f"{b}_share": x for b, x in mean.items()}, **share_ratios(mean)}, tree)
-        bound, path = v["bound"], v["path"]
-    return {"bound": bound, "path": path, "stragglers": [], "findings": [], "world_size": world}
-
-
 def analyze_run(run_dir, tree=None) -> dict:
     """The analysis document (contract A) of a run directory."""
     tree = tree or load_tree()
@@ -720,12 +706,10 @@ def analyze_run(run_dir, tree=None) -> dict:
     ranks = [analyze_rank(rd, r, tree, status_override="lost" if r in lost_ids else None, errors=trace_errors)
              for r in rd.ranks()]
     world = rd.expected_world_size()
-    try:
-        from diag.analyzers.cross_rank import analyze_job
-    except ImportError:
-        job = _fallback_job(ranks, tree, world)
+    if ranks:
+        job = analyze_job(ranks, tree)
     else:
-        job = analyze_job(ranks, tree) if ranks else _fallback_job(ranks, tree, world)
+        job = {"bound": None, "path": [], "stragglers": [], "findings": [], "world_size": world}
     job.setdefault("findings", [])
     job["findings"] = [f for f in job["findings"] if f.get("id") != "missing_ranks"]
     job["missing_ranks"] = [x["rank"] for x in lost]
