@@ -297,7 +297,7 @@ class Agent:
                 self._event("nccl", f"NCCL logging routed to {applied.get('NCCL_DEBUG_FILE', 'stderr')}")
 
         try:
-            from diag.analyzers.decision_tree import load_tree
+            from diag.analyzers.diagnosis.decision_tree import load_tree
 
             self.tree = load_tree(self.config["config_file"], self.config["thresholds"] or None)
         except Exception as exc:
@@ -393,7 +393,7 @@ class Agent:
         if not (self.config["flops_per_sample"] or self.config["flops_per_token"]):
             return
         try:
-            from diag.analyzers import devices
+            from diag.analyzers.trace import devices
 
             dev = None
             if facts and facts.get("name"):
@@ -539,7 +539,7 @@ class Agent:
         if len(sized) < len(logs):
             self._log(f"nccl: a log over {NCCL_LOG_PARSE_MAX >> 20} MB is left to `diag report`")
         if sized:
-            from diag.analyzers.nccl_log import parse_files
+            from diag.analyzers.nccl.log import parse_files
 
             self.exporter.observe_nccl(parse_files([str(p) for p in sized]))
 
@@ -589,7 +589,7 @@ class Agent:
                 rec["mfu"] = flops / t.duration_s / self.peak_flops
         if self.tree is not None:
             try:
-                from diag.analyzers.run_analysis import sampled_verdict
+                from diag.analyzers.job.run_analysis import sampled_verdict
 
                 v = sampled_verdict(rec, self._latest_sample, self._composition, self.tree)
                 rec["bound"], rec["shares"] = v["bound"], v["shares"]
@@ -665,7 +665,7 @@ class Agent:
             self._log(f"profiler: window {first}: {doc.get('error', 'no analysis')}")
             return
         try:
-            from diag.analyzers.run_analysis import window_composition
+            from diag.analyzers.job.run_analysis import window_composition
 
             comp = window_composition(analysis)
             if comp is not None:

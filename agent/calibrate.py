@@ -4,7 +4,7 @@ The roofline needs the host's peaks when the CPU itself runs the model (gloo / C
 traces). Datasheets do not give them for an arbitrary VM, so `diag calibrate` measures
 them with torch in a few seconds and caches the result in
 $XDG_CACHE_HOME/diag/cpu_peaks.json (written atomically), where
-`diag.analyzers.devices.cpu_device()` reads it.
+`diag.analyzers.trace.devices.cpu_device()` reads it.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 import platform
 import time
 
-from diag.analyzers.devices import cache_path
+from diag.analyzers.trace.devices import cache_path
 from diag.rundir import atomic_write_bytes
 
 SCHEMA = "diag.cpu_peaks/1"

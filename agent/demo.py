@@ -289,7 +289,7 @@ def run_demo(
             _stop_ranks(procs)
             raise
 
-        from diag.analyzers.run_analysis import analyze_run
+        from diag.analyzers.job.run_analysis import analyze_run
 
         analysis = analyze_run(path)
         report = path / "report.html"

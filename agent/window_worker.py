@@ -54,8 +54,8 @@ def summarise(trace: Path, rank: int, first: int, last: int, config: str | None)
     except OSError as exc:
         doc["error"] = f"{trace}: could not compress ({exc.strerror or exc})"
     try:
-        from diag.analyzers.decision_tree import load_tree
-        from diag.analyzers.trace_analysis import analyze_trace
+        from diag.analyzers.diagnosis.decision_tree import load_tree
+        from diag.analyzers.trace.analysis import analyze_trace
 
         tree = load_tree(config) if config else None
         doc["analysis"] = steps_in(analyze_trace(str(trace), tree=tree, rank=rank), first, last)

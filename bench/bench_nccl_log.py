@@ -1,4 +1,4 @@
-"""Benchmark: stream a large synthetic NCCL log through `diag.analyzers.nccl_log`.
+"""Benchmark: stream a large synthetic NCCL log through `diag.analyzers.nccl.log`.
 
 The log is built from the real log lines in ../shared/data/nccl (NCCL INFO/WARN, COLL,
 TUNING, RCCL, PyTorch watchdog lines), repeated with varied hosts, pids and ranks, and
@@ -40,12 +40,12 @@ PREFIX = re.compile(r"^(?P<lead>.*?)(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+)
 
 CHILD = r"""
 import json, os, resource, sys, time
-from diag.analyzers.nccl_log import parse_files
+from diag.analyzers.nccl.log import parse_files
 mode, path, jobs = sys.argv[1], sys.argv[2], int(sys.argv[3])
 t0 = time.perf_counter()
 if mode == "parse":
     doc = parse_files([path], jobs=jobs or None)
-    from diag.analyzers.nccl_log_parallel import MIN_PARALLEL_BYTES, default_jobs
+    from diag.analyzers.nccl.log_parallel import MIN_PARALLEL_BYTES, default_jobs
     used = (jobs or default_jobs()) if os.path.getsize(path) >= MIN_PARALLEL_BYTES else 1
     extra = {"findings": [f["id"] for f in doc["findings"]], "lines": doc["lines"], "jobs": used,
              "warning_kinds": len(doc["warnings"]), "peers": len(doc["transports"]["peers"])}

@@ -6,8 +6,8 @@ Builds a run directory with diag.rundir the way the agent writes one (synthetic 
 records, 1 Hz device/host samples, one analysed profiler window per rank with matched
 collectives and a late rank), then times each stage of `diag report`:
 
-  analysis   diag.analyzers.run_analysis.analyze_run plus reading samples (load_run)
-  model      diag.analyzers.report_model.build_model (aggregation and downsampling)
+  analysis   diag.analyzers.job.run_analysis.analyze_run plus reading samples (load_run)
+  model      diag.analyzers.views.report_model.build_model (aggregation and downsampling)
   render     report.html + report.md + summary.json written
   browser    headless Chromium: from navigation until every chart is drawn (if available)
 
@@ -123,7 +123,7 @@ def main() -> int:
     ap.add_argument("--no-browser", action="store_true")
     args = ap.parse_args()
 
-    from diag.analyzers.report_model import build_model
+    from diag.analyzers.views.report_model import build_model
     from diag.report import write_model
     from diag.report.load import load_run
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from diag.analyzers.decision_tree import load_tree
+from diag.analyzers.diagnosis.decision_tree import load_tree
 from diag.exporter import docs
 from diag.exporter.metrics_table import series_names
 

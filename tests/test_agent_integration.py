@@ -18,8 +18,8 @@ import torch
 
 import diag
 from diag import rundir
-from diag.analyzers.decision_tree import load_tree
-from diag.analyzers.run_analysis import analyze_rank, sampled_verdict, window_composition
+from diag.analyzers.diagnosis.decision_tree import load_tree
+from diag.analyzers.job.run_analysis import analyze_rank, sampled_verdict, window_composition
 from diag.commands.analyze import format_summary
 from diag.exporter.registry import render_text
 
@@ -191,7 +191,7 @@ def _small_run(tmp_path):
 
 
 def test_report_reads_nccl_logs_from_the_run_folder_and_the_saved_document(tmp_path, real_nccl):
-    from diag.analyzers import nccl_log
+    from diag.analyzers.nccl import log as nccl_log
     from diag.report.load import load_run
 
     log = sorted(real_nccl.glob("nccllog_*.txt"))[0]

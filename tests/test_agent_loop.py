@@ -14,8 +14,8 @@ import torch
 
 import diag
 from diag import rundir
-from diag.analyzers.decision_tree import BOUNDS
-from diag.analyzers.run_analysis import analyze_run
+from diag.analyzers.diagnosis.decision_tree import BOUNDS
+from diag.analyzers.job.run_analysis import analyze_run
 
 
 def _train(agent, steps, use_loader=True, sleep_s=0.0, width=128, on_step=None):
@@ -281,7 +281,7 @@ def test_window_left_unanalysed_at_exit_is_analysed_offline(tmp_path):
         _train(agent, 8)
     rd = rundir.RunDir(agent.run_dir)
     assert rd.traces(0) and rd.windows(0) == []
-    pytest.importorskip("diag.analyzers.trace_analysis")
+    pytest.importorskip("diag.analyzers.trace.analysis")
     doc = analyze_run(agent.run_dir)
     steps = {s["step"]: s for s in doc["ranks"][0]["steps"]}
     assert {n for n, s in steps.items() if s["evidence"] == "trace"} == {3, 4}

@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 from diag import rundir
-from diag.analyzers.run_analysis import analyze_run
+from diag.analyzers.job.run_analysis import analyze_run
 
 SCRIPT = textwrap.dedent(
     """

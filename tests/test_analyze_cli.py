@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from diag.analyzers.decision_tree import BOUNDS
-from diag.analyzers.trace_analysis import analyze_trace
+from diag.analyzers.diagnosis.decision_tree import BOUNDS
+from diag.analyzers.trace.analysis import analyze_trace
 
 RANK_KEYS = {"rank", "source", "device", "world_size", "bound", "steps", "gpu_time", "findings", "top_kernels",
              "top_ops", "collectives", "mfu", "fixes", "path"}
@@ -229,7 +229,7 @@ def test_report_hook(tmp_path, cpu_trace):
     ("host_12345.1700000000123.pt.trace.json", None), ("worker0.1623143566756.pt.trace.json.gz", None),
 ])
 def test_rank_from_file_name(name, rank):
-    from diag.analyzers.trace_analysis import rank_from_name
+    from diag.analyzers.trace.analysis import rank_from_name
 
     assert rank_from_name(name) == rank
 
@@ -237,7 +237,7 @@ def test_rank_from_file_name(name, rank):
 def test_worker_count_respects_memory_and_jobs(tmp_path, monkeypatch):
     import psutil
 
-    from diag.analyzers import analysis
+    from diag.analyzers.job import analyze as analysis
 
     files = []
     for i in range(8):

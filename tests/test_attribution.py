@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from diag.analyzers.attribution import BOUNDS, attribute, normalize_shares
 from diag.analyzers.intervals import normalize
-from diag.analyzers.trace_analysis import analyze_trace
+from diag.analyzers.trace.analysis import analyze_trace
+from diag.analyzers.trace.attribution import BOUNDS, attribute, normalize_shares
 
 
 def _x(cat, name, ts, dur, tid=1, pid=1, **args):

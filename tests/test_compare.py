@@ -11,7 +11,7 @@ import pytest
 from report_helpers import write_run
 
 from diag import rundir
-from diag.analyzers.compare_model import compare, noise_band, verdict_of_change, warmup_cut
+from diag.analyzers.views.compare_model import compare, noise_band, verdict_of_change, warmup_cut
 from diag.report import analyse_and_model
 
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES
 
-from diag.analyzers.cross_rank import SYMMETRIC, analyze_job, match_collectives, scaling_efficiency
-from diag.analyzers.decision_tree import load_tree
-from diag.analyzers.trace_analysis import analyze_trace
+from diag.analyzers.diagnosis.decision_tree import load_tree
+from diag.analyzers.job.cross_rank import SYMMETRIC, analyze_job, match_collectives, scaling_efficiency
+from diag.analyzers.trace.analysis import analyze_trace
 from diag.errors import DiagInputError
 
 

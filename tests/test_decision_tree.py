@@ -2,7 +2,7 @@
 
 import pytest
 
-from diag.analyzers import decision_tree as dt
+from diag.analyzers.diagnosis import decision_tree as dt
 
 
 def shares(data=0.0, host=0.0, comm=0.0, memory=0.0, compute=0.0, **extra):

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from diag.analyzers import devices
+from diag.analyzers.trace import devices
 
 
 @pytest.mark.parametrize("props, key", [

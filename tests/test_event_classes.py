@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from diag.analyzers import event_classes as ec
+from diag.analyzers.trace import event_classes as ec
 
 COMM_KERNELS = [
     "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)",  # NCCL <= 2.18

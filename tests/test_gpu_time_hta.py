@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from diag.analyzers.gpu_time import breakdown, hta_kernel_type
-from diag.analyzers.trace_load import load_trace
+from diag.analyzers.trace.gpu_time import breakdown, hta_kernel_type
+from diag.analyzers.trace.load import load_trace
 
 # file: (idle %, compute %, non-compute %, comm/compute overlap % or None, kernel-type split)
 REFERENCE = {

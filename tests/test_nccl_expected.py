@@ -6,8 +6,9 @@ import statistics
 
 import pytest
 
-from diag.analyzers import nccl_expected as ne
-from diag.analyzers import nccl_log, nccl_tests
+from diag.analyzers.nccl import expected as ne
+from diag.analyzers.nccl import log as nccl_log
+from diag.analyzers.nccl import nccl_tests
 
 
 def _test_with_busbw(busbw: float, world: int = 16, hosts: int = 2, size: int = 1 << 30) -> dict:

@@ -11,8 +11,8 @@ import sys
 import pytest
 from conftest import REPO, real_data_dir
 
-from diag.analyzers.ib_status import IBV_WC_STATUS
-from diag.analyzers.nccl_log import (
+from diag.analyzers.nccl.ib_status import IBV_WC_STATUS
+from diag.analyzers.nccl.log import (
     SCHEMA,
     NcclLogParser,
     parse_file,
@@ -426,7 +426,7 @@ def test_overlong_lines_are_cut(tmp_path, real_nccl):
 
 
 def test_parallel_ranges_merge_to_the_sequential_result(real_nccl, tmp_path):
-    from diag.analyzers.nccl_log_parallel import parse_large_file
+    from diag.analyzers.nccl.log_parallel import parse_large_file
 
     text = "".join(f.read_text() for f in sorted(real_nccl.iterdir()) if f.name.startswith(LOG_PREFIXES))
     path = tmp_path / "job.log"

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from diag import nccl_table
-from diag.analyzers import nccl_tests
+from diag.analyzers.nccl import nccl_tests
 from diag.collectors import nccl_bench as nb
 
 RUN_TIMEOUT = 150

@@ -9,7 +9,7 @@ import gzip
 import pytest
 from conftest import real_data_dir
 
-from diag.analyzers.nccl_tests import SCHEMA, parse_file, parse_text, strip_prefix
+from diag.analyzers.nccl.nccl_tests import SCHEMA, parse_file, parse_text, strip_prefix
 from diag.errors import DiagInputError
 
 TEST_PREFIXES = ("nccltests_", "rccltests_")

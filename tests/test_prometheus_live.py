@@ -157,7 +157,8 @@ def nccl_documents() -> list[dict]:
     data = real_data_dir()
     if data is not None:
         try:
-            from diag.analyzers import nccl_log, nccl_tests
+            from diag.analyzers.nccl import log as nccl_log
+            from diag.analyzers.nccl import nccl_tests
 
             for path in sorted((data / "nccl").glob("nccltests_*.txt")):
                 doc = nccl_tests.parse_file(path)

@@ -104,7 +104,7 @@ def test_hostile_names_show_as_text_and_run_nothing(browser, tmp_path, artifacts
 def test_compare_page_renders(browser, tmp_path):
     from report_helpers import write_run
 
-    from diag.analyzers.compare_model import compare
+    from diag.analyzers.views.compare_model import compare
     from diag.report import analyse_and_model
     from diag.report.compare import write_compare
 

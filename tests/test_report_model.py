@@ -14,7 +14,7 @@ import pytest
 from report_helpers import PHASES, analysis_rank, shares_for, write_run
 
 from diag import rundir
-from diag.analyzers.report_model import RECOVERABLE, Limits, build_model
+from diag.analyzers.views.report_model import RECOVERABLE, Limits, build_model
 from diag.report import build_run_model, write_report
 
 # ------------------------------------------------------------------ verdict and recommendations
@@ -58,7 +58,7 @@ def test_decision_path_shows_question_value_threshold_answer(tmp_path):
 
 def test_straggler_named_in_headline_and_wait_heatmap(tmp_path):
     """Rank 3 reaches every all-reduce last: its peers' collectives last 12 ms, its own 2 ms."""
-    from diag.analyzers.cross_rank import analyze_job
+    from diag.analyzers.job.cross_rank import analyze_job
 
     ranks = []
     for r in range(4):
@@ -190,7 +190,8 @@ def test_not_a_run_directory_is_a_one_line_input_error(tmp_path):
 
 
 def test_nccl_log_and_bench_feed_the_comm_verdict(tmp_path, real_nccl):
-    from diag.analyzers import nccl_expected, nccl_tests
+    from diag.analyzers.nccl import expected as nccl_expected
+    from diag.analyzers.nccl import nccl_tests
 
     run = write_run(tmp_path / "run", ranks=2, steps=20, bound="comm", strength=0.4)
     # An NCCL_DEBUG=INFO log in which inter-node traffic uses TCP sockets, as the agent would save it.
@@ -286,7 +287,7 @@ def test_shares_are_renormalised_and_garbage_ignored():
 
 def test_real_gpu_trace_through_the_real_analyzer(real_traces, tmp_path):
     """A100 trace with NCCL kernels: the report's tables and verdict follow the analysis document."""
-    from diag.analyzers.analysis import analyze_paths
+    from diag.analyzers.job.analyze import analyze_paths
     from diag.report import write_report_from_analysis
 
     doc = analyze_paths([str(real_traces / "a100_2rank_nccl.json.gz")])
@@ -305,7 +306,7 @@ def test_real_gpu_trace_through_the_real_analyzer(real_traces, tmp_path):
 
 def test_report_survives_a_failing_run_analysis(tmp_path, monkeypatch):
     """A bug in the run analysis costs the user the precise verdict, not the report."""
-    from diag.analyzers import run_analysis
+    from diag.analyzers.job import run_analysis
 
     def broken(*a, **k):
         raise RuntimeError("boom")

@@ -9,8 +9,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from diag.analyzers import trace_load
-from diag.analyzers.trace_load import load_trace, step_windows
+from diag.analyzers.trace import load as trace_load
+from diag.analyzers.trace.load import load_trace, step_windows
 from diag.errors import DiagInputError
 
 DEVICE_CATS = {"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset", "cuda_sync"}

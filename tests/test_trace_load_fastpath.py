@@ -17,8 +17,8 @@ import msgspec
 import numpy as np
 import pytest
 
-from diag.analyzers import trace_load
-from diag.analyzers.trace_load import load_trace
+from diag.analyzers.trace import load as trace_load
+from diag.analyzers.trace.load import load_trace
 from diag.errors import DiagInputError
 
 TRACES = ["a100_2rank_nccl", "job128_rank0_sampled", "job128_rank1_sampled", "v100_1rank_compute",

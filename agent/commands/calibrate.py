@@ -20,7 +20,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from diag import calibrate as cal
-    from diag.analyzers.devices import cache_path
+    from diag.analyzers.trace.devices import cache_path
 
     path = args.cache or str(cache_path())
     if args.show:

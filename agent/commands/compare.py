@@ -20,7 +20,7 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from pathlib import Path
 
-    from diag.analyzers.compare_model import compare
+    from diag.analyzers.views.compare_model import compare
     from diag.commands.report import load_tree_from_args
     from diag.report import analyse_and_model
     from diag.report.compare import write_compare

@@ -136,7 +136,7 @@ def run(args) -> int:
 
 
 def _topology(args, tests: list[dict] | None = None) -> dict:
-    from diag.analyzers import nccl_expected as ne
+    from diag.analyzers.nccl import expected as ne
 
     parts = []
     if args.topo:
@@ -146,7 +146,7 @@ def _topology(args, tests: list[dict] | None = None) -> dict:
             raise DiagInputError(str(exc), source=args.topo) from None
     if args.nccl_log:
         try:
-            from diag.analyzers import nccl_log
+            from diag.analyzers.nccl import log as nccl_log
         except ImportError as exc:
             raise DiagInputError(f"the NCCL log parser is not available ({exc})") from None
         parts.append(ne.topology_from_nccl_log(nccl_log.parse_files(args.nccl_log)))
@@ -160,7 +160,7 @@ def _topology(args, tests: list[dict] | None = None) -> dict:
 
 def interpret_doc(doc: dict, topo: dict) -> None:
     """Add expected_busbw_gbps, pct_of_expected, flags and diagnosis to every test."""
-    from diag.analyzers import nccl_expected as ne
+    from diag.analyzers.nccl import expected as ne
 
     doc["topology"] = topo
     for test in doc.get("tests") or []:
@@ -252,7 +252,7 @@ def _exit_code(doc: dict) -> int:
 
 def _parse_mode(args, files: list[str]) -> int:
     from diag import nccl_table
-    from diag.analyzers import nccl_tests
+    from diag.analyzers.nccl import nccl_tests
 
     if args.json and args.json != "-" and os.path.isfile(args.json) and not args.json.endswith(".json"):
         files = [args.json, *files]  # `parse --json FILE`: the file is an input, the JSON goes to stdout
@@ -297,7 +297,7 @@ def _parse_mode(args, files: list[str]) -> int:
 
 
 def _binary_mode(args) -> int:
-    from diag.analyzers import nccl_tests
+    from diag.analyzers.nccl import nccl_tests
 
     binary = args.binary
     if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):

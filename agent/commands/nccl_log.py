@@ -143,7 +143,7 @@ def render_text(doc: dict) -> str:
 
 
 def run(args) -> int:
-    from diag.analyzers.nccl_log import parse_files
+    from diag.analyzers.nccl.log import parse_files
 
     files = _expand(args.files)
     if not files:

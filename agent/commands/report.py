@@ -18,7 +18,7 @@ def add_arguments(parser) -> None:
 
 
 def load_tree_from_args(args):
-    from diag.analyzers import decision_tree
+    from diag.analyzers.diagnosis import decision_tree
     from diag.errors import DiagInputError
 
     try:
@@ -28,7 +28,7 @@ def load_tree_from_args(args):
 
 
 def run(args) -> int:
-    from diag.analyzers.report_model import build_model
+    from diag.analyzers.views.report_model import build_model
     from diag.report import write_model
     from diag.report.load import load_run
     from diag.report.progress import Stages, progress_factory

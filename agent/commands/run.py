@@ -32,7 +32,7 @@ def add_arguments(parser) -> None:
 
 def _parse_logs(run_dir: Path, logs: list[Path]) -> dict | None:
     try:
-        from diag.analyzers.nccl_log import parse_files
+        from diag.analyzers.nccl.log import parse_files
     except ImportError:
         return None
     from diag import rundir

@@ -3,7 +3,7 @@
     write_report(run_dir, out_dir=None, progress=None) -> {"html": path, "markdown": path, "summary": path}
     write_report_from_analysis(doc, out_dir) -> same, for `diag analyze --report DIR` on traces
 
-The data model comes from `diag.analyzers.report_model` (pure); this package reads the
+The data model comes from `diag.analyzers.views.report_model` (pure); this package reads the
 run directory, renders the model and writes the files atomically.
 """
 
@@ -30,7 +30,7 @@ def build_run_model(run_dir, tree=None, progress=None) -> dict:
 
 def analyse_and_model(source, tree=None, progress=None) -> tuple[dict, dict]:
     """(analysis document, report model) of a run directory or of a saved analysis JSON file."""
-    from diag.analyzers.report_model import build_model
+    from diag.analyzers.views.report_model import build_model
     from diag.report.load import load_analysis_json, load_run
 
     if Path(source).is_file():
@@ -48,7 +48,7 @@ def write_report(run_dir, out_dir=None, progress=None, tree=None) -> dict:
 
 def write_report_from_analysis(doc: dict, out_dir, tree=None) -> dict:
     """Write the report of a plain analysis document (traces analysed without a run directory)."""
-    from diag.analyzers.report_model import build_model
+    from diag.analyzers.views.report_model import build_model
 
     return write_model(build_model(doc, None, tree=tree), out_dir)
 

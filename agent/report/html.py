@@ -20,7 +20,7 @@ from functools import lru_cache
 from importlib import resources
 
 from diag import __version__
-from diag.analyzers.report_model import PHASE_LABELS, PHASES
+from diag.analyzers.views.report_model import PHASE_LABELS, PHASES
 
 OPS = {">=": "≥", "<=": "≤", ">": ">", "<": "<"}
 COLORS = {"data": "#e4a11b", "host": "#9467bd", "comm": "#d62728", "memory": "#1f77b4", "compute": "#2ca02c"}

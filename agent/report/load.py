@@ -1,4 +1,4 @@
-"""Reads a run directory into the in-memory form `diag.analyzers.report_model` takes.
+"""Reads a run directory into the in-memory form `diag.analyzers.views.report_model` takes.
 
 The other parts of diag (run analysis, NCCL log parser, expected bandwidth table) are
 imported lazily: when one is absent or fails, the report is still written and says
@@ -87,9 +87,9 @@ def _analyse(path: Path, tree, rd, unavailable: dict, problems: list) -> dict:
     """The run analysis (contract A), or an empty document when it cannot be had."""
     empty = {"schema": "diag.analysis/1", "ranks": [], "job": {}, "errors": []}
     try:
-        from diag.analyzers.run_analysis import analyze_run
+        from diag.analyzers.job.run_analysis import analyze_run
     except ImportError as exc:
-        unavailable["run_analysis"] = f"diag.analyzers.run_analysis is not available ({exc})"
+        unavailable["run_analysis"] = f"diag.analyzers.job.run_analysis is not available ({exc})"
         return empty
     try:
         doc = analyze_run(path, tree=tree)
@@ -140,7 +140,7 @@ def _load_nccl(rd: rundir.RunDir, run: dict, unavailable: dict) -> None:
             if str(saved.get("schema", "")).startswith("diag.nccl_log/"):
                 run["nccl_log"] = saved
                 try:
-                    from diag.analyzers import nccl_log
+                    from diag.analyzers.nccl import log as nccl_log
 
                     summarize = getattr(nccl_log, "summarize_for_diagnosis", None)
                     if summarize is not None:
@@ -154,7 +154,7 @@ def _load_nccl(rd: rundir.RunDir, run: dict, unavailable: dict) -> None:
                 run["problems"].append(f"{rd.path / NCCL_LOG_FILE}: not a diag.nccl_log/1 document")
     if logs:
         try:
-            from diag.analyzers import nccl_log
+            from diag.analyzers.nccl import log as nccl_log
         except ImportError as exc:
             unavailable["nccl_log"] = f"the NCCL log parser is not available ({exc})"
         else:
@@ -175,7 +175,7 @@ def _load_nccl(rd: rundir.RunDir, run: dict, unavailable: dict) -> None:
 def interpret_bench(bench: dict, log: dict | None, unavailable: dict) -> list[dict]:
     """Each benchmark test against the bandwidth its topology should reach (topology from the NCCL log)."""
     try:
-        from diag.analyzers import nccl_expected
+        from diag.analyzers.nccl import expected as nccl_expected
     except ImportError as exc:
         unavailable["nccl_expected"] = f"the expected-bandwidth table is not available ({exc})"
         return []

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import html
 
-from diag.analyzers.report_model import PHASE_LABELS, PHASES
+from diag.analyzers.views.report_model import PHASE_LABELS, PHASES
 
 
 def md_text(value) -> str:

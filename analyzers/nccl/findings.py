@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from diag.analyzers.ib_status import ib_status
+from diag.analyzers.nccl.ib_status import ib_status
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 

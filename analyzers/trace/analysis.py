@@ -14,11 +14,11 @@ import re
 
 import numpy as np
 
-from diag.analyzers import decision_tree as dt
-from diag.analyzers import devices, gpu_time, roofline
-from diag.analyzers import event_classes as ec
 from diag.analyzers import intervals as iv
-from diag.analyzers.attribution import (
+from diag.analyzers.diagnosis import decision_tree as dt
+from diag.analyzers.trace import devices, gpu_time, roofline
+from diag.analyzers.trace import event_classes as ec
+from diag.analyzers.trace.attribution import (
     BOUNDS,
     CPU_ORDER,
     GPU_ORDER,
@@ -26,7 +26,7 @@ from diag.analyzers.attribution import (
     attribute,
     normalize_shares,
 )
-from diag.analyzers.trace_load import Trace, load_trace, step_windows
+from diag.analyzers.trace.load import Trace, load_trace, step_windows
 from diag.errors import DiagInputError
 
 TOP_N = 10

@@ -20,7 +20,7 @@ from __future__ import annotations
 import statistics
 from collections import Counter, defaultdict
 
-from diag.analyzers.decision_tree import BOUNDS, advise, load_tree
+from diag.analyzers.diagnosis.decision_tree import BOUNDS, advise, load_tree
 from diag.errors import DiagInputError
 
 # Thresholds of the cross-rank rules. A tree may override each by the same name in its

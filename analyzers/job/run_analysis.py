@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from diag import rundir
-from diag.analyzers.cross_rank import analyze_job
-from diag.analyzers.decision_tree import _OPS, BOUNDS, advise, evaluate, load_tree
+from diag.analyzers.diagnosis.decision_tree import _OPS, BOUNDS, advise, evaluate, load_tree
+from diag.analyzers.job.cross_rank import analyze_job
 
 SCHEMA = "diag.analysis/1"
 FINAL_STATUSES = ("completed", "failed", "interrupted")
@@ -416,7 +416,7 @@ def _unsummarised_windows(rd: rundir.RunDir, rank: int, windows: list[dict], tre
         if path.name in named or path.name.startswith("."):
             continue
         try:
-            from diag.analyzers.trace_analysis import analyze_trace
+            from diag.analyzers.trace.analysis import analyze_trace
 
             a = analyze_trace(str(path), tree=tree, rank=rank)
         except ImportError:

@@ -36,7 +36,7 @@ from itertools import compress
 from operator import itemgetter
 from pathlib import Path
 
-from diag.analyzers.ib_status import ib_status_by_name, nccl_result
+from diag.analyzers.nccl.ib_status import ib_status_by_name, nccl_result
 from diag.errors import DiagInputError
 
 SCHEMA = "diag.nccl_log/1"
@@ -1381,7 +1381,7 @@ class NcclLogParser:
 
     # -- result ----------------------------------------------------------------------------
     def result(self) -> dict:
-        from diag.analyzers.nccl_findings import evaluate
+        from diag.analyzers.nccl.findings import evaluate
 
         self._close_chains()
         self._flush_colls()
@@ -1552,7 +1552,7 @@ def parse_files(paths, max_evidence: int = MAX_EVIDENCE, progress=None, jobs: in
 
     A large plain-text file is split into byte ranges parsed by `jobs` processes (default:
     the usable CPUs, at most 8; 1 disables it)."""
-    from diag.analyzers import nccl_log_parallel as par
+    from diag.analyzers.nccl import log_parallel as par
 
     jobs = par.default_jobs() if jobs is None else max(1, jobs)
     p = NcclLogParser(max_evidence=max_evidence)
@@ -1600,6 +1600,6 @@ def parse_file(path) -> dict:
 def summarize_for_diagnosis(log_doc: dict) -> list[str]:
     """Short sentences for the job report and the comm-bound diagnosis, most severe first,
     e.g. "NCCL fell back to TCP sockets between nodes"."""
-    from diag.analyzers.nccl_findings import summary_sentences
+    from diag.analyzers.nccl.findings import summary_sentences
 
     return summary_sentences(log_doc)

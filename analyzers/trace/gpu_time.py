@@ -27,7 +27,7 @@ import re
 import numpy as np
 
 from diag.analyzers import intervals as iv
-from diag.analyzers.trace_load import Trace
+from diag.analyzers.trace.load import Trace
 
 _HTA_COMM = re.compile(r"^nccl.*Kernel")
 _HTA_MEM = re.compile(r"^(?:Memcpy|Memset|dma)")

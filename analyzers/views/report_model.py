@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from diag.analyzers import decision_tree
+from diag.analyzers.diagnosis import decision_tree
 
 MODEL_SCHEMA = "diag.report/1"
 PHASES = ("data", "host", "comm", "memory", "compute")
@@ -59,9 +59,9 @@ RUN_KEYS = {
     "missing_ranks": "ranks expected from the world size but absent",
     "problems": "unreadable or damaged files, one line each",
     "nccl_log": "diag.nccl_log/1 document or None",
-    "nccl_log_summary": "diag.analyzers.nccl_log.summarize_for_diagnosis(doc): sentences, most severe first",
+    "nccl_log_summary": "diag.analyzers.nccl.log.summarize_for_diagnosis(doc): sentences, most severe first",
     "nccl_bench": "diag.nccl_bench/1 document or None",
-    "nccl_interpretation": "[{'collective', **diag.analyzers.nccl_expected.interpret(test, topology)}]",
+    "nccl_interpretation": "[{'collective', **diag.analyzers.nccl.expected.interpret(test, topology)}]",
     "unavailable": "{feature: reason} for analyzer modules that could not be used",
 }
 # Clock-event reasons that are not throttling: the GPU is idle or clocks were set on purpose.
@@ -1224,7 +1224,7 @@ def _wait_heatmap(doc, ranks, limits, notes) -> dict | None:
     if len(per_rank) < 2:
         return None
     try:
-        from diag.analyzers.cross_rank import match_collectives
+        from diag.analyzers.job.cross_rank import match_collectives
     except ImportError:
         return None
     groups = match_collectives(per_rank)["groups"]

@@ -47,7 +47,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from diag.analyzers.roofline import FLOP_OPS
+from diag.analyzers.trace.roofline import FLOP_OPS
 from diag.errors import DiagInputError
 
 try:  # ISA-L's inflate (python-isal) is 2-3x faster than zlib's, with the same interface

@@ -2,8 +2,8 @@
 
 `analyze_paths` expands directories into per-rank trace files, analyses the traces in
 parallel worker processes (as many as memory allows), delegates run directories to
-`diag.analyzers.run_analysis.analyze_run`, and adds the job part from
-`diag.analyzers.cross_rank.analyze_job`. A bad file becomes an entry in "errors"; the
+`diag.analyzers.job.run_analysis.analyze_run`, and adds the job part from
+`diag.analyzers.job.cross_rank.analyze_job`. A bad file becomes an entry in "errors"; the
 others are still analysed. Pure: nothing is printed or written.
 """
 
@@ -13,7 +13,7 @@ import os
 from collections import Counter
 from pathlib import Path
 
-from diag.analyzers import decision_tree as dt
+from diag.analyzers.diagnosis import decision_tree as dt
 from diag.errors import DiagInputError
 
 SCHEMA = "diag.analysis/1"
@@ -82,7 +82,7 @@ def _is_run_dir(path: str) -> bool:
 
 
 def _analyze_run_dir(path: str, tree, errors: list) -> dict | None:
-    from diag.analyzers.run_analysis import analyze_run
+    from diag.analyzers.job.run_analysis import analyze_run
 
     try:
         return analyze_run(path, tree=tree)
@@ -124,7 +124,7 @@ def _estimate_bytes(path: str) -> float:
 
 
 def _analyze_one(path: str, tree, decode_workers: int | None = None) -> tuple[str, object]:
-    from diag.analyzers.trace_analysis import analyze_trace
+    from diag.analyzers.trace.analysis import analyze_trace
 
     try:
         return "ok", analyze_trace(path, tree=tree, workers=decode_workers)
@@ -171,7 +171,7 @@ def _analyze_files(files, tree, jobs, progress, errors) -> list[dict]:
 
 def _settle_ranks(ranks: list[dict], warnings: list) -> None:
     """Every rank dict gets an integer rank: distributedInfo, else file name, else order."""
-    from diag.analyzers.trace_analysis import rank_from_name
+    from diag.analyzers.trace.analysis import rank_from_name
 
     taken = {r["rank"] for r in ranks if isinstance(r.get("rank"), int)}
     multi = len(ranks) > 1
@@ -204,7 +204,7 @@ def job_verdict(ranks: list[dict], tree) -> dict:
     """The job part of the document: the cross-rank analysis of the ranks analysed."""
     if not ranks:
         return {"bound": None, "stragglers": [], "findings": [], "world_size": None}
-    from diag.analyzers.cross_rank import analyze_job
+    from diag.analyzers.job.cross_rank import analyze_job
 
     return analyze_job(ranks, tree)
 
