@@ -289,9 +289,9 @@ def run_demo(
             _stop_ranks(procs)
             raise
 
-        from diag.analyzers.job.run_analysis import analyze_run
+        from diag.analyzers.analyze import analyze_run_dir
 
-        analysis = analyze_run(path)
+        analysis = analyze_run_dir(path)
         report = path / "report.html"
         result = {
             "run_dir": path,
@@ -343,17 +343,6 @@ def _endpoints(path: Path, ranks: int) -> list[str]:
 
 
 def headline(analysis: dict) -> str:
-    """One sentence: the job's verdict with its numbers."""
-    job = analysis.get("job") or {}
-    bound = job.get("bound")
-    ranks = analysis.get("ranks") or []
-    shares = [r.get("shares") for r in ranks if r.get("shares")]
-    if bound is None:
-        return "No verdict: not enough evidence was recorded."
-    text = f"{bound}-bound"
-    if shares:
-        mean = sum(s.get(bound) or 0.0 for s in shares) / len(shares)
-        label = {"data": "waiting for data", "host": "host overhead (device idle)", "comm": "exposed communication",
-                 "memory": "bandwidth-bound work", "compute": "compute-bound work"}[bound]
-        text += f": {label} is {mean:.0%} of step time on {len(shares)} rank(s)"
-    return text
+    """The diagnosis's verdict sentence (diag.analyzers.diagnosis.document)."""
+    text = ((analysis.get("diagnosis") or {}).get("headline") or {}).get("text")
+    return text or "No verdict: not enough evidence was recorded."

@@ -237,7 +237,7 @@ def test_rank_from_file_name(name, rank):
 def test_worker_count_respects_memory_and_jobs(tmp_path, monkeypatch):
     import psutil
 
-    from diag.analyzers.job import analyze as analysis
+    from diag.analyzers import analyze as analysis
 
     files = []
     for i in range(8):

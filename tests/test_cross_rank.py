@@ -14,7 +14,9 @@ import pytest
 from conftest import FIXTURES
 
 from diag.analyzers.diagnosis.decision_tree import load_tree
-from diag.analyzers.job.cross_rank import SYMMETRIC, analyze_job, match_collectives, scaling_efficiency
+from diag.analyzers.diagnosis.scaling import scaling_efficiency
+from diag.analyzers.diagnosis.verdict import job_verdict
+from diag.analyzers.job.cross_rank import SYMMETRIC, analyze_job, match_collectives
 from diag.analyzers.trace.analysis import analyze_trace
 from diag.errors import DiagInputError
 
@@ -49,6 +51,12 @@ def _ranks(paths):
     return [analyze_trace(str(p)) for p in paths]
 
 
+def _job(ranks):
+    """The job block as the facade gives it: cross-rank facts, then the diagnosis's verdict."""
+    tree = load_tree()
+    return job_verdict(ranks, analyze_job(ranks, tree), tree)
+
+
 def _finding(job, fid):
     return next((f for f in job["findings"] if f["id"] == fid), None)
 
@@ -57,7 +65,7 @@ def _finding(job, fid):
 def test_sleeping_rank_is_named_straggler_with_evidence(gloo_job):
     ranks = _ranks(gloo_job["straggler"])
     assert [r["rank"] for r in ranks] == [0, 1]
-    job = analyze_job(ranks, load_tree())
+    job = _job(ranks)
 
     assert [s["rank"] for s in job["stragglers"]] == [1], job["stragglers"]
     ev = job["stragglers"][0]["evidence"]
@@ -91,7 +99,7 @@ def test_sleeping_rank_is_named_straggler_with_evidence(gloo_job):
 
 @pytest.mark.slow
 def test_balanced_job_names_no_straggler(gloo_job):
-    job = analyze_job(_ranks(gloo_job["balanced"]), load_tree())
+    job = _job(_ranks(gloo_job["balanced"]))
     assert job["stragglers"] == [], job["stragglers"]
     assert _finding(job, "straggler_induced_comm") is None and _finding(job, "straggler") is None
     # Every all-reduce of the three profiled steps is matched on both ranks.
@@ -113,8 +121,8 @@ def test_clock_skew_between_ranks_changes_nothing(gloo_job, tmp_path):
     paths = gloo_job["straggler"]
     skewed = tmp_path / paths[1].name
     _shift_trace(paths[1], skewed, offset_us=3.6e9 + 0.123)  # an hour and a bit ahead
-    a = analyze_job(_ranks(paths), load_tree())
-    b = analyze_job(_ranks([paths[0], skewed]), load_tree())
+    a = _job(_ranks(paths))
+    b = _job(_ranks([paths[0], skewed]))
     assert [s["rank"] for s in b["stragglers"]] == [s["rank"] for s in a["stragglers"]] == [1]
     assert b["bound"] == a["bound"] and b["cause"] == a["cause"]
     assert b["collectives"]["matched"] == a["collectives"]["matched"]
@@ -128,7 +136,7 @@ def test_network_bound_job_is_not_blamed_on_a_rank():
     ranks = _ranks(
         [FIXTURES / "cpu_comm_rank0.pt.trace.json.gz", FIXTURES / "cpu_comm_rank1.pt.trace.json.gz"]
     )
-    job = analyze_job(ranks, load_tree())
+    job = _job(ranks)
     assert job["stragglers"] == []
     assert job["bound"] == "comm"
     assert job["cause"] == "network"
@@ -171,7 +179,7 @@ def test_job128_two_real_ranks(real_traces):
     )
     assert {r["rank"] for r in ranks} == {0, 1}
     assert all(r["collectives"] for r in ranks), "the analyzer found no collectives in the job128 traces"
-    job = analyze_job(ranks, load_tree())
+    job = _job(ranks)
     assert job["world_size"] == 128
     assert job["missing_ranks"] == list(range(2, 128))
     # The sampled traces hold different subsets of the calls: some cannot be paired.
@@ -197,7 +205,7 @@ def test_job128_two_real_ranks(real_traces):
 def test_missing_duplicate_and_unknown_ranks():
     r0 = analyze_trace(str(FIXTURES / "cpu_comm_rank0.pt.trace.json.gz"))
     assert r0["world_size"] == 2
-    job = analyze_job([r0], load_tree())
+    job = _job([r0])
     assert job["missing_ranks"] == [1]
     assert "ranks 1" in _finding(job, "missing_ranks")["message"]
     assert job["stragglers"] == []
@@ -205,11 +213,11 @@ def test_missing_duplicate_and_unknown_ranks():
     assert job["bound"] == "comm" and job["cause"] == "undetermined"
     assert _finding(job, "comm_cause_undetermined") is not None
 
-    job = analyze_job([r0, dict(r0, source="copy.json")], load_tree())
+    job = _job([r0, dict(r0, source="copy.json")])
     assert _finding(job, "duplicate_ranks")["evidence"]["duplicates"] == [{"rank": 0, "source": "copy.json"}]
-    job = analyze_job([r0, dict(r0, rank=None, source="anon.json")], load_tree())
+    job = _job([r0, dict(r0, rank=None, source="anon.json")])
     assert _finding(job, "unknown_rank")["evidence"]["sources"] == ["anon.json"]
-    assert analyze_job([], load_tree())["bound"] is None
+    assert _job([])["bound"] is None
 
 
 def _coll(name, ts, dur, seq=None, pg="0", on="device"):
@@ -271,7 +279,7 @@ def test_scaling_efficiency_takes_the_slowest_rank_of_each_step(gloo_job):
     """On real analyses: rank 0's steps alone (as world 1) against the 2-rank job, whose
     step time is that of its slower rank in each step."""
     ranks = _ranks(gloo_job["balanced"])
-    two = {"ranks": ranks, "job": analyze_job(ranks, load_tree())}
+    two = {"ranks": ranks, "job": _job(ranks)}
     one = {"ranks": [dict(ranks[0], world_size=1)], "job": {"world_size": 1}}
     res = scaling_efficiency(one, two, load_tree())
     step = statistics.median(

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -52,7 +53,9 @@ def test_demo_verdict_matches_the_induced_bottleneck(bottleneck, tmp_path):
         out, actual, doc = _run_demo(bottleneck, tmp_path / "again")
     else:
         assert actual == str(run_dir if bottleneck != "none" else tmp_path / "demo-2")
-    assert f"Verdict: {expected}-bound" in out, out
+    # The printed verdict is the diagnosis's headline, word for word.
+    assert f"Verdict: {doc['diagnosis']['headline']['text']}" in out, out
+    assert f"Verdict: {expected.capitalize()}-bound" in out, out
     if bottleneck == "none":
         assert (run_dir / "keep.txt").read_text() == "earlier run"
 
@@ -73,6 +76,26 @@ def test_demo_verdict_matches_the_induced_bottleneck(bottleneck, tmp_path):
     report = os.path.join(actual, "report.html")
     if os.path.exists(report):
         assert f"Report: {report}" in out
+        _assert_one_set_of_numbers(json.loads(Path(actual, "summary.json").read_text()), doc)
+
+
+def _assert_one_set_of_numbers(summary: dict, doc: dict) -> None:
+    """The report's headline, decision path and phase table quote one measurement set,
+    the one `diag analyze --json` gives the verdict on, over the steps it names."""
+    bound = summary["bound"]
+    assert bound == doc["job"]["bound"]
+    shares = summary["phase_shares"]
+    assert summary["headline"]["share"] == pytest.approx(shares[bound], abs=1e-12)
+    assert f"{round(shares[bound] * 100)}% of step time" in summary["headline"]["text"]
+    share_nodes = [n for n in summary["decision_path"]["nodes"] if n["metric"].endswith("_share")]
+    assert share_nodes
+    for node in share_nodes:
+        phase = node["metric"][: -len("_share")]
+        expected = shares[phase] if phase in shares else sum(shares[p] for p in ("comm", "memory", "compute"))
+        assert node["value"] == pytest.approx(expected, abs=1e-9), (node, shares)
+    basis = doc["job"]["measurements"]["basis"]
+    assert summary["decision_path"]["source"] == summary["headline"]["basis"] == basis
+    assert summary["measurements"]["values"] == pytest.approx(doc["job"]["measurements"]["values"])
 
 
 def _free_pair() -> int:

@@ -14,7 +14,8 @@ import pytest
 from report_helpers import PHASES, analysis_rank, shares_for, write_run
 
 from diag import rundir
-from diag.analyzers.views.report_model import RECOVERABLE, Limits, build_model
+from diag.analyzers.diagnosis.recommendations import RECOVERABLE
+from diag.analyzers.views.report_model import Limits, build_model
 from diag.report import build_run_model, write_report
 
 # ------------------------------------------------------------------ verdict and recommendations
@@ -287,7 +288,7 @@ def test_shares_are_renormalised_and_garbage_ignored():
 
 def test_real_gpu_trace_through_the_real_analyzer(real_traces, tmp_path):
     """A100 trace with NCCL kernels: the report's tables and verdict follow the analysis document."""
-    from diag.analyzers.job.analyze import analyze_paths
+    from diag.analyzers.analyze import analyze_paths
     from diag.report import write_report_from_analysis
 
     doc = analyze_paths([str(real_traces / "a100_2rank_nccl.json.gz")])

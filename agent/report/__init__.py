@@ -55,7 +55,7 @@ def write_report_from_analysis(doc: dict, out_dir, tree=None) -> dict:
 
 def summary(model: dict) -> dict:
     """The machine-readable summary: the model without chart arrays and per-step series."""
-    keep = ("run", "bound", "headline", "confidence", "decision_path", "phase_shares", "recommendations",
+    keep = ("run", "bound", "headline", "confidence", "decision_path", "phase_shares", "measurements", "recommendations",
             "stragglers", "ranks", "step_stats", "throughput", "top_kernels", "top_ops", "findings", "memory",
             "nccl", "missing", "problems", "notes", "evidence")
     out = {"schema": SUMMARY_SCHEMA, "model_schema": model.get("schema")}

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from diag import rundir
-from diag.analyzers.views.report_model import PHASE_LABELS, PHASES
+from diag.analyzers.diagnosis.inputs import PHASE_LABELS, PHASES
 from diag.report.html import COLORS, _asset, chart_text, esc, plotly_js, script_json
 from diag.report.markdown import md_text
 

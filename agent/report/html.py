@@ -20,7 +20,7 @@ from functools import lru_cache
 from importlib import resources
 
 from diag import __version__
-from diag.analyzers.views.report_model import PHASE_LABELS, PHASES
+from diag.analyzers.diagnosis.inputs import PHASE_LABELS, PHASES
 
 OPS = {">=": "≥", "<=": "≤", ">": ">", "<": "<"}
 COLORS = {"data": "#e4a11b", "host": "#9467bd", "comm": "#d62728", "memory": "#1f77b4", "compute": "#2ca02c"}
@@ -319,7 +319,9 @@ def _verdict(model: dict) -> str:
                      f"<a href=\"#rec-{esc(r['id'])}\">How, and why we think so</a></div>")
     shares = model.get("phase_shares")
     if shares:
-        inner.append("<p class=\"note\">Step time split: " + esc(", ".join(
+        basis = h.get("basis")
+        over = f" over {basis}" if basis else ""
+        inner.append(f"<p class=\"note\">Step time split{esc(over)}: " + esc(", ".join(
             f"{PHASE_LABELS[p]} {pct(shares[p])}" for p in PHASES)) + ".</p>")
     return _section("verdict", "What bounds the training", "\n".join(inner), f"verdict b-{esc(bound)}")
 

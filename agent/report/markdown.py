@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import html
 
-from diag.analyzers.views.report_model import PHASE_LABELS, PHASES
+from diag.analyzers.diagnosis.inputs import PHASE_LABELS, PHASES
 
 
 def md_text(value) -> str:
@@ -63,6 +63,8 @@ def render(model: dict) -> str:
     out.append("")
     shares = model.get("phase_shares")
     if shares:
+        if h.get("basis"):
+            out += [f"Step time split over {md_text(h['basis'])}:", ""]
         out += ["| phase | share of step time |", "|---|---:|"]
         out += [f"| {PHASE_LABELS[p]} | {pct(shares[p], 1)} |" for p in PHASES]
         out.append("")

@@ -167,6 +167,24 @@ def evaluate(measurements: dict, tree: Tree) -> dict:
     raise TreeError("decision tree has a cycle")
 
 
+# A tree answer of "unknown" on one of these means the verdict would be a guess.
+CORE_METRICS = frozenset({"data_share", "busy_share", "data_fraction_of_idle", "comm_share", "memory_to_compute"})
+
+
+def share_ratios(shares: dict) -> dict:
+    mem, comp = shares.get("memory", 0.0), shares.get("compute", 0.0)
+    if comp > 0:
+        return {"memory_to_compute": mem / comp}
+    return {"memory_to_compute": float("inf")} if mem > 0 else {}
+
+
+def verdict_from(measurements: dict, tree) -> dict:
+    """Evaluate the tree; a verdict reached through an unknown core measurement is withheld."""
+    v = evaluate(measurements, tree)
+    guessed = any(n["answer"] == "unknown" and n["metric"] in CORE_METRICS for n in v["path"])
+    return {"bound": None if guessed else v["bound"], "path": v["path"], "fixes": [] if guessed else v["fixes"]}
+
+
 def advise(measurements: dict, tree: Tree, bound: str | None = None) -> list[dict]:
     """Advisory findings whose rule fires on the measurements given (beside verdict `bound`)."""
     m = derive(measurements)

@@ -1,4 +1,7 @@
-"""Across ranks: match collectives, measure who waits for whom, name stragglers, give the job verdict.
+"""Across ranks: match collectives, measure who waits for whom, name stragglers, explain the time spent communicating.
+
+The job verdict itself is the diagnosis layer's (diag.analyzers.diagnosis.verdict); this
+module gives it the facts.
 
 Every rank's clock is its own, so nothing here compares timestamps of two ranks. A
 collective ends at (nearly) the same true moment on every rank, so a rank that arrives
@@ -20,8 +23,7 @@ from __future__ import annotations
 import statistics
 from collections import Counter, defaultdict
 
-from diag.analyzers.diagnosis.decision_tree import BOUNDS, advise, load_tree
-from diag.errors import DiagInputError
+from diag.analyzers.diagnosis.decision_tree import load_tree
 
 # Thresholds of the cross-rank rules. A tree may override each by the same name in its
 # [thresholds] table; these defaults hold otherwise.
@@ -294,31 +296,6 @@ def _finding(fid, severity, message, advice, evidence) -> dict:
     return {"id": fid, "severity": severity, "message": message, "advice": advice, "evidence": evidence}
 
 
-def _mean_shares(rank: dict) -> dict:
-    """Step-time-weighted mean of a rank's five shares."""
-    tot, acc = 0.0, dict.fromkeys(BOUNDS, 0.0)
-    for s in rank.get("steps") or []:
-        sh, d = s.get("shares"), s.get("duration_ms")
-        if isinstance(sh, dict) and isinstance(d, (int, float)) and d > 0:
-            tot += d
-            for b in BOUNDS:
-                acc[b] += float(sh.get(b) or 0.0) * d
-    return {b: acc[b] / tot for b in BOUNDS} if tot > 0 else {}
-
-
-def _job_bound(ranks: list[dict]) -> tuple[str | None, dict]:
-    counts = Counter(r.get("bound") for r in ranks if r.get("bound") in BOUNDS)
-    if not counts:
-        return None, {}
-    top = max(counts.values())
-    tied = [b for b, n in counts.items() if n == top]
-    if len(tied) == 1:
-        return tied[0], dict(counts)
-    shares = [_mean_shares(r) for r in ranks]
-    mean = {b: statistics.fmean(s.get(b, 0.0) for s in shares) for b in tied}
-    return max(tied, key=lambda b: (mean[b], -BOUNDS.index(b))), dict(counts)
-
-
 def analyze_job(ranks: list[dict], tree=None) -> dict:
     """The "job" part of the analysis document from the rank dicts of one job."""
     if tree is None:
@@ -416,54 +393,29 @@ def analyze_job(ranks: list[dict], tree=None) -> dict:
     stragglers = _stragglers(
         tree, by_id, per, groups, n_steps, median_step, step_ms, work_ms, median_work, median_gap
     )
-    straggler_ids = {s["rank"] for s in stragglers}
 
-    # Job verdict: what the ranks that are not stragglers experience.
-    base = [r for rid, r in by_id.items() if rid not in straggler_ids] or list(by_id.values())
-    bound, bound_counts = _job_bound(base or [r for r in ranks])
-    all_counts = Counter(r.get("bound") for r in ranks if r.get("bound") in BOUNDS)
-    if len(all_counts) > 1:
-        findings.append(
-            _finding(
-                "rank_verdicts_differ",
-                "info",
-                "Ranks disagree on what bounds them: "
-                + ", ".join(f"{n} {b}-bound" for b, n in all_counts.most_common())
-                + ".",
-                "Look at the odd ranks first: in a synchronous job the slowest rank sets the pace.",
-                {"bounds": {str(rid): r.get("bound") for rid, r in sorted(by_id.items())}},
-            )
-        )
-
+    # Why communication takes the time it does. The job verdict (diag.analyzers.diagnosis)
+    # decides whether the job is comm-bound; these explain it when it is.
     comm_us = sum(p["comm_us"] for p in per.values())
     wait_us = sum(p["wait_us"] for p in per.values())
     transfer_share = totals["transfer_us"] / comm_us if comm_us > 0 else None
-    cause = None
-    if bound == "comm":
-        if not groups:
-            cause = "undetermined"
-            findings.append(
-                _finding(
-                    "comm_cause_undetermined",
-                    "info",
-                    f"Comm-bound, but with {len(present)} rank(s) and no collective matched across ranks, "
-                    "waiting for a late rank cannot be told apart from slow transfers.",
-                    "Analyse the traces of all ranks (or several) of the same steps together: "
-                    "`diag analyze rank0.json.gz rank1.json.gz ...` or a directory of them.",
-                    {"ranks_present": present[:1000]},
-                )
-            )
-        elif stragglers:
-            cause = "straggler"
-            findings.append(_straggler_comm_finding(stragglers, rank_waits))
-        elif transfer_share is not None and transfer_share < _threshold(tree, "network_transfer_share"):
-            cause = "imbalance"
-            findings.append(_imbalance_finding(transfer_share, rank_waits))
-        else:
-            cause = "network"
-            findings.append(_slow_collectives_finding(groups, transfer_share, world, tree))
+    if not groups:
+        cause = "undetermined"
+        cause_finding = _finding(
+            "comm_cause_undetermined",
+            "info",
+            f"Comm-bound, but with {len(present)} rank(s) and no collective matched across ranks, "
+            "waiting for a late rank cannot be told apart from slow transfers.",
+            "Analyse the traces of all ranks (or several) of the same steps together: "
+            "`diag analyze rank0.json.gz rank1.json.gz ...` or a directory of them.",
+            {"ranks_present": present[:1000]},
+        )
     elif stragglers:
-        findings.append(_straggler_finding(stragglers))
+        cause, cause_finding = "straggler", _straggler_comm_finding(stragglers, rank_waits)
+    elif transfer_share is not None and transfer_share < _threshold(tree, "network_transfer_share"):
+        cause, cause_finding = "imbalance", _imbalance_finding(transfer_share, rank_waits)
+    else:
+        cause, cause_finding = "network", _slow_collectives_finding(groups, transfer_share, world, tree)
     if match["count_mismatch"]:
         findings.append(
             _finding(
@@ -485,14 +437,14 @@ def analyze_job(ranks: list[dict], tree=None) -> dict:
         )
 
     return {
-        "bound": bound,
-        "cause": cause,
         "world_size": world,
         "ranks_present": present,
         "missing_ranks": missing,
         "stragglers": stragglers,
         "findings": findings,
-        "bound_counts": bound_counts,
+        # Candidates for the diagnosis: the first when the job is comm-bound, the second otherwise.
+        "comm_explanation": {"cause": cause, "finding": cause_finding},
+        "straggler_finding": _straggler_finding(stragglers) if stragglers else None,
         "collectives": {
             "source": match["source"],
             "matched_by": match["matched_by"],
@@ -731,78 +683,5 @@ def _slow_collectives_finding(groups, transfer_share, world, tree) -> dict:
     )
 
 
-# --- scaling efficiency ---------------------------------------------------------------
 
 
-def _job_throughput(doc: dict) -> dict:
-    ranks = [r for r in doc.get("ranks") or [] if isinstance(r, dict)]
-    job = doc.get("job") or {}
-    sizes = [r.get("world_size") for r in ranks if isinstance(r.get("world_size"), int)]
-    world = job.get("world_size") or (max(sizes) if sizes else None) or len(ranks) or None
-    # The job moves at its slowest rank: per step number, the longest duration of any rank.
-    per_step: dict = defaultdict(float)
-    units: dict = defaultdict(float)
-    unit = None
-    for r in ranks:
-        for s in r.get("steps") or []:
-            d = s.get("duration_ms")
-            if not isinstance(d, (int, float)) or d <= 0:
-                continue
-            key = s.get("step")
-            per_step[key] = max(per_step[key], float(d))
-            for u in ("tokens", "samples"):
-                if isinstance(s.get(u), (int, float)) and s[u] > 0:
-                    unit = unit or u
-                    if u == unit:
-                        units[key] += float(s[u])
-                    break
-    if not per_step:
-        raise DiagInputError("analysis document has no step durations to compute throughput from")
-    step_ms = float(statistics.median(per_step.values()))
-    if unit and units:
-        # units summed over the ranks present in a step; per rank per second.
-        present = max(1, len(ranks))
-        per_rank = (
-            statistics.median(units[k] / per_step[k] for k in units if per_step.get(k)) * 1000.0 / present
-        )
-    else:
-        unit = "steps"
-        per_rank = 1000.0 / step_ms
-    return {"world_size": world, "step_ms": round(step_ms, 3), "throughput_per_rank": per_rank, "unit": unit}
-
-
-def scaling_efficiency(run_a_doc: dict, run_b_doc: dict, tree=None) -> dict:
-    """Per-rank throughput at the larger world size over that at the smaller one.
-
-    With samples or tokens per step in both documents, throughput counts them; else it
-    counts steps, which assumes the same per-rank batch in both runs (weak scaling, the
-    usual data-parallel setting). The advisory rule low_scaling_efficiency applies.
-    """
-    if tree is None:
-        tree = load_tree()
-    a, b = _job_throughput(run_a_doc), _job_throughput(run_b_doc)
-    if not a["world_size"] or not b["world_size"]:
-        raise DiagInputError("cannot tell the world size of both runs")
-    if a["world_size"] == b["world_size"]:
-        raise DiagInputError(
-            f"both runs have world size {a['world_size']}; scaling needs two different sizes"
-        )
-    small, large = sorted((a, b), key=lambda x: x["world_size"])
-    unit = small["unit"] if small["unit"] == large["unit"] else "steps"
-    if unit == "steps" and (small["unit"] != "steps" or large["unit"] != "steps"):
-        small = {**small, "unit": "steps", "throughput_per_rank": 1000.0 / small["step_ms"]}
-        large = {**large, "unit": "steps", "throughput_per_rank": 1000.0 / large["step_ms"]}
-    eff = large["throughput_per_rank"] / small["throughput_per_rank"]
-    ideal = large["world_size"] / small["world_size"]
-    findings = [f for f in advise({"scaling_efficiency": eff}, tree) if f["id"] == "low_scaling_efficiency"]
-    return {
-        "efficiency": round(eff, 4),
-        "unit": unit,
-        "basis": f"{unit} per second per rank"
-        + (" (assumes the same per-rank batch in both runs)" if unit == "steps" else ""),
-        "smaller": small,
-        "larger": large,
-        "ideal_speedup": round(ideal, 4),
-        "speedup": round(eff * ideal, 4),
-        "findings": findings,
-    }

@@ -28,13 +28,19 @@ from pathlib import Path
 import numpy as np
 
 from diag import rundir
-from diag.analyzers.diagnosis.decision_tree import _OPS, BOUNDS, advise, evaluate, load_tree
+from diag.analyzers.diagnosis.decision_tree import (
+    _OPS,
+    BOUNDS,
+    CORE_METRICS,
+    advise,
+    load_tree,
+    share_ratios,
+    verdict_from,
+)
 from diag.analyzers.job.cross_rank import analyze_job
 
 SCHEMA = "diag.analysis/1"
 FINAL_STATUSES = ("completed", "failed", "interrupted")
-# A tree answer of "unknown" on one of these means the verdict would be a guess.
-CORE_METRICS = frozenset({"data_share", "busy_share", "data_fraction_of_idle", "comm_share", "memory_to_compute"})
 # A running rank whose heartbeat is this much older than the newest one has stopped.
 STALE_S = 120.0
 SAMPLE_MATCH_S = 5.0
@@ -116,20 +122,6 @@ def sampled_shares(
     if composition.get("achieved_bw_frac") is not None:
         m["achieved_bw_frac"] = composition["achieved_bw_frac"]
     return shares, m
-
-
-def share_ratios(shares: dict) -> dict:
-    mem, comp = shares.get("memory", 0.0), shares.get("compute", 0.0)
-    if comp > 0:
-        return {"memory_to_compute": mem / comp}
-    return {"memory_to_compute": float("inf")} if mem > 0 else {}
-
-
-def verdict_from(measurements: dict, tree) -> dict:
-    """Evaluate the tree; a verdict reached through an unknown core measurement is withheld."""
-    v = evaluate(measurements, tree)
-    guessed = any(n["answer"] == "unknown" and n["metric"] in CORE_METRICS for n in v["path"])
-    return {"bound": None if guessed else v["bound"], "path": v["path"], "fixes": [] if guessed else v["fixes"]}
 
 
 def sampled_verdict(record: dict, sample: dict | None, composition: dict | None, tree) -> dict:
@@ -610,6 +602,7 @@ def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None
         "fixes": fixes,
         "path": path,
         "shares": {b: measurements.get(f"{b}_share") for b in BOUNDS} if tot > 0 else None,
+        "measurements": measurements,
         "evidence": {
             "trace_steps": sum(1 for s in steps_out if s["evidence"] == "trace"),
             "sampled_steps": sum(1 for s in steps_out if s["evidence"] == "sampled"),

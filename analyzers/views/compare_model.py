@@ -196,7 +196,7 @@ def _scaling(a: dict, b: dict, doc_a, doc_b, tree) -> dict | None:
         return None
     if doc_a and doc_b:
         try:
-            from diag.analyzers.job.cross_rank import scaling_efficiency
+            from diag.analyzers.diagnosis.scaling import scaling_efficiency
         except ImportError:
             pass
         else:

@@ -1,10 +1,13 @@
-"""The whole analysis document (schema diag.analysis/1) from files, trace directories and run directories.
+"""The facade: the whole analysis document (schema diag.analysis/1) from files, trace
+directories and run directories, with its diagnosis.
 
 `analyze_paths` expands directories into per-rank trace files, analyses the traces in
 parallel worker processes (as many as memory allows), delegates run directories to
-`diag.analyzers.job.run_analysis.analyze_run`, and adds the job part from
-`diag.analyzers.job.cross_rank.analyze_job`. A bad file becomes an entry in "errors"; the
-others are still analysed. Pure: nothing is printed or written.
+`diag.analyzers.job.run_analysis.analyze_run`, adds the cross-rank facts from
+`diag.analyzers.job.cross_rank.analyze_job`, and then the diagnosis
+(`diag.analyzers.diagnosis.document.build_diagnosis`): the job block's verdict is the
+diagnosis's, and the whole diagnosis document is under "diagnosis". A bad file becomes an
+entry in "errors"; the others are still analysed. Pure: nothing is printed or written.
 """
 
 from __future__ import annotations
@@ -60,10 +63,29 @@ def analyze_paths(paths, tree: dt.Tree | None = None, jobs: int | None = None, p
     _settle_ranks(ranks, warnings)
     ranks.sort(key=lambda r: (r["rank"] is None, r["rank"] if r["rank"] is not None else 0))
     if len(run_docs) == 1 and not files:
-        job = run_docs[0].get("job") or job_verdict(ranks, tree)
+        cross = run_docs[0].get("job") or cross_rank_facts(ranks, tree)
     else:
-        job = job_verdict(ranks, tree)
-    return {"schema": SCHEMA, "ranks": ranks, "job": job, "errors": errors, "warnings": warnings}
+        cross = cross_rank_facts(ranks, tree)
+    doc = {"schema": SCHEMA, "ranks": ranks, "job": cross, "errors": errors, "warnings": warnings}
+    return with_diagnosis(doc, tree)
+
+
+def analyze_run_dir(path, tree: dt.Tree | None = None) -> dict:
+    """The analysis document of one run directory, with its diagnosis."""
+    from diag.analyzers.job.run_analysis import analyze_run
+
+    tree = tree or dt.load_tree()
+    return with_diagnosis(analyze_run(path, tree=tree), tree)
+
+
+def with_diagnosis(doc: dict, tree) -> dict:
+    """The document with its job block's verdict and the diagnosis under "diagnosis"."""
+    from diag.analyzers.diagnosis.document import build_diagnosis
+
+    diagnosis = build_diagnosis(doc, None, tree)
+    doc["job"] = diagnosis.pop("job")
+    doc["diagnosis"] = diagnosis
+    return doc
 
 
 def trace_files_in(directory: str) -> list[str]:
@@ -200,10 +222,10 @@ def _settle_ranks(ranks: list[dict], warnings: list) -> None:
         warnings.append({"source": None, "warning": f"traces disagree on world size: {sorted(sizes)}"})
 
 
-def job_verdict(ranks: list[dict], tree) -> dict:
-    """The job part of the document: the cross-rank analysis of the ranks analysed."""
+def cross_rank_facts(ranks: list[dict], tree) -> dict:
+    """The cross-rank facts of the ranks analysed (the diagnosis adds the verdict)."""
     if not ranks:
-        return {"bound": None, "stragglers": [], "findings": [], "world_size": None}
+        return {"stragglers": [], "findings": [], "world_size": None}
     from diag.analyzers.job.cross_rank import analyze_job
 
     return analyze_job(ranks, tree)

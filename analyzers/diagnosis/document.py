@@ -1,0 +1,320 @@
+"""The diagnosis document: one judgement of a job, which every view reads.
+
+`build_diagnosis(doc, run)` turns the per-rank analyses and cross-rank facts of an
+analysis document (schema diag.analysis/1), the run directory's records (`run`, see
+`RUN_KEYS` in diag.analyzers.views.report_model) and the NCCL results into one
+document (schema diag.diagnosis/1):
+
+  job              the job block: cross-rank facts, verdict, decision path, findings
+  bound, headline  the verdict and its sentence, quoting the measurement set
+  measurements     the numbers the verdict rests on and the steps they cover
+  decision_path    the tree walked on those same numbers
+  confidence       how sure, and why
+  findings         of the job and the ranks, merged
+  evidence         numbered facts the verdict and recommendations link to
+  recommendations  ranked by expected gain
+  memory, nccl     device memory against capacity; what NCCL says
+
+`diag analyze --json`, summary.json, the Markdown and HTML reports and the demo read
+this; none of them recomputes a verdict, a share or a gain. Pure: plain data in and out.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from diag.analyzers.diagnosis import decision_tree
+from diag.analyzers.diagnosis.evidence import evidence, merged_findings, metric_text, nccl_facts
+from diag.analyzers.diagnosis.inputs import (
+    BOUND_CODE,
+    PHASE_LABELS,
+    PHASE_PHRASES,
+    PHASES,
+    Steps,
+    concat,
+    describe,
+    job_steps,
+    mean,
+    merge_ranks,
+    mode_bound,
+    num,
+    pct,
+    rank_shares,
+    tw_shares,
+    world_size,
+)
+from diag.analyzers.diagnosis.recommendations import memory_section, recommendations
+from diag.analyzers.diagnosis.verdict import has_all_shares, job_verdict, rank_measurements
+
+SCHEMA = "diag.diagnosis/1"
+
+
+def build_diagnosis(doc: dict | None, run: dict | None = None, tree=None) -> dict:
+    """The diagnosis of one job from its analysis document and (optionally) its run records."""
+    doc = doc if isinstance(doc, dict) else {}
+    run = run or {}
+    tree = tree or decision_tree.load_tree()
+    return diagnose_ranks(doc, merge_ranks(doc, run), run, tree)
+
+
+def diagnose_ranks(doc: dict, ranks: dict, run: dict, tree) -> dict:
+    """`build_diagnosis` on ranks already merged with `inputs.merge_ranks` (the report merges them once)."""
+    job = diagnose_job(doc, ranks, tree)
+    job_missing = {r for r in job.get("missing_ranks") or [] if isinstance(r, int)}
+    run = {**run, "missing_ranks": sorted((set(run.get("missing_ranks") or []) | job_missing) - set(ranks)),
+           "stopped_ranks": sorted(job_missing & set(ranks))}
+    return _judge(job, ranks, run, tree)
+
+
+def diagnose_job(doc: dict, ranks: dict, tree) -> dict:
+    """The job block with its verdict: as the document holds it when it has one already,
+    else computed from the ranks (analysed, or else their step records) and the cross-rank facts."""
+    job = doc.get("job") if isinstance(doc.get("job"), dict) else {}
+    if "verdict_source" in job:
+        return job
+    rank_docs = []
+    for r in ranks.values():
+        a = r["analysis"]
+        if not has_all_shares(rank_measurements(a)) and (tw := tw_shares(r["t"])) is not None:
+            a = {**a, "rank": r["rank"], "shares": tw}  # the shares of its step records
+        rank_docs.append(a if a else {"rank": r["rank"]})
+    return job_verdict(rank_docs, job, tree)
+
+
+def _judge(job: dict, ranks: dict, run: dict, tree) -> dict:
+    """Everything but the job verdict, which `job` already holds."""
+    world = world_size({"job": job}, run, ranks)
+    allt = concat(ranks)
+    steps = job_steps(ranks)
+    mset = job.get("measurements") if isinstance(job.get("measurements"), dict) else None
+    job_shares = (mset or {}).get("shares") or tw_shares(allt)
+    bound = job.get("bound") if job.get("bound") in PHASES else None
+    path = _decision_path(job, ranks, bound)
+    stragglers = _stragglers(job)
+    nccl = nccl_facts(run)
+    findings = merged_findings(job, ranks)
+    basis = mset["basis"] if mset else f"{int(steps.has_shares.sum())} step(s) of {len(ranks)} rank(s)"
+    ev = evidence(ranks, allt, steps, job_shares, basis, stragglers, nccl, findings)
+    headline = _headline(bound, ranks, allt, world, job_shares, tree, nccl, stragglers, job, mset)
+    confidence = _confidence(bound, allt, path, run, world)
+    memory = memory_section(ranks, tree)
+    recs = recommendations(bound, job_shares, tree, job, findings, stragglers, nccl, memory, ev)
+    headline["note"] = _order_note(bound, recs, job_shares)
+    return {
+        "schema": SCHEMA,
+        "job": job,
+        "bound": bound,
+        "headline": headline,
+        "measurements": mset,
+        "phase_shares": {p: job_shares.get(p) for p in PHASES} if job_shares else None,
+        "decision_path": path,
+        "confidence": confidence,
+        "stragglers": stragglers,
+        "findings": findings,
+        "evidence": ev,
+        "recommendations": recs,
+        "memory": memory,
+        "nccl": nccl,
+        "world_size": world,
+        "missing_ranks": list(run.get("missing_ranks") or []),
+        "stopped_ranks": list(run.get("stopped_ranks") or []),
+    }
+
+
+def _decision_path(job: dict, ranks: dict, bound) -> dict | None:
+    """The tree's path to the job verdict, on the measurement set the headline quotes."""
+    mset = job.get("measurements") if isinstance(job.get("measurements"), dict) else None
+    jp = job.get("path")
+    if mset and isinstance(jp, list) and jp:
+        return {"source": mset["basis"], "nodes": _clean_path(jp), "bound": bound}
+    # Without measurements the verdict is the ranks' vote: show an agreeing rank's own path.
+    for r in sorted(ranks.values(), key=lambda r: r["rank"]):
+        p = r["analysis"].get("path")
+        if bound and r["analysis"].get("bound") == bound and isinstance(p, list) and p:
+            return {"source": f"rank {r['rank']}'s measurements over its steps", "nodes": _clean_path(p),
+                    "bound": bound}
+    return None
+
+
+def _clean_path(path: list) -> list[dict]:
+    out = []
+    for n in path:
+        if not isinstance(n, dict):
+            continue
+        out.append(
+            {
+                "question": str(n.get("question", n.get("node", ""))),
+                "metric": str(n.get("metric", "")),
+                "value": num(n.get("value")),
+                "op": str(n.get("op", "")),
+                "threshold": num(n.get("threshold")),
+                "answer": str(n.get("answer", "")),
+            }
+        )
+    return out
+
+
+def _stragglers(job: dict) -> list[dict]:
+    out = []
+    for s in job.get("stragglers") or []:
+        if isinstance(s, dict) and isinstance(s.get("rank"), int):
+            ev = s.get("evidence")
+            text = s.get("message") if isinstance(s.get("message"), str) else None
+            share = num(ev.get("imposed_wait_share_of_step")) if isinstance(ev, dict) else None
+            out.append({**s, "evidence_text": text or (ev if isinstance(ev, str) else describe(ev)),
+                        "wait_share": share})
+    return out
+
+
+def _rank_share(r: dict, phase: str) -> float | None:
+    sh = rank_shares(r)
+    return sh[phase] if sh else None
+
+
+def _headline(bound, ranks, allt, world, job_shares, tree, nccl, stragglers, job, mset) -> dict:
+    if bound is None:
+        n_steps = len(allt)
+        if not ranks:
+            text = "No verdict: the run directory holds no readable rank data."
+        elif n_steps == 0:
+            text = "No verdict: no training step was recorded (the run may have stopped before its first step)."
+        else:
+            text = "No verdict: steps were timed, but nothing measured where their time went."
+        return {"bound": None, "title": "No verdict", "text": text}
+    title = tree.verdicts[bound]["title"]
+    title = title[:1].upper() + title[1:]
+    measured = set(mset["ranks"]) if mset else set(ranks)
+    agree = [r for r in ranks.values() if r["analysis"].get("bound") == bound]
+    if not agree:
+        agree = [r for r in ranks.values() if mode_bound(r["t"].bound) == bound]
+    n_agree, n_ranks = len(agree), len(ranks)
+    if n_ranks == 0:
+        where = ""
+    elif n_agree == n_ranks and n_ranks == world:
+        where = "" if n_ranks == 1 else " on both ranks" if n_ranks == 2 else f" on all {n_ranks} ranks"
+    else:
+        where = f" on {n_agree} of {world} ranks" if world > 1 else ""
+    share = job_shares.get(bound) if job_shares else None
+    per_rank = [x for x in (_rank_share(r, bound) for r in ranks.values() if r["rank"] in measured) if x is not None]
+    spread = ""
+    if len(per_rank) > 1 and max(per_rank) - min(per_rank) >= 0.02:
+        spread = f" ({pct(min(per_rank))}-{pct(max(per_rank))} across ranks)"
+    if share is not None:
+        text = f"{title}: {PHASE_PHRASES[bound]} {pct(share)} of step time{spread}{where}"
+    else:
+        text = f"{title}{where}"
+    extra = []
+    if bound == "comm":
+        summary = nccl.get("bandwidth_summary")
+        if summary:
+            extra.append(summary)
+        if nccl.get("log_sentences"):
+            sentence = nccl["log_sentences"][0]
+            # The bandwidth diagnosis may already name the same cause (e.g. TCP sockets): say it once.
+            said = (summary or "").lower()
+            if not any(k in said and k in sentence.lower() for k in ("tcp socket", "gpudirect", "shared memory")):
+                extra.append(sentence)
+        late = [s for s in stragglers if s.get("rank") is not None]
+        if late:
+            names = ", ".join(str(s["rank"]) for s in late[:4])
+            if len(late) == 1:
+                extra.append(f"rank {names} is late and the other ranks wait for it")
+            else:
+                extra.append(f"ranks {names} are late and the other ranks wait for them")
+        cause = job.get("cause") if ((job.get("collectives") or {}).get("matched") or 0) > 0 else None
+        if cause == "network":
+            extra.append("no rank is late: the collectives themselves are slow")
+        elif cause == "imbalance":
+            extra.append("no single rank is late, but ranks reach the collectives at different times")
+    if bound == "compute":
+        mfu = mean([r["analysis"].get("mfu") for r in ranks.values() if num(r["analysis"].get("mfu")) is not None])
+        if mfu is not None:
+            extra.append(f"MFU {pct(mfu)}")
+    if bound == "data":
+        waits = allt.wait[~np.isnan(allt.wait)]
+        if len(waits):
+            extra.append(f"median wait for a batch {np.median(waits) * 1000:.1f} ms")
+    if extra:
+        text += "; " + "; ".join(extra)
+    return {"bound": bound, "title": title, "text": text + ".", "share": share,
+            "ranks_agreeing": n_agree, "world_size": world, "basis": mset["basis"] if mset else None,
+            "summary": tree.verdicts[bound]["summary"]}
+
+
+def _order_note(bound, recs, job_shares) -> str | None:
+    """Say so when the largest expected gain is not the verdict's own phase."""
+    if not bound or not recs or not job_shares or not recs[0]["id"].startswith("phase-"):
+        return None
+    p = recs[0]["id"][len("phase-"):]
+    if p == bound:
+        return None
+    return (f"The verdict is {bound}-bound because the decision tree asks its questions in a fixed order "
+            f"(data wait, device idle, exposed communication, then the kernel mix) and the {bound} question "
+            f"answered yes first. By expected gain, though, the fixes for {PHASE_LABELS[p]} "
+            f"({pct(job_shares[p])} of the step) come first in the list below.")
+
+
+def _confidence(bound, allt: Steps, path, run, world) -> dict:
+    """A score in [0, 1] from four factors, each explained in a sentence."""
+    if bound is None:
+        return {"level": "none", "score": 0.0, "reasons": ["There is no verdict to be sure of."]}
+    reasons = []
+    n_trace = int((allt.ev == 2).sum())
+    n_all = int((allt.bound >= 0).sum())
+    if n_trace:
+        base = 0.9
+        reasons.append(
+            f"{n_trace} of the {n_all} analysed steps (counted on every rank) rest on profiler traces, which "
+            "attribute every microsecond of a step to one phase; the others rest on sampled measurements."
+        )
+    elif n_all:
+        base = 0.65
+        reasons.append(
+            "No profiler window was analysed: the verdict rests on sampled measurements only "
+            "(step time, DataLoader wait, device utilisation), which cannot split device time "
+            "into communication, memory and compute."
+        )
+    else:
+        base = 0.5
+        reasons.append("No per-step verdicts were recorded; the verdict comes from the analysis summary alone.")
+    # Agreement across steps.
+    codes = allt.bound[allt.bound >= 0]
+    agree = float((codes == BOUND_CODE[bound]).mean()) if len(codes) else None
+    factor = 1.0
+    if agree is not None:
+        factor *= 0.5 + 0.5 * agree
+        reasons.append(f"{pct(agree)} of analysed steps across ranks give the same verdict.")
+    # Margin at the deciding node.
+    if path and path.get("nodes"):
+        last = path["nodes"][-1]
+        v, t = last["value"], last["threshold"]
+        if v is not None and t not in (None, 0) and not math.isinf(v):
+            margin = abs(v - t) / abs(t)
+            vs, ts = metric_text(last["metric"], v), metric_text(last["metric"], t)
+            if margin < 0.15:
+                factor *= 0.75
+                reasons.append(
+                    f"The deciding measurement ({last['metric']} = {vs}) is within 15% of its threshold "
+                    f"({ts}): a small change could flip the verdict."
+                )
+            else:
+                reasons.append(f"The deciding measurement ({last['metric']} = {vs}) is clear of its threshold ({ts}).")
+    unknown = [n for n in (path or {}).get("nodes") or [] if n["answer"] == "unknown"]
+    if unknown:
+        factor *= 0.9
+        reasons.append(
+            "Some questions could not be answered (" + ", ".join(n["metric"] for n in unknown)
+            + " not measured); the tree took their 'no' branch."
+        )
+    missing = list(run.get("missing_ranks") or [])
+    if missing:
+        factor *= max(0.5, 1 - len(missing) / max(world, 1))
+        reasons.append(f"{len(missing)} of {world} rank(s) left no data; they may behave differently.")
+    if run.get("problems"):
+        factor *= 0.9
+        reasons.append(f"{len(run['problems'])} file(s) were damaged or unreadable and were skipped.")
+    score = round(base * factor, 2)
+    level = "high" if score >= 0.75 else "medium" if score >= 0.5 else "low"
+    return {"level": level, "score": score, "reasons": reasons}

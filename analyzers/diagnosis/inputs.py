@@ -1,0 +1,325 @@
+"""What the diagnosis reads: each rank's analysis merged with its run-directory records.
+
+`merge_ranks(doc, run)` joins the analysis document (schema diag.analysis/1) with the
+raw contents of a run directory already read into memory (see `RUN_KEYS` in
+`diag.analyzers.views.report_model`) into one dict per rank, whose steps are columns
+(`Steps`). The diagnosis and the report views both read these; nothing here judges.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+PHASES = ("data", "host", "comm", "memory", "compute")
+
+
+PHASE_LABELS = {
+    "data": "waiting for data",
+    "host": "host overhead (device idle)",
+    "comm": "exposed communication",
+    "memory": "bandwidth-bound kernels",
+    "compute": "compute kernels",
+}
+
+
+# What the share of each phase means in one phrase, used in the headline sentence.
+PHASE_PHRASES = {
+    "data": "waiting for the DataLoader takes",
+    "host": "the device sits idle while the host launches, synchronises or runs Python for",
+    "comm": "exposed communication (not hidden behind computation) is",
+    "memory": "bandwidth-bound kernels (elementwise, norms, copies) take",
+    "compute": "compute kernels (matmul, convolution, attention) take",
+}
+
+
+def num(v) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return None if math.isnan(v) or math.isinf(v) else float(v)
+
+
+BOUND_CODE = {p: i for i, p in enumerate(PHASES)}
+
+
+EVIDENCE_CODE = {"sampled": 1, "trace": 2}
+
+
+_NAN = float("nan")
+
+
+def as_float(v) -> float:
+    """A number from JSON as float, NaN when absent or not a number (bools are not numbers)."""
+    t = type(v)
+    return float(v) if t is float or t is int else _NAN
+
+
+def share_row(sh):
+    if type(sh) is not dict:
+        return None
+    try:
+        return (float(sh["data"]), float(sh["host"]), float(sh["comm"]), float(sh["memory"]), float(sh["compute"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+class Steps:
+    """One rank's (or the job's) steps as columns: numpy arrays, NaN where not measured.
+
+    Columnar because big runs have 10^5-10^6 step records and every chart and figure is a
+    reduction over them.
+    """
+
+    FIELDS = ("dur", "start", "wait", "samples", "tokens", "peak", "mfu")
+
+    def __init__(self, n: int):
+        self.step = np.zeros(n, dtype=np.int64)
+        for f in self.FIELDS:
+            setattr(self, f, np.full(n, np.nan))
+        self.shares = np.full((n, 5), np.nan)
+        self.bound = np.full(n, -1, dtype=np.int8)
+        self.ev = np.zeros(n, dtype=np.int8)
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    @property
+    def has_shares(self) -> np.ndarray:
+        return ~np.isnan(self.shares[:, 0])
+
+
+def _rank_steps(records: list, doc_steps: list) -> Steps:
+    """Step records (contract C) merged with analysed steps (contract A); the analysis wins
+    for shares, verdict and evidence, the records for timings."""
+    rows: dict[int, list] = {}
+    for rec in records:
+        if type(rec) is not dict:
+            continue
+        st = rec.get("step")
+        if type(st) is not int:
+            continue
+        rows[st] = [as_float(rec.get("duration_s")), as_float(rec.get("start_unix")), as_float(rec.get("data_wait_s")),
+                    as_float(rec.get("samples")), as_float(rec.get("tokens")), as_float(rec.get("peak_mem_bytes")),
+                    as_float(rec.get("mfu")), share_row(rec.get("shares")), BOUND_CODE.get(rec.get("bound"), -1),
+                    EVIDENCE_CODE.get(rec.get("evidence"), 0)]
+    for st in doc_steps:
+        if type(st) is not dict or type(st.get("step")) is not int:
+            continue
+        row = rows.get(st["step"])
+        if row is None:
+            row = rows[st["step"]] = [_NAN] * 7 + [None, -1, 0]
+        sh = share_row(st.get("shares"))
+        if sh is not None:
+            row[7] = sh
+        b = BOUND_CODE.get(st.get("bound"), -1)
+        if b >= 0:
+            row[8] = b
+        e = EVIDENCE_CODE.get(st.get("evidence"), 0)
+        if e:
+            row[9] = e
+        if math.isnan(row[0]):
+            row[0] = as_float(st.get("duration_ms")) / 1000.0
+        if math.isnan(row[2]):
+            row[2] = as_float(st.get("data_wait_ms")) / 1000.0
+        for i, k in ((3, "samples"), (4, "tokens"), (5, "peak_mem_bytes"), (6, "mfu")):
+            if math.isnan(row[i]):
+                row[i] = as_float(st.get(k))
+    order = sorted(rows)
+    t = Steps(len(order))
+    if not order:
+        return t
+    t.step[:] = order
+    table = [rows[k] for k in order]
+    for i, f in enumerate(Steps.FIELDS):
+        col = np.fromiter((r[i] for r in table), dtype=np.float64, count=len(table))
+        col[~np.isfinite(col)] = np.nan
+        setattr(t, f, col)
+    t.dur[t.dur <= 0] = np.nan
+    have = [i for i, r in enumerate(table) if r[7] is not None]
+    if have:
+        sh = np.array([table[i][7] for i in have], dtype=np.float64)
+        total = sh.sum(axis=1)
+        ok = np.isfinite(total) & (total > 0) & (sh >= 0).all(axis=1)
+        sh[ok] /= total[ok, None]
+        sh[~ok] = np.nan
+        t.shares[have] = sh
+    t.bound[:] = [r[8] for r in table]
+    t.ev[:] = [r[9] for r in table]
+    # Steps with shares but no verdict: the largest share stands in.
+    fill = (t.bound < 0) & t.has_shares
+    if fill.any():
+        t.bound[fill] = np.argmax(t.shares[fill], axis=1)
+    return t
+
+
+def _covers_records(analysis: dict) -> bool:
+    """True when the rank dict came from the run analysis, whose steps hold the records' timings."""
+    ev = analysis.get("evidence")
+    return isinstance(ev, dict) and "sampled_steps" in ev and bool(analysis.get("steps"))
+
+
+def merge_ranks(doc: dict, run: dict) -> dict[int, dict]:
+    """Per rank: its analysis dict, facts, and step records merged with analysed steps."""
+    out: dict[int, dict] = {}
+    run_ranks = run.get("ranks") or {}
+    doc_ranks = {}
+    for r in doc.get("ranks") or []:
+        if isinstance(r, dict) and isinstance(r.get("rank"), int):
+            doc_ranks.setdefault(r["rank"], r)
+    for rank in sorted(set(doc_ranks) | {int(k) for k in run_ranks}):
+        analysis = doc_ranks.get(rank, {})
+        raw = run_ranks.get(rank) or run_ranks.get(str(rank)) or {}
+        info = raw.get("info") or {}
+        out[rank] = {
+            "rank": rank,
+            "analysis": analysis,
+            "info": info,
+            "host": first_str(info, "hostname", "host") or first_str(analysis, "host", "hostname"),
+            "device": _device_name(info, analysis),
+            # The run analysis already carries every step record's timings in its steps; the raw
+            # records are only read for ranks it does not cover (halves the work on big runs).
+            "t": _rank_steps([] if _covers_records(analysis) else raw.get("steps") or [],
+                             analysis.get("steps") or []),
+            "samples": [s for s in raw.get("samples") or [] if isinstance(s, dict)],
+            "windows": [w for w in raw.get("windows") or [] if isinstance(w, dict)],
+            "traces": raw.get("traces") or 0,
+            "nccl_logs": raw.get("nccl_logs") or 0,
+            "events": [e for e in raw.get("events") or [] if isinstance(e, dict)],
+        }
+    return out
+
+
+def first_str(d, *keys) -> str | None:
+    if not isinstance(d, dict):
+        return None
+    for k in keys:
+        v = d.get(k)
+        if isinstance(v, str) and v:
+            return v
+    return None
+
+
+def _device_name(info: dict, analysis: dict) -> str | None:
+    for src in (analysis.get("device"), info.get("device")):
+        if isinstance(src, str) and src:
+            return src
+        if isinstance(src, dict):
+            name = first_str(src, "name", "type")
+            if name:
+                return name
+    return None
+
+
+def world_size(doc: dict, run: dict, ranks: dict) -> int:
+    cands = [(doc.get("job") or {}).get("world_size"), (run.get("manifest") or {}).get("world_size")]
+    cands += [r["analysis"].get("world_size") for r in ranks.values()]
+    cands += [r["info"].get("world_size") for r in ranks.values()]
+    cands = [c for c in cands if isinstance(c, int) and c > 0]
+    present = len(ranks) + len(run.get("missing_ranks") or [])
+    return max(cands + [present, 1])
+
+
+def tw_shares(t: Steps) -> dict | None:
+    """Shares over many steps, each step weighted by its duration (1 where unknown)."""
+    ok = t.has_shares
+    if not ok.any():
+        return None
+    w = np.where(np.isnan(t.dur[ok]), 1.0, t.dur[ok])
+    v = (t.shares[ok] * w[:, None]).sum(axis=0) / w.sum()
+    return {p: float(v[i]) for i, p in enumerate(PHASES)}
+
+
+def rank_shares(r: dict) -> dict | None:
+    """The rank's shares as its analysis gives them (the run analysis leaves warm-up steps out,
+    so these match the decision path), else time-weighted over its steps."""
+    sh = share_row(r["analysis"].get("shares"))
+    if sh is not None and all(math.isfinite(x) and x >= 0 for x in sh) and sum(sh) > 0:
+        return {p: sh[i] / sum(sh) for i, p in enumerate(PHASES)}
+    return tw_shares(r["t"])
+
+
+def concat(ranks: dict) -> Steps:
+    """All ranks' steps in one table (for counts and distributions)."""
+    parts = [r["t"] for r in ranks.values()]
+    t = Steps(0)
+    if not parts:
+        return t
+    t.step = np.concatenate([p.step for p in parts])
+    for f in Steps.FIELDS:
+        setattr(t, f, np.concatenate([getattr(p, f) for p in parts]))
+    t.shares = np.concatenate([p.shares for p in parts])
+    t.bound = np.concatenate([p.bound for p in parts])
+    t.ev = np.concatenate([p.ev for p in parts])
+    return t
+
+
+def job_steps(ranks: dict) -> Steps:
+    """One row per step number across ranks: the job's step time is the slowest rank's,
+    shares are the mean over ranks, the verdict the most common one."""
+    allt = concat(ranks)
+    steps = np.unique(allt.step)
+    job = Steps(len(steps))
+    if not len(steps):
+        return job
+    job.step = steps
+    pos = np.searchsorted(steps, allt.step)
+    with np.errstate(invalid="ignore"):
+        np.fmax.at(job.dur, pos, allt.dur)
+        np.fmin.at(job.start, pos, allt.start)
+        for f in ("samples", "tokens"):
+            col = getattr(allt, f)
+            m = ~np.isnan(col)
+            acc = np.zeros(len(steps))
+            np.add.at(acc, pos[m], col[m])
+            seen = np.zeros(len(steps), dtype=bool)
+            seen[pos[m]] = True
+            setattr(job, f, np.where(seen, acc, np.nan))
+        for f in ("mfu", "wait"):
+            col = getattr(allt, f)
+            m = ~np.isnan(col)
+            acc, cnt = np.zeros(len(steps)), np.zeros(len(steps))
+            np.add.at(acc, pos[m], col[m])
+            np.add.at(cnt, pos[m], 1)
+            setattr(job, f, np.where(cnt > 0, acc / np.maximum(cnt, 1), np.nan))
+        m = allt.has_shares
+        acc, cnt = np.zeros((len(steps), 5)), np.zeros(len(steps))
+        np.add.at(acc, pos[m], allt.shares[m])
+        np.add.at(cnt, pos[m], 1)
+        job.shares = np.where(cnt[:, None] > 0, acc / np.maximum(cnt, 1)[:, None], np.nan)
+        m = allt.bound >= 0
+        votes = np.zeros((len(steps), 5))
+        np.add.at(votes, (pos[m], allt.bound[m]), 1)
+        job.bound = np.where(votes.sum(axis=1) > 0, np.argmax(votes, axis=1), -1).astype(np.int8)
+        np.maximum.at(job.ev, pos, allt.ev)
+    return job
+
+
+def mean(values) -> float | None:
+    v = [x for x in values if x is not None]
+    return float(sum(v) / len(v)) if v else None
+
+
+def mode_bound(codes: np.ndarray) -> str | None:
+    codes = codes[codes >= 0]
+    if not len(codes):
+        return None
+    return PHASES[int(np.argmax(np.bincount(codes, minlength=5)))]
+
+
+def describe(ev) -> str:
+    if ev is None:
+        return ""
+    if isinstance(ev, dict):
+        parts = []
+        for k, v in ev.items():
+            n = num(v)
+            parts.append(f"{k} = {n:.4g}" if n is not None else f"{k} = {v}")
+        return ", ".join(parts)
+    if isinstance(ev, list):
+        return "; ".join(describe(x) for x in ev[:5])
+    return str(ev)
+
+
+def pct(x: float | None, digits: int = 0) -> str:
+    return "n/a" if x is None else f"{x * 100:.{digits}f}%"

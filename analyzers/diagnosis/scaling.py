@@ -1,0 +1,88 @@
+"""Scaling efficiency between two runs of one job at different world sizes.
+
+A judgement on two analysis documents (schema diag.analysis/1), so it lives with the
+diagnosis: `diag compare` quotes it, and the advisory rule low_scaling_efficiency of the
+decision tree decides whether it is low.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+
+from diag.analyzers.diagnosis.decision_tree import advise, load_tree
+from diag.errors import DiagInputError
+
+
+def _job_throughput(doc: dict) -> dict:
+    ranks = [r for r in doc.get("ranks") or [] if isinstance(r, dict)]
+    job = doc.get("job") or {}
+    sizes = [r.get("world_size") for r in ranks if isinstance(r.get("world_size"), int)]
+    world = job.get("world_size") or (max(sizes) if sizes else None) or len(ranks) or None
+    # The job moves at its slowest rank: per step number, the longest duration of any rank.
+    per_step: dict = defaultdict(float)
+    units: dict = defaultdict(float)
+    unit = None
+    for r in ranks:
+        for s in r.get("steps") or []:
+            d = s.get("duration_ms")
+            if not isinstance(d, (int, float)) or d <= 0:
+                continue
+            key = s.get("step")
+            per_step[key] = max(per_step[key], float(d))
+            for u in ("tokens", "samples"):
+                if isinstance(s.get(u), (int, float)) and s[u] > 0:
+                    unit = unit or u
+                    if u == unit:
+                        units[key] += float(s[u])
+                    break
+    if not per_step:
+        raise DiagInputError("analysis document has no step durations to compute throughput from")
+    step_ms = float(statistics.median(per_step.values()))
+    if unit and units:
+        # units summed over the ranks present in a step; per rank per second.
+        present = max(1, len(ranks))
+        per_rank = (
+            statistics.median(units[k] / per_step[k] for k in units if per_step.get(k)) * 1000.0 / present
+        )
+    else:
+        unit = "steps"
+        per_rank = 1000.0 / step_ms
+    return {"world_size": world, "step_ms": round(step_ms, 3), "throughput_per_rank": per_rank, "unit": unit}
+
+
+def scaling_efficiency(run_a_doc: dict, run_b_doc: dict, tree=None) -> dict:
+    """Per-rank throughput at the larger world size over that at the smaller one.
+
+    With samples or tokens per step in both documents, throughput counts them; else it
+    counts steps, which assumes the same per-rank batch in both runs (weak scaling, the
+    usual data-parallel setting). The advisory rule low_scaling_efficiency applies.
+    """
+    if tree is None:
+        tree = load_tree()
+    a, b = _job_throughput(run_a_doc), _job_throughput(run_b_doc)
+    if not a["world_size"] or not b["world_size"]:
+        raise DiagInputError("cannot tell the world size of both runs")
+    if a["world_size"] == b["world_size"]:
+        raise DiagInputError(
+            f"both runs have world size {a['world_size']}; scaling needs two different sizes"
+        )
+    small, large = sorted((a, b), key=lambda x: x["world_size"])
+    unit = small["unit"] if small["unit"] == large["unit"] else "steps"
+    if unit == "steps" and (small["unit"] != "steps" or large["unit"] != "steps"):
+        small = {**small, "unit": "steps", "throughput_per_rank": 1000.0 / small["step_ms"]}
+        large = {**large, "unit": "steps", "throughput_per_rank": 1000.0 / large["step_ms"]}
+    eff = large["throughput_per_rank"] / small["throughput_per_rank"]
+    ideal = large["world_size"] / small["world_size"]
+    findings = [f for f in advise({"scaling_efficiency": eff}, tree) if f["id"] == "low_scaling_efficiency"]
+    return {
+        "efficiency": round(eff, 4),
+        "unit": unit,
+        "basis": f"{unit} per second per rank"
+        + (" (assumes the same per-rank batch in both runs)" if unit == "steps" else ""),
+        "smaller": small,
+        "larger": large,
+        "ideal_speedup": round(ideal, 4),
+        "speedup": round(eff * ideal, 4),
+        "findings": findings,
+    }

@@ -1,0 +1,200 @@
+"""The job verdict: computed here, and nowhere else.
+
+A job's verdict rests on one measurement set: the mean, over the ranks that set the
+pace (every rank but the named stragglers), of each rank's measurements over its own
+steps after warm-up. The decision tree is walked on that set, so the verdict, its
+decision path and every share quoted beside it are the same numbers over the same
+steps. `measurement_set` says which ranks and steps those are.
+
+Inputs are plain data: the rank dicts of an analysis document (schema diag.analysis/1)
+and the cross-rank facts of `diag.analyzers.job.cross_rank.analyze_job`.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter
+
+from diag.analyzers.diagnosis.decision_tree import BOUNDS, share_ratios, verdict_from
+
+# Findings this module adds to the job; a document that already holds them (a saved
+# analysis read again) has them replaced, not repeated.
+VERDICT_FINDINGS = frozenset({
+    "rank_verdicts_differ", "comm_cause_undetermined", "straggler_induced_comm", "unsynchronised_arrival",
+    "slow_collectives", "straggler",
+})
+# Cross-rank facts that only feed the verdict and are not part of the job block.
+_CANDIDATES = ("comm_explanation", "straggler_finding")
+
+
+def _number(v) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return None if math.isnan(v) else float(v)
+
+
+def rank_measurements(rank: dict) -> dict | None:
+    """A rank's tree measurements as its analysis gives them; where those lack any of the
+    five shares, the shares come from its "shares" (when complete) and the rest is kept."""
+    m = rank.get("measurements")
+    out = {str(k): v for k, v in ((k, _number(v)) for k, v in m.items()) if v is not None} \
+        if isinstance(m, dict) else {}
+    if not has_all_shares(out):
+        sh = rank.get("shares")
+        vals = {b: _number(sh.get(b)) for b in BOUNDS} if isinstance(sh, dict) else {}
+        if all(vals.get(b) is not None and vals[b] >= 0 for b in BOUNDS) and sum(vals.values()) > 0:
+            total = sum(vals.values())
+            shares = {b: v / total for b, v in vals.items()}
+            out = {k: v for k, v in out.items() if not k.endswith("_share") and k != "memory_to_compute"}
+            out.update({f"{b}_share": v for b, v in shares.items()}, **share_ratios(shares))
+    return out if any(f"{b}_share" in out for b in BOUNDS) else None
+
+
+def has_all_shares(measurements: dict | None) -> bool:
+    return bool(measurements) and all(f"{b}_share" in measurements for b in BOUNDS)
+
+
+def measured_steps(rank: dict) -> dict:
+    """Which of a rank's steps its measurements cover: all but the warm-up steps its
+    analysis left out (the run analysis marks them; a trace's profiled steps all count)."""
+    steps = [s for s in rank.get("steps") or [] if isinstance(s, dict) and isinstance(s.get("step"), int)]
+    steps.sort(key=lambda s: s["step"])
+    ev = rank.get("evidence") if isinstance(rank.get("evidence"), dict) else {}
+    skip = ev.get("warmup_steps_excluded") if isinstance(ev.get("warmup_steps_excluded"), int) else 0
+    counted = steps[skip:] or steps
+    sampled = sum(1 for s in counted if s.get("evidence") == "sampled")
+    return {
+        "first": counted[0]["step"] if counted else None,
+        "last": counted[-1]["step"] if counted else None,
+        "count": len(counted),
+        "trace": len(counted) - sampled,
+        "sampled": sampled,
+        "warmup_excluded": len(steps) - len(counted),
+    }
+
+
+def measurement_set(ranks: list[dict]) -> dict | None:
+    """The job's measurements: each measurement's mean over the ranks that have it."""
+    per = [(r, m) for r in ranks if (m := rank_measurements(r))]
+    if not per:
+        return None
+    values: dict[str, float] = {}
+    for key in sorted({k for _, m in per for k in m}):
+        vals = [m[key] for _, m in per if key in m]
+        values[key] = math.inf if any(math.isinf(v) for v in vals) else statistics.fmean(vals)
+    shares = None
+    if all(f"{b}_share" in values for b in BOUNDS):
+        total = sum(values[f"{b}_share"] for b in BOUNDS)
+        if total > 0:
+            shares = {b: values[f"{b}_share"] / total for b in BOUNDS}
+    cover = {r["rank"]: measured_steps(r) for r, _ in per if isinstance(r.get("rank"), int)}
+    firsts = [c["first"] for c in cover.values() if c["first"] is not None]
+    lasts = [c["last"] for c in cover.values() if c["last"] is not None]
+    steps = {
+        "count": sum(c["count"] for c in cover.values()),
+        "trace": sum(c["trace"] for c in cover.values()),
+        "sampled": sum(c["sampled"] for c in cover.values()),
+        "warmup_excluded": sum(c["warmup_excluded"] for c in cover.values()),
+        "first": min(firsts) if firsts else None,
+        "last": max(lasts) if lasts else None,
+    }
+    return {
+        "values": values,
+        "shares": shares,
+        "ranks": sorted(cover),
+        "steps": steps,
+        "per_rank": {str(k): v for k, v in sorted(cover.items())},
+        "basis": _basis(steps, len(per)),
+    }
+
+
+def _basis(steps: dict, n_ranks: int) -> str:
+    """The steps a measurement set covers, in words: said beside every number it gives."""
+    span = f"steps {steps['first']}-{steps['last']}" if steps["first"] is not None else "their steps"
+    who = "1 rank" if n_ranks == 1 else f"{n_ranks} ranks"
+    if steps["count"] == 0:
+        return f"the analysis summary of {who} (no per-step records)"
+    if steps["sampled"] == 0:
+        kind = "profiled steps"
+    elif steps["trace"] == 0:
+        kind = "all steps, from sampled measurements"
+    else:
+        kind = f"all steps ({steps['trace']} profiled, {steps['sampled']} sampled)"
+    warm = f", {steps['warmup_excluded']} warm-up steps left out" if steps["warmup_excluded"] else ""
+    return f"{kind} of {who}, {span}: {steps['count']} rank-steps{warm}"
+
+
+def _vote(ranks: list[dict]) -> tuple[str | None, dict]:
+    """Without measurements: the most common rank verdict, ties to the larger mean share."""
+    counts = Counter(r.get("bound") for r in ranks if r.get("bound") in BOUNDS)
+    if not counts:
+        return None, {}
+    top = max(counts.values())
+    tied = [b for b, n in counts.items() if n == top]
+    if len(tied) == 1:
+        return tied[0], dict(counts)
+    shares = [rank_measurements(r) or {} for r in ranks]
+    mean = {b: statistics.fmean(s.get(f"{b}_share", 0.0) for s in shares) for b in tied}
+    return max(tied, key=lambda b: (mean[b], -BOUNDS.index(b))), dict(counts)
+
+
+def _unique_ranks(ranks: list[dict]) -> list[dict]:
+    seen: dict[int, dict] = {}
+    for r in ranks:
+        if isinstance(r, dict) and isinstance(r.get("rank"), int):
+            seen.setdefault(r["rank"], r)
+    return [seen[k] for k in sorted(seen)]
+
+
+def job_verdict(ranks: list[dict], cross: dict | None, tree) -> dict:
+    """The job block of the analysis document: the cross-rank facts plus the verdict.
+
+    ranks: the rank dicts; cross: `analyze_job`'s result (or a job block already
+    holding a verdict, which is recomputed). Returns bound, path, measurements,
+    cause, bound_counts and the findings the verdict explains itself with.
+    """
+    cross = dict(cross or {})
+    candidates = {k: cross.pop(k, None) for k in _CANDIDATES}
+    findings = [f for f in cross.get("findings") or [] if isinstance(f, dict) and f.get("id") not in VERDICT_FINDINGS]
+    stragglers = [s for s in cross.get("stragglers") or [] if isinstance(s, dict)]
+    late = {s.get("rank") for s in stragglers}
+    present = _unique_ranks(ranks)
+    base = [r for r in present if r["rank"] not in late] or present or [r for r in ranks if isinstance(r, dict)]
+    mset = measurement_set(base)
+    path, fixes, source = [], [], "none"
+    if mset is not None:
+        v = verdict_from(mset["values"], tree)
+        bound, path, fixes, source = v["bound"], v["path"], v["fixes"], "measurements"
+    else:
+        bound, _ = _vote(base)
+        source = "rank verdicts" if bound else "none"
+    counts = Counter(r.get("bound") for r in present if r.get("bound") in BOUNDS)
+    if len(counts) > 1:
+        findings.append({
+            "id": "rank_verdicts_differ",
+            "severity": "info",
+            "message": "Ranks disagree on what bounds them: "
+            + ", ".join(f"{n} {b}-bound" for b, n in counts.most_common()) + ".",
+            "advice": "Look at the odd ranks first: in a synchronous job the slowest rank sets the pace.",
+            "evidence": {"bounds": {str(r["rank"]): r.get("bound") for r in present}},
+        })
+    cause = None
+    explanation = candidates["comm_explanation"] if isinstance(candidates["comm_explanation"], dict) else None
+    if bound == "comm" and explanation is not None:
+        cause = explanation.get("cause")
+        if isinstance(explanation.get("finding"), dict):
+            findings.append(explanation["finding"])
+    elif isinstance(candidates["straggler_finding"], dict):
+        findings.append(candidates["straggler_finding"])
+    return {
+        **cross,
+        "bound": bound,
+        "cause": cause,
+        "path": path,
+        "fixes": fixes,
+        "verdict_source": source,
+        "measurements": mset,
+        "bound_counts": dict(counts),
+        "findings": findings,
+    }
