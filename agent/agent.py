@@ -589,7 +589,7 @@ class Agent:
                 rec["mfu"] = flops / t.duration_s / self.peak_flops
         if self.tree is not None:
             try:
-                from diag.analyzers.job.run_analysis import sampled_verdict
+                from diag.analyzers.job.sampled import sampled_verdict
 
                 v = sampled_verdict(rec, self._latest_sample, self._composition, self.tree)
                 rec["bound"], rec["shares"] = v["bound"], v["shares"]
@@ -665,7 +665,7 @@ class Agent:
             self._log(f"profiler: window {first}: {doc.get('error', 'no analysis')}")
             return
         try:
-            from diag.analyzers.job.run_analysis import window_composition
+            from diag.analyzers.job.sampled import window_composition
 
             comp = window_composition(analysis)
             if comp is not None:

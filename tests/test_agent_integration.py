@@ -19,7 +19,8 @@ import torch
 import diag
 from diag import rundir
 from diag.analyzers.diagnosis.decision_tree import load_tree
-from diag.analyzers.job.run_analysis import analyze_rank, sampled_verdict, window_composition
+from diag.analyzers.job.run_analysis import analyze_rank
+from diag.analyzers.job.sampled import sampled_verdict, window_composition
 from diag.commands.analyze import format_summary
 from diag.exporter.registry import render_text
 

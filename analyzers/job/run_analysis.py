@@ -3,14 +3,8 @@
 Every step gets a verdict labelled with its evidence:
 - "trace": the step was inside a profiler window, and the trace analyzer attributed
   each moment of it (the window summaries in `rank-N/windows/`);
-- "sampled": outside windows, the decision tree runs on what the agent always measures
-  (data wait from `agent.loader()`, step time, device utilisation from NVML/amdsmi) and
-  on the composition of the most recent window, which tells how the device's busy time
-  splits between communication, bandwidth-bound and compute-bound work.
-
-The sampled attribution keeps the window's proportions rather than its absolute times,
-because profiled steps run slower than unprofiled ones (the profiler's own cost), and
-absolute times from a window would overstate the device's share of a normal step.
+- "sampled": outside windows, from what the agent always measures and the composition
+  of the most recent window (diag.analyzers.job.sampled).
 
 Ranks that are absent, or that stopped reporting before the job ended (killed, hung,
 out of memory), are named in the job finding `missing_ranks`.
@@ -29,114 +23,29 @@ import numpy as np
 
 from diag import rundir
 from diag.analyzers.diagnosis.decision_tree import (
-    _OPS,
     BOUNDS,
-    CORE_METRICS,
     advise,
     load_tree,
     share_ratios,
     verdict_from,
 )
 from diag.analyzers.job.cross_rank import analyze_job
+from diag.analyzers.job.sampled import (
+    NO_SAMPLE,
+    Walker,
+    nearest_samples,
+    sample_utilization,
+    sampled_batch,
+    sampled_verdict,
+    window_composition,
+)
 
 SCHEMA = "diag.analysis/1"
 FINAL_STATUSES = ("completed", "failed", "interrupted")
 # A running rank whose heartbeat is this much older than the newest one has stopped.
 STALE_S = 120.0
-SAMPLE_MATCH_S = 5.0
 _STEP_EXTRAS = ("samples", "tokens", "peak_mem_bytes", "mfu")  # step record fields kept as they are
 TOP_N = 20
-
-
-# -- composition of a window ------------------------------------------------------------
-
-
-def window_composition(analysis: dict | None) -> dict | None:
-    """How a window's steps split their non-data time, from the trace analyzer's rank dict."""
-    if not isinstance(analysis, dict):
-        return None
-    acc = dict.fromkeys(BOUNDS, 0.0)
-    total = 0.0
-    for s in analysis.get("steps") or []:
-        sh, d = s.get("shares"), s.get("duration_ms")
-        if not isinstance(sh, dict) or not isinstance(d, (int, float)) or d <= 0:
-            continue
-        total += d
-        for b in BOUNDS:
-            acc[b] += float(sh.get(b) or 0.0) * d
-    if total <= 0:
-        return None
-    mean = {b: acc[b] / total for b in BOUNDS}
-    non_data = 1.0 - mean["data"]
-    if non_data <= 1e-9:
-        return None
-    busy = mean["comm"] + mean["memory"] + mean["compute"]
-    comp = {
-        "non_data": {b: mean[b] / non_data for b in ("host", "comm", "memory", "compute")},
-        "busy_split": {b: (mean[b] / busy if busy > 0 else 0.0) for b in ("comm", "memory", "compute")},
-        "achieved_bw_frac": _path_value(analysis.get("path"), "achieved_bw_frac"),
-    }
-    return comp
-
-
-def _path_value(path, metric: str):
-    for node in path or []:
-        if isinstance(node, dict) and node.get("metric") == metric and isinstance(node.get("value"), (int, float)):
-            return float(node["value"])
-    return None
-
-
-# -- the sampled verdict ----------------------------------------------------------------
-
-
-def sampled_shares(
-    duration_s: float | None,
-    data_wait_s: float | None,
-    utilization: float | None,
-    composition: dict | None,
-) -> tuple[dict | None, dict]:
-    """(the five shares or None, the tree measurements) of one step without a trace."""
-    m: dict = {}
-    if not isinstance(duration_s, (int, float)) or duration_s <= 0:
-        return None, m
-    data = min(max((data_wait_s or 0.0) / duration_s, 0.0), 1.0)
-    if data_wait_s is not None:
-        m["data_share"] = data
-    rest = 1.0 - data
-    if utilization is not None:
-        busy = min(max(float(utilization), 0.0), rest)
-        host = rest - busy
-        m["busy_share"] = busy
-        m["host_share"] = host
-        if composition is None:
-            return None, m
-        split = composition["busy_split"]
-        shares = {"data": data, "host": host, **{b: busy * split[b] for b in ("comm", "memory", "compute")}}
-    elif composition is not None:
-        nd = composition["non_data"]
-        shares = {"data": data, **{b: rest * nd[b] for b in ("host", "comm", "memory", "compute")}}
-    else:
-        return None, m
-    m.update({f"{b}_share": v for b, v in shares.items()})
-    m.update(share_ratios(shares))
-    if composition.get("achieved_bw_frac") is not None:
-        m["achieved_bw_frac"] = composition["achieved_bw_frac"]
-    return shares, m
-
-
-def sampled_verdict(record: dict, sample: dict | None, composition: dict | None, tree) -> dict:
-    """Verdict of one step record from always-on measurements (evidence "sampled")."""
-    util = None
-    gpu = (sample or {}).get("gpu") if isinstance(sample, dict) else None
-    if isinstance(gpu, dict) and isinstance(gpu.get("utilization_ratio"), (int, float)):
-        util = float(gpu["utilization_ratio"])
-        if not math.isfinite(util):  # a failed reading is no reading
-            util = None
-    shares, m = sampled_shares(record.get("duration_s"), record.get("data_wait_s"), util, composition)
-    if not m:
-        return {"bound": None, "shares": None, "path": [], "evidence": "sampled"}
-    v = verdict_from(m, tree)
-    return {"bound": v["bound"], "shares": shares, "path": v["path"], "evidence": "sampled"}
 
 
 # -- one rank ---------------------------------------------------------------------------
@@ -169,177 +78,6 @@ def _sorted_quantile(vals: list, q: float):
 # reach the same node by the same answers (a handful of groups), not once per step. A
 # step whose path differs from the previous step's is evaluated again by
 # `sampled_verdict`, which gives the full path; so the output is exactly the per-step one.
-
-_NO_SAMPLE = -1
-
-
-def _plain_number(x) -> bool:
-    return type(x) in (int, float) and math.isfinite(x)
-
-
-def _sample_utilization(samples: list[dict]) -> np.ndarray:
-    out = np.full(len(samples), np.nan)
-    for i, s in enumerate(samples):
-        gpu = s.get("gpu")
-        if isinstance(gpu, dict) and isinstance(gpu.get("utilization_ratio"), (int, float)):
-            v = float(gpu["utilization_ratio"])
-            if math.isfinite(v):  # as sampled_verdict: a failed reading is no reading
-                out[i] = v
-    return out
-
-
-def _nearest_samples(times: np.ndarray, mids: np.ndarray) -> np.ndarray:
-    """Index of the sample nearest each time (the earlier one on a tie), or -1 beyond SAMPLE_MATCH_S."""
-    if len(times) == 0:
-        return np.full(len(mids), _NO_SAMPLE, dtype=np.int64)
-    i = np.searchsorted(times, mids, side="left")
-    lo = np.clip(i - 1, 0, len(times) - 1)
-    hi = np.clip(i, 0, len(times) - 1)
-    d_lo = np.where(i - 1 >= 0, np.abs(times[lo] - mids), np.inf)
-    d_hi = np.where(i < len(times), np.abs(times[hi] - mids), np.inf)
-    best = np.where(d_lo <= d_hi, lo, hi)
-    return np.where(np.abs(times[best] - mids) <= SAMPLE_MATCH_S, best, _NO_SAMPLE)
-
-
-class _Walker:
-    """The tree's walk (as `evaluate`) over columns of measurements: per row, a path and a bound."""
-
-    def __init__(self, tree):
-        self.tree = tree
-        self._ids: dict[tuple, int] = {(): 0}
-        self.sigs: list[tuple] = [()]
-
-    def _child(self, pid: int, node: str, answer: str) -> int:
-        key = (*self.sigs[pid], (node, answer))
-        sid = self._ids.get(key)
-        if sid is None:
-            sid = self._ids[key] = len(self.sigs)
-            self.sigs.append(key)
-        return sid
-
-    def walk(self, cols: dict[str, np.ndarray], n: int) -> tuple[np.ndarray, list]:
-        """(path id per row, bound per row, guessed per row folded in: None when guessed)."""
-        tree = self.tree
-        sig = np.zeros(n, dtype=np.int64)
-        bound: list = [None] * n
-        groups = [(tree.start, 0, np.arange(n))]
-        for _ in range(len(tree.nodes) + 1):
-            nxt_groups = []
-            for node_id, pid, rows in groups:
-                node = tree.nodes[node_id]
-                threshold = tree.threshold(node["threshold"])
-                col = cols.get(node["metric"])
-                values = col[rows] if col is not None else np.full(len(rows), np.nan)
-                known = ~np.isnan(values)
-                hit = np.zeros(len(rows), dtype=bool)
-                hit[known] = _OPS[node["op"]](values[known], threshold)
-                for answer, mask, branch in (("unknown", ~known, "no"), ("yes", known & hit, "yes"),
-                                             ("no", known & ~hit, "no")):
-                    sub = rows[mask]
-                    if not len(sub):
-                        continue
-                    child = self._child(pid, node_id, answer)
-                    target = node[branch]
-                    if target.startswith("verdict:"):
-                        sig[sub] = child
-                        b = target.split(":", 1)[1]
-                        guessed = any(a == "unknown" and tree.nodes[nd]["metric"] in CORE_METRICS
-                                      for nd, a in self.sigs[child])
-                        for r in sub.tolist():
-                            bound[r] = None if guessed else b
-                    else:
-                        nxt_groups.append((target, child, sub))
-            groups = nxt_groups
-            if not groups:
-                return sig, bound
-        raise ValueError("decision tree has a cycle")
-
-
-def _sampled_batch(recs: list[dict], comp_of: list, util: np.ndarray, tree, walker: _Walker) -> list:
-    """Per record: (bound, shares, sig) for the records the vectorised path covers, else None."""
-    n = len(recs)
-    out: list = [None] * n
-    ok = [i for i, r in enumerate(recs)
-          if _plain_number(r.get("duration_s")) and r["duration_s"] > 0
-          and (r.get("data_wait_s") is None or _plain_number(r["data_wait_s"]))]
-    if not ok:
-        return out
-    idx = np.array(ok, dtype=np.int64)
-    dur = np.array([float(recs[i]["duration_s"]) for i in ok])
-    dw_raw = [recs[i].get("data_wait_s") for i in ok]
-    has_dw = np.array([w is not None for w in dw_raw])
-    dw = np.array([float(w or 0.0) for w in dw_raw])
-    u = util[idx]
-    has_u = ~np.isnan(u)
-    # The few distinct window compositions, indexed per row (-1: none, the table's last entry).
-    table: list[dict] = []
-    seen: dict[int, int] = {}
-    cid = []
-    for i in ok:
-        c = comp_of[i]
-        if c is None:
-            cid.append(-1)
-            continue
-        k = seen.get(id(c))
-        if k is None:
-            k = seen[id(c)] = len(table)
-            table.append(c)
-        cid.append(k)
-    cidx = np.array(cid, dtype=np.int64)
-    has_c = cidx >= 0
-    m = len(ok)
-
-    def per_row(values: list) -> np.ndarray:
-        return np.array([*values, np.nan], dtype=float)[cidx]
-
-    def split(key: str, b: str) -> np.ndarray:
-        return per_row([c[key][b] for c in table])
-
-    data = np.minimum(np.maximum(dw / dur, 0.0), 1.0)
-    rest = 1.0 - data
-    busy = np.minimum(np.maximum(np.where(has_u, u, 0.0), 0.0), rest)
-    host_u = rest - busy
-    nan = np.full(m, np.nan)
-    shares = {"data": data}
-    with np.errstate(invalid="ignore"):
-        shares["host"] = np.where(has_u, host_u, rest * split("non_data", "host"))
-        for b in ("comm", "memory", "compute"):
-            shares[b] = np.where(has_u, busy * split("busy_split", b), rest * split("non_data", b))
-    has_shares = has_c
-    cols = {
-        "data_share": np.where(has_dw | has_shares, data, nan),
-        "busy_share": np.where(has_u, busy, nan),
-        "host_share": np.where(has_u | has_shares, shares["host"], nan),
-    }
-    for b in ("comm", "memory", "compute"):
-        cols[f"{b}_share"] = np.where(has_shares, shares[b], nan)
-    mem, cmp_ = cols["memory_share"], cols["compute_share"]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(cmp_ > 0, mem / np.where(cmp_ > 0, cmp_, 1.0), np.where(mem > 0, np.inf, nan))
-    cols["memory_to_compute"] = np.where(has_shares, ratio, nan)
-    bw = per_row([c["achieved_bw_frac"] if c.get("achieved_bw_frac") is not None else np.nan for c in table])
-    cols["achieved_bw_frac"] = np.where(has_shares, bw, nan)
-    # Derived as decision_tree.derive does.
-    derived_busy = cols["comm_share"] + cols["memory_share"] + cols["compute_share"]
-    cols["busy_share"] = np.where(np.isnan(cols["busy_share"]), derived_busy, cols["busy_share"])
-    ds, hs = cols["data_share"], cols["host_share"]
-    idle = ds + hs
-    with np.errstate(divide="ignore", invalid="ignore"):
-        cols["data_fraction_of_idle"] = np.where(idle > 0, ds / np.where(idle > 0, idle, 1.0), 0.0)
-    cols["data_fraction_of_idle"][np.isnan(idle)] = np.nan
-
-    sig, bound = walker.walk(cols, m)
-    empty = ~(has_dw | has_u | has_shares)  # no measurement at all: no verdict, empty path
-    share_rows = np.column_stack([shares[b] for b in BOUNDS]).tolist()
-    sig_l, empty_l, has_sh_l = sig.tolist(), empty.tolist(), has_shares.tolist()
-    for j, i in enumerate(ok):
-        if empty_l[j]:
-            out[i] = (None, None, ())
-        elif has_sh_l[j]:
-            out[i] = (bound[j], dict(zip(BOUNDS, share_rows[j])), walker.sigs[sig_l[j]])
-        else:
-            out[i] = (bound[j], None, walker.sigs[sig_l[j]])
-    return out
 
 
 def _merge_table(windows: list[dict], key: str) -> list[dict]:
@@ -444,18 +182,18 @@ def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None
             comps.append((int(w.get("first_step", 0)), c))
     comp_starts = [c[0] for c in comps]
 
-    # The sampled steps' verdicts, all at once (see _sampled_batch).
+    # The sampled steps' verdicts, all at once (see sampled_batch).
     sampled_recs = [r for r in records if r["step"] not in trace_steps]
     mids = np.array([float(r.get("start_unix") or 0.0) + float(r.get("duration_s") or 0.0) / 2
                      for r in sampled_recs])
-    nearest = _nearest_samples(np.array(sample_t, dtype=float), mids).tolist()
-    sample_util = _sample_utilization(samples)
-    util = np.array([sample_util[k] if k != _NO_SAMPLE else np.nan for k in nearest])
+    nearest = nearest_samples(np.array(sample_t, dtype=float), mids).tolist()
+    sample_util = sample_utilization(samples)
+    util = np.array([sample_util[k] if k != NO_SAMPLE else np.nan for k in nearest])
     comp_of = []
     for r in sampled_recs:
         i = bisect.bisect_right(comp_starts, r["step"]) - 1
         comp_of.append(comps[i][1] if i >= 0 else (comps[0][1] if comps else None))
-    batch = _sampled_batch(sampled_recs, comp_of, util, tree, _Walker(tree)) if sampled_recs else []
+    batch = sampled_batch(sampled_recs, comp_of, util, tree, Walker(tree)) if sampled_recs else []
 
     steps_out: list[dict] = []
     last_path_sig = None
@@ -478,7 +216,7 @@ def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None
             if fast is None or fast[2] != last_path_sig:
                 # A new path (or a record the vectorised path does not cover): the full verdict.
                 k = nearest[j]
-                v = sampled_verdict(rec, samples[k] if k != _NO_SAMPLE else None, comp_of[j], tree)
+                v = sampled_verdict(rec, samples[k] if k != NO_SAMPLE else None, comp_of[j], tree)
                 bound_, shares_, path_ = v["bound"], v["shares"], v["path"]
                 sig = tuple((p["node"], p["answer"]) for p in path_)
             else:
