@@ -25,8 +25,8 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from diag.analyzers.diagnosis import decision_tree as dt
     from diag.analyzers.analyze import analyze_paths, json_safe
+    from diag.analyzers.diagnosis import decision_tree as dt
 
     try:
         tree = dt.load_tree(args.config, dt.parse_overrides(args.threshold))

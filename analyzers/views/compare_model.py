@@ -12,7 +12,7 @@ rank's duration), after the warm-up steps, with a noise band:
 
 Median +/- MAD (median absolute deviation) of each run is shown beside it, so a reader sees
 how spread the steps are. Scaling efficiency, when the world sizes differ, comes from
-`diag.analyzers.job.cross_rank.scaling_efficiency` when the analysis documents are given, and
+`diag.analyzers.diagnosis.scaling.scaling_efficiency` when the analysis documents are given, and
 otherwise from per-rank throughput (samples, tokens or steps per second per rank) at the
 larger world size over that at the smaller one.
 """
@@ -205,7 +205,7 @@ def _scaling(a: dict, b: dict, doc_a, doc_b, tree) -> dict | None:
                 return {"efficiency": r["efficiency"], "basis": r["basis"], "smaller": r["smaller"]["world_size"],
                         "larger": r["larger"]["world_size"], "speedup": r.get("speedup"),
                         "ideal_speedup": r.get("ideal_speedup"), "findings": r.get("findings") or [],
-                        "source": "diag.analyzers.job.cross_rank.scaling_efficiency",
+                        "source": "diag.analyzers.diagnosis.scaling.scaling_efficiency",
                         "text": _scaling_text(r["efficiency"], r["smaller"]["world_size"],
                                               r["larger"]["world_size"], r["basis"])}
             except Exception:  # noqa: BLE001 - fall back to the report models below

@@ -266,10 +266,8 @@ def _wait_heatmap(doc, ranks, limits, notes) -> dict | None:
                 if isinstance(r["analysis"].get("collectives"), list) and r["analysis"]["collectives"]}
     if len(per_rank) < 2:
         return None
-    try:
-        from diag.analyzers.job.cross_rank import match_collectives
-    except ImportError:
-        return None
+    from diag.analyzers.job.cross_rank import match_collectives
+
     groups = match_collectives(per_rank)["groups"]
     if not groups:
         return None
