@@ -98,7 +98,7 @@ def _judge(job: dict, ranks: dict, run: dict, tree) -> dict:
     basis = mset["basis"] if mset else f"{int(steps.has_shares.sum())} step(s) of {len(ranks)} rank(s)"
     ev = evidence(ranks, allt, steps, job_shares, basis, stragglers, nccl, findings)
     headline = _headline(bound, ranks, allt, world, job_shares, tree, nccl, stragglers, job, mset)
-    confidence = _confidence(bound, allt, path, run, world)
+    confidence = _confidence(bound, _measured(allt, mset), path, run, world)
     memory = memory_section(ranks, tree)
     recs = recommendations(bound, job_shares, tree, job, findings, stragglers, nccl, memory, ev)
     headline["note"] = _order_note(bound, recs, job_shares)
@@ -256,6 +256,21 @@ def _order_note(bound, recs, job_shares) -> str | None:
             f"({pct(job_shares[p])} of the step) come first in the list below.")
 
 
+def _measured(allt: Steps, mset: dict | None) -> Steps:
+    """The steps the measurement set covers (warm-up left out), so that confidence counts
+    the same steps the verdict rests on."""
+    first = ((mset or {}).get("steps") or {}).get("first")
+    if first is None or not len(allt):
+        return allt
+    keep = allt.step >= first
+    out = Steps(int(keep.sum()))
+    out.step = allt.step[keep]
+    for f in Steps.FIELDS:
+        setattr(out, f, getattr(allt, f)[keep])
+    out.shares, out.bound, out.ev = allt.shares[keep], allt.bound[keep], allt.ev[keep]
+    return out
+
+
 def _confidence(bound, allt: Steps, path, run, world) -> dict:
     """A score in [0, 1] from four factors, each explained in a sentence."""
     if bound is None:
@@ -266,7 +281,7 @@ def _confidence(bound, allt: Steps, path, run, world) -> dict:
     if n_trace:
         base = 0.9
         reasons.append(
-            f"{n_trace} of the {n_all} analysed steps (counted on every rank) rest on profiler traces, which "
+            f"{n_trace} of the {n_all} analysed rank-steps rest on profiler traces, which "
             "attribute every microsecond of a step to one phase; the others rest on sampled measurements."
         )
     elif n_all:
