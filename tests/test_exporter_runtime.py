@@ -177,6 +177,40 @@ def test_windows_nccl_and_events(handle):
     assert not any(n == "diag_analysis_findings" for n, _ in s)
 
 
+def test_job_verdict_comes_from_the_diagnosis(tmp_path, handle):
+    """The job's verdict metrics are the report's diagnosis, as written to summary.json, both
+    on a live endpoint and from `diag export` of the run directory."""
+    import json
+    from pathlib import Path
+
+    from report_helpers import write_run
+
+    from diag.commands.export import RunDirExport
+    from diag.exporter.registry import render_text
+    from diag.report import write_report
+
+    run = write_run(tmp_path / "run", ranks=2, steps=30, bound="data", strength=0.45)
+    summary = json.loads(Path(write_report(run)["summary"]).read_text())
+    assert summary["bound"] == "data"
+    handle.observe_diagnosis(summary)
+    exported = RunDirExport(run)
+    states = exported.refresh()
+    for text in (fetch(handle), render_text(lambda: states).decode()):
+        s = parse(text)
+        assert {b: val(s, "diag_job_bound", bound=b) for b in ("data", "host", "comm", "memory", "compute")} == {
+            "data": 1.0, "host": 0.0, "comm": 0.0, "memory": 0.0, "compute": 0.0}
+        for phase, share in summary["phase_shares"].items():
+            assert val(s, "diag_job_phase_ratio", phase=phase) == pytest.approx(share)
+    # Only the lowest rank carries the job's verdict, as rank 0's agent does.
+    assert len(states) == 2
+    per_rank = [parse(render_text(lambda st=st: [st]).decode()) for st in states]
+    assert ("diag_job_bound", frozenset({("bound", "data")})) in per_rank[0]
+    assert not any(n == "diag_job_bound" for n, _ in per_rank[1])
+    # A document without a known verdict is an error the exporter counts, never raises.
+    handle.observe_diagnosis({"bound": "sideways"})
+    assert val(parse(fetch(handle)), "diag_exporter_errors_total", stage="diagnosis") == 1
+
+
 def test_bad_records_are_counted_never_raised(handle):
     handle.observe_step(None)
     handle.observe_step({"step": 1, "duration_s": "slow"})

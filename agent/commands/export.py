@@ -19,6 +19,7 @@ from diag.errors import DiagInputError
 from diag.exporter.registry import render_text
 from diag.exporter.runtime import DEFAULT_PORT_BASE, Handle
 from diag.exporter.server import MetricsServer
+from diag.report import SUMMARY_JSON
 from diag.rundir import RunDir, is_run_dir, read_json, read_segment
 
 NAME = "export"
@@ -55,7 +56,7 @@ class RunDirExport:
         self.run = RunDir(path)
         self.handles: dict[int, Handle] = {}
         self._seen: dict[tuple[int, str], set[str]] = {}
-        self._nccl_mtime: float | None = None
+        self._mtimes: dict[str, float] = {}
         self._lock = threading.Lock()
 
     def refresh(self) -> list:
@@ -91,19 +92,27 @@ class RunDirExport:
                 h.observe_window(doc)
 
     def _feed_nccl(self) -> None:
-        path = self.run.path / "nccl_bench.json"
-        try:
-            mtime = path.stat().st_mtime
-        except OSError:
-            return
-        if mtime == self._nccl_mtime:
-            return
-        self._nccl_mtime = mtime
-        doc = read_json(path, self.run.problems)
+        """The job's files: bus bandwidth for every rank; the job verdict from the report
+        summary (the diagnosis) on the lowest rank, where rank 0's agent would serve it."""
+        doc = self._changed("nccl_bench.json")
         if doc:
             for h in self.handles.values():
                 h.observe_nccl(doc)
+        summary = self._changed(SUMMARY_JSON)
+        if summary and self.handles:
+            self.handles[min(self.handles)].observe_diagnosis(summary)
 
+    def _changed(self, name: str) -> dict | None:
+        """A job-level JSON file of the run directory, when it is new or changed since the last read."""
+        path = self.run.path / name
+        try:
+            mtime = path.stat().st_mtime
+        except OSError:
+            return None
+        if mtime == self._mtimes.get(name):
+            return None
+        self._mtimes[name] = mtime
+        return read_json(path, self.run.problems)
 
 
 def run(args) -> int:

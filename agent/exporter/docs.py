@@ -17,7 +17,7 @@ _APPEARS = {
 
 _SECTIONS = (
     ("Static details", lambda m: m.type == "info"),
-    ("Training", lambda m: m.type != "info" and m.source in ("step", "window", "agent")),
+    ("Training", lambda m: m.type != "info" and m.source in ("step", "window", "agent", "diagnosis")),
     ("Device", lambda m: m.type != "info" and m.source == "sample.gpu"),
     ("Host", lambda m: m.source == "sample.host"),
     ("Communication", lambda m: m.source.startswith("nccl")),

@@ -43,7 +43,7 @@ CLOCK_EVENT_REASONS = (
 )
 DIRECTIONS_NET = ("rx", "tx")
 DIRECTIONS_DISK = ("read", "write")
-OBSERVATION_KINDS = ("step", "sample", "window", "nccl", "event")
+OBSERVATION_KINDS = ("step", "sample", "window", "nccl", "event", "diagnosis")
 ERROR_STAGES = OBSERVATION_KINDS + ("collect",)
 
 # Label values that come from data (finding ids, collective names, unknown clock event
@@ -72,7 +72,7 @@ class Metric:
     type: str
     unit: str
     help: str
-    source: str  # what feeds it: step record, sample.gpu/.host, window, nccl_bench, nccl_log, agent, exporter
+    source: str  # what feeds it: step record, sample.gpu/.host, window, diagnosis, nccl_bench, nccl_log, agent, exporter
     labels: tuple[str, ...] = ()
     appears: str = "always"
     # Fixed values of the (single) label, exported from the start; () = values come from data.
@@ -108,6 +108,13 @@ METRICS: tuple[Metric, ...] = (
     M("diag_step_bound_total", "counter", "",
       "Steps by verdict (the bound class), from trace or sampled evidence.", "step",
       labels=("bound",), label_values=BOUNDS),
+    M("diag_job_bound", "gauge", "",
+      "The job's verdict from its diagnosis: 1 for the bound class, 0 for the others. Set when the "
+      "job report is written (rank 0) or by `diag export` from summary.json.", "diagnosis",
+      labels=("bound",), appears="event"),
+    M("diag_job_phase_ratio", "gauge", "ratio",
+      "Share of step time in each phase over the steps the job verdict rests on (the diagnosis's "
+      "measurement set).", "diagnosis", labels=("phase",), appears="event"),
     M("diag_data_wait_seconds_total", "counter", "seconds",
       "Time spent waiting for the next batch, measured by agent.loader().", "step"),
     M("diag_last_step_timestamp_seconds", "gauge", "seconds",

@@ -88,6 +88,10 @@ class Handle:
     def observe_nccl(self, doc: dict) -> None:
         self._guard("nccl", self._nccl, doc)
 
+    def observe_diagnosis(self, diagnosis: dict) -> None:
+        """The job's verdict and phase shares from a diagnosis document (or a report summary)."""
+        self._guard("diagnosis", self._diagnosis, diagnosis)
+
     def observe_event(self, event: dict) -> None:
         """An agent event record (collector switched off, fault, ...); OOM errors are counted."""
         self._guard("event", self._event, event)
@@ -248,6 +252,16 @@ class Handle:
                 self.state.replace("diag_nccl_findings", findings)
         else:
             raise ValueError(f"unknown NCCL document schema {schema!r}")
+
+    def _diagnosis(self, doc: dict) -> None:
+        bound = doc.get("bound")
+        if bound is not None and bound not in BOUNDS:
+            raise ValueError(f"unknown bound {bound!r}")
+        shares = doc.get("phase_shares") if isinstance(doc.get("phase_shares"), dict) else {}
+        ratios = {(b,): v for b, v in ((b, _num(shares.get(b))) for b in BOUNDS) if v is not None}
+        with self.state.lock:
+            self.state.replace("diag_job_bound", {(b,): float(b == bound) for b in BOUNDS} if bound else {})
+            self.state.replace("diag_job_phase_ratio", ratios)
 
     def _event(self, event: dict) -> None:
         if _is_oom(event):
