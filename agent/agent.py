@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import copy
 import json
 import os
 import re
@@ -28,10 +29,11 @@ from pathlib import Path
 
 from diag import rundir
 from diag.collectors import launch_env, nccl_env
-from diag.collectors import profiler_windows as pw
 from diag.collectors.profiler_windows import ProfilerWindows
 from diag.collectors.run_writer import RunWriter
 from diag.collectors.step_timer import StepTimer
+from diag.config import FLAT, AgentConfig
+from diag.errors import DiagInputError
 
 _DATA_WAIT_NAME = "enumerate(DataLoader)#diag.Agent.loader"
 _EXCEPTION_TEXT = re.compile(r"([A-Za-z_][\w.]*)(?:: (.*))?\Z", re.S)  # "OutOfMemoryError: CUDA out of memory"
@@ -43,104 +45,58 @@ NCCL_LOG_SETTLE_S = 3.0  # a NCCL log is parsed live once it has not changed for
 class Agent:
     """The diagnostics agent of one rank. Use as a context manager, or start()/close().
 
-    Main options (all keyword):
+    Every setting is a field of `diag.AgentConfig` (grouped: profiler, sampling, exporter,
+    nccl, report, run), set by keyword argument under its flat name, by a `DIAG_*`
+    environment variable, or in the config file's `[agent.<section>]` tables; `diag config
+    --show` lists them all with their defaults and one-line docs. The main ones:
       run_dir        folder of the run (default $DIAG_RUN_DIR or runs/<script>); a folder
                      holding an earlier run is never overwritten: the run goes to <run_dir>-2, ...
-      overwrite      reuse run_dir even when it holds an earlier run
-      profile        profiler windows on/off; skip_first, warmup, active, every: the schedule
-      record_shapes, with_flops, profile_memory: torch.profiler options for windows
-      trace_budget_bytes: per-rank size budget of saved traces (oldest deleted beyond it)
+      profile, skip_first, warmup, active, every: profiler windows and their schedule
       sampling, sample_interval_s: device/host sampling thread (1 Hz by default)
-      nccl_log, nccl_coll: route NCCL_DEBUG=INFO logs into the rank's folder
-      export, export_port_base, export_bind: the Prometheus endpoint (port base + LOCAL_RANK)
-      export_linger_s: after a completed run (and rank 0's report), keep the endpoint serving
-                     this long so a scraper sees the final values; SIGINT or stop_linger() ends it
-      on_closed:     called with the agent once the run directory is closed (and, on rank 0,
-                     the report written), before the endpoint lingers
+      export, export_port_base, export_bind, export_linger_s: the Prometheus endpoint
       flops_per_sample, flops_per_token, mfu_dtype: model FLOPs for MFU
-      report: rank 0 writes the job report at exit; report_wait_s bounds its wait for peers
-      analyse_during_run: analyse each window as soon as it is saved (default); False defers
-                     the analysis to exit, for hosts with no spare core (analysis_wait_s bounds it)
-      heartbeat_s, flush_s: how often rank.json is refreshed and buffered records are written
-                     (a killed rank loses at most flush_s of step records)
+      report, report_wait_s: rank 0 writes the job report at exit
+    Besides those:
+      config         an AgentConfig to start from (instead of defaults, file and environment)
+      config_file    a TOML/YAML config file (default $DIAG_CONFIG); its [thresholds] feed the tree
+      thresholds     decision-tree threshold overrides, {name: value}
+      on_closed      called with the agent once the run directory is closed (and, on rank 0,
+                     the report written), before the endpoint lingers
     """
 
-    def __init__(
-        self,
-        run_dir: str | os.PathLike | None = None,
-        *,
-        overwrite: bool = False,
-        run_id: str | None = None,
-        profile: bool = True,
-        skip_first: int = pw.SKIP_FIRST,
-        warmup: int = pw.WARMUP,
-        active: int = pw.ACTIVE,
-        every: int = pw.EVERY,
-        record_shapes: bool = True,
-        with_flops: bool = True,
-        profile_memory: bool = False,
-        trace_budget_bytes: int = 1 << 30,
-        sampling: bool = True,
-        sample_interval_s: float = 1.0,
-        device: int | None | str = "auto",
-        nccl_log: bool = True,
-        nccl_coll: bool = False,
-        export: bool = True,
-        export_port_base: int | None = None,
-        export_bind: str | None = None,
-        export_linger_s: float = 0.0,
-        on_closed=None,
-        flops_per_sample: float | None = None,
-        flops_per_token: float | None = None,
-        mfu_dtype: str | None = None,
-        thresholds: dict | None = None,
-        config_file: str | os.PathLike | None = None,
-        report: bool = True,
-        report_wait_s: float = 120.0,
-        analysis_wait_s: float = 60.0,
-        analyse_during_run: bool = True,
-        heartbeat_s: float = 5.0,
-        flush_s: float = 10.0,
-        verbose: bool = True,
-    ):
-        self.config = {
-            "run_dir": str(run_dir) if run_dir is not None else None,
-            "overwrite": overwrite,
-            "profile": profile,
-            "schedule": {"skip_first": skip_first, "warmup": warmup, "active": active, "every": every},
-            "record_shapes": record_shapes,
-            "with_flops": with_flops,
-            "profile_memory": profile_memory,
-            "trace_budget_bytes": trace_budget_bytes,
-            "sampling": sampling,
-            "sample_interval_s": sample_interval_s,
-            "nccl_log": nccl_log,
-            "nccl_coll": nccl_coll,
-            "export": export,
-            "export_port_base": export_port_base,
-            "export_bind": export_bind,
-            "export_linger_s": export_linger_s,
-            "flops_per_sample": flops_per_sample,
-            "flops_per_token": flops_per_token,
-            "mfu_dtype": mfu_dtype,
-            "thresholds": dict(thresholds or {}),
-            "config_file": str(config_file) if config_file else None,
-            "report": report,
-            "report_wait_s": report_wait_s,
-            "analyse_during_run": analyse_during_run,
-            "heartbeat_s": heartbeat_s,
-            "flush_s": flush_s,
-        }
-        self._run_dir_arg = run_dir
-        self._run_id = run_id
-        self._device_arg = device
-        self._verbose = verbose
-        self.report_wait_s = report_wait_s
-        self.analysis_wait_s = analysis_wait_s
-        self.analyse_during_run = analyse_during_run
-        self.heartbeat_s = heartbeat_s
-        self.flush_s = flush_s
-        self.export_linger_s = max(float(export_linger_s or 0.0), 0.0)
+    def __init__(self, run_dir: str | os.PathLike | None = None, *, config: AgentConfig | None = None,
+                 config_file: str | os.PathLike | None = None, thresholds: dict | None = None,
+                 on_closed=None, **options):
+        if run_dir is not None:
+            options["run_dir"] = str(run_dir)
+        self._config_problem: str | None = None
+        if config is not None:
+            cfg = copy.deepcopy(config)
+            for flat, value in options.items():
+                if flat not in FLAT:
+                    raise TypeError(f"unknown agent option {flat!r}; known: {', '.join(sorted(FLAT))}")
+                cfg._set(*FLAT[flat], value, "argument")
+            if thresholds:
+                cfg.thresholds = dict(thresholds)
+        else:
+            try:
+                cfg = AgentConfig.resolve(config_file=config_file, thresholds=thresholds, **options)
+            except DiagInputError as exc:
+                # A bad file or variable must not stop the training: its settings are left out, once logged.
+                self._config_problem = f"config: {exc}; the agent uses its defaults and arguments"
+                cfg = AgentConfig.resolve(env={}, thresholds=thresholds, **options)
+        self.config = cfg
+        r = cfg.run
+        self._run_dir_arg = r.dir
+        self._run_id = r.id
+        self._device_arg = cfg.sampling.device
+        self._verbose = r.verbose
+        self.report_wait_s = cfg.report.wait_s
+        self.analysis_wait_s = cfg.profiler.analysis_wait_s
+        self.analyse_during_run = cfg.profiler.analyse_during_run
+        self.heartbeat_s = r.heartbeat_s
+        self.flush_s = r.flush_s
+        self.export_linger_s = max(float(cfg.exporter.linger_s or 0.0), 0.0)
         self._on_closed = on_closed
         self._linger_stop = threading.Event()
 
@@ -165,6 +121,7 @@ class Agent:
         self._server_starts = 0
         self._inflight: dict[Path, tuple[int, int]] = {}
         self._pending: collections.deque = collections.deque(maxlen=8)
+        self._analysing: dict[Path, Path] = {}  # window summary being written -> its trace
         self._composition: dict | None = None
         self._windows_meta: list[dict] = []
         self._latest_sample: dict | None = None
@@ -212,6 +169,8 @@ class Agent:
     def start(self) -> Agent:
         if self.timer is not None:
             return self
+        if self._config_problem:
+            self._log(self._config_problem)
         try:
             self._start()
         except Exception as exc:  # the agent must never stop the training from starting
@@ -282,8 +241,8 @@ class Agent:
         info = launch_env.from_torch_distributed(launch_env.detect())
         self.launch = info
         self.writer = RunWriter.open(
-            self._run_dir_arg, info, run_id=self._run_id, overwrite=self.config["overwrite"],
-            config=self.config, log=self._log,
+            self._run_dir_arg, info, run_id=self._run_id, overwrite=self.config.run.overwrite,
+            config=self.config.to_dict(), log=self._log,
         )
         for ev in self._early_events:
             self.writer.write_record("events", ev)
@@ -291,24 +250,24 @@ class Agent:
         rank_path = self.writer.rank_path
         writable = self.writer.enabled
 
-        if self.config["nccl_log"] and writable:
-            applied = nccl_env.configure(rank_path / rundir.NCCL, coll=self.config["nccl_coll"], log=self._log)
+        if self.config.nccl.log and writable:
+            applied = nccl_env.configure(rank_path / rundir.NCCL, coll=self.config.nccl.coll, log=self._log)
             if applied:
                 self._event("nccl", f"NCCL logging routed to {applied.get('NCCL_DEBUG_FILE', 'stderr')}")
 
         try:
             from diag.analyzers.diagnosis.decision_tree import load_tree
 
-            self.tree = load_tree(self.config["config_file"], self.config["thresholds"] or None)
+            self.tree = load_tree(self.config.config_file, self.config.thresholds or None)
         except Exception as exc:
             self._log(f"agent: decision tree unavailable ({type(exc).__name__}: {exc}); steps get no live verdict")
 
         device = self._device_index()
-        if self.config["sampling"]:
+        if self.config.sampling.enabled:
             try:
                 from diag.collectors.sampler import Sampler
 
-                opts = {"interval_s": self.config["sample_interval_s"], "on_sample": self._on_sample,
+                opts = {"interval_s": self.config.sampling.interval_s, "on_sample": self._on_sample,
                         "log": self._log}
                 # The sampler finds DataLoader workers among our children (a few /proc reads);
                 # the window analysis process is ours, not a worker.
@@ -318,16 +277,17 @@ class Agent:
                 self.sampler = None
                 self._log(f"sampler: switched off ({type(exc).__name__}: {exc})")
 
-        if self.config["profile"] and writable:
-            s = self.config["schedule"]
+        if self.config.profiler.enabled and writable:
+            s = self.config.profiler
             try:
                 self.windows = ProfilerWindows(
                     rank_path / rundir.TRACES,
-                    skip_first=s["skip_first"], warmup=s["warmup"], active=s["active"], every=s["every"],
-                    record_shapes=self.config["record_shapes"], with_flops=self.config["with_flops"],
-                    profile_memory=self.config["profile_memory"],
-                    budget_bytes=self.config["trace_budget_bytes"],
+                    skip_first=s.skip_first, warmup=s.warmup, active=s.active, every=s.every,
+                    record_shapes=self.config.profiler.record_shapes, with_flops=self.config.profiler.with_flops,
+                    profile_memory=self.config.profiler.profile_memory,
+                    budget_bytes=self.config.profiler.trace_budget_bytes,
                     trigger_dir=self.writer.path, on_trace=self._on_trace, log=self._log,
+                    in_use=self._traces_in_use,
                 )
                 self.windows.install_signal()
             except Exception as exc:
@@ -358,7 +318,7 @@ class Agent:
         return None
 
     def _start_exporter(self, device) -> None:
-        if not self.config["export"]:
+        if not self.config.exporter.enabled:
             return
         try:
             from diag.exporter import runtime
@@ -374,7 +334,7 @@ class Agent:
         }
         try:
             self.exporter = runtime.start(
-                identity, port_base=self.config["export_port_base"], bind=self.config["export_bind"],
+                identity, port_base=self.config.exporter.port, bind=self.config.exporter.bind,
                 enabled=True, log=self._log,
             )
         except Exception as exc:
@@ -390,7 +350,7 @@ class Agent:
             except Exception:
                 facts = None
         self.writer.update_info(device=facts)
-        if not (self.config["flops_per_sample"] or self.config["flops_per_token"]):
+        if not (self.config.report.flops_per_sample or self.config.report.flops_per_token):
             return
         try:
             from diag.analyzers.trace import devices
@@ -400,7 +360,7 @@ class Agent:
                 dev = devices.lookup({"name": facts["name"], "totalGlobalMem": facts.get("memory_total_bytes")})
             if dev is None and not (facts and facts.get("vendor")):
                 dev = devices.cpu_device()
-            dtype = self.config["mfu_dtype"] or ("fp32" if dev is not None and dev.key == "cpu" else "bf16")
+            dtype = self.config.report.mfu_dtype or ("fp32" if dev is not None and dev.key == "cpu" else "bf16")
             self.peak_flops = dev.peak_flops(dtype) if dev is not None else None
             if self.peak_flops is None:
                 self._log("mfu: device peak unknown (run `diag calibrate` on CPU hosts); MFU not reported")
@@ -451,6 +411,11 @@ class Agent:
             self.writer.write_record("samples", sample)
         if self.exporter is not None:
             self.exporter.observe_sample(sample)
+
+    def _traces_in_use(self) -> set[Path]:
+        """Traces saved but not analysed yet: the trace budget must not delete them."""
+        pending = {p for _, _, p in list(self._pending)}
+        return pending | {p for out, p in list(self._analysing.items()) if out in self._inflight}
 
     def _on_trace(self, first: int, last: int, path: Path) -> None:
         if len(self._pending) == self._pending.maxlen:
@@ -581,10 +546,10 @@ class Agent:
         }
         if self.peak_flops and t.duration_s > 0:
             flops = None
-            if self.config["flops_per_token"] and t.tokens:
-                flops = self.config["flops_per_token"] * t.tokens
-            elif self.config["flops_per_sample"] and t.samples:
-                flops = self.config["flops_per_sample"] * t.samples
+            if self.config.report.flops_per_token and t.tokens:
+                flops = self.config.report.flops_per_token * t.tokens
+            elif self.config.report.flops_per_sample and t.samples:
+                flops = self.config.report.flops_per_sample * t.samples
             if flops:
                 rec["mfu"] = flops / t.duration_s / self.peak_flops
         if self.tree is not None:
@@ -645,7 +610,7 @@ class Agent:
             if self._server is None:
                 return
         job = {"trace": str(path), "out": str(out), "rank": self.rank, "first": first, "last": last,
-               "config": self.config["config_file"]}
+               "config": self.config.config_file}
         try:
             self._server.stdin.write(json.dumps(job) + "\n")
             self._server.stdin.flush()
@@ -654,6 +619,7 @@ class Agent:
             self._server = None
             return
         self._inflight[out] = (first, last)
+        self._analysing[out] = path
 
     def _window_done(self, first: int, last: int, out: Path, code: int) -> None:
         doc = rundir.read_json(out)
@@ -827,7 +793,7 @@ class Agent:
         else:
             job_status = "completed"
         w.write_manifest(job_status, peers)
-        if not self.config["report"] or not w.enabled:
+        if not self.config.report.enabled or not w.enabled:
             return
         try:
             from diag.report import write_report

@@ -99,13 +99,13 @@ def window_block(loop, run_dir, windows=2, tail=10, max_steps=3000):
 
     batches, train_step = loop
     agent = diag.Agent(run_dir=run_dir, export=True, export_port_base=0, report=False, verbose=False)
-    sched = agent.config["schedule"]
-    starts = [sched["skip_first"] + k * sched["every"] for k in range(windows)]
+    sched = agent.config.profiler
+    starts = [sched.skip_first + k * sched.every for k in range(windows)]
     ends: list[int] = []
 
     def until(i):
         k = len(ends)
-        if k < windows and i >= starts[k] + sched["warmup"] + sched["active"] and len(agent.windows_analysed) > k:
+        if k < windows and i >= starts[k] + sched.warmup + sched.active and len(agent.windows_analysed) > k:
             ends.append(i + tail)
         return len(ends) == windows and i >= ends[-1]
 
@@ -170,7 +170,7 @@ def main() -> int:
                 near = w[max(skip, lo - 100):lo] if lo - skip >= 50 else w[hi:hi + 100]
                 ref = statistics.median(near)
                 excess = sum(x - ref for x in w[lo:hi])
-                ratio = 1.0 + excess / (sched["every"] * ref)
+                ratio = 1.0 + excess / (sched.every * ref)
                 window_rows.append((n, excess, ratio))
                 print(f"run {k + 1}/{a.windows} window {n + 1}: excess {1000 * excess:.0f} ms over {hi - lo} steps "
                       f"(baseline {1000 * ref:.2f} ms/step) -> run ratio {ratio:.4f}", file=sys.stderr, flush=True)
@@ -194,7 +194,7 @@ def main() -> int:
         first = sorted(r for n, _, r in window_rows if n == 0)
         later = sorted(r for n, _, r in window_rows if n > 0)
         steady = statistics.median(later or first)
-        print(f"default profiler schedule (a window every {sched['every']} steps), whole-run ratio at steady state: "
+        print(f"default profiler schedule (a window every {sched.every} steps), whole-run ratio at steady state: "
               f"{on_ratio * steady:.4f} (target <= 1.02) = always-on {on_ratio:.4f} x windows {steady:.4f}; "
               f"windows per run: {', '.join(f'{r:.4f}' for r in later)}")
         print(f"  first window of a run (also starts the analysis process): {statistics.median(first):.4f}; "

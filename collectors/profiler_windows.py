@@ -80,10 +80,14 @@ class ProfilerWindows:
         log: Callable[[str], None] | None = None,
         activities=None,
         scheduled: bool = True,
+        in_use: Callable[[], set[Path]] | None = None,
     ):
         if active < 1 or warmup < 0 or skip_first < 0:
             raise ValueError("profiler schedule: active >= 1, warmup >= 0, skip_first >= 0")
         self.trace_dir = Path(trace_dir)
+        # Traces the consumer still has to read (analysis pending): the budget spares them.
+        # At most the consumer's queue of them, so the folder stays bounded.
+        self.in_use = in_use
         self.skip_first = skip_first
         self.warmup = warmup
         self.active = active
@@ -300,11 +304,15 @@ class ProfilerWindows:
             except OSError:
                 sizes[p] = 0
         total = sum(sizes.values())
+        try:
+            busy = set(self.in_use()) if self.in_use is not None else set()
+        except Exception:
+            busy = set()
         removed = []
         for p in files[:-1]:
             if total <= self.budget_bytes:
                 break
-            if keep is not None and p == keep:
+            if (keep is not None and p == keep) or p in busy:
                 continue
             try:
                 p.unlink()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import diag
 from diag import rundir
 from diag.integrations import _batch_size
 
@@ -16,9 +17,8 @@ def test_batch_size_of_nested_batches():
     assert _batch_size({"text": ["a"]}) is None
 
 
-def test_lightning_callback(tmp_path):
-    pl = pytest.importorskip("lightning.pytorch", reason="PyTorch Lightning is not installed")
-    from diag.integrations import lightning_callback
+def _lightning_module(fail_at: int | None = None):
+    import lightning.pytorch as pl
 
     class Model(pl.LightningModule):
         def __init__(self):
@@ -26,54 +26,100 @@ def test_lightning_callback(tmp_path):
             self.net = torch.nn.Linear(16, 1)
 
         def training_step(self, batch, batch_idx):
+            if batch_idx == fail_at:
+                raise RuntimeError("boom in training_step")
             x, y = batch
             return torch.nn.functional.mse_loss(self.net(x), y)
 
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
+    return Model()
+
+
+def _lightning_fit(run_dir, fail_at=None, **options):
+    import lightning.pytorch as pl
+
     data = torch.utils.data.TensorDataset(torch.randn(96, 16), torch.randn(96, 1))
     loader = torch.utils.data.DataLoader(data, batch_size=8)
-    cb = lightning_callback(run_dir=tmp_path / "run", export=False, skip_first=2, every=5, active=2, report=False)
+    cb = diag.integrations.lightning_callback(run_dir=run_dir, export=False, skip_first=2, every=5, active=2,
+                                              **options)
     trainer = pl.Trainer(max_epochs=1, callbacks=[cb], accelerator="cpu", devices=1, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False)
-    trainer.fit(Model(), loader)
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(_lightning_module(fail_at), loader)
+    return cb
+
+
+def test_lightning_callback(tmp_path):
+    cb = _lightning_fit(tmp_path / "run", report=True, report_wait_s=5)
     rd = rundir.RunDir(cb.agent.run_dir)
     steps = rd.steps(0)
-    assert len(steps) == 12 and all(s["samples"] == 8 for s in steps)
+    assert [s["step"] for s in steps] == list(range(12)) and all(s["samples"] == 8 for s in steps)
     assert rd.rank_info(0)["status"] == "completed"
-    assert all(s["data_wait_s"] is not None for s in steps[1:])
+    # The gap between steps, where Lightning fetches the next batch, is the data wait.
+    assert steps[0]["data_wait_s"] is None or steps[0]["data_wait_s"] >= 0
+    assert all(s["data_wait_s"] is not None and s["data_wait_s"] >= 0 for s in steps[1:])
+    assert rd.windows(0), "no profiler window was recorded inside Lightning's loop"
+    assert (cb.agent.run_dir / "report.html").is_file() and (cb.agent.run_dir / "summary.json").is_file()
 
 
-def test_hf_trainer_callback(tmp_path):
-    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
-    pytest.importorskip("accelerate", reason="the Trainer needs accelerate (transformers[torch])")
-    from diag.integrations import hf_callback
+def test_lightning_exception_propagates_and_the_run_is_failed(tmp_path):
+    with pytest.raises(RuntimeError, match="boom in training_step"):
+        _lightning_fit(tmp_path / "run", fail_at=5, report=False)
+    rd = rundir.RunDir(tmp_path / "run")
+    assert len(rd.steps(0)) == 5
+    info = rd.rank_info(0)
+    assert info["status"] == "failed" and "boom in training_step" in str(info.get("error") or info)
 
-    class Tiny(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.net = torch.nn.Linear(16, 1)
 
-        def forward(self, x, labels=None):
-            out = self.net(x)
-            return {"loss": torch.nn.functional.mse_loss(out, labels), "logits": out}
+class _Tokens(torch.utils.data.Dataset):
+    """Random token ids for a causal language model (labels are the inputs, shifted by the model)."""
 
-    class Data(torch.utils.data.Dataset):
-        def __len__(self):
-            return 64
+    def __len__(self):
+        return 32
 
-        def __getitem__(self, i):
-            g = torch.Generator().manual_seed(i)
-            return {"x": torch.randn(16, generator=g), "labels": torch.randn(1, generator=g)}
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        ids = torch.randint(0, 64, (16,), generator=g)
+        return {"input_ids": ids, "labels": ids.clone()}
 
-    cb = hf_callback(run_dir=tmp_path / "run", export=False, skip_first=2, every=5, active=2, report=False)
-    args = transformers.TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8,
+
+def _hf_trainer(tmp_path, monkeypatch, **options):
+    import transformers
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a model built from a config: nothing is downloaded
+    config = transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config)
+    cb = diag.integrations.hf_callback(run_dir=tmp_path / "run", export=False, skip_first=1, every=3, active=1,
+                                       **options)
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4,
                                           num_train_epochs=1, report_to=[], use_cpu=True, save_strategy="no",
-                                          logging_strategy="no")
-    trainer = transformers.Trainer(model=Tiny(), args=args, train_dataset=Data(), callbacks=[cb])
+                                          logging_strategy="no", disable_tqdm=True)
+    return transformers.Trainer(model=model, args=args, train_dataset=_Tokens(), callbacks=[cb]), cb
+
+
+def test_hf_trainer_callback(tmp_path, monkeypatch):
+    trainer, cb = _hf_trainer(tmp_path, monkeypatch, report=True, report_wait_s=5)
     trainer.train()
     rd = rundir.RunDir(cb.agent.run_dir)
     steps = rd.steps(0)
-    assert len(steps) == 8 and all(s["samples"] == 8 for s in steps)
+    assert [s["step"] for s in steps] == list(range(8)) and all(s["samples"] == 4 for s in steps)
+    assert all(s["data_wait_s"] is not None and s["data_wait_s"] >= 0 for s in steps[1:])
     assert rd.rank_info(0)["status"] == "completed"
+    assert rd.windows(0), "no profiler window was recorded inside the Trainer's loop"
+    assert (cb.agent.run_dir / "report.html").is_file()
+
+
+def test_hf_trainer_exception_propagates(tmp_path, monkeypatch):
+    trainer, cb = _hf_trainer(tmp_path, monkeypatch, report=False)
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("boom in the model")
+
+    trainer.model.forward = fail
+    with pytest.raises(RuntimeError, match="boom in the model"):
+        trainer.train()
+    assert cb.agent is not None and cb.agent.run_dir.is_dir()
+    cb.agent.close("failed", "RuntimeError: boom in the model")
+    assert rundir.RunDir(cb.agent.run_dir).rank_info(0)["status"] == "failed"
