@@ -29,9 +29,10 @@ _OFF = ("0", "false", "no", "off")
 _ON = ("1", "true", "yes", "on")
 
 
-def _f(default, doc: str, flat: str | None = None):
-    """A field with its one-line doc and the flat keyword name `diag.Agent` takes for it."""
-    return field(default=default, metadata={"doc": doc, "flat": flat})
+def _f(default, doc: str, flat: str | None = None, env: bool = True):
+    """A field with its one-line doc and the flat keyword name `diag.Agent` takes for it;
+    env=False: no environment variable sets it."""
+    return field(default=default, metadata={"doc": doc, "flat": flat, "env": env})
 
 
 @dataclass
@@ -85,7 +86,9 @@ class ReportConfig:
 class RunConfig:
     dir: str | None = _f(None, "run directory (default runs/<script>); an earlier run is never overwritten",
                          "run_dir")
-    id: str | None = _f(None, "run id shared by all ranks (default: from the launcher)", "run_id")
+    # DIAG_RUN_ID is the launcher-level id that `diag run` and the demo give their ranks
+    # (read by the run writer as such), not this user-chosen one.
+    id: str | None = _f(None, "run id shared by all ranks (default: from the launcher)", "run_id", env=False)
     overwrite: bool = _f(False, "reuse a run directory that holds an earlier run", "overwrite")
     heartbeat_s: float = _f(5.0, "how often rank.json is refreshed", "heartbeat_s")
     flush_s: float = _f(10.0, "how often buffered records are written", "flush_s")
@@ -100,8 +103,9 @@ FLAT = {f.metadata["flat"]: (s, f.name) for s, cls in SECTIONS.items() for f in 
 ENV_ALIASES = {"DIAG_EXPORTER": ("exporter", "enabled")}
 
 
-def env_name(section: str, name: str) -> str:
-    return f"DIAG_{section}_{name}".upper()
+def env_name(section: str, name: str) -> str | None:
+    f = next(f for f in dataclasses.fields(SECTIONS[section]) if f.name == name)
+    return f"DIAG_{section}_{name}".upper() if f.metadata["env"] else None
 
 
 @dataclass
@@ -173,7 +177,8 @@ class AgentConfig:
 
 
 def _env_names() -> dict[str, tuple[str, str]]:
-    names = {env_name(s, f.name): (s, f.name) for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
+    names = {env_name(s, f.name): (s, f.name) for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)
+             if f.metadata["env"]}
     return {**ENV_ALIASES, **names}
 
 

@@ -47,7 +47,8 @@ def run(args) -> int:
             print(f"\n[agent.{section}]")
         key = f"{r['section']}.{r['name']}"
         print(f"  {key:<{width}}  {_show(r['value']):<14} {r['source']:<28} {r['doc']}")
-        print(f"  {'':<{width}}  argument {r['argument']}=..., environment {r['env']}")
+        env = f"environment {r['env']}" if r["env"] else "no environment variable"
+        print(f"  {'':<{width}}  argument {r['argument']}=..., {env}")
     print("\n[thresholds] (decision tree; `diag analyze --threshold NAME=VALUE` overrides)")
     for name, value in thresholds.items():
         print(f"  {name:<{width}}  {value:g}")

@@ -1,0 +1,283 @@
+"""Every code sample in README.md runs as written, or as the table below says and why.
+
+Each fenced block is found in the README. Python blocks run with the names they assume
+(`train_loader`, `train_step`, `model`, `dataset`) defined here on tiny real CPU objects;
+TOML blocks are parsed and given to the command that documents them; every line of a shell
+block is looked up in COMMANDS, which says how it runs here. A new sample that is neither
+run nor listed fails `test_every_sample_is_covered`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES, REPO
+
+README = REPO / "README.md"
+BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+
+# README line -> ("run", the command as run here, why it differs if it does) or
+# ("not here", why it cannot run on this machine). `{demo_dir}`, `{fixture}` and `{logs}`
+# are filled in by the test. Lines run as written carry no reason.
+COMMANDS: dict[str, tuple] = {
+    "python3 -m pip install torch==2.13.0 && python3 -m pip install -e . && diag demo": (
+        "not here", "the installs are what .ci/run does on a fresh machine; its `diag demo` runs below"),
+    "python3 -m pip install torch==2.13.0 && python3 -m pip install -e '.[test]' && python3 -m pytest": (
+        "not here", "the README's test command: .ci/run runs it, and with it this test"),
+    "python3 -m pip install torch==2.13.0 && python3 -m pip install -e '.[dev]'": (
+        "not here", "the install .ci/run performs in a fresh virtual environment"),
+    "python3 -m pytest": ("not here", "the suite this test belongs to"),
+    "bash .ci/run": ("not here", "CI itself"),
+    "diag demo": ("run", "diag demo", ""),
+    "diag demo --bottleneck data": ("run", "diag demo --bottleneck data", ""),
+    "diag analyze runs/demo-<timestamp> --json": (
+        "run", "diag analyze {demo_dir} --json", "the placeholder is the run directory `diag demo` made"),
+    "diag run --run-dir runs/job1 -- torchrun --nproc-per-node 8 train.py": (
+        "run", "diag run --run-dir runs/job1 -- torchrun --nproc-per-node 2 train.py",
+        "two processes on gloo: the machine has two cores and no GPU; train.py is a small DDP script"),
+    "diag config --show --config diag.toml": ("run", "diag config --show --config diag.toml", ""),
+    "diag analyze TRACE_OR_DIR... [--json] [--threshold data_wait=0.3] [--config diag.toml] [--jobs N] "
+    "[--report DIR]": (
+        "run", "diag analyze {fixture} --json --threshold data_wait=0.3 --config diag.toml --jobs 1 --report rep",
+        "a synopsis: every option given, with a committed CPU trace"),
+    "diag calibrate": ("run", "diag calibrate --seconds 0.5", "a shorter benchmark, into a private cache"),
+    "diag nccl --nproc-per-node 4 -b 8 -e 1M -f 2": ("run", "diag nccl --nproc-per-node 4 -b 8 -e 1M -f 2", ""),
+    "torchrun --nproc-per-node 8 -m diag nccl -b 8 -e 8G -f 2 --intra nvlink4 --inter ib_ndr --nics-per-node 8": (
+        "run", "torchrun --nproc-per-node 2 -m diag nccl -b 8 -e 64K -f 2 --intra nvlink4 --inter ib_ndr "
+        "--nics-per-node 8", "two processes on gloo and messages up to 64 KiB: no GPUs, two cores"),
+    'diag nccl --binary ./all_reduce_perf --mpirun "mpirun -np 16" -- -b 8 -e 8G -f 2': (
+        "not here", "needs an nccl-tests binary and mpirun; the options are checked to parse"),
+    "diag nccl parse saved_all_reduce.txt": (
+        "run", "diag nccl parse saved_all_reduce.txt", "the file is the output `diag nccl` printed above"),
+    "diag nccl-log rank*.log": ("run", "diag nccl-log {logs}", "real NCCL logs from the shared data"),
+}
+
+
+def _blocks() -> list[tuple[str, str]]:
+    return [(m.group(1), m.group(2)) for m in BLOCK.finditer(README.read_text(encoding="utf-8"))]
+
+
+def _lines(code: str) -> list[str]:
+    out = []
+    for line in code.splitlines():
+        line = re.sub(r"\s+#.*$", "", line).strip()
+        if line and not line.startswith("#"):
+            out.append(line)
+    return out
+
+
+def test_every_sample_is_covered():
+    blocks = _blocks()
+    assert blocks, "README.md has no code blocks"
+    seen = set()
+    for lang, code in blocks:
+        if lang == "sh":
+            for line in _lines(code):
+                assert line in COMMANDS, f"README shell line not run by tests/test_readme.py: {line!r}"
+                seen.add(line)
+        elif lang == "python":
+            assert any(marker in code for marker in PYTHON_SAMPLES), f"README Python block not run:\n{code}"
+        elif lang == "toml":
+            tomllib.loads(code)
+        else:
+            pytest.fail(f"README block of unknown kind {lang!r}:\n{code}")
+    assert not set(COMMANDS) - seen, f"listed but no longer in the README: {set(COMMANDS) - seen}"
+    assert all(how[0] == "run" or how[1] for how in COMMANDS.values())
+
+
+# ------------------------------------------------------------------------------ running them
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """One folder, as a user's working directory, shared by the samples (the demo runs once)."""
+    d = tmp_path_factory.mktemp("readme")
+    toml = next(code for lang, code in _blocks() if lang == "toml")
+    (d / "diag.toml").write_text(toml)
+    (d / "train.py").write_text(TRAIN_PY)
+    return d
+
+
+def _env(workdir: Path) -> dict:
+    return {**os.environ, "XDG_CACHE_HOME": str(workdir / "cache"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+
+
+def _argv(command: str) -> list[str]:
+    words = shlex.split(command)
+    if words[0] == "diag":
+        return [sys.executable, "-m", "diag", *words[1:]]
+    if words[0] == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", *words[1:]]
+    return words
+
+
+def run_line(line: str, workdir: Path, **fill) -> subprocess.CompletedProcess:
+    how = COMMANDS[line]
+    assert how[0] == "run", line
+    command = how[1].format(**fill)
+    proc = subprocess.run(_argv(command), cwd=workdir, env=_env(workdir), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, f"{command}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+@pytest.fixture(scope="module")
+def demo(workdir):
+    proc = run_line("diag demo", workdir)
+    run_dir = next(line.split(": ", 1)[1] for line in proc.stdout.splitlines() if line.startswith("Run directory: "))
+    return proc.stdout, Path(run_dir)
+
+
+@pytest.mark.slow
+def test_demo_and_its_analysis(workdir, demo):
+    out, run_dir = demo
+    assert out.startswith("Verdict: Compute-bound") and run_dir.parent == workdir / "runs"
+    assert (run_dir / "report.html").is_file()
+    doc = json.loads(run_line("diag analyze runs/demo-<timestamp> --json", workdir, demo_dir=run_dir).stdout)
+    assert doc["job"]["bound"] == "compute" and out.startswith(f"Verdict: {doc['diagnosis']['headline']['text']}")
+    data = run_line("diag demo --bottleneck data", workdir).stdout
+    assert data.startswith("Verdict: Data-bound"), data
+
+
+@pytest.mark.slow
+def test_diag_run_with_torchrun(workdir):
+    run_line("diag run --run-dir runs/job1 -- torchrun --nproc-per-node 8 train.py", workdir)
+    assert (workdir / "runs" / "job1").is_dir()
+    assert sorted(p.name for p in (workdir / "runs").iterdir() if p.name.startswith("train-done"))
+
+
+def test_config_file_and_show(workdir):
+    out = run_line("diag config --show --config diag.toml", workdir).stdout
+    every = next(line for line in out.splitlines() if line.strip().startswith("profiler.every "))
+    assert every.split()[1] == "500" and "file diag.toml" in every
+    assert any(line.strip().startswith("data_wait") and line.split()[1] == "0.3" for line in out.splitlines())
+
+
+def test_analyze_synopsis_and_calibrate(workdir):
+    trace = FIXTURES / "cpu_data_rank0.pt.trace.json.gz"
+    doc = json.loads(run_line("diag analyze TRACE_OR_DIR... [--json] [--threshold data_wait=0.3] [--config diag.toml] "
+                              "[--jobs N] [--report DIR]", workdir, fixture=trace).stdout)
+    assert doc["schema"] == "diag.analysis/1" and doc["ranks"][0]["bound"] == "data"
+    assert doc["ranks"][0]["path"][0]["threshold"] == 0.3
+    assert (workdir / "rep" / "report.html").is_file()
+    out = run_line("diag calibrate", workdir).stdout
+    assert list((workdir / "cache").rglob("cpu_peaks.json")), out
+
+
+@pytest.mark.slow
+def test_nccl_samples(workdir):
+    out = run_line("diag nccl --nproc-per-node 4 -b 8 -e 1M -f 2", workdir).stdout
+    assert "# Avg bus bandwidth" in out
+    (workdir / "saved_all_reduce.txt").write_text(out)
+    parsed = run_line("diag nccl parse saved_all_reduce.txt", workdir).stdout
+    assert "all_reduce" in parsed
+    out = run_line("torchrun --nproc-per-node 8 -m diag nccl -b 8 -e 8G -f 2 --intra nvlink4 --inter ib_ndr "
+                   "--nics-per-node 8", workdir).stdout
+    assert "all_reduce" in out and "65536" in out
+    # The nccl-tests binary line cannot run here; its options must still parse (a missing
+    # binary is a one-line input error, not a usage error).
+    line = 'diag nccl --binary ./all_reduce_perf --mpirun "mpirun -np 16" -- -b 8 -e 8G -f 2'
+    assert COMMANDS[line][0] == "not here"
+    proc = subprocess.run(_argv(line), cwd=workdir, env=_env(workdir), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "usage:" not in proc.stderr and "all_reduce_perf" in proc.stderr, proc.stderr
+
+
+def test_nccl_log_sample(workdir, real_data):
+    logs = sorted((real_data / "nccl").glob("nccllog_*.txt"))[:2]
+    for i, src in enumerate(logs):
+        shutil.copy(src, workdir / f"rank{i}.log")
+    out = run_line("diag nccl-log rank*.log", workdir, logs=" ".join(f"rank{i}.log" for i in range(len(logs))))
+    assert "rank0.log" in out.stdout or "NCCL" in out.stdout
+
+
+# ------------------------------------------------------------------------------ Python samples
+
+
+def _train_loader():
+    import torch
+
+    data = torch.utils.data.TensorDataset(torch.randn(64, 16))
+    return torch.utils.data.DataLoader(data, batch_size=8, collate_fn=lambda rows: torch.stack([r[0] for r in rows]))
+
+
+def _train_step():
+    import torch
+
+    model = torch.nn.Linear(16, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def train_step(batch):
+        loss = model(batch).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    return train_step
+
+
+def _tiny_gpt2_and_tokens():
+    import torch
+    import transformers
+
+    config = transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2)
+    model = transformers.GPT2LMHeadModel(config)
+    ids = torch.randint(0, 64, (16, 16))
+    dataset = [{"input_ids": row, "labels": row.clone()} for row in ids]
+    return model, dataset
+
+
+# A marker that identifies each README Python block -> the names it needs.
+PYTHON_SAMPLES = {
+    "with diag.Agent(": lambda: {"train_loader": _train_loader(), "train_step": _train_step()},
+    "diag.integrations.lightning_callback(": lambda: dict(zip(("model", "dataset"), _tiny_gpt2_and_tokens())),
+}
+
+
+@pytest.mark.parametrize("marker", sorted(PYTHON_SAMPLES))
+def test_python_sample_runs(marker, tmp_path, monkeypatch):
+    code = next(code for lang, code in _blocks() if lang == "python" and marker in code)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("DIAG_EXPORTER", "0")
+    names = PYTHON_SAMPLES[marker]()
+    exec(compile(code, "README.md", "exec"), names)  # the README's own code, run as written
+    if marker == "with diag.Agent(":
+        from diag import rundir
+
+        rd = rundir.RunDir(tmp_path / "runs" / "exp1")
+        assert [s["samples"] for s in rd.steps(0)] == [8] * 8
+        assert (tmp_path / "runs" / "exp1" / "report.html").is_file()
+    else:
+        names["trainer"].fit  # noqa: B018 - the Lightning trainer exists, with the callback
+        assert any(type(cb).__name__ == "DiagTrainerCallback" for cb in names["hf_trainer"].callback_handler.callbacks)
+        assert any(type(cb).__name__ == "DiagLightningCallback" for cb in names["trainer"].callbacks)
+
+
+TRAIN_PY = '''"""A small DDP job on gloo, as `diag run` would launch a user's script."""
+import os
+
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(32, 32))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for _ in range(10):
+    loss = model(torch.randn(8, 32)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+dist.barrier()
+open(os.path.join("runs", f"train-done-{dist.get_rank()}"), "w").close()
+dist.destroy_process_group()
+'''
