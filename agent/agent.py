@@ -801,6 +801,11 @@ class Agent:
             self._log(f"report: not available ({exc}); the run directory is complete")
             return
         self.report_paths = write_report(w.path, w.path)
+        if self.exporter is not None and self.report_paths:
+            # The job verdict as the report's diagnosis gives it, for the lingering endpoint.
+            summary = rundir.read_json(Path(self.report_paths["summary"]))
+            if summary:
+                self.exporter.observe_diagnosis(summary)
         html = (self.report_paths or {}).get("html")
         if html and self._verbose:
             print(f"diag: report written to {html}", file=sys.stderr, flush=True)

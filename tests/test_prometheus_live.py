@@ -336,6 +336,14 @@ def test_real_prometheus_scrapes_a_live_demo(tmp_path):
         targets = prom.get("/api/v1/targets")["data"]["activeTargets"]
         assert len(targets) == 3 and all(t["health"] == "up" for t in targets), targets
 
+        # Once rank 0 has written the report, it serves the diagnosis's job verdict.
+        def verdict_served():
+            with urllib.request.urlopen(f"http://{LOOP}:{base}/metrics", timeout=10) as r:
+                text = r.read().decode()
+            return re.search(r'diag_job_bound\{[^}]*bound="compute"[^}]*\} 1(\.0)?$', text, re.M)
+
+        wait_for(verdict_served, WAIT_S, "rank 0 to serve the job verdict of its report", procs)
+
         # promtool check metrics is clean on what the training ranks serve.
         for i in range(2):
             with urllib.request.urlopen(f"http://{LOOP}:{base + i}/metrics", timeout=10) as r:
