@@ -13,13 +13,13 @@ from conftest import REPO, real_data_dir
 
 from diag.analyzers.nccl.ib_status import IBV_WC_STATUS
 from diag.analyzers.nccl.log import (
-    SCHEMA,
     NcclLogParser,
     parse_file,
     parse_files,
     parse_lines,
     summarize_for_diagnosis,
 )
+from diag.analyzers.nccl.log_grammar import SCHEMA
 from diag.errors import DiagInputError
 
 LOG_PREFIXES = ("nccllog_", "rccllog_", "torchlog_", "torchfr_", "inspector_")

@@ -15,7 +15,8 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
-from diag.analyzers.nccl.log import MAX_LINE, NcclLogParser
+from diag.analyzers.nccl.log import NcclLogParser
+from diag.analyzers.nccl.log_grammar import MAX_LINE
 
 BLOCK = 4 << 20
 MIN_PARALLEL_BYTES = 64 << 20  # below this, process start-up costs more than it saves
