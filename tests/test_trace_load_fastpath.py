@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from diag.analyzers.trace import load as trace_load
+from diag.analyzers.trace import schema as trace_schema
 from diag.analyzers.trace.load import load_trace
 from diag.errors import DiagInputError
 
@@ -29,7 +30,7 @@ def _generic_only(monkeypatch):
     def refuse(data):
         raise msgspec.ValidationError("fast path switched off by the test")
 
-    monkeypatch.setattr(trace_load, "_decode_tagged", refuse)
+    monkeypatch.setattr(trace_schema, "_decode_tagged", refuse)
 
 
 def assert_same_trace(a, b):
@@ -48,7 +49,7 @@ def test_tagged_decoding_equals_generic_on_real_traces(real_traces, monkeypatch,
     path = real_traces / f"{name}.json.gz"
     monkeypatch.setattr(trace_load, "CHUNK_BYTES", 256 << 10)
     outcomes = []
-    real = trace_load._decode_tagged
+    real = trace_schema._decode_tagged
 
     def watched(data):
         try:
@@ -60,7 +61,7 @@ def test_tagged_decoding_equals_generic_on_real_traces(real_traces, monkeypatch,
         return events
 
     with monkeypatch.context() as m:
-        m.setattr(trace_load, "_decode_tagged", watched)
+        m.setattr(trace_schema, "_decode_tagged", watched)
         fast = load_trace(path)
     # Only the chunks holding metadata events (no "cat") leave the fast path.
     assert sum(outcomes) >= len(outcomes) - 3
@@ -137,7 +138,7 @@ def test_tagged_decoding_equals_generic_on_every_category(tmp_path, monkeypatch,
     hip = fast.name_of(fast.rt_name).index("hipMemcpyWithStream")
     assert fast.rt_stream[hip] == -1
     kinds = dict(zip(fast.name_of(fast.dev_name[:6]), fast.dev_kind[:6].tolist()))
-    assert kinds["Memset (Device)"] == trace_load.KIND_MEMSET and kinds["Stream Sync"] == trace_load.KIND_SYNC
+    assert kinds["Memset (Device)"] == trace_schema.KIND_MEMSET and kinds["Stream Sync"] == trace_schema.KIND_SYNC
     add = fast.name_of(fast.cpu_name).index("aten::add")
     assert fast.cpu_ext[add] == 20  # 2021 schema "external id"
     mm = fast.name_of(fast.cpu_name).index("aten::mm")
@@ -155,13 +156,13 @@ def test_fast_path_switches_off_after_repeated_misses(tmp_path, monkeypatch):
     p = tmp_path / "nocat.json"
     p.write_text(json.dumps({"traceEvents": events}))
     calls = []
-    real = trace_load._decode_tagged
+    real = trace_schema._decode_tagged
 
     def counting(data):
         calls.append(len(data))
         return real(data)
 
-    monkeypatch.setattr(trace_load, "_decode_tagged", counting)
+    monkeypatch.setattr(trace_schema, "_decode_tagged", counting)
     tr = load_trace(p)
     assert len(tr.dev_ts) == 1 and len(tr.cpu_ts) == 0
     assert len(calls) <= 4
