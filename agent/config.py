@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -222,19 +221,13 @@ def _check_type(value, typ: str, where: str):
 
 def read_file(path: Path) -> dict[tuple[str, str], object]:
     """The `[agent.<section>]` settings of a TOML or YAML config file, checked."""
-    try:
-        if path.suffix in (".yaml", ".yml"):
-            import yaml
+    from diag.analyzers.diagnosis.decision_tree import TreeError, read_config
 
-            doc = yaml.safe_load(path.read_text()) or {}
-        else:
-            with open(path, "rb") as f:
-                doc = tomllib.load(f)
-    except FileNotFoundError:
-        raise DiagInputError("config file not found", source=str(path)) from None
-    except Exception as exc:
-        raise DiagInputError(f"not a readable TOML/YAML config ({exc})", source=str(path)) from None
-    agent = doc.get("agent", {}) if isinstance(doc, dict) else None
+    try:
+        doc = read_config(path)
+    except TreeError as exc:  # its message starts with the path
+        raise DiagInputError(str(exc)) from None
+    agent = doc.get("agent", {})
     if not isinstance(agent, dict):
         raise DiagInputError("[agent] must be a table of sections", source=str(path))
     out = {}

@@ -134,13 +134,13 @@ def run_line(line: str, workdir: Path, **fill) -> subprocess.CompletedProcess:
 def demo(workdir):
     proc = run_line("diag demo", workdir)
     run_dir = next(line.split(": ", 1)[1] for line in proc.stdout.splitlines() if line.startswith("Run directory: "))
-    return proc.stdout, Path(run_dir)
+    return proc.stdout, workdir / run_dir  # as printed: relative to the working directory
 
 
 @pytest.mark.slow
 def test_demo_and_its_analysis(workdir, demo):
     out, run_dir = demo
-    assert out.startswith("Verdict: Compute-bound") and run_dir.parent == workdir / "runs"
+    assert out.startswith("Verdict: Compute-bound") and run_dir.parent == workdir / "runs", out
     assert (run_dir / "report.html").is_file()
     doc = json.loads(run_line("diag analyze runs/demo-<timestamp> --json", workdir, demo_dir=run_dir).stdout)
     assert doc["job"]["bound"] == "compute" and out.startswith(f"Verdict: {doc['diagnosis']['headline']['text']}")

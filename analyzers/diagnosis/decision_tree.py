@@ -75,7 +75,9 @@ def load_tree(path: str | Path | None = None, overrides: dict | None = None) -> 
     )
 
 
-def _read_config_thresholds(path: Path) -> dict:
+def read_config(path: Path) -> dict:
+    """A diag config file (TOML, or YAML by its suffix) as a dict. One reader for every
+    table in it: the tree's [thresholds] here, the agent's [agent.*] in diag.config."""
     try:
         if path.suffix in (".yaml", ".yml"):
             import yaml
@@ -88,7 +90,14 @@ def _read_config_thresholds(path: Path) -> dict:
         raise TreeError(f"{path}: config file not found") from None
     except Exception as exc:
         raise TreeError(f"{path}: not a readable TOML/YAML config ({exc})") from None
-    table = doc.get("thresholds", {}) if isinstance(doc, dict) else None
+    if not isinstance(doc, dict):
+        raise TreeError(f"{path}: not a table of settings")
+    return doc
+
+
+def _read_config_thresholds(path: Path) -> dict:
+    doc = read_config(path)
+    table = doc.get("thresholds", {})
     if not isinstance(table, dict):
         raise TreeError(f"{path}: [thresholds] must be a table of name = number")
     try:
