@@ -165,6 +165,9 @@ def format_summary(doc: dict) -> str:
         if job.get("method"):
             line += f" [{job['method']}]"
         out.append(line)
+        headline = ((doc.get("diagnosis") or {}).get("headline") or {}).get("text")
+        if headline:
+            out.append(f"  {headline}")
         for s in job.get("stragglers") or []:
             ev = s.get("evidence")
             out.append(f"  straggler: rank {s.get('rank')}: {ev if isinstance(ev, str) else json.dumps(ev)}")

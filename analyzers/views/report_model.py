@@ -379,11 +379,6 @@ def _timelines(ranks, limits, notes) -> dict | None:
     return out if out["metrics"] else None
 
 
-def _scaled(v, k) -> float | None:
-    n = num(v)
-    return None if n is None else n * k
-
-
 def _band(series: dict, points: int) -> dict:
     t = np.concatenate([v[0] for v in series.values()])
     v = np.concatenate([v[1] for v in series.values()])
