@@ -18,10 +18,8 @@ from __future__ import annotations
 import atexit
 import collections
 import copy
-import json
 import os
 import re
-import subprocess
 import sys
 import threading
 import time
@@ -34,6 +32,7 @@ from diag.collectors.run_writer import RunWriter
 from diag.collectors.step_timer import StepTimer
 from diag.config import FLAT, AgentConfig
 from diag.errors import DiagInputError
+from diag.window_analysis import WindowAnalysis
 
 _DATA_WAIT_NAME = "enumerate(DataLoader)#diag.Agent.loader"
 _EXCEPTION_TEXT = re.compile(r"([A-Za-z_][\w.]*)(?:: (.*))?\Z", re.S)  # "OutOfMemoryError: CUDA out of memory"
@@ -117,11 +116,7 @@ class Agent:
         self._early_events: list[dict] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._server: subprocess.Popen | None = None  # one analysis process for the whole run
-        self._server_starts = 0
-        self._inflight: dict[Path, tuple[int, int]] = {}
-        self._pending: collections.deque = collections.deque(maxlen=8)
-        self._analysing: dict[Path, Path] = {}  # window summary being written -> its trace
+        self._analysis: WindowAnalysis | None = None  # one analysis process for the whole run
         self._composition: dict | None = None
         self._windows_meta: list[dict] = []
         self._latest_sample: dict | None = None
@@ -279,6 +274,8 @@ class Agent:
 
         if self.config.profiler.enabled and writable:
             s = self.config.profiler
+            self._analysis = WindowAnalysis(rank_path / rundir.WINDOWS, self.rank, self.config.config_file,
+                                            on_done=self._window_done, log=self._log)
             try:
                 self.windows = ProfilerWindows(
                     rank_path / rundir.TRACES,
@@ -287,7 +284,7 @@ class Agent:
                     profile_memory=self.config.profiler.profile_memory,
                     budget_bytes=self.config.profiler.trace_budget_bytes,
                     trigger_dir=self.writer.path, on_trace=self._on_trace, log=self._log,
-                    in_use=self._traces_in_use,
+                    in_use=self._analysis.in_use,
                 )
                 self.windows.install_signal()
             except Exception as exc:
@@ -412,20 +409,13 @@ class Agent:
         if self.exporter is not None:
             self.exporter.observe_sample(sample)
 
-    def _traces_in_use(self) -> set[Path]:
-        """Traces saved but not analysed yet: the trace budget must not delete them."""
-        pending = {p for _, _, p in list(self._pending)}
-        return pending | {p for out, p in list(self._analysing.items()) if out in self._inflight}
-
     def _on_trace(self, first: int, last: int, path: Path) -> None:
-        if len(self._pending) == self._pending.maxlen:
-            self._log("profiler: analysis queue full; the oldest pending window is analysed later by `diag analyze`")
-        self._pending.append((first, last, path))
+        if self._analysis is not None:
+            self._analysis.queue(first, last, path)
         self._event("profiler", f"window {first}-{last} saved to {path.name}")
 
     def _worker_pids(self) -> list[int]:
-        server = self._server
-        return [server.pid] if server is not None else []
+        return self._analysis.pids() if self._analysis is not None else []
 
     # -- the background thread ---------------------------------------------------------------
 
@@ -567,69 +557,23 @@ class Agent:
                 self._log(f"agent: live verdicts off ({type(exc).__name__}: {exc})")
         return rec
 
-    # -- window analysis in a background process ------------------------------------------------
+    # -- window analysis in a background process (diag.window_analysis) ------------------------
 
     def _poll_workers(self) -> None:
         """Collect finished window analyses and hand the next trace to the analysis process."""
-        server = self._server
-        self._collect()
-        if server is not None and server.poll() is not None:
-            self._server = None
-            for out, (first, _last) in list(self._inflight.items()):
-                del self._inflight[out]
-                self._log(f"profiler: the window analysis process exited ({server.returncode}) during window "
-                          f"{first}; `diag analyze` analyses its trace later")
-        while self._pending and not self._inflight and (self.analyse_during_run or self._closed):
-            first, last, path = self._pending.popleft()
-            self._submit(first, last, path)
-        if self.windows is not None and not self._inflight:
+        a = self._analysis
+        if a is None:
+            return
+        a.poll(submit=self.analyse_during_run or self._closed)
+        if self.windows is not None and a.idle:
             self.windows.enforce_budget()
 
-    def _start_server(self) -> subprocess.Popen | None:
-        if self._server_starts >= 3:
-            return None  # it keeps dying: leave the traces to `diag analyze`
-        self._server_starts += 1
-        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-        try:
-            proc = subprocess.Popen([sys.executable, "-m", "diag.window_worker", "--serve"],
-                                    stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                    env=env, close_fds=True, text=True)
-        except OSError as exc:
-            self._log(f"profiler: cannot start the window analysis ({exc.strerror or exc}); traces are kept")
-            return None
-        try:
-            os.setpriority(os.PRIO_PROCESS, proc.pid, 10)  # behind the training
-        except (OSError, AttributeError):
-            pass
-        return proc
+    def _wait_workers(self, timeout_s: float) -> None:
+        """Give the analysis of the last windows up to timeout_s, then end the analysis process."""
+        if self._analysis is not None:
+            self._analysis.finish(timeout_s)
 
-    def _submit(self, first: int, last: int, path: Path) -> None:
-        out = self.writer.rank_path / rundir.WINDOWS / f"window-{first:06d}.json"
-        if self._server is None:
-            self._server = self._start_server()
-            if self._server is None:
-                return
-        job = {"trace": str(path), "out": str(out), "rank": self.rank, "first": first, "last": last,
-               "config": self.config.config_file}
-        try:
-            self._server.stdin.write(json.dumps(job) + "\n")
-            self._server.stdin.flush()
-        except (OSError, ValueError) as exc:
-            self._log(f"profiler: the window analysis process is gone ({exc}); traces are kept")
-            self._server = None
-            return
-        self._inflight[out] = (first, last)
-        self._analysing[out] = path
-
-    def _window_done(self, first: int, last: int, out: Path, code: int) -> None:
-        doc = rundir.read_json(out)
-        if not doc:
-            self._log(f"profiler: window {first} analysis wrote nothing (exit {code})")
-            return
-        analysis = doc.get("analysis")
-        if not isinstance(analysis, dict):
-            self._log(f"profiler: window {first}: {doc.get('error', 'no analysis')}")
-            return
+    def _window_done(self, first: int, last: int, analysis: dict) -> None:
         try:
             from diag.analyzers.job.sampled import window_composition
 
@@ -642,41 +586,6 @@ class Agent:
         self._event("profiler", f"window {first}-{last} analysed: {analysis.get('bound')}-bound")
         if self.exporter is not None:
             self.exporter.observe_window(analysis)
-
-    def _collect(self) -> None:
-        for out, (first, last) in list(self._inflight.items()):
-            if out.exists():
-                del self._inflight[out]
-                self._window_done(first, last, out, 0)
-
-    def _wait_workers(self, timeout_s: float) -> None:
-        """Give the analysis of the last windows up to timeout_s, then end the analysis process."""
-        deadline = time.monotonic() + timeout_s
-        while (self._inflight or self._pending) and time.monotonic() < deadline:
-            self._poll_workers()
-            if self._server is None and self._server_starts >= 3:
-                break
-            if self._inflight or self._pending:
-                time.sleep(0.1)
-        self._collect()
-        left = sorted([f for f, _ in self._inflight.values()] + [f for f, _, _ in self._pending])
-        if left:
-            self._log(f"profiler: {len(left)} window(s) not analysed before exit (first steps {left}); "
-                      "`diag analyze` analyses their traces")
-        busy = bool(self._inflight)
-        self._inflight.clear()
-        self._pending.clear()
-        server, self._server = self._server, None
-        if server is not None:
-            try:
-                server.stdin.close()  # end of jobs: the service exits
-            except OSError:
-                pass
-            try:
-                server.wait(0.5 if busy else 5.0)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait(2.0)
 
     # -- shutdown ---------------------------------------------------------------------------------
 
