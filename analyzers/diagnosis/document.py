@@ -196,7 +196,10 @@ def _headline(bound, ranks, allt, world, job_shares, tree, nccl, stragglers, job
         where = "" if n_ranks == 1 else " on both ranks" if n_ranks == 2 else f" on all {n_ranks} ranks"
     else:
         where = f" on {n_agree} of {world} ranks" if world > 1 else ""
-    share = job_shares.get(bound) if job_shares else None
+    # The verdict's own number: the measurement set's, which the decision path shows too.
+    share = num(((mset or {}).get("values") or {}).get(f"{bound}_share"))
+    if share is None and job_shares:
+        share = job_shares.get(bound)
     per_rank = [x for x in (_rank_share(r, bound) for r in ranks.values() if r["rank"] in measured) if x is not None]
     spread = ""
     if len(per_rank) > 1 and max(per_rank) - min(per_rank) >= 0.02:
