@@ -1,8 +1,9 @@
 """The job verdict: computed here, and nowhere else.
 
 A job's verdict rests on one measurement set: the mean, over the ranks that set the
-pace (every rank but the named stragglers), of each rank's measurements over its own
-steps after warm-up. The decision tree is walked on that set, so the verdict, its
+pace, of each rank's measurements over its own steps after warm-up. In a synchronous job
+the slowest rank sets the pace, so when the cross-rank analysis names stragglers those
+are the ranks; otherwise every rank is. The decision tree is walked on that set, so the verdict, its
 decision path and every share quoted beside it are the same numbers over the same
 steps. `measurement_set` says which ranks and steps those are.
 
@@ -139,6 +140,27 @@ def _vote(ranks: list[dict]) -> tuple[str | None, dict]:
     return max(tied, key=lambda b: (mean[b], -BOUNDS.index(b))), dict(counts)
 
 
+def _pace_setters(present: list[dict], late: set, rank_waits) -> tuple[list[dict], str | None]:
+    """The ranks on the critical path, and why. In a synchronous job the slowest rank sets
+    the pace and its peers' extra time is waiting for it, which their shares count as
+    communication: the named stragglers, else the rank that waits least at collectives."""
+    if len(present) < 2:
+        return present, None
+    if late:
+        names = ", ".join(str(r["rank"]) for r in present if r["rank"] in late)
+        return [r for r in present if r["rank"] in late], f"the straggler(s) the others wait for: rank {names}"
+    waits = {w["rank"]: float(w["wait_ms"]) for w in rank_waits or []
+             if isinstance(w, dict) and isinstance(w.get("wait_ms"), (int, float)) and not isinstance(w["wait_ms"], bool)}
+    if len({r["rank"] for r in present} & set(waits)) < 2:
+        return present, None  # no collective matched across ranks: nothing tells who waits
+    least = min(waits[r["rank"]] for r in present if r["rank"] in waits)
+    pace = [r for r in present if waits.get(r["rank"]) == least]
+    if len(pace) == len(present):
+        return present, None
+    return pace, (f"rank {', '.join(str(r['rank']) for r in pace)}, which waits least for its peers at collectives "
+                  "(the critical path)")
+
+
 def _unique_ranks(ranks: list[dict]) -> list[dict]:
     seen: dict[int, dict] = {}
     for r in ranks:
@@ -160,8 +182,11 @@ def job_verdict(ranks: list[dict], cross: dict | None, tree) -> dict:
     stragglers = [s for s in cross.get("stragglers") or [] if isinstance(s, dict)]
     late = {s.get("rank") for s in stragglers}
     present = _unique_ranks(ranks)
-    base = [r for r in present if r["rank"] not in late] or present or [r for r in ranks if isinstance(r, dict)]
-    mset = measurement_set(base)
+    base, pace = _pace_setters(present, late, cross.get("rank_waits"))
+    mset = measurement_set(base or [r for r in ranks if isinstance(r, dict)])
+    if mset is not None and pace:
+        mset["pace"] = pace
+        mset["basis"] += f"; {pace}"
     path, fixes, source = [], [], "none"
     if mset is not None:
         v = verdict_from(mset["values"], tree)
