@@ -64,7 +64,9 @@ def measured_steps(rank: dict) -> dict:
     ev = rank.get("evidence") if isinstance(rank.get("evidence"), dict) else {}
     skip = ev.get("warmup_steps_excluded") if isinstance(ev.get("warmup_steps_excluded"), int) else 0
     counted = steps[skip:] or steps
-    sampled = sum(1 for s in counted if s.get("evidence") == "sampled")
+    # Only a run analysis mixes profiled and sampled steps; a trace's steps are all profiled
+    # (its "sampled" label means a filtered trace, which its own finding says).
+    sampled = sum(1 for s in counted if s.get("evidence") == "sampled") if ev else 0
     return {
         "first": counted[0]["step"] if counted else None,
         "last": counted[-1]["step"] if counted else None,
