@@ -226,8 +226,17 @@ def cross_rank_facts(ranks: list[dict], tree) -> dict:
     """The cross-rank facts of the ranks analysed (the diagnosis adds the verdict)."""
     if not ranks:
         return {"stragglers": [], "findings": [], "world_size": None}
+    from diag.analyzers.job import waits
     from diag.analyzers.job.cross_rank import analyze_job
 
+    # Waiting for peers apart from transfer first: the facts below read the split shares.
+    fresh = [r for r in ranks if isinstance(r.get("rank"), int) and "wait_split" not in r]
+    if fresh:
+        by_rank: dict[int, list[dict]] = {}
+        for r in fresh:
+            by_rank.setdefault(r["rank"], []).append(r)
+        waits.split_waits(by_rank, tree)
+        waits.resolve_peer_verdicts(ranks, tree)
     return analyze_job(ranks, tree)
 
 

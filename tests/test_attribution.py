@@ -9,7 +9,7 @@ import pytest
 
 from diag.analyzers.intervals import normalize
 from diag.analyzers.trace.analysis import analyze_trace
-from diag.analyzers.trace.attribution import BOUNDS, attribute, normalize_shares
+from diag.analyzers.trace.attribution import BOUNDS, CLASSES, attribute, normalize_shares
 
 
 def _x(cat, name, ts, dur, tid=1, pid=1, **args):
@@ -44,7 +44,7 @@ def test_gpu_priority_compute_memory_comm_data_host(tmp_path):
     # compute 30; memory 20; comm only where no kernel runs: [40, 50) = 10;
     # data only while the device idles: [0, 10) + [75, 90) = 25; host the rest = 15.
     assert step["shares"] == pytest.approx({"compute": 0.30, "memory": 0.20, "comm": 0.10, "data": 0.25,
-                                            "host": 0.15})
+                                            "host": 0.15, "wait": 0.0})
     assert sum(step["shares"].values()) == 1.0
     assert r["attribution_order"] == ["compute", "memory", "comm", "data", "host"]
     assert step["measurements"]["memory_to_compute"] == pytest.approx(20 / 30)
@@ -72,9 +72,11 @@ def test_cpu_only_priority_data_compute_memory_comm_host(tmp_path):
     (step,) = r["steps"]
     assert step["step"] == 3
     assert step["shares"] == pytest.approx({"data": 0.20, "compute": 0.30, "memory": 0.10, "comm": 0.20,
-                                            "host": 0.20})
+                                            "host": 0.20, "wait": 0.0})
     assert r["collectives"] == [{"name": "all_reduce", "pg": None, "seq": None, "ts_us": 40.0, "dur_us": 40.0,
-                                 "bytes": None, "on": "host", "op": "gloo:all_reduce", "step": 3}]
+                                 "bytes": None, "on": "host", "op": "gloo:all_reduce", "step": 3,
+                                 # the comm share's [60, 80): the collective is exposed only there
+                                 "exposed": [[60.0, 80.0]]}]
 
 
 def test_attribute_windows_and_exact_sum():
@@ -84,7 +86,7 @@ def test_attribute_windows_and_exact_sum():
     assert out["us"]["comm"].tolist() == [2, 1]
     assert out["us"]["host"].tolist() == [0, 5]
     for s in out["shares"]:
-        assert sum(s.values()) == 1.0 and set(s) == set(BOUNDS)
+        assert sum(s.values()) == 1.0 and set(s) == set(CLASSES)
 
 
 def test_normalize_shares_sums_to_one_exactly():
@@ -148,7 +150,7 @@ def test_a100_ddp_is_host_bound(real):
     assert r["shares"]["data"] == 0.0
     assert r["shares"]["host"] > 0.6
     assert r["bound"] == "host"
-    assert [p["node"] for p in r["path"]] == ["data_wait", "device_busy", "idle_cause"]
+    assert [p["node"] for p in r["path"]] == ["data_wait", "peer_wait", "device_busy", "idle_cause"]
     assert {c["name"] for c in r["collectives"]} >= {"all_reduce", "broadcast"}
     assert all(c["on"] == "device" and c["pg"] == "0" for c in r["collectives"])
 

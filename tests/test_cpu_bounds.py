@@ -14,7 +14,7 @@ import sys
 import pytest
 from conftest import FIXTURES
 
-from diag.analyzers.diagnosis.decision_tree import BOUNDS
+from diag.analyzers.diagnosis.decision_tree import CLASSES
 from diag.analyzers.trace.analysis import analyze_trace
 
 CASES = [
@@ -36,7 +36,7 @@ def _check_rank(rank: dict, bound: str) -> None:
     assert rank["steps"], "no steps analysed"
     for step in rank["steps"]:
         shares = step["shares"]
-        assert set(shares) == set(BOUNDS)
+        assert set(shares) == set(CLASSES)
         assert all(0.0 <= v <= 1.0 for v in shares.values()), shares
         assert sum(shares.values()) == pytest.approx(1.0, abs=1e-6)
         assert step["path"], "each step carries its decision path"

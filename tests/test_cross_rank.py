@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES
 
+from diag.analyzers.analyze import cross_rank_facts
 from diag.analyzers.diagnosis.decision_tree import load_tree
 from diag.analyzers.diagnosis.scaling import scaling_efficiency
 from diag.analyzers.diagnosis.verdict import job_verdict
-from diag.analyzers.job.cross_rank import SYMMETRIC, analyze_job, match_collectives
+from diag.analyzers.job.cross_rank import SYMMETRIC, match_collectives
 from diag.analyzers.trace.analysis import analyze_trace
 from diag.errors import DiagInputError
 
@@ -52,9 +53,10 @@ def _ranks(paths):
 
 
 def _job(ranks):
-    """The job block as the facade gives it: cross-rank facts, then the diagnosis's verdict."""
+    """The job block as the facade gives it: waits split from transfer, cross-rank facts, then
+    the diagnosis's verdict. The rank dicts are updated in place, as the facade does."""
     tree = load_tree()
-    return job_verdict(ranks, analyze_job(ranks, tree), tree)
+    return job_verdict(ranks, cross_rank_facts(ranks, tree), tree)
 
 
 def _finding(job, fid):
@@ -86,14 +88,22 @@ def test_sleeping_rank_is_named_straggler_with_evidence(gloo_job):
         assert ev["work_ms"] > ev["median_work_ms"]
     assert "Rank 1" in job["stragglers"][0]["message"]
 
-    # The job verdict separates "late rank" from "slow network".
-    if job["bound"] == "comm":
-        assert job["cause"] == "straggler"
-        f = _finding(job, "straggler_induced_comm")
-        assert f is not None and f["evidence"]["stragglers"] == [1]
-        assert _finding(job, "slow_collectives") is None
-    else:
-        assert _finding(job, "straggler")["evidence"]["stragglers"] == [1]
+    # Waiting is not communication: rank 0's wait for rank 1 is its own class, and no rank is
+    # comm-bound for it. The job follows the critical path: the straggler's own bound.
+    r0, r1 = ranks
+    assert r0["waits_for"] == 1 and r0["wait_split"]["measured"] is True
+    assert r0["shares"]["wait"] >= 0.5 * DELAY_S * 1000 / statistics.median(s["duration_ms"] for s in r0["steps"])
+    assert r0["shares"]["wait"] > 5 * r1["shares"]["wait"]
+    assert "comm" not in {r0["bound"], r1["bound"]}, (r0["bound"], r1["bound"])
+    assert r1["bound"] in ("host", "compute", "memory")
+    assert job["bound"] == r1["bound"]
+    assert job["measurements"]["ranks"] == [1]
+    # Rank 0 waits more than the threshold: its verdict is rank 1's, and its path says so.
+    node = next(n for n in r0["path"] if n["node"] == "peer_wait")
+    assert node["answer"] == "yes" and node["peer"] == 1 and "rank 1" in node["question"]
+    assert r0["bound"] == r1["bound"] and r0["bound_via"] == 1
+    assert _finding(job, "straggler")["evidence"]["stragglers"] == [1]
+    assert _finding(job, "straggler_induced_comm") is None and _finding(job, "slow_collectives") is None
     assert job["world_size"] == 2 and job["missing_ranks"] == []
 
 
@@ -192,12 +202,27 @@ def test_job128_two_real_ranks(real_traces):
         assert job["collectives"]["matched"] == matched
         for row in job["rank_waits"]:
             assert row["wait_ms"] == pytest.approx(total[row["rank"]] / 1000, abs=0.002)
-    # Skew-free by construction: every matched collective has a rank with zero wait.
+    # The wait split moves time from comm to wait, step by step, and nothing else; no rank's
+    # exposed wait exceeds the time it spent waiting in matched collectives.
     groups = match_collectives({r["rank"]: r["collectives"] for r in ranks})["groups"]
     assert groups
+    raw_wait_ms = defaultdict(float)
     for g in groups:
-        assert min(g["dur_us"].values()) >= 0
-    assert job["bound"] in ("data", "host", "comm", "memory", "compute")
+        lo = min(g["dur_us"].values())
+        for rk, d in g["dur_us"].items():
+            raw_wait_ms[rk] += (d - lo) / 1000
+    single = _ranks([real_traces / "job128_rank0_sampled.json.gz", real_traces / "job128_rank1_sampled.json.gz"])
+    for before, after in zip(single, ranks):
+        for sb, sa in zip(before["steps"], after["steps"]):
+            assert sb["shares"]["wait"] == 0.0
+            assert sa["shares"]["comm"] + sa["shares"]["wait"] == pytest.approx(sb["shares"]["comm"], abs=1e-6)
+            for c in ("data", "host", "memory", "compute"):
+                assert sa["shares"][c] == pytest.approx(sb["shares"][c], abs=1e-6)
+        exposed_wait_ms = sum(s["shares"]["wait"] * s["duration_ms"] for s in after["steps"])
+        assert 0 < exposed_wait_ms <= raw_wait_ms[after["rank"]] + 1e-6
+    # The job verdict is the critical-path rank's own, on its own numbers.
+    (pace,) = job["measurements"]["ranks"]
+    assert job["bound"] == next(r["bound"] for r in ranks if r["rank"] == pace)
     for s in job["stragglers"]:
         assert s["evidence"]["blame_share"] >= 0.75
 

@@ -19,15 +19,15 @@ def tree():
     "m, bound, nodes",
     [
         (shares(data=0.25, compute=0.75), "data", ["data_wait"]),
-        (shares(data=0.15, host=0.45, compute=0.4), "host", ["data_wait", "device_busy", "idle_cause"]),
+        (shares(data=0.15, host=0.45, compute=0.4), "host", ["data_wait", "peer_wait", "device_busy", "idle_cause"]),
         (shares(comm=0.3, compute=0.5, memory=0.2, memory_to_compute=0.4), "comm",
-         ["data_wait", "device_busy", "exposed_comm"]),
+         ["data_wait", "peer_wait", "device_busy", "exposed_comm"]),
         (shares(comm=0.1, compute=0.3, memory=0.6, memory_to_compute=2.0), "memory",
-         ["data_wait", "device_busy", "exposed_comm", "memory_vs_compute"]),
+         ["data_wait", "peer_wait", "device_busy", "exposed_comm", "memory_vs_compute"]),
         (shares(compute=0.7, memory=0.3, memory_to_compute=0.4, achieved_bw_frac=0.85), "memory",
-         ["data_wait", "device_busy", "exposed_comm", "memory_vs_compute", "bandwidth_of_peak"]),
+         ["data_wait", "peer_wait", "device_busy", "exposed_comm", "memory_vs_compute", "bandwidth_of_peak"]),
         (shares(compute=0.7, memory=0.3, memory_to_compute=0.4, achieved_bw_frac=0.5), "compute",
-         ["data_wait", "device_busy", "exposed_comm", "memory_vs_compute", "bandwidth_of_peak"]),
+         ["data_wait", "peer_wait", "device_busy", "exposed_comm", "memory_vs_compute", "bandwidth_of_peak"]),
     ],
 )
 def test_each_branch(tree, m, bound, nodes):
@@ -45,7 +45,7 @@ def test_idle_mostly_data_branch_needs_a_raised_data_threshold(tree):
     raised = dt.load_tree(overrides={"data_wait": 0.5})
     verdict = dt.evaluate(m, raised)
     assert verdict["bound"] == "data"
-    assert [p["node"] for p in verdict["path"]] == ["data_wait", "device_busy", "idle_cause"]
+    assert [p["node"] for p in verdict["path"]] == ["data_wait", "peer_wait", "device_busy", "idle_cause"]
 
 
 def test_path_records_value_threshold_and_answer(tree):
@@ -123,3 +123,25 @@ def test_advisory_that_repeats_the_verdict_is_dropped(tree):
     assert [f["id"] for f in dt.advise(m, tree)] == ["comm_share_notable"]
     assert dt.advise(m, tree, bound="comm") == []
     assert [f["id"] for f in dt.advise(m, tree, bound="compute")] == ["comm_share_notable"]
+
+
+def test_waiting_for_a_peer_is_not_comm(tree):
+    """A step that waits 30% for another rank is handed to that rank; its transfer (5%) is not comm-bound."""
+    m = shares(comm=0.05, compute=0.55, memory=0.1, memory_to_compute=0.2, wait_share=0.30)
+    v = dt.evaluate(m, tree)
+    assert v["bound"] == dt.PEER
+    assert [p["node"] for p in v["path"]] == ["data_wait", "peer_wait"]
+    # Waiting occupies the device as its transfer does: the device counts as busy.
+    assert dt.derive(m)["busy_share"] == pytest.approx(0.05 + 0.30 + 0.1 + 0.55)
+    # Below the threshold the rank's own work decides, and comm is the transfer alone.
+    m["wait_share"] = 0.10
+    assert dt.evaluate(m, tree)["bound"] == "compute"
+
+
+def test_forced_answer_is_recorded(tree):
+    m = shares(comm=0.05, compute=0.55, memory=0.1, memory_to_compute=0.2, wait_share=0.30)
+    v = dt.evaluate(m, tree, force={"peer_wait": ("no", "ranks wait for each other in turn")})
+    assert v["bound"] == "compute"
+    node = next(p for p in v["path"] if p["node"] == "peer_wait")
+    assert node["answer"] == "no" and node["forced"] == "ranks wait for each other in turn"
+    assert node["value"] == 0.30  # the measurement is still shown

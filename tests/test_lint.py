@@ -24,7 +24,7 @@ LAYERS = {
     "analyzers/trace": ("diag.errors", f"{_ANALYZERS}.intervals", f"{_ANALYZERS}.trace",
                         f"{_ANALYZERS}.diagnosis.decision_tree"),
     "analyzers/nccl": ("diag.errors", f"{_ANALYZERS}.nccl"),
-    "analyzers/job": ("diag.errors", "diag.rundir", f"{_ANALYZERS}.trace", f"{_ANALYZERS}.job",
+    "analyzers/job": ("diag.errors", "diag.rundir", f"{_ANALYZERS}.intervals", f"{_ANALYZERS}.trace", f"{_ANALYZERS}.job",
                       f"{_ANALYZERS}.diagnosis.decision_tree"),
     "analyzers/diagnosis": ("diag.errors", f"{_ANALYZERS}.diagnosis"),
     "analyzers/views": ("diag.errors", f"{_ANALYZERS}.diagnosis", f"{_ANALYZERS}.views",

@@ -23,9 +23,10 @@ IDENTITY_LABELS = ("run", "rank", "local_rank", "host", "gpu")
 # Fixed label values, exported from the start (as 0) so series counts are stable and
 # rate() works from the first scrape.
 BOUNDS = ("data", "host", "comm", "memory", "compute")
-# A step whose record has no shares still has its data wait; the rest of it is
-# "unattributed" rather than guessed.
-PHASES = BOUNDS + ("unattributed",)
+# Step time also goes to "wait" (waiting at collectives for other ranks) once the job
+# analysis has matched collectives across ranks. A step whose record has no shares still
+# has its data wait; the rest of it is "unattributed" rather than guessed.
+PHASES = ("data", "host", "comm", "wait", "memory", "compute", "unattributed")
 # NVML clock event (throttle) reasons, named as the NVML sampler names them in samples
 # (contract D). Unknown reason bits are exported as reason="other".
 CLOCK_EVENT_REASONS = (

@@ -27,7 +27,7 @@ import numbers
 import os
 import time
 
-from diag.exporter.metrics_table import BOUNDS, CLOCK_EVENT_REASONS
+from diag.exporter.metrics_table import BOUNDS, CLOCK_EVENT_REASONS, PHASES
 from diag.exporter.registry import MetricState, make_registry, render_text
 from diag.exporter.server import MetricsServer
 
@@ -123,6 +123,9 @@ class Handle:
         fractions = [_num(shares.get(b)) for b in BOUNDS] if isinstance(shares, dict) else [None]
         if None not in fractions:
             phases = [(b, duration * f if f > 0 else 0.0) for b, f in zip(BOUNDS, fractions)]
+            wait_f = _num(shares.get("wait"))
+            if wait_f is not None and wait_f > 0:
+                phases.append(("wait", duration * wait_f))
         else:
             phases = [("data", wait or 0.0), ("unattributed", duration - (wait or 0.0))]
         bound = rec.get("bound")
@@ -258,7 +261,7 @@ class Handle:
         if bound is not None and bound not in BOUNDS:
             raise ValueError(f"unknown bound {bound!r}")
         shares = doc.get("phase_shares") if isinstance(doc.get("phase_shares"), dict) else {}
-        ratios = {(b,): v for b, v in ((b, _num(shares.get(b))) for b in BOUNDS) if v is not None}
+        ratios = {(b,): v for b, v in ((b, _num(shares.get(b))) for b in PHASES[:-1]) if v is not None}
         with self.state.lock:
             self.state.replace("diag_job_bound", {(b,): float(b == bound) for b in BOUNDS} if bound else {})
             self.state.replace("diag_job_phase_ratio", ratios)

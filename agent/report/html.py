@@ -23,7 +23,8 @@ from diag import __version__
 from diag.analyzers.diagnosis.inputs import PHASE_LABELS, PHASES
 
 OPS = {">=": "≥", "<=": "≤", ">": ">", "<": "<"}
-COLORS = {"data": "#e4a11b", "host": "#9467bd", "comm": "#d62728", "memory": "#1f77b4", "compute": "#2ca02c"}
+COLORS = {"data": "#e4a11b", "host": "#9467bd", "comm": "#d62728", "wait": "#ff9896", "memory": "#1f77b4",
+          "compute": "#2ca02c"}
 
 
 def esc(value) -> str:
@@ -451,7 +452,8 @@ def _ranks(model: dict, ids: set) -> str:
             t.append(
                 f"<tr class=\"{'late' if r['straggler'] else ''}\"><td>{esc(r['rank'])}"
                 f"{' (late)' if r['straggler'] else ''}</td><td class=\"name\">{esc(r['host'] or '')}</td>"
-                f"<td>{esc(r['device'] or '')}</td><td>{esc(r['bound'] or 'n/a')}</td>"
+                f"<td>{esc(r['device'] or '')}</td><td>{esc(r['bound'] or 'n/a')}"
+                + (f" (waits for rank {esc(r['bound_via'])})" if r.get("bound_via") is not None else "") + "</td>"
                 f"<td class=\"num\">{r['steps']}</td><td class=\"num\">{num(r['median_step_ms'], '{:.1f}')}</td>"
                 + "".join(f"<td class=\"num\">{pct(sh.get(p))}</td>" for p in PHASES)
                 + f"<td class=\"num\">{r['trace_steps']}</td><td class=\"num\">{r['samples']}</td></tr>"
@@ -598,10 +600,12 @@ def _glossary() -> str:
         ("data", "Waiting for the DataLoader to hand over the next batch."),
         ("host", "The device is idle while the host launches kernels, synchronises (.item(), "
                  "synchronize) or runs Python."),
-        ("comm", "Communication (all-reduce, all-gather, ...) not hidden behind computation."),
+        ("comm", "Communication (all-reduce, all-gather, ...) not hidden behind computation: the transfer itself."),
+        ("wait", "Waiting inside a collective for the last rank to arrive: the time a faster rank loses to a "
+                 "slower one. Measured only when the traces of several ranks are analysed together."),
         ("memory", "Bandwidth-bound kernels: elementwise ops, reductions, norms, copies."),
         ("compute", "Compute-bound kernels: matrix multiplies, convolutions, attention."),
     ))
-    return _section("glossary", "The five phases", "<p>Every moment of a step is counted in exactly one phase, "
+    return _section("glossary", "The six phases", "<p>Every moment of a step is counted in exactly one phase, "
                     "by priority in the order below, so the shares add up to 100%.</p>"
                     f"<table>{rows}</table>")

@@ -14,16 +14,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 BOUNDS = ("data", "host", "comm", "memory", "compute")
+# The classes a step's time is split into: the five bounds plus waiting for other ranks
+# (only measured when collectives are matched across ranks). A verdict is never "wait":
+# a rank that mostly waits is bound by the rank it waits for (PEER, resolved by the job).
+CLASSES = ("data", "host", "comm", "wait", "memory", "compute")
+PEER = "peer"
 DEFAULT_TREE = Path(__file__).with_name("decision_tree.toml")
 
 # What each measurement means; the analyzers and the agent fill these in.
 MEASUREMENTS = {
     "data_share": "DataLoader wait / step time",
     "host_share": "device idle, not waiting for data / step time",
-    "comm_share": "exposed communication / step time",
+    "comm_share": "exposed communication transfer (not waiting for peers) / step time",
+    "wait_share": "waiting in collectives for the last peer to arrive / step time (matched ranks only)",
     "memory_share": "bandwidth-bound kernel time (exclusive) / step time",
     "compute_share": "compute-bound kernel time (exclusive) / step time",
-    "busy_share": "device busy / step time (derived: comm + memory + compute)",
+    "busy_share": "device busy / step time (derived: comm + wait + memory + compute)",
     "data_fraction_of_idle": "data wait / (data wait + host idle) (derived)",
     "memory_to_compute": "bandwidth-bound device time / compute-bound device time",
     "achieved_bw_frac": "achieved memory bandwidth / device peak",
@@ -124,7 +130,8 @@ def derive(measurements: dict) -> dict:
     """Fill in derived measurements from the five shares where they are missing."""
     m = {k: v for k, v in measurements.items() if v is not None and not _nan(v)}
     if "busy_share" not in m and all(k in m for k in ("comm_share", "memory_share", "compute_share")):
-        m["busy_share"] = m["comm_share"] + m["memory_share"] + m["compute_share"]
+        # A collective waiting for a peer occupies the device (or gloo's thread) as its transfer does.
+        m["busy_share"] = m["comm_share"] + m.get("wait_share", 0.0) + m["memory_share"] + m["compute_share"]
     if "data_fraction_of_idle" not in m and "data_share" in m and "host_share" in m:
         idle = m["data_share"] + m["host_share"]
         m["data_fraction_of_idle"] = m["data_share"] / idle if idle > 0 else 0.0
@@ -135,8 +142,13 @@ def _nan(v) -> bool:
     return isinstance(v, float) and math.isnan(v)
 
 
-def evaluate(measurements: dict, tree: Tree) -> dict:
-    """Walk the tree. An unmeasured metric answers 'unknown' and takes the 'no' branch."""
+def evaluate(measurements: dict, tree: Tree, force: dict | None = None) -> dict:
+    """Walk the tree. An unmeasured metric answers 'unknown' and takes the 'no' branch.
+
+    force: node id -> (answer "yes"/"no", reason) for nodes whose answer is set from
+    outside the measurements (the other side of a borderline node, a wait that cannot be
+    handed to a peer); the path records the reason.
+    """
     m = derive(measurements)
     path = []
     node_id = tree.start
@@ -144,7 +156,11 @@ def evaluate(measurements: dict, tree: Tree) -> dict:
         node = tree.nodes[node_id]
         threshold = tree.threshold(node["threshold"])
         value = m.get(node["metric"])
-        if value is None:
+        forced = (force or {}).get(node_id)
+        if forced is not None:
+            answer = forced[0]
+            nxt = node[answer]
+        elif value is None:
             answer = "unknown"
             nxt = node["no"]
         else:
@@ -162,6 +178,8 @@ def evaluate(measurements: dict, tree: Tree) -> dict:
                 "answer": answer,
             }
         )
+        if forced is not None:
+            path[-1]["forced"] = forced[1]
         if nxt.startswith("verdict:"):
             bound = nxt.split(":", 1)[1]
             verdict = tree.verdicts[bound]
@@ -187,9 +205,9 @@ def share_ratios(shares: dict) -> dict:
     return {"memory_to_compute": float("inf")} if mem > 0 else {}
 
 
-def verdict_from(measurements: dict, tree) -> dict:
+def verdict_from(measurements: dict, tree, force: dict | None = None) -> dict:
     """Evaluate the tree; a verdict reached through an unknown core measurement is withheld."""
-    v = evaluate(measurements, tree)
+    v = evaluate(measurements, tree, force)
     guessed = any(n["answer"] == "unknown" and n["metric"] in CORE_METRICS for n in v["path"])
     return {"bound": None if guessed else v["bound"], "path": v["path"], "fixes": [] if guessed else v["fixes"]}
 

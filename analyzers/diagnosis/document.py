@@ -98,7 +98,7 @@ def _judge(job: dict, ranks: dict, run: dict, tree) -> dict:
     basis = mset["basis"] if mset else f"{int(steps.has_shares.sum())} step(s) of {len(ranks)} rank(s)"
     ev = evidence(ranks, allt, steps, job_shares, basis, stragglers, nccl, findings)
     headline = _headline(bound, ranks, allt, world, job_shares, tree, nccl, stragglers, job, mset)
-    confidence = _confidence(bound, _measured(allt, mset), path, run, world)
+    confidence = _confidence(bound, _measured(allt, mset), path, run, world, job.get("borderline"))
     memory = memory_section(ranks, tree)
     recs = recommendations(bound, job_shares, tree, job, findings, stragglers, nccl, memory, ev)
     headline["note"] = _order_note(bound, recs, job_shares)
@@ -209,6 +209,9 @@ def _headline(bound, ranks, allt, world, job_shares, tree, nccl, stragglers, job
     else:
         text = f"{title}{where}"
     extra = []
+    edge = job.get("borderline") if isinstance(job.get("borderline"), dict) else None
+    if edge and edge.get("text"):
+        extra.append(str(edge["text"]))
     if bound == "comm":
         summary = nccl.get("bandwidth_summary")
         if summary:
@@ -242,6 +245,7 @@ def _headline(bound, ranks, allt, world, job_shares, tree, nccl, stragglers, job
     if extra:
         text += "; " + "; ".join(extra)
     return {"bound": bound, "title": title, "text": text + ".", "share": share,
+            "borderline": list(edge["candidates"]) if edge else None,
             "ranks_agreeing": n_agree, "world_size": world, "basis": mset["basis"] if mset else None,
             "summary": tree.verdicts[bound]["summary"]}
 
@@ -274,7 +278,7 @@ def _measured(allt: Steps, mset: dict | None) -> Steps:
     return out
 
 
-def _confidence(bound, allt: Steps, path, run, world) -> dict:
+def _confidence(bound, allt: Steps, path, run, world, edge=None) -> dict:
     """A score in [0, 1] from four factors, each explained in a sentence."""
     if bound is None:
         return {"level": "none", "score": 0.0, "reasons": ["There is no verdict to be sure of."]}
@@ -319,6 +323,10 @@ def _confidence(bound, allt: Steps, path, run, world) -> dict:
                 )
             else:
                 reasons.append(f"The deciding measurement ({last['metric']} = {vs}) is clear of its threshold ({ts}).")
+    if isinstance(edge, dict) and edge.get("candidates"):
+        factor *= 0.7
+        reasons.append(f"The verdict is borderline between {' and '.join(edge['candidates'])}: "
+                       + str(edge.get("text", "")) + ".")
     unknown = [n for n in (path or {}).get("nodes") or [] if n["answer"] == "unknown"]
     if unknown:
         factor *= 0.9

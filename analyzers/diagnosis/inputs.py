@@ -12,13 +12,15 @@ import math
 
 import numpy as np
 
-PHASES = ("data", "host", "comm", "memory", "compute")
+# The classes of a step's time (decision_tree.CLASSES): the five bounds and waiting for peers.
+PHASES = ("data", "host", "comm", "wait", "memory", "compute")
 
 
 PHASE_LABELS = {
     "data": "waiting for data",
     "host": "host overhead (device idle)",
     "comm": "exposed communication",
+    "wait": "waiting for other ranks",
     "memory": "bandwidth-bound kernels",
     "compute": "compute kernels",
 }
@@ -28,7 +30,8 @@ PHASE_LABELS = {
 PHASE_PHRASES = {
     "data": "waiting for the DataLoader takes",
     "host": "the device sits idle while the host launches, synchronises or runs Python for",
-    "comm": "exposed communication (not hidden behind computation) is",
+    "comm": "exposed communication transfer (not hidden behind computation) is",
+    "wait": "waiting at collectives for other ranks takes",
     "memory": "bandwidth-bound kernels (elementwise, norms, copies) take",
     "compute": "compute kernels (matmul, convolution, attention) take",
 }
@@ -59,7 +62,9 @@ def share_row(sh):
     if type(sh) is not dict:
         return None
     try:
-        return (float(sh["data"]), float(sh["host"]), float(sh["comm"]), float(sh["memory"]), float(sh["compute"]))
+        # A share set from before the wait split has no "wait": its waiting is in comm.
+        return (float(sh["data"]), float(sh["host"]), float(sh["comm"]), float(sh.get("wait") or 0.0),
+                float(sh["memory"]), float(sh["compute"]))
     except (KeyError, TypeError, ValueError):
         return None
 
@@ -77,7 +82,7 @@ class Steps:
         self.step = np.zeros(n, dtype=np.int64)
         for f in self.FIELDS:
             setattr(self, f, np.full(n, np.nan))
-        self.shares = np.full((n, 5), np.nan)
+        self.shares = np.full((n, len(PHASES)), np.nan)
         self.bound = np.full(n, -1, dtype=np.int8)
         self.ev = np.zeros(n, dtype=np.int8)
 
@@ -283,12 +288,12 @@ def job_steps(ranks: dict) -> Steps:
             np.add.at(cnt, pos[m], 1)
             setattr(job, f, np.where(cnt > 0, acc / np.maximum(cnt, 1), np.nan))
         m = allt.has_shares
-        acc, cnt = np.zeros((len(steps), 5)), np.zeros(len(steps))
+        acc, cnt = np.zeros((len(steps), len(PHASES))), np.zeros(len(steps))
         np.add.at(acc, pos[m], allt.shares[m])
         np.add.at(cnt, pos[m], 1)
         job.shares = np.where(cnt[:, None] > 0, acc / np.maximum(cnt, 1)[:, None], np.nan)
         m = allt.bound >= 0
-        votes = np.zeros((len(steps), 5))
+        votes = np.zeros((len(steps), len(PHASES)))
         np.add.at(votes, (pos[m], allt.bound[m]), 1)
         job.bound = np.where(votes.sum(axis=1) > 0, np.argmax(votes, axis=1), -1).astype(np.int8)
         np.maximum.at(job.ev, pos, allt.ev)
@@ -304,7 +309,7 @@ def mode_bound(codes: np.ndarray) -> str | None:
     codes = codes[codes >= 0]
     if not len(codes):
         return None
-    return PHASES[int(np.argmax(np.bincount(codes, minlength=5)))]
+    return PHASES[int(np.argmax(np.bincount(codes, minlength=len(PHASES))))]
 
 
 def describe(ev) -> str:

@@ -31,6 +31,8 @@ def recommendations(bound, job_shares, tree, job: dict, findings: list[dict], st
                 continue
             if p == "compute" and p != bound:
                 continue  # compute time is the work itself; only advise on it when it bounds the step
+            if p == "wait":
+                continue  # waiting is fixed on the rank waited for: the straggler recommendations below
             seen_phases.add(p)
             refs = ["ev-shares"] + (["ev-data-wait"] if p == "data" and "ev-data-wait" in ev_ids else [])
             if p == "comm":

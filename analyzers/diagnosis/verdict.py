@@ -17,7 +17,8 @@ import math
 import statistics
 from collections import Counter
 
-from diag.analyzers.diagnosis.decision_tree import BOUNDS, share_ratios, verdict_from
+from diag.analyzers.diagnosis.borderline import borderline, step_values
+from diag.analyzers.diagnosis.decision_tree import BOUNDS, CLASSES, PEER, share_ratios, verdict_from
 
 # Findings this module adds to the job; a document that already holds them (a saved
 # analysis read again) has them replaced, not repeated.
@@ -43,12 +44,16 @@ def rank_measurements(rank: dict) -> dict | None:
         if isinstance(m, dict) else {}
     if not has_all_shares(out):
         sh = rank.get("shares")
-        vals = {b: _number(sh.get(b)) for b in BOUNDS} if isinstance(sh, dict) else {}
-        if all(vals.get(b) is not None and vals[b] >= 0 for b in BOUNDS) and sum(vals.values()) > 0:
+        vals = {b: _number(sh.get(b)) for b in CLASSES} if isinstance(sh, dict) else {}
+        if vals.get("wait") is None:
+            vals["wait"] = 0.0
+        if all(vals.get(b) is not None and vals[b] >= 0 for b in CLASSES) and sum(vals.values()) > 0:
             total = sum(vals.values())
             shares = {b: v / total for b, v in vals.items()}
+            measured = bool((rank.get("wait_split") or {}).get("measured"))
             out = {k: v for k, v in out.items() if not k.endswith("_share") and k != "memory_to_compute"}
-            out.update({f"{b}_share": v for b, v in shares.items()}, **share_ratios(shares))
+            out.update({f"{b}_share": v for b, v in shares.items() if b != "wait" or measured},
+                       **share_ratios(shares))
     return out if any(f"{b}_share" in out for b in BOUNDS) else None
 
 
@@ -88,9 +93,9 @@ def measurement_set(ranks: list[dict]) -> dict | None:
         values[key] = math.inf if any(math.isinf(v) for v in vals) else statistics.fmean(vals)
     shares = None
     if all(f"{b}_share" in values for b in BOUNDS):
-        total = sum(values[f"{b}_share"] for b in BOUNDS)
+        total = sum(values.get(f"{b}_share", 0.0) for b in CLASSES)
         if total > 0:
-            shares = {b: values[f"{b}_share"] / total for b in BOUNDS}
+            shares = {b: values.get(f"{b}_share", 0.0) / total for b in CLASSES}
     cover = {r["rank"]: measured_steps(r) for r, _ in per if isinstance(r.get("rank"), int)}
     firsts = [c["first"] for c in cover.values() if c["first"] is not None]
     lasts = [c["last"] for c in cover.values() if c["last"] is not None]
@@ -189,10 +194,19 @@ def job_verdict(ranks: list[dict], cross: dict | None, tree) -> dict:
     if mset is not None and pace:
         mset["pace"] = pace
         mset["basis"] += f"; {pace}"
-    path, fixes, source = [], [], "none"
+    path, fixes, source, edge = [], [], "none", None
     if mset is not None:
+        force = None
         v = verdict_from(mset["values"], tree)
+        if v["bound"] == PEER:
+            # The ranks that set the pace wait for others too: they wait for each other in
+            # turn, and their own work is what the job can change.
+            force = {"peer_wait": ("no", "the ranks on the critical path wait for each other in turn; "
+                                         "their own work decides")}
+            v = verdict_from(mset["values"], tree, force)
         bound, path, fixes, source = v["bound"], v["path"], v["fixes"], "measurements"
+        steps = [m for r in (base or []) for m in step_values(r, measured_steps(r)["warmup_excluded"])]
+        edge = borderline(mset["values"], path, steps, tree, bound, force)
     else:
         bound, _ = _vote(base)
         source = "rank verdicts" if bound else "none"
@@ -221,6 +235,7 @@ def job_verdict(ranks: list[dict], cross: dict | None, tree) -> dict:
         "path": path,
         "fixes": fixes,
         "verdict_source": source,
+        "borderline": edge,
         "measurements": mset,
         "bound_counts": dict(counts),
         "findings": findings,

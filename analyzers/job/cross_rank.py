@@ -158,6 +158,7 @@ def match_collectives(by_rank: dict[int, list[dict]]) -> dict:
             )
             g["dur_us"][r] = float(c["dur_us"])
             g["ts_us"][r] = float(c.get("ts_us") or 0.0)
+            g.setdefault("records", {})[r] = c  # for the wait split (diag.analyzers.job.waits)
         for base, n in seen.items():
             ck = base[:4]  # per (pg, name, size), over all steps
             counts[ck][r] = counts[ck].get(r, 0) + n
@@ -220,9 +221,10 @@ def _rank_steps(rank: dict) -> tuple[list[float], list[float]]:
         if not isinstance(d, (int, float)) or d <= 0:
             continue
         durs.append(float(d))
-        comm = ((s.get("shares") or {}).get("comm")) if isinstance(s.get("shares"), dict) else None
-        if isinstance(comm, (int, float)):
-            work.append(float(d) * (1.0 - float(comm)))
+        sh = s.get("shares") if isinstance(s.get("shares"), dict) else {}
+        comm, wait = sh.get("comm"), sh.get("wait") or 0.0
+        if isinstance(comm, (int, float)) and isinstance(wait, (int, float)):
+            work.append(float(d) * (1.0 - float(comm) - float(wait)))
     return durs, work
 
 

@@ -23,12 +23,13 @@ import numpy as np
 
 from diag import rundir
 from diag.analyzers.diagnosis.decision_tree import (
-    BOUNDS,
+    CLASSES,
     advise,
     load_tree,
     share_ratios,
     verdict_from,
 )
+from diag.analyzers.job import waits
 from diag.analyzers.job.cross_rank import analyze_job
 from diag.analyzers.job.sampled import (
     NO_SAMPLE,
@@ -160,13 +161,19 @@ def _unsummarised_windows(rd: rundir.RunDir, rank: int, windows: list[dict], tre
     return out
 
 
+def rank_windows(rd: rundir.RunDir, rank: int, tree, errors: list) -> list[dict]:
+    """A rank's profiler windows, in step order, with their trace analyses where there are any."""
+    windows = rd.windows(rank)
+    windows += _unsummarised_windows(rd, rank, windows, tree, errors)
+    return sorted(windows, key=lambda w: int(w.get("first_step", 0)))
+
+
 def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None = None,
-                 errors: list | None = None) -> dict:
+                 errors: list | None = None, windows: list[dict] | None = None) -> dict:
     info = rd.rank_info(rank) or {}
     records = sorted((r for r in rd.steps(rank) if isinstance(r.get("step"), int)), key=lambda r: r["step"])
-    windows = rd.windows(rank)
-    windows += _unsummarised_windows(rd, rank, windows, tree, errors if errors is not None else [])
-    windows = sorted(windows, key=lambda w: int(w.get("first_step", 0)))
+    if windows is None:
+        windows = rank_windows(rd, rank, tree, errors if errors is not None else [])
     analysed = [w for w in windows if isinstance(w.get("analysis"), dict)]
     samples = sorted((s for s in rd.samples(rank) if _finite(s.get("t"))), key=lambda s: s["t"])
     sample_t = [s["t"] for s in samples]
@@ -249,8 +256,8 @@ def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None
 
     cut = _warmup_cut(steps_out, analysed)
     counted = [s for s in steps_out if s["step"] >= cut] or steps_out
-    acc, tot = dict.fromkeys(BOUNDS, 0.0), 0.0
-    a_data = a_host = a_comm = a_memory = a_compute = 0.0  # summed step by step, in step order
+    acc, tot = dict.fromkeys(CLASSES, 0.0), 0.0
+    a_data = a_host = a_comm = a_wait = a_memory = a_compute = 0.0  # summed step by step, in step order
     for s in counted:
         sh, d = s["shares"], s["duration_ms"]
         if isinstance(sh, dict) and _finite(d) and d > 0:
@@ -259,13 +266,16 @@ def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None
             a_data += float(g("data") or 0.0) * d
             a_host += float(g("host") or 0.0) * d
             a_comm += float(g("comm") or 0.0) * d
+            a_wait += float(g("wait") or 0.0) * d
             a_memory += float(g("memory") or 0.0) * d
             a_compute += float(g("compute") or 0.0) * d
-    acc.update(data=a_data, host=a_host, comm=a_comm, memory=a_memory, compute=a_compute)
+    acc.update(data=a_data, host=a_host, comm=a_comm, wait=a_wait, memory=a_memory, compute=a_compute)
     measurements: dict = {}
+    split = [w["analysis"].get("wait_split") or {} for w in analysed]
+    wait_measured = any(x.get("measured") for x in split)
     if tot > 0:
-        mean = {b: acc[b] / tot for b in BOUNDS}
-        measurements = {f"{b}_share": v for b, v in mean.items()}
+        mean = {b: acc[b] / tot for b in CLASSES}
+        measurements = {f"{b}_share": v for b, v in mean.items() if b != "wait" or wait_measured}
         measurements.update(share_ratios(mean))
         bw = next((c["achieved_bw_frac"] for _, c in reversed(comps) if c.get("achieved_bw_frac") is not None), None)
         if bw is not None:
@@ -339,8 +349,12 @@ def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None
         "mfu": mfu,
         "fixes": fixes,
         "path": path,
-        "shares": {b: measurements.get(f"{b}_share") for b in BOUNDS} if tot > 0 else None,
+        "shares": {b: measurements.get(f"{b}_share", 0.0) for b in CLASSES} if tot > 0 else None,
         "measurements": measurements,
+        "wait_split": next((x for x in split if x.get("measured")), split[0] if split else
+                           {"measured": False, "reason": "no profiler window analysed"}),
+        "waits_for": _most_common(w["analysis"].get("waits_for") for w in analysed),
+        "wait_share": measurements.get("wait_share"),
         "evidence": {
             "trace_steps": sum(1 for s in steps_out if s["evidence"] == "trace"),
             "sampled_steps": sum(1 for s in steps_out if s["evidence"] == "sampled"),
@@ -359,6 +373,11 @@ def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None
             "tokens_per_s": tokens_total / wall_s if wall_s > 0 and tokens_total else None,
         },
     }
+
+
+def _most_common(values):
+    vals = [v for v in values if isinstance(v, int)]
+    return max(set(vals), key=lambda v: (vals.count(v), -v)) if vals else None
 
 
 def _memory_used_frac(samples: list[dict], info: dict) -> float | None:
@@ -434,8 +453,14 @@ def analyze_run(run_dir, tree=None) -> dict:
     lost = lost_ranks(rd, manifest, now=time.time())
     lost_ids = {x["rank"] for x in lost if x["reason"] == "stopped reporting"}
     trace_errors: list[dict] = []
-    ranks = [analyze_rank(rd, r, tree, status_override="lost" if r in lost_ids else None, errors=trace_errors)
+    windows = {r: rank_windows(rd, r, tree, trace_errors) for r in rd.ranks()}
+    # Waiting for peers apart from transfer, in the windows' steps, before the ranks add them up.
+    waits.split_waits({r: [w["analysis"] for w in ws if isinstance(w.get("analysis"), dict)]
+                       for r, ws in windows.items()}, tree)
+    ranks = [analyze_rank(rd, r, tree, status_override="lost" if r in lost_ids else None, errors=trace_errors,
+                          windows=windows[r])
              for r in rd.ranks()]
+    waits.resolve_peer_verdicts(ranks, tree)
     world = rd.expected_world_size()
     if ranks:
         job = analyze_job(ranks, tree)

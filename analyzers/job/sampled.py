@@ -20,8 +20,12 @@ import math
 
 import numpy as np
 
-from diag.analyzers.diagnosis.decision_tree import _OPS, BOUNDS, CORE_METRICS, share_ratios, verdict_from
+from diag.analyzers.diagnosis.decision_tree import _OPS, CLASSES, CORE_METRICS, share_ratios, verdict_from
 
+# The classes of a step's non-data time, and of its busy time (a collective waiting for a
+# peer occupies the device or gloo's thread as its transfer does).
+NON_DATA = ("host", "comm", "wait", "memory", "compute")
+BUSY = ("comm", "wait", "memory", "compute")
 # A device sample further than this from a step's middle does not describe the step.
 SAMPLE_MATCH_S = 5.0
 
@@ -30,26 +34,28 @@ def window_composition(analysis: dict | None) -> dict | None:
     """How a window's steps split their non-data time, from the trace analyzer's rank dict."""
     if not isinstance(analysis, dict):
         return None
-    acc = dict.fromkeys(BOUNDS, 0.0)
+    acc = dict.fromkeys(CLASSES, 0.0)
     total = 0.0
     for s in analysis.get("steps") or []:
         sh, d = s.get("shares"), s.get("duration_ms")
         if not isinstance(sh, dict) or not isinstance(d, (int, float)) or d <= 0:
             continue
         total += d
-        for b in BOUNDS:
+        for b in CLASSES:
             acc[b] += float(sh.get(b) or 0.0) * d
     if total <= 0:
         return None
-    mean = {b: acc[b] / total for b in BOUNDS}
+    mean = {b: acc[b] / total for b in CLASSES}
     non_data = 1.0 - mean["data"]
     if non_data <= 1e-9:
         return None
-    busy = mean["comm"] + mean["memory"] + mean["compute"]
+    busy = sum(mean[b] for b in BUSY)
     comp = {
-        "non_data": {b: mean[b] / non_data for b in ("host", "comm", "memory", "compute")},
-        "busy_split": {b: (mean[b] / busy if busy > 0 else 0.0) for b in ("comm", "memory", "compute")},
+        "non_data": {b: mean[b] / non_data for b in NON_DATA},
+        "busy_split": {b: (mean[b] / busy if busy > 0 else 0.0) for b in BUSY},
         "achieved_bw_frac": _path_value(analysis.get("path"), "achieved_bw_frac"),
+        # Waiting is only known where the window's collectives were matched across ranks.
+        "wait_measured": bool((analysis.get("wait_split") or {}).get("measured")),
     }
     return comp
 
@@ -83,13 +89,13 @@ def sampled_shares(
         if composition is None:
             return None, m
         split = composition["busy_split"]
-        shares = {"data": data, "host": host, **{b: busy * split[b] for b in ("comm", "memory", "compute")}}
+        shares = {"data": data, "host": host, **{b: busy * split.get(b, 0.0) for b in BUSY}}
     elif composition is not None:
         nd = composition["non_data"]
-        shares = {"data": data, **{b: rest * nd[b] for b in ("host", "comm", "memory", "compute")}}
+        shares = {"data": data, **{b: rest * nd.get(b, 0.0) for b in NON_DATA}}
     else:
         return None, m
-    m.update({f"{b}_share": v for b, v in shares.items()})
+    m.update({f"{b}_share": v for b, v in shares.items() if b != "wait" or composition.get("wait_measured")})
     m.update(share_ratios(shares))
     if composition.get("achieved_bw_frac") is not None:
         m["achieved_bw_frac"] = composition["achieved_bw_frac"]
@@ -244,7 +250,7 @@ def sampled_batch(recs: list[dict], comp_of: list, util: np.ndarray, tree, walke
     shares = {"data": data}
     with np.errstate(invalid="ignore"):
         shares["host"] = np.where(has_u, host_u, rest * split("non_data", "host"))
-        for b in ("comm", "memory", "compute"):
+        for b in BUSY:
             shares[b] = np.where(has_u, busy * split("busy_split", b), rest * split("non_data", b))
     has_shares = has_c
     cols = {
@@ -252,8 +258,10 @@ def sampled_batch(recs: list[dict], comp_of: list, util: np.ndarray, tree, walke
         "busy_share": np.where(has_u, busy, nan),
         "host_share": np.where(has_u | has_shares, shares["host"], nan),
     }
-    for b in ("comm", "memory", "compute"):
+    for b in BUSY:
         cols[f"{b}_share"] = np.where(has_shares, shares[b], nan)
+    wait_known = per_row([1.0 if c.get("wait_measured") else np.nan for c in table])
+    cols["wait_share"] = cols["wait_share"] * wait_known
     mem, cmp_ = cols["memory_share"], cols["compute_share"]
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(cmp_ > 0, mem / np.where(cmp_ > 0, cmp_, 1.0), np.where(mem > 0, np.inf, nan))
@@ -261,7 +269,8 @@ def sampled_batch(recs: list[dict], comp_of: list, util: np.ndarray, tree, walke
     bw = per_row([c["achieved_bw_frac"] if c.get("achieved_bw_frac") is not None else np.nan for c in table])
     cols["achieved_bw_frac"] = np.where(has_shares, bw, nan)
     # Derived as decision_tree.derive does.
-    derived_busy = cols["comm_share"] + cols["memory_share"] + cols["compute_share"]
+    derived_busy = (cols["comm_share"] + np.nan_to_num(cols["wait_share"]) + cols["memory_share"]
+                    + cols["compute_share"])
     cols["busy_share"] = np.where(np.isnan(cols["busy_share"]), derived_busy, cols["busy_share"])
     ds, hs = cols["data_share"], cols["host_share"]
     idle = ds + hs
@@ -271,13 +280,13 @@ def sampled_batch(recs: list[dict], comp_of: list, util: np.ndarray, tree, walke
 
     sig, bound = walker.walk(cols, m)
     empty = ~(has_dw | has_u | has_shares)  # no measurement at all: no verdict, empty path
-    share_rows = np.column_stack([shares[b] for b in BOUNDS]).tolist()
+    share_rows = np.column_stack([shares[b] for b in CLASSES]).tolist()
     sig_l, empty_l, has_sh_l = sig.tolist(), empty.tolist(), has_shares.tolist()
     for j, i in enumerate(ok):
         if empty_l[j]:
             out[i] = (None, None, ())
         elif has_sh_l[j]:
-            out[i] = (bound[j], dict(zip(BOUNDS, share_rows[j])), walker.sigs[sig_l[j]])
+            out[i] = (bound[j], dict(zip(CLASSES, share_rows[j])), walker.sigs[sig_l[j]])
         else:
             out[i] = (bound[j], None, walker.sigs[sig_l[j]])
     return out

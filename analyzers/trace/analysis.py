@@ -162,7 +162,7 @@ def analyze_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None) -> dict
         "findings": findings,
         "top_kernels": _top_kernels(trace, classes, op_info) if on_device else [],
         "top_ops": _top_ops(trace),
-        "collectives": _tag_steps(collectives(trace, classes), windows),
+        "collectives": _exposed(_tag_steps(collectives(trace, classes), windows), att["parts"].get("comm")),
         "mfu": rank_m.get("mfu"),
         "timeline": "device" if on_device else "cpu",
         "sampled": sampled,
@@ -467,6 +467,25 @@ def _tag_steps(records: list[dict], windows) -> list[dict]:
     k = np.searchsorted(starts, np.array([r["ts_us"] for r in records]), side="right") - 1
     for rec, i in zip(records, k.tolist()):
         rec["step"] = windows[i][0] if i >= 0 else None
+    return records
+
+
+def _exposed(records: list[dict], comm: np.ndarray | None) -> list[dict]:
+    """Add each collective's exposed part: where its span is the step's exposed communication
+    (nothing of higher priority runs beside it), as [start, end] pairs in the trace's clock.
+    The job analysis splits these into waiting for peers and transfer once it knows how long
+    each rank waited (diag.analyzers.job.waits)."""
+    if not records:
+        return records
+    comm = comm if comm is not None and len(comm) else iv.EMPTY
+    lo = np.array([r["ts_us"] for r in records], dtype=np.float64)
+    hi = lo + np.array([r["dur_us"] for r in records], dtype=np.float64)
+    # Intervals of the (sorted, disjoint) comm set that may overlap each record.
+    first = np.searchsorted(comm[:, 1], lo, side="right") if len(comm) else np.zeros(len(lo), np.int64)
+    last = np.searchsorted(comm[:, 0], hi, side="left") if len(comm) else np.zeros(len(lo), np.int64)
+    for rec, a, b, i, j in zip(records, lo.tolist(), hi.tolist(), first.tolist(), last.tolist()):
+        part = comm[i:j]
+        rec["exposed"] = [[max(a, float(x)), min(b, float(y))] for x, y in part.tolist() if min(b, y) > max(a, x)]
     return records
 
 

@@ -1,6 +1,9 @@
-"""Per-step attribution: every microsecond of a step goes to exactly one of five classes.
+"""Per-step attribution: every microsecond of a step goes to exactly one class.
 
-The classes are the decision tree's: data, host, comm, memory, compute. Overlaps are
+The classes are the decision tree's: data, host, comm, memory, compute, plus "wait"
+(waiting in collectives for the last peer), which only the job analysis can tell apart
+from transfer once it has matched collectives across ranks (diag.analyzers.job.waits);
+a single trace gives it 0 and says so. Overlaps are
 resolved by priority with `diag.analyzers.intervals.exclusive_by_priority` (the one
 interval module); whatever no layer covers is "host". So the five parts always add up
 to the step's wall time.
@@ -41,8 +44,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from diag.analyzers import intervals as iv
+from diag.analyzers.diagnosis.decision_tree import BOUNDS, CLASSES
 
-BOUNDS = ("data", "host", "comm", "memory", "compute")
 GPU_ORDER = ("compute", "memory", "comm", "data")
 CPU_ORDER = ("data", "compute", "memory", "comm")
 HOST_OVERHEAD_US = 5.0
@@ -52,7 +55,8 @@ def attribute(layers: dict[str, np.ndarray], order: Sequence[str], windows: np.n
     """Exclusive time per class and window.
 
     layers: class -> normalized interval set; windows: (n, 2) step windows.
-    Returns {"us": {class: array(n)}, "shares": list of dicts (fractions summing to 1)}.
+    Returns {"us": {class: array(n)}, "shares": list of dicts (fractions summing to 1),
+    "parts": {class: the exclusive interval set}}.
     """
     windows = np.asarray(windows, dtype=np.float64).reshape(-1, 2)
     span = iv.normalize(windows)
@@ -62,7 +66,7 @@ def attribute(layers: dict[str, np.ndarray], order: Sequence[str], windows: np.n
     length = windows[:, 1] - windows[:, 0]
     for k in range(len(windows)):
         shares.append(normalize_shares({name: us[name][k] for name in BOUNDS}, length[k]))
-    return {"us": us, "shares": shares}
+    return {"us": us, "shares": shares, "parts": parts}
 
 
 _QUANTUM = 2**32
@@ -75,8 +79,8 @@ def normalize_shares(seconds: dict, total: float) -> dict:
     largest absorbs the rounding); sums of such dyadic numbers are exact in float64.
     """
     if total <= 0:
-        return {"data": 0.0, "host": 1.0, "comm": 0.0, "memory": 0.0, "compute": 0.0}
-    counts = {name: int(round(max(0.0, float(seconds.get(name, 0.0)) / total) * _QUANTUM)) for name in BOUNDS}
-    top = max(BOUNDS, key=lambda n: counts[n])
+        return {name: 1.0 if name == "host" else 0.0 for name in CLASSES}
+    counts = {name: int(round(max(0.0, float(seconds.get(name, 0.0)) / total) * _QUANTUM)) for name in CLASSES}
+    top = max(CLASSES, key=lambda n: counts[n])
     counts[top] = max(0, _QUANTUM - sum(v for n, v in counts.items() if n != top))
-    return {name: counts[name] / _QUANTUM for name in BOUNDS}
+    return {name: counts[name] / _QUANTUM for name in CLASSES}

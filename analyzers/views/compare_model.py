@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 COMPARE_SCHEMA = "diag.compare/1"
-PHASES = ("data", "host", "comm", "memory", "compute")
+PHASES = ("data", "host", "comm", "wait", "memory", "compute")
 MIN_EFFECT = 0.01  # changes under 1% of step time are not called wins or losses
 BOOTSTRAP = 2000
 SEED = 20240611
@@ -150,10 +150,12 @@ def _phase_changes(a: dict, b: dict) -> list[dict] | None:
         return None
     rows = []
     for p in PHASES:
-        row = {"phase": p, "before": sa[p], "after": sb[p], "delta": sb[p] - sa[p]}
+        # A run analysed before the wait split has no "wait": its waiting is inside comm.
+        before, after = sa.get(p) or 0.0, sb.get(p) or 0.0
+        row = {"phase": p, "before": before, "after": after, "delta": after - before}
         if ma and mb:
             # Milliseconds of a median step spent in the phase: shows where the time was won or lost.
-            row["before_ms"], row["after_ms"] = sa[p] * ma, sb[p] * mb
+            row["before_ms"], row["after_ms"] = before * ma, after * mb
             row["delta_ms"] = row["after_ms"] - row["before_ms"]
         rows.append(row)
     return rows

@@ -438,6 +438,8 @@ def _rank_rows(ranks, stragglers, limits, notes) -> list[dict]:
     for r in ranks.values():
         durs = r["t"].dur[~np.isnan(r["t"].dur)]
         sh = rank_shares(r)
+        if sh is not None and not (r["analysis"].get("wait_split") or {}).get("measured"):
+            sh = {**sh, "wait": None}  # not measured (no peers matched), which is not zero
         bound = r["analysis"].get("bound") if r["analysis"].get("bound") in PHASES else mode_bound(r["t"].bound)
         rows.append({
             "rank": r["rank"], "host": r["host"], "device": r["device"], "bound": bound,
@@ -447,6 +449,7 @@ def _rank_rows(ranks, stragglers, limits, notes) -> list[dict]:
             "trace_steps": int((r["t"].ev == 2).sum()),
             "windows": len(r["windows"]), "samples": len(r["samples"]),
             "straggler": r["rank"] in late,
+            "bound_via": r["analysis"].get("bound_via"),
             "mfu": num(r["analysis"].get("mfu")),
         })
     if len(rows) > limits.rank_rows:

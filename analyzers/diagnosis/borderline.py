@@ -1,0 +1,85 @@
+"""Borderline verdicts: a deciding measurement within the run's own noise of its threshold.
+
+A verdict rests on means over steps, but the steps themselves scatter: two ranks on two
+cores disturb each other, a GC pause lengthens one step. When a node of the decision
+path sits closer to its threshold than that scatter, the other branch is as plausible
+as the one taken, and picking one would be chance. The noise is taken from the run: the
+robust spread (1.4826 x the median absolute deviation, the standard deviation of a
+normal sample, unmoved by a few outlier steps) of the node's measurement over the
+rank-steps the verdict rests on. No fixed margin.
+
+Pure: plain data in and out.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from diag.analyzers.diagnosis.decision_tree import BOUNDS, CLASSES, PEER, derive, evaluate, share_ratios
+
+MAD_TO_SIGMA = 1.4826
+MIN_STEPS = 3  # fewer steps give no spread worth the name
+
+
+def step_values(rank: dict, skip: int) -> list[dict]:
+    """The tree measurements of each counted step of a rank (warm-up steps left out): the
+    step's own measurements where its analysis gave them, else those of its shares."""
+    steps = sorted((s for s in rank.get("steps") or [] if isinstance(s, dict) and isinstance(s.get("step"), int)),
+                   key=lambda s: s["step"])
+    out = []
+    for s in steps[skip:] or steps:
+        m = s.get("measurements") if isinstance(s.get("measurements"), dict) else None
+        sh = s.get("shares") if isinstance(s.get("shares"), dict) else None
+        if m is None and sh is not None and all(isinstance(sh.get(c), (int, float)) for c in BOUNDS):
+            m = {f"{c}_share": float(sh.get(c) or 0.0) for c in CLASSES}
+            m.update(share_ratios(sh))
+        if m:
+            out.append(derive(m))
+    return out
+
+
+def noise(values: list[float]) -> float | None:
+    vals = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    if len(vals) < MIN_STEPS:
+        return None
+    med = statistics.median(vals)
+    return MAD_TO_SIGMA * statistics.median(abs(v - med) for v in vals)
+
+
+def borderline(measurements: dict, path: list[dict], steps: list[dict], tree, bound: str | None,
+               force: dict | None = None) -> dict | None:
+    """The first node of `path` whose value lies within the steps' noise of its threshold
+    and whose other branch leads to another verdict; None when the verdict is clear."""
+    if bound not in BOUNDS:
+        return None
+    for node in path:
+        value, threshold = node.get("value"), node.get("threshold")
+        if node.get("forced") or not isinstance(value, (int, float)) or not isinstance(threshold, (int, float)):
+            continue
+        if not math.isfinite(value):
+            continue
+        band = noise([s.get(node["metric"]) for s in steps])
+        if band is None or band <= 0 or abs(value - threshold) > band:
+            continue
+        other = "no" if node["answer"] == "yes" else "yes"
+        alt = evaluate(measurements, tree, {**(force or {}), node["node"]: (other, "within the run's noise")})
+        if alt["bound"] in (bound, PEER) or alt["bound"] not in BOUNDS:
+            continue
+        return {
+            "candidates": [bound, alt["bound"]],
+            "node": node["node"],
+            "metric": node["metric"],
+            "value": value,
+            "threshold": threshold,
+            "noise": band,
+            "steps": sum(1 for s in steps if isinstance(s.get(node["metric"]), (int, float))),
+            "text": (f"borderline {bound}/{alt['bound']}: {node['metric']} = {_fmt(node['metric'], value)} is "
+                     f"within the steps' own scatter (±{_fmt(node['metric'], band)}) of its threshold "
+                     f"{_fmt(node['metric'], threshold)}, so {alt['bound']}-bound is as plausible"),
+        }
+    return None
+
+
+def _fmt(metric: str, v: float) -> str:
+    return f"{v:.0%}" if metric.endswith(("_share", "_frac", "_of_idle")) else f"{v:.2f}"
