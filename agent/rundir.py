@@ -81,6 +81,50 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         raise
 
 
+def create_exclusive(path: str | os.PathLike, data: bytes) -> bool:
+    """Create `path` holding `data`, whole or not at all; False when it exists already.
+
+    Claims and agreements between ranks rest on this. O_EXCL alone creates the file empty
+    and fills it afterwards, and a peer reading in between sees a partial claim. Here the
+    data is written under a temporary name first and hard-linked into place, which fails
+    if the name is taken. File systems without hard links get an exclusive lock directory
+    (`<name>.lock`, mkdir is atomic everywhere) and an atomic rename instead.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+            return True
+        except FileExistsError:
+            return False
+        except OSError:
+            pass  # no hard links here (some FUSE and object-store mounts)
+        try:
+            os.mkdir(path.with_name(path.name + ".lock"))
+        except FileExistsError:
+            return False
+        if path.exists():
+            return False
+        os.replace(tmp, path)
+        return True
+    finally:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def is_claim_part(name: str, claim: str) -> bool:
+    """The claim file itself or a temporary or lock of `create_exclusive` for it."""
+    return name == claim or name == claim + ".lock" or (name.startswith(f".{claim}.") and name.endswith(".tmp"))
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 

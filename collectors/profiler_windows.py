@@ -26,6 +26,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from diag import rundir
+
 TRIGGER_FILE = "profile.trigger"
 TRACE_SUFFIX = ".pt.trace.json"
 
@@ -388,15 +390,12 @@ class ProfilerWindows:
         path = self.trigger_dir / f".profile-trigger-{mtime}.step"
         proposal = self.current_step + self.lead_steps
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            with os.fdopen(fd, "w") as f:
-                f.write(str(proposal))
-            return proposal
-        except FileExistsError:
-            pass
+            # Written whole or not at all: a peer never reads a half-written step.
+            if rundir.create_exclusive(path, str(proposal).encode()):
+                return proposal
         except OSError:
             return proposal
-        for _ in range(20):  # the creator may not have written the number yet
+        for _ in range(20):  # a file system slow to show the creator's file
             try:
                 text = path.read_text().strip()
                 if text:

@@ -73,34 +73,48 @@ def default_base(env: Mapping[str, str] | None = None) -> Path:
     return Path("runs") / (script or "run")
 
 
+# A claim that cannot be parsed is read again this often (it is written whole, so only a
+# claim from a foreign tool or a damaged disk stays unreadable), then taken as foreign.
+CLAIM_READ_TRIES = 50
+CLAIM_READ_PAUSE_S = 0.01
+
+
 def _read_claim(path: Path) -> dict | None:
-    try:
-        with open(path / CLAIM, encoding="utf-8") as f:
-            obj = json.load(f)
-        return obj if isinstance(obj, dict) else None
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError):
-        return {}
+    """The claim of a directory; None when there is none, {} when it stays unreadable."""
+    for attempt in range(CLAIM_READ_TRIES):
+        try:
+            with open(path / CLAIM, encoding="utf-8") as f:
+                obj = json.load(f)
+            return obj if isinstance(obj, dict) else {}
+        except FileNotFoundError:
+            return None
+        except OSError:
+            return {}  # unreadable (a file where a folder should be, no permission): not ours
+        except ValueError:
+            if attempt + 1 < CLAIM_READ_TRIES:
+                time.sleep(CLAIM_READ_PAUSE_S)
+    return {}
+
+
+def _claim_of_winner(path: Path) -> dict | None:
+    """The claim of the peer that won the race for `path`: present at once with hard links,
+    a moment later on file systems where the claim is renamed into place under a lock."""
+    for _ in range(CLAIM_READ_TRIES):
+        current = _read_claim(path)
+        if current is not None:
+            return current
+        time.sleep(CLAIM_READ_PAUSE_S)
+    return None
 
 
 def _try_claim(path: Path, claim: dict) -> bool:
-    path.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(path / CLAIM, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        return False
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(claim, f)
-        f.flush()
-        os.fsync(f.fileno())
-    return True
+    return rundir.create_exclusive(path / CLAIM, json.dumps(claim).encode("utf-8"))
 
 
 def _is_earlier_content(path: Path) -> bool:
-    """A directory holding anything but our claim belongs to someone else."""
+    """A directory holding anything but a claim (or a claim being made) belongs to someone else."""
     try:
-        return any(c.name != CLAIM for c in path.iterdir())
+        return any(not rundir.is_claim_part(c.name, CLAIM) for c in path.iterdir())
     except FileNotFoundError:
         return False
 
@@ -131,7 +145,7 @@ def resolve_run_dir(
                 continue  # an earlier run, or a folder diag did not create
             if _try_claim(path, claim):
                 return path
-            current = _read_claim(path)
+            current = _claim_of_winner(path)
         if current and current.get("run_id") == run_id:
             if unique:
                 return path
