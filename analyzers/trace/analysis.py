@@ -537,7 +537,7 @@ def collectives(trace: Trace, cls: np.ndarray | None) -> list[dict]:
                         if a.get(key) is None and v is not None:
                             a[key] = v
             name = (ec.collective_name(a.get("collective")) or a.get("host_collective")
-                    or ec.collective_name(kname.split("(")[0]) or "unknown")
+                    or ec.collective_name(kname) or "unknown")
             out.append({"name": name, "pg": a.get("pg"), "seq": _seq(a.get("seq")),
                         "ts_us": float(trace.dev_ts[i]), "dur_us": float(trace.dev_dur[i]),
                         "bytes": _bytes_of(a), "on": "device", "kernel": kname})
