@@ -54,6 +54,14 @@ class FakeNvidiaGpu:
     mig_children: list[str] = field(default_factory=list)  # MIG UUIDs on this board
 
 
+# nvmlErrorString's texts for the codes the tests use, as libnvidia-ml returns them.
+_NVML_ERROR_STRINGS = {
+    pynvml.NVML_ERROR_DRIVER_NOT_LOADED: b"Driver Not Loaded",
+    pynvml.NVML_ERROR_GPU_IS_LOST: b"GPU is lost",
+    pynvml.NVML_ERROR_NOT_SUPPORTED: b"Not Supported",
+}
+
+
 class FakeNvml:
     """A fake libnvidia-ml: a table of C functions over a list of fake GPUs."""
 
@@ -63,6 +71,7 @@ class FakeNvml:
         self.driver = driver
         self.calls: Counter[str] = Counter()
         self.missing: set[str] = set()  # functions the "driver" does not export
+        self.failing: dict[str, int] = {}  # C function -> the error code it returns on every call
         # One opaque struct per device (and per MIG instance): a handle points at it.
         self._boards = [pynvml.struct_c_nvmlDevice_t() for _ in gpus]
         self._migs: dict[str, tuple[int, object]] = {}
@@ -85,6 +94,8 @@ class FakeNvml:
 
         def call(*args):
             self.calls[name] += 1
+            if name in self.failing:
+                return self.failing[name]
             return impl(*args)
 
         return call
@@ -121,7 +132,8 @@ class FakeNvml:
         return pynvml.NVML_SUCCESS
 
     def c_nvmlErrorString(self, result):
-        return b"fake error %d" % _val(result)
+        code = _val(result)
+        return _NVML_ERROR_STRINGS.get(code, b"fake error %d" % code)
 
     def c_nvmlSystemGetDriverVersion(self, buf, size):
         buf.value = self.driver.encode()

@@ -64,7 +64,6 @@ def test_run_parses_nccl_logs(tmp_path, real_nccl):
     logs = sorted(p for p in real_nccl.glob("nccllog_*") if p.is_file())
     if not logs:
         pytest.skip("no NCCL log in the real data")
-    pytest.importorskip("diag.analyzers.nccl.log")
     child = tmp_path / "child.py"
     child.write_text(CHILD)
     sample = tmp_path / "sample.log"

@@ -37,8 +37,10 @@ def test_clear_win_is_called_helped(tmp_path):
     assert c["step_time"]["result"] == "helped"
     assert c["step_time"]["ci_high"] < 0.99
     assert c["step_time"]["statement"].startswith("The change helped: steps are ")
-    assert c["verdict_change"] == {"before": "comm", "after": "compute", "changed": True,
-                                   "text": c["verdict_change"]["text"]}
+    assert c["verdict_change"] == {
+        "before": "comm", "after": "compute", "changed": True,
+        "text": "The verdict changed from comm-bound to compute-bound: the change removed the old bottleneck "
+                "and compute is now what limits the step."}
     comm = next(r for r in c["phases"] if r["phase"] == "comm")
     assert comm["before"] == pytest.approx(0.5, abs=0.01) and comm["after"] == pytest.approx(0.125, abs=0.01)
     assert c["scaling"] is None  # same world size

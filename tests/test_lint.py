@@ -1,17 +1,14 @@
 """The code base stays clean under the project's ruff configuration."""
 
 import ast
-import shutil
 import subprocess
 
 import pytest
-from conftest import REPO
+from conftest import REPO, require_executable
 
 
 def test_ruff_clean():
-    ruff = shutil.which("ruff")
-    if ruff is None:
-        pytest.skip("ruff not installed (pip install -e '.[test]')")
+    ruff = require_executable("ruff", "pip install -e '.[test]'")
     proc = subprocess.run([ruff, "check", "--no-cache", str(REPO)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
