@@ -258,7 +258,7 @@ def _order_note(bound, recs, job_shares) -> str | None:
     if p == bound:
         return None
     return (f"The verdict is {bound}-bound because the decision tree asks its questions in a fixed order "
-            f"(data wait, device idle, exposed communication, then the kernel mix) and the {bound} question "
+            f"(data wait, waiting for other ranks, device idle, exposed communication, then the kernel mix) and the {bound} question "
             f"answered yes first. By expected gain, though, the fixes for {PHASE_LABELS[p]} "
             f"({pct(job_shares[p])} of the step) come first in the list below.")
 
