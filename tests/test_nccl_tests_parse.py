@@ -303,3 +303,38 @@ def test_world_size_from_the_command_line(real_nccl):
     assert (t["collective"], t["world_size"], t["binary"]) == ("all_reduce", 8, "all_reduce")
     t = parse_text("./build/all_reduce_perf -b 8 -e 1G -n 100\n" + footer)[0]
     assert t["world_size"] == 16 and t["inferred"] == ["world_size"]  # -n is iterations here
+
+
+# Per-line prefixes real launchers and log collectors write: OpenMPI's --timestamp-output
+# (alone and with --tag-output) and a collector's own "date time host | ", which no fixed
+# rule knows and which is found from the lines themselves.
+LINE_PREFIXES = {
+    "mpirun --timestamp-output": lambda i: f"Thu Jul 18 15:41:{i % 60:02d} 2024<stdout>:",
+    "mpirun --timestamp-output --tag-output": lambda i: f"Thu Jul 18 15:41:{i % 60:02d} 2024[1,{i % 4}]<stdout>:",
+    "log collector": lambda i: f"2024/07/18 15:41:{i % 60:02d} node-{i % 3:02d} | ",
+}
+
+
+def _table(text):
+    return [[(r["size_bytes"], r["count"], r["dtype"], r["out_of_place"], r["in_place"]) for r in t["rows"]]
+            for t in parse_text(text)]
+
+
+@pytest.mark.parametrize("prefix", sorted(LINE_PREFIXES))
+def test_a_prefix_on_every_line_changes_no_row(real_nccl, prefix):
+    files = sorted(real_nccl.glob("nccltests_*.txt"))
+    assert len(files) >= 15
+    for path in files:
+        text = path.read_text(errors="replace")
+        plain = _table(text)
+        prefixed = "\n".join(LINE_PREFIXES[prefix](i) + line for i, line in enumerate(text.splitlines()))
+        assert _table(prefixed) == plain, path.name
+    assert sum(map(len, plain)) > 0
+
+
+def test_the_shared_prefix_is_not_found_where_there_is_none(real_nccl):
+    from diag.analyzers.nccl.nccl_tests import shared_prefix
+
+    for path in sorted(real_nccl.glob("nccltests_*.txt")):
+        lines = [strip_prefix(x) for x in path.read_text(errors="replace").splitlines()]
+        assert shared_prefix(lines) is None, path.name

@@ -23,10 +23,6 @@ from diag.analyzers.trace import event_classes as ec
 from diag.analyzers.trace.load import load_trace
 
 REAL = FIXTURES / "real"
-# The loader rejects ROCm runtime events whose args.bytes is a string ("bytes": "128" on
-# hipMemcpyAsync); another change makes it tolerant. Strict, so the mark goes once it passes.
-BYTES_AS_STRING = pytest.mark.xfail(
-    strict=True, reason="loader rejects hipMemcpyAsync args.bytes given as a string ('128')")
 
 # name: (communication kernels as a plain regex, kernels, communication kernels, ProfilerStep spans)
 FIXTURE_FACTS = {
@@ -36,8 +32,7 @@ FIXTURE_FACTS = {
     "mi300_ddp_resnet_rccl_step16": (r"^ncclDevKernel_", 1154, 8, 1),
     "mi300_vllm_decode_hipgraph_triton": (None, 425, 0, 0),
 }
-LOADED = [n for n in FIXTURE_FACTS if n != "mi300_ddp_resnet_rccl_step16"]
-EVERY = LOADED + [pytest.param("mi300_ddp_resnet_rccl_step16", marks=BYTES_AS_STRING)]
+EVERY = list(FIXTURE_FACTS)
 
 
 def _path(name):
@@ -197,3 +192,17 @@ def test_symmetric_memory_all_reduce_is_named():
     assert len(multimem) == len([e for e in _kernels("b200_vllm_tp8_symm_mem")
                                  if "multimem_all_reduce_kernel" in e["name"]])
     assert {c["name"] for c in multimem} == {"all_reduce"}
+
+
+def test_rocm_string_typed_bytes_are_read_not_rejected():
+    """The ROCm runtime writes "bytes": "128" on hipMemcpyAsync: each such field is read as a
+    number and counted, and the trace is analysed whole."""
+    doc = json.loads(gzip.decompress(_path("mi300_ddp_resnet_rccl_step16").read_bytes()))
+    strings = [i for i, e in enumerate(doc["traceEvents"])
+               if isinstance(e.get("args"), dict) and isinstance(e["args"].get("bytes"), str)]
+    trace = load_trace(_path("mi300_ddp_resnet_rccl_step16"))
+    assert trace.repairs["fields"] == len(strings) and trace.repairs["events"] == 0
+    assert trace.n_events == len(doc["traceEvents"])
+    assert trace.repairs["examples"][0] == f"event {strings[0]}: args.bytes = " \
+        f"{doc['traceEvents'][strings[0]]['args']['bytes']!r} read as " \
+        f"{float(doc['traceEvents'][strings[0]]['args']['bytes'])!r}"

@@ -125,7 +125,8 @@ def test_without_profiler_steps_the_whole_trace_is_one_window(tmp_path):
     (b'{"schemaVersion": 1, "other": []}', "no traceEvents"),
     (b"[1, 2, 3]", "not a Kineto trace"),
     (b"\x00\x01garbage", "not JSON"),
-    (b'{"traceEvents": [{"ph": "X", "cat": 5, "ts": "x"}]}', "bad event"),
+    # Its only event has no readable timestamp: skipped, which leaves nothing to analyse.
+    (b'{"traceEvents": [{"ph": "X", "cat": 5, "ts": "x"}]}', "trace has no events"),
 ])
 def test_bad_json_is_one_clear_error(tmp_path, content, problem):
     p = tmp_path / "bad.json"

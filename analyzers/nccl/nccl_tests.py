@@ -50,7 +50,8 @@ COLLECTIVES = {
 
 _PREFIX = re.compile(
     r"""^(?:
-        \s*\[\d+,\d+\]<(?:stdout|stderr)>:\s?          # OpenMPI --tag-output
+        \s*\w{3}\ \w{3}\ +\d{1,2}\ \d{2}:\d{2}:\d{2}\ \d{4}(?=[<\[])  # OpenMPI --timestamp-output
+      | \s*(?:\[\d+,\d+\])?<(?:stdout|stderr)>:\s?      # OpenMPI --tag-output / --timestamp-output
       | \s*\d+:\s                                      # srun --label
       | \s*\[\d+\]\s?                                  # [task] labels
       | \[?\d{4}-\d{2}-\d{2}[T\ ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?\]?\s  # timestamps
@@ -129,6 +130,32 @@ def strip_prefix(line: str) -> str:
     """Remove launcher, label and timestamp prefixes (they are part of real pasted output)."""
     m = _PREFIX.match(line)
     return line[m.end():] if m else line
+
+
+# A prefix not in _PREFIX (a log collector's, a custom launcher's) is found from the lines
+# themselves: digits masked, it is the same on nearly every line and ends in a delimiter.
+_SHARED_MIN = 0.9
+_PREFIX_END = ":>]|"
+_DIGIT = re.compile(r"\d")
+
+
+def shared_prefix(lines: list[str]) -> re.Pattern | None:
+    """A pattern for the prefix that (digits aside) nearly every non-empty line begins with."""
+    shapes = [_DIGIT.sub("0", ln[:96]) for ln in lines if ln.strip()]
+    if len(shapes) < 5:
+        return None
+    first = sorted(shapes)[len(shapes) // 2]  # a typical line
+    best = None
+    for end in range(len(first)):
+        if first[end] not in _PREFIX_END:
+            continue
+        head = first[: end + 1]
+        if sum(1 for x in shapes if x.startswith(head)) < _SHARED_MIN * len(shapes):
+            break
+        best = head
+    if best is None or best.lstrip().startswith("#") or sum(not c.isspace() for c in best) < 3:
+        return None
+    return re.compile("^" + re.escape(best).replace("0", r"\d") + r"\s?")
 
 
 class _Test:
@@ -216,7 +243,7 @@ def _parse_row(tokens: list[str], test: _Test) -> dict | None:
         }
         oop, cut1 = _group(tokens[k:k + 4], test.error_column)
         ip, cut2 = _group(tokens[k + 4:k + 8], test.error_column)
-    except ValueError:
+    except (ValueError, KeyError, IndexError):  # a damaged or foreign row is not a row
         return None
     row["out_of_place"] = oop
     row["in_place"] = ip
@@ -229,7 +256,7 @@ def _parse_json_line(line: str, test: _Test) -> bool:
     """The JSON object printed by the nccl-tests --json fork; salvages a truncated line."""
     try:
         obj = json.loads(line)
-        entries = obj.get("benchmark", [])
+        entries = obj.get("benchmark", []) if isinstance(obj, dict) else []
         complete = True
     except ValueError:
         obj, entries, complete = {}, [], False
@@ -242,15 +269,22 @@ def _parse_json_line(line: str, test: _Test) -> bool:
         return False
     if isinstance(entries, dict):
         entries = [entries]
+    if not isinstance(entries, list):
+        entries = []
     for entry in entries:
-        for size, v in entry.items():
+        # A damaged entry (a size that is no number, a value that is no object) is no row.
+        for size, v in (entry.items() if isinstance(entry, dict) else ()):
+            n_bytes, count = _jnum(size), _jnum(v.get("count")) if isinstance(v, dict) else None
+            if n_bytes is None or not isinstance(v, dict):
+                continue
+
             def grp(p, v=v):
                 err = v.get(p + "_error")
                 return {"time_us": _jnum(v.get(p + "_time")), "algbw_gbps": _jnum(v.get(p + "_algbw")),
                         "busbw_gbps": _jnum(v.get(p + "_busbw")), "wrong": None, "error": _jnum(err)}
             root = v.get("root")
             test.rows.append({
-                "size_bytes": int(size), "count": v.get("count"), "dtype": v.get("type"),
+                "size_bytes": int(n_bytes), "count": int(count) if count is not None else None, "dtype": v.get("type"),
                 "redop": v.get("redop"), "root": int(root) if str(root).lstrip("-").isdigit() else None,
                 "out_of_place": grp("oop"), "in_place": grp("ip"),
             })
@@ -435,8 +469,12 @@ def parse_text(text: str, source: str | None = None) -> list[dict]:
             return new_test()
         return cur
 
-    for raw in text.splitlines():
+    raw_lines = text.splitlines()
+    extra = shared_prefix([strip_prefix(x) for x in raw_lines])
+    for raw in raw_lines:
         line = strip_prefix(raw.rstrip("\r\n"))
+        if extra is not None:
+            line = extra.sub("", line, count=1)
         s = line.strip()
         if not s or s.startswith("# source:"):
             continue

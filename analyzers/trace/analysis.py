@@ -138,6 +138,19 @@ def analyze_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None) -> dict
             "evidence": {"op_coverage": trace.op_coverage, "source": "trace"},
         })
 
+    if trace.repairs:
+        rep = trace.repairs
+        findings.insert(0, {
+            "id": "repaired_trace",
+            "severity": "warning",
+            "message": f"The trace had damaged or oddly typed data: {rep['fields']} field(s) were converted or "
+                       f"ignored and {rep['events']} event(s) skipped; the rest is analysed as usual "
+                       f"(e.g. {'; '.join(rep['examples'][:2])}).",
+            "advice": "Check what wrote or copied the trace; a profiler version mismatch or a truncated copy "
+                      "are the usual causes.",
+            "evidence": {**rep, "source": "trace"},
+        })
+
     gt = gpu_time.breakdown(trace) if on_device else None
     dev_info = _device_info(props, device, on_device)
     gpu_time_out = gt or {"idle_pct": None, "compute_pct": None, "non_compute_pct": None,
@@ -167,6 +180,7 @@ def analyze_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None) -> dict
         "timeline": "device" if on_device else "cpu",
         "sampled": sampled,
         "n_events": trace.n_events,
+        "repairs": trace.repairs,
         "attribution_order": list(order) + ["host"],
     }
 

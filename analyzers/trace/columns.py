@@ -84,6 +84,9 @@ class Trace:
     # Share of the profiler's host events present ("Ev Idx" numbers them consecutively);
     # far below 1 in traces that were sampled or filtered after recording.
     op_coverage: float | None = None
+    # Fields of an unexpected type that were converted or ignored, events dropped, and a few
+    # examples (diag.analyzers.trace.tolerant); None when the trace decoded as it is.
+    repairs: dict | None = None
 
     def name_of(self, ids) -> list[str]:
         return [self.names[i] for i in np.asarray(ids).tolist()]
@@ -242,6 +245,7 @@ class _Builder:
             "cpu": {k: (v if k == "tid" else _cat(v, _DTYPES[k])) for k, v in self.cpu.items()},
             "steps": self.steps, "gpu_steps": self.gpu_steps, "shapes": self.shapes, "coll": self.coll,
             "peak": self.peak, "ev_idx": self.ev_idx, "n": self.n, "n_dev": self.n_dev, "n_cpu": self.n_cpu,
+            "repairs": self.decode.repairs.export() if self.decode.repairs is not None else None,
         }
 
     def merge(self, part: dict) -> None:
@@ -271,6 +275,13 @@ class _Builder:
         self.n += part["n"]
         self.n_dev += part["n_dev"]
         self.n_cpu += part["n_cpu"]
+        self.decode.seen += part["n"]
+        if part.get("repairs"):
+            from diag.analyzers.trace.tolerant import Repairs
+
+            if self.decode.repairs is None:
+                self.decode.repairs = Repairs()
+            self.decode.repairs.merge(part["repairs"])
 
     def _name_list(self) -> list[str]:
         if len(self._names_cache) != len(self.names):
@@ -314,6 +325,7 @@ class _Builder:
             peak_allocated=self.peak,
             n_events=self.n,
             op_coverage=_coverage(self.ev_idx),
+            repairs=self.decode.repairs.export() if self.decode.repairs is not None else None,
         )
 
 
@@ -360,7 +372,9 @@ def _tid_ids(parts: list) -> np.ndarray:
     if all(isinstance(p, np.ndarray) for p in parts):
         raw = _cat(parts, np.int64)
         return np.unique(raw, return_inverse=True)[1].astype(np.int32).reshape(-1)
-    values = [v for p in parts for v in (p.tolist() if isinstance(p, np.ndarray) else p)]
+    # A damaged trace may give a thread id of any JSON type; ids only need to tell threads apart.
+    values = [v if type(v) in (int, str, float) else repr(v)
+              for p in parts for v in (p.tolist() if isinstance(p, np.ndarray) else p)]
     return _intern({}, values, len(values))
 
 

@@ -204,7 +204,7 @@ def _decode_part(data: bytes) -> tuple[str, object]:
     try:
         b.add(*b.decode(b"".join((b"[", data, b"]"))))
     except msgspec.ValidationError as exc:
-        return "error", f"not a Kineto trace: bad event ({exc})"
+        return "error", str(_bad_event("", exc, b)).split(": ", 1)[-1]
     except msgspec.DecodeError as exc:
         return "error", f"corrupt JSON in traceEvents ({exc})"
     return "ok", b.export()
@@ -327,7 +327,7 @@ def _load(path: str, blocks, b: _Builder, par: _Parallel | None = None) -> Trace
         par.drain()
     if tail is None:
         raise DiagInputError("truncated JSON: the traceEvents array never ends", source=path)
-    meta = _parse_meta(path, head, tail)
+    meta = _parse_meta(path, head, tail, b)
     if b.n == 0:
         raise DiagInputError("trace has no events", source=path)
     if b.n_dev == 0 and b.n_cpu == 0:
@@ -393,6 +393,7 @@ def _decode_chunks(path: str, buf: bytearray, b: _Builder, final: bool, par: _Pa
             while start < n and buf[start] != ord("{"):
                 start += 1
             continue
+        tries = 0
         while True:
             m = _SEP_RE.search(buf, pos)
             if m is None:
@@ -402,12 +403,25 @@ def _decode_chunks(path: str, buf: bytearray, b: _Builder, final: bool, par: _Pa
             try:
                 b.add(*b.decode(_framed(buf, start, m.start() + 1)))
             except msgspec.ValidationError as exc:
-                raise DiagInputError(f"not a Kineto trace: bad event ({exc})", source=path) from None
-            except msgspec.DecodeError:
-                pos = m.end()
-                continue
+                raise _bad_event(path, exc, b) from None
+            except msgspec.DecodeError as exc:
+                tries += 1
+                if _misplaced(exc) and tries < MAX_CUT_TRIES:
+                    pos = m.end()
+                    continue
+                _salvage(path, buf, start, m.start() + 1, b)
             break
         start = m.end() - 1  # the '{' of the next event
+
+
+_INDEX_RE = re.compile(r"\$\[(\d+)\]")
+
+
+def _bad_event(path: str, exc: Exception, b: _Builder) -> DiagInputError:
+    """The error of an event no decoder could read, at its index in the whole trace
+    (msgspec counts from the start of the chunk)."""
+    text = _INDEX_RE.sub(lambda m: f"traceEvents[{int(m.group(1)) + b.decode.seen}]", str(exc), count=1)
+    return DiagInputError(f"not a Kineto trace: bad event ({text})", source=path)
 
 
 def _framed(buf: bytearray, lo: int, hi: int, close: bool = True) -> bytes:
@@ -446,37 +460,83 @@ def _boundary_outside_strings(buf, start: int, pos: int) -> int | None:
 
 
 def _decode_final(path: str, buf: bytearray, start: int, b: _Builder):
-    """The rest of the array: events up to the last real boundary, then the last event."""
-    cands = [m.start() + 1 for m in _SEP_RE.finditer(buf, start)]
-    for end in reversed(cands):
-        try:
-            b.add(*b.decode(_framed(buf, start, end)))
-        except msgspec.ValidationError as exc:
-            raise DiagInputError(f"not a Kineto trace: bad event ({exc})", source=path) from None
-        except msgspec.DecodeError:
-            continue
-        start = end
-        while buf[start] in b" \t\r\n,":
-            start += 1
-        break
+    """The rest of the array and its closing bracket (see `_decode_last`)."""
     return _decode_last(path, buf, start, b)
 
 
 def _decode_last(path: str, buf: bytearray, start: int, b: _Builder):
-    """The last events and the array's closing bracket; returns the tail's start."""
-    for m in _END_RE.finditer(buf, start):
+    """The last events and the array's closing bracket; returns the tail's start.
+
+    The closing bracket is searched from the end: only the real one decodes (a later one
+    leaves the metadata as trailing characters, an earlier one an unclosed event), and
+    the real one is followed by the metadata alone, so it is found in a few tries. When
+    damage stops every candidate, the events are salvaged around it."""
+    cands = list(_END_RE.finditer(buf, start))[-MAX_CUT_TRIES:]
+    damaged = None
+    for m in reversed(cands):
         close = m.end()
         try:
             b.add(*b.decode(_framed(buf, start, close, close=False)))
         except msgspec.ValidationError as exc:
-            raise DiagInputError(f"not a Kineto trace: bad event ({exc})", source=path) from None
-        except msgspec.DecodeError:
+            raise _bad_event(path, exc, b) from None
+        except msgspec.DecodeError as exc:
+            if damaged is None and not _misplaced(exc) and buf[m.start()] == ord("}"):
+                damaged = m
             continue
         return len(buf), close
-    raise DiagInputError("truncated or corrupt JSON in traceEvents", source=path)
+    if damaged is not None:
+        _salvage(path, buf, start, damaged.start() + 1, b)
+        return len(buf), damaged.end()
+    raise DiagInputError(f"truncated or corrupt JSON in traceEvents after event {b.decode.seen}", source=path)
 
 
-def _parse_meta(path: str, head: bytes, tail: bytes) -> dict:
+# A chunk cut at a `}, {` inside a string ends inside that string ("truncated"); it is
+# extended to the next candidate at most this often. Any other decode error is damage.
+MAX_CUT_TRIES = 64
+_BYTE_RE = re.compile(r"\(byte (\d+)\)")
+
+
+def _misplaced(exc: Exception) -> bool:
+    """The error of a cut in the wrong place, not of damage: inside a string ("truncated"),
+    or past the end of the array (the metadata left as "trailing characters")."""
+    text = str(exc)
+    return "truncated" in text or "trailing characters" in text
+
+
+def _salvage(path: str, buf: bytearray, start: int, end: int, b: _Builder) -> None:
+    """Decode buf[start:end] (whole events) around damaged ones: the events before the
+    damage, then on from the next event boundary after it. Each damaged event is counted
+    among the trace's repairs; an error only when nothing around the damage can be told
+    apart from it."""
+    while start < end:
+        data = _framed(buf, start, end)
+        try:
+            b.add(*b.decode(data))
+            return
+        except msgspec.ValidationError as exc:
+            raise _bad_event(path, exc, b) from None
+        except msgspec.DecodeError as exc:
+            found = _BYTE_RE.search(str(exc))
+            if found is None:
+                raise DiagInputError(f"corrupt JSON in traceEvents after event {b.decode.seen} ({exc})",
+                                     source=path) from None
+            bad = start + int(found.group(1)) - 1  # -1: the '[' framing the chunk
+            reason = _BYTE_RE.sub("", str(exc)).strip()  # offsets within a chunk mean nothing to a reader
+        before = [m for m in _SEP_RE.finditer(buf, start, max(start, bad))]
+        if before:
+            cut = before[-1].start() + 1
+            try:
+                b.add(*b.decode(_framed(buf, start, cut)))
+            except (msgspec.ValidationError, msgspec.DecodeError):
+                pass  # the damage reaches further back: these events go with it
+        after = _SEP_RE.search(buf, bad + 1, end)
+        _repairs(b).note(f"event {b.decode.seen}: corrupt JSON ({reason}), event skipped", event=True)
+        if after is None:
+            return
+        start = after.end() - 1
+
+
+def _parse_meta(path: str, head: bytes, tail: bytes, b: _Builder) -> dict:
     h = head.strip()
     if not h.startswith(b"{"):
         raise DiagInputError("not a Kineto trace (top level is not a JSON object)", source=path)
@@ -487,13 +547,29 @@ def _parse_meta(path: str, head: bytes, tail: bytes) -> dict:
         raise DiagInputError("truncated JSON after traceEvents", source=path)
     t = t[:-1].strip().lstrip(b",")
     parts = [p for p in (body.strip(), t.strip()) if p]
+    text = b"{" + b",".join(parts) + b"}"
     try:
-        meta = _decode_any(b"{" + b",".join(parts) + b"}")
-    except msgspec.DecodeError as exc:
-        raise DiagInputError(f"corrupt JSON outside traceEvents ({exc})", source=path) from None
+        meta = _decode_any(text)
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        # The events are whole; damaged metadata costs the device and rank details only.
+        try:
+            meta = _decode_any(text.decode("utf-8", "replace").encode())
+            note = f"metadata: invalid UTF-8 replaced ({exc})"
+        except msgspec.DecodeError:
+            meta = {}
+            note = f"metadata: corrupt JSON outside traceEvents ({exc}), ignored"
+        _repairs(b).note(note)
     if not isinstance(meta, dict):
         raise DiagInputError("not a Kineto trace", source=path)
     return meta
+
+
+def _repairs(b: _Builder):
+    from diag.analyzers.trace.tolerant import Repairs
+
+    if b.decode.repairs is None:
+        b.decode.repairs = Repairs()
+    return b.decode.repairs
 
 
 def _not_a_trace(path: str, data: bytes):
@@ -502,7 +578,7 @@ def _not_a_trace(path: str, data: bytes):
         raise DiagInputError("empty file", source=path)
     try:
         doc = _decode_any(s)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         msg = str(exc)
         if "truncated" in msg.lower():
             raise DiagInputError("truncated JSON", source=path) from None

@@ -105,7 +105,7 @@ def parse_shapes(dims_raw: bytes, types_raw: bytes | None) -> tuple[list, list]:
     try:
         dims = _decode(dims_raw) if dims_raw else []
         types = _decode(types_raw) if types_raw else []
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, UnicodeDecodeError):  # damaged shapes: the op's FLOPs are unknown
         return [], []
     if not isinstance(dims, list):
         dims = []

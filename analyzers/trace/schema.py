@@ -143,13 +143,23 @@ _decode_any = msgspec.json.Decoder().decode
 
 class _Decoder:
     """Decodes chunks on the tagged fast path, falling back to `Event` per chunk; after a
-    few fallbacks in a row (a trace of unusual categories) it stays on `Event`."""
+    few fallbacks in a row (a trace of unusual categories) it stays on `Event`. A chunk
+    that `Event` rejects too (a field of an unexpected type) is decoded field by field by
+    `diag.analyzers.trace.tolerant`, which counts what it changed in `repairs`."""
 
     def __init__(self):
         self.misses = 0
+        self.seen = 0  # events decoded so far: the index of the next chunk's first event
+        self.repairs = None  # a tolerant.Repairs once a chunk needed one
 
     def __call__(self, data) -> tuple[list, np.ndarray]:
         """Events of one JSON array and their category codes (0: not read)."""
+        try:
+            return self._decode(data)
+        except UnicodeDecodeError as exc:  # a damaged string: the same as any other damage
+            raise msgspec.DecodeError(f"JSON is malformed: invalid UTF-8 (byte {exc.start})") from None
+
+    def _decode(self, data) -> tuple[list, np.ndarray]:
         if self.misses < 3:
             try:
                 events = _decode_tagged(data)
@@ -158,9 +168,18 @@ class _Decoder:
             else:
                 self.misses = 0
                 n = len(events)
+                self.seen += n
                 return events, np.fromiter(map(_CODE_OF_TYPE.__getitem__, map(type, events)), np.int8, n)
-        events = _decode_events(data)
+        try:
+            events = _decode_events(data)
+        except msgspec.ValidationError:
+            from diag.analyzers.trace import tolerant
+
+            if self.repairs is None:
+                self.repairs = tolerant.Repairs()
+            events = tolerant.decode_tolerant(data, self.seen, self.repairs)
         n = len(events)
+        self.seen += n
         return events, np.fromiter(map(_CAT_CODE.get, map(_g_cat, events), repeat(0, n)), np.int8, n)
 
 

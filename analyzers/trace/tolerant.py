@@ -1,0 +1,153 @@
+"""Tolerant decoding: one oddly typed field costs that field, never the trace.
+
+Real traces carry surprises the schema does not expect: a ROCm runtime event with
+`"bytes": "128"`, a null `dur`, a `tid` object, an `args` that is a list. The typed
+decoders (schema.py) reject the whole chunk for one such field. Only then, for that chunk
+alone, the events are decoded as plain JSON and each field diag reads is checked against
+the type it should have:
+- a number written as a string is converted ("128" -> 128.0);
+- anything else that does not fit (null, a list, an object, a bool, a non-numeric string)
+  is dropped, so the field takes its default ("not recorded");
+- an event that is not an object, or whose timestamp cannot be read, is dropped whole:
+  placed at time 0 it would corrupt every interval around it.
+
+Every change is counted (`Repairs`) and reported with a few examples, so a repaired trace
+is analysed and says so. Well-formed chunks never come here: the fast path stays as fast.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import msgspec
+
+from diag.analyzers.trace.schema import Args, Event
+
+MAX_EXAMPLES = 5
+
+
+class Repairs:
+    """Counts of what the tolerant path changed, with a few examples."""
+
+    def __init__(self):
+        self.fields = 0
+        self.events = 0
+        self.examples: list[str] = []
+
+    def note(self, text: str, event: bool = False) -> None:
+        if event:
+            self.events += 1
+        else:
+            self.fields += 1
+        if len(self.examples) < MAX_EXAMPLES:
+            self.examples.append(text)
+
+    def merge(self, other: dict) -> None:
+        self.fields += other.get("fields", 0)
+        self.events += other.get("events", 0)
+        self.examples += other.get("examples", [])[: MAX_EXAMPLES - len(self.examples)]
+
+    def export(self) -> dict:
+        return {"fields": self.fields, "events": self.events, "examples": list(self.examples)}
+
+
+def _kinds(annotation) -> set:
+    """The plain Python types a struct field accepts (Any and Raw accept every JSON value)."""
+    text = str(annotation)
+    if annotation is Any or "Any" in text or "Raw" in text:
+        return {"any"}
+    out = set()
+    for name, kind in (("float", float), ("int", int), ("str", str), ("None", type(None))):
+        if name in text:
+            out.add(kind)
+    return out
+
+
+_EVENT_FIELDS = {f.encode_name: _kinds(f.type) for f in msgspec.structs.fields(Event) if f.name != "args"}
+_ARGS_FIELDS = {f.encode_name: _kinds(f.type) for f in msgspec.structs.fields(Args)}
+_encode = msgspec.json.encode
+_decode_events = msgspec.json.Decoder(list[Event]).decode
+_decode_any = msgspec.json.Decoder().decode
+
+
+def _number(v) -> float | None:
+    """A JSON string holding a finite number, as a float."""
+    if isinstance(v, str):
+        try:
+            x = float(v.strip())
+        except ValueError:
+            return None
+        return x if math.isfinite(x) else None
+    return None
+
+
+def _fit(value, kinds: set):
+    """(value fitted to the kinds, changed?) or (None, True) when it cannot fit (drop it)."""
+    if "any" in kinds:
+        return value, False
+    t = type(value)
+    if t in kinds or (t is int and float in kinds):
+        return value, False
+    if float in kinds or int in kinds:
+        x = _number(value) if t is str else (float(value) if t is float and int in kinds and value.is_integer()
+                                              else None)
+        if x is not None:
+            if int in kinds and float not in kinds:
+                return (int(x), True) if x.is_integer() else (None, True)
+            return x, True
+    if str in kinds and t in (int, float) and t is not bool:
+        return str(value), True
+    return None, True
+
+
+def _repair_fields(obj: dict, fields: dict, where: str, index: int, repairs: Repairs) -> dict:
+    out = {}
+    for key, value in obj.items():
+        kinds = fields.get(key)
+        if kinds is None:
+            continue  # a key diag does not read: left out, nothing to check
+        fitted, changed = _fit(value, kinds)
+        if changed:
+            shown = repr(value)[:40]
+            if fitted is None:
+                repairs.note(f"event {index}: {where}{key} = {shown} ignored")
+                continue
+            repairs.note(f"event {index}: {where}{key} = {shown} read as {fitted!r}")
+        out[key] = fitted
+    return out
+
+
+def repair_event(obj, index: int, repairs: Repairs) -> dict | None:
+    """The event with every field diag reads fitted to its type; None to drop it."""
+    if not isinstance(obj, dict):
+        repairs.note(f"event {index}: not an object ({type(obj).__name__}), ignored", event=True)
+        return None
+    if "ts" in obj and _fit(obj["ts"], _EVENT_FIELDS["ts"])[0] is None:
+        repairs.note(f"event {index}: unreadable timestamp {repr(obj['ts'])[:40]}, event ignored", event=True)
+        return None
+    out = _repair_fields({k: v for k, v in obj.items() if k != "args"}, _EVENT_FIELDS, "", index, repairs)
+    args = obj.get("args")
+    if args is not None:
+        if isinstance(args, dict):
+            out["args"] = _repair_fields(args, _ARGS_FIELDS, "args.", index, repairs)
+        else:
+            repairs.note(f"event {index}: args = {repr(args)[:40]} ignored")
+    return out
+
+
+def decode_tolerant(data: bytes, first_index: int, repairs: Repairs) -> list:
+    """Events of one JSON array (a chunk the typed decoders rejected), repaired field by field.
+
+    first_index: the index in the whole trace of the chunk's first event, for the examples.
+    Raises msgspec.DecodeError when the chunk is not JSON at all (the caller's business).
+    """
+    items = _decode_any(data)
+    if not isinstance(items, list):
+        raise msgspec.DecodeError("traceEvents chunk is not a JSON array")
+    fixed = []
+    for k, obj in enumerate(items):
+        ev = repair_event(obj, first_index + k, repairs)
+        if ev is not None:
+            fixed.append(ev)
+    return _decode_events(_encode(fixed))

@@ -1,0 +1,127 @@
+"""Bad input never hangs or crashes: oddly typed fields are repaired, damaged events skipped,
+and a minute of mutation fuzzing over real traces, nccl-tests outputs and NCCL logs ends in
+results or one-line errors only."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES
+from fuzz_mutations import fuzz, run_one, seeds
+
+from diag.analyzers.analyze import analyze_paths
+from diag.analyzers.trace.analysis import analyze_trace
+from diag.analyzers.trace.load import load_trace
+
+
+def _events(path: Path) -> dict:
+    return json.loads(gzip.decompress(path.read_bytes()))
+
+
+def _write(doc: dict, path: Path, gz: bool = True) -> Path:
+    data = json.dumps(doc).encode()
+    path.write_bytes(gzip.compress(data) if gz else data)
+    return path
+
+
+@pytest.fixture
+def a100(real_traces) -> dict:
+    return _events(real_traces / "a100_2rank_nccl.json.gz")
+
+
+def _first(doc: dict, pred) -> int:
+    return next(i for i, e in enumerate(doc["traceEvents"]) if pred(e))
+
+
+def test_a_number_written_as_a_string_is_read(a100, real_traces, tmp_path):
+    """The ROCm case: "bytes": "128" on one event rejected a whole 229k-event trace."""
+    i = _first(a100, lambda e: e.get("cat") == "gpu_memcpy")
+    a100["traceEvents"][i]["args"]["bytes"] = "128"
+    k = _first(a100, lambda e: e.get("cat") == "kernel" and "correlation" in e.get("args", {}))
+    corr = a100["traceEvents"][k]["args"]["correlation"]
+    a100["traceEvents"][k]["args"]["correlation"] = str(corr)
+    trace = load_trace(_write(a100, tmp_path / "odd.json.gz"))
+    clean = load_trace(real_traces / "a100_2rank_nccl.json.gz")
+    assert trace.n_events == clean.n_events and len(trace.dev_ts) == len(clean.dev_ts)
+    assert trace.repairs["fields"] == 2 and trace.repairs["events"] == 0
+    assert f"event {i}: args.bytes = '128' read as 128.0" in trace.repairs["examples"]
+    assert f"event {k}: args.correlation = '{corr}' read as {corr}" in trace.repairs["examples"]
+    assert 128.0 in trace.dev_bytes.tolist() and corr in trace.dev_corr.tolist()
+
+
+def test_null_list_and_object_fields_are_ignored_for_that_event_alone(a100, tmp_path):
+    evs = a100["traceEvents"]
+    kernels = [i for i, e in enumerate(evs) if e.get("cat") == "kernel"]
+    evs[kernels[0]]["dur"] = None           # the kernel is untimed, the others stay
+    evs[kernels[1]]["args"] = ["a", "list"]  # args ignored
+    evs[kernels[2]]["ts"] = [1, 2]           # no timestamp: the event is skipped
+    evs[kernels[3]]["tid"] = {"odd": 1}      # any thread id tells threads apart
+    evs.insert(3, "not an event")
+    doc = analyze_trace(str(_write(a100, tmp_path / "odd.json.gz")))
+    rep = doc["repairs"]
+    assert rep["events"] == 2 and rep["fields"] == 2, rep
+    assert any(f"event {kernels[2] + 1}: unreadable timestamp" in x for x in rep["examples"]), rep
+    assert doc["findings"][0]["id"] == "repaired_trace" and doc["bound"] == "host"
+
+
+def test_a_flipped_byte_inside_a_key_skips_one_event_and_ends(real_traces, tmp_path):
+    """Once a chunked-decoder loop: a quote flipped into a key of a 35 MB trace."""
+    raw = gzip.decompress((real_traces / "v100_resnet50_workers0_oldschema.json.gz").read_bytes())
+    i = raw.find(b'"name"', len(raw) // 10)
+    (tmp_path / "flip.json").write_bytes(raw[:i + 2] + b'"' + raw[i + 3:])
+    doc = analyze_trace(str(tmp_path / "flip.json"))
+    clean = analyze_trace(str(real_traces / "v100_resnet50_workers0_oldschema.json.gz"))
+    assert doc["n_events"] == clean["n_events"] - 1
+    assert doc["repairs"]["events"] == 1 and "corrupt JSON" in doc["repairs"]["examples"][0]
+    assert doc["bound"] == clean["bound"] == "data"
+
+
+def test_invalid_utf8_inside_a_gzipped_trace_is_skipped(real_traces, tmp_path):
+    raw = gzip.decompress((real_traces / "mi250_rocm62_tiny.json.gz").read_bytes())
+    i = raw.find(b'"name": "', raw.find(b'"traceEvents"')) + 9  # in an event's name
+    (tmp_path / "utf8.json.gz").write_bytes(gzip.compress(raw[:i] + b"\xff\xfe" + raw[i:]))
+    doc = analyze_trace(str(tmp_path / "utf8.json.gz"))
+    assert doc["repairs"]["events"] == 1 and "invalid UTF-8" in doc["repairs"]["examples"][0]
+    # In the metadata (the device's name), the device details survive with a replaced character.
+    j = raw.find(b'"name": "') + 9
+    (tmp_path / "meta.json.gz").write_bytes(gzip.compress(raw[:j] + b"\xff" + raw[j:]))
+    doc = analyze_trace(str(tmp_path / "meta.json.gz"))
+    assert doc["repairs"]["fields"] == 1 and doc["repairs"]["examples"][0].startswith("metadata: invalid UTF-8")
+    assert doc["device_info"]["name"].startswith("\ufffdAMD")
+
+
+def test_unrepairable_input_is_a_one_line_error(tmp_path):
+    (tmp_path / "t.json.gz").write_bytes(gzip.compress(b'{"traceEvents": [{"ph": "X", "cat": "kernel"')[:-6])
+    doc = analyze_paths([tmp_path / "t.json.gz"])
+    (err,) = doc["errors"]
+    assert "\n" not in err["error"] and "gzip" in err["error"]
+
+
+@pytest.mark.slow
+def test_a_minute_of_fuzzing_finds_no_traceback_and_no_hang(real_data):
+    """Mutations of every real seed: truncation, bit flips, garbage, invalid UTF-8, repeated
+    and deleted spans, shuffled lines, retyped values, empty documents, damaged gzip."""
+    found = seeds(real_data, FIXTURES)
+    assert {s.kind for s in found} == {"trace", "nccl_tests", "nccl_log"} and len(found) >= 40
+    result = fuzz(found, n_inputs=2500, seed=20261124, workers=2, timeout_s=20.0)
+    assert result["inputs"] == 2500
+    assert result["traceback"] == 0 and result["hang"] == 0, result["failures"][:3]
+    # The mutants are not all rejected: most stay readable and are analysed.
+    assert result["ok"] > result["error"] > 0
+
+
+def test_the_runner_tells_a_traceback_from_an_error(tmp_path, monkeypatch):
+    from diag.analyzers.nccl import nccl_tests
+
+    (tmp_path / "x.json").write_text("{}")
+    assert run_one("trace", str(tmp_path / "x.json"))[0] == "error"
+
+    def crash(path):
+        raise KeyError("count")
+
+    monkeypatch.setattr(nccl_tests, "parse_file", crash)
+    status, detail = run_one("nccl_tests", str(tmp_path / "x.json"))
+    assert status == "traceback" and "KeyError: 'count'" in detail
