@@ -120,6 +120,16 @@ def _timeout(doc, sig):
 
 def _desync(doc, sig):
     msgs = []
+    # Ranks timing out at one sequence number on different operations issued their
+    # collectives in different orders: the plainest desync there is.
+    ops_at: dict[int, dict[str, set]] = {}
+    for t in doc["timeouts"]:
+        ops_at.setdefault(t["seq"], {}).setdefault(t["op"], set()).update(t["ranks"])
+    for seq, ops in sorted(ops_at.items()):
+        if len(ops) > 1:
+            msgs.append(f"ranks disagree on the collective at SeqNum {seq}: " + ", ".join(
+                f"{_ranks_text(sorted(r))} ran {op}" for op, r in sorted(ops.items()))
+                + ", so they issued collectives in different orders")
     # ranks reporting timeouts at different sequence numbers of the same op
     by_seq: dict[int, list[int]] = {}
     for t in doc["timeouts"]:
@@ -154,6 +164,30 @@ def _desync(doc, sig):
         return None
     return {"message": "; ".join(msgs[:6]),
             "evidence": _lines(sig, "desync_report", "fr_mismatch", "collective_timeout", "watchdog_state")}
+
+
+def _warn_failure(doc, sig):
+    n = _count(sig, "warn_failure")
+    if not n:
+        return None
+    first = (sig["warn_failure"].lines or [""])[0]
+    return {"message": f"{n} NCCL WARN line{'s' if n > 1 else ''} report{'' if n > 1 else 's'} a failure that no "
+                       f"other finding explains, first: {first.split('NCCL WARN', 1)[-1].strip()[:200]}",
+            "evidence": _lines(sig, "warn_failure")}
+
+
+def _error_chain(doc, sig):
+    """An error NCCL returned up its call stack (`file.cc:line -> code`), outside initialisation
+    (whose chains are init_failure's)."""
+    chains = [c for c in doc["error_chains"] if c["code"] and not any(
+        f.split(":")[0].endswith(("init.cc", "bootstrap.cc")) for f in c["frames"])]
+    if not chains:
+        return None
+    c = chains[0]
+    more = f" ({len(chains) - 1} more chain{'s' if len(chains) > 2 else ''})" if len(chains) > 1 else ""
+    return {"message": f"NCCL returned error {c['code']} ({c['code_name']}) from {c['origin']}, propagated through "
+                       f"{len(c['frames'])} frame{'s' if len(c['frames']) > 1 else ''}{more}",
+            "evidence": _lines(sig, "error_chain", "warn_failure")}
 
 
 def _init_failure(doc, sig):
@@ -287,18 +321,28 @@ RULES: list[Rule] = [
     Rule("socket_error", "critical", "NCCL lost a socket connection to a peer",
          "Look for the first rank that died (OOM, exception, killed) in its own log; otherwise check "
          "firewalls and that NCCL_SOCKET_IFNAME selects an interface every host can reach.", _socket_error),
+    # Before the plain timeout: when ranks disagree, that is what the user needs first.
+    Rule("desync", "critical", "ranks are stuck at different collectives (desync)",
+         "The ranks' control flow diverged: find the branch that makes one rank call a different collective, "
+         "or skip one (a rank-dependent `if` around all_reduce/barrier/broadcast, an early exit or an extra "
+         "evaluation step on one rank, uneven numbers of batches per rank, a model built differently on some "
+         "ranks). Make every rank call the same collectives in the same order; TORCH_NCCL_DESYNC_DEBUG=1 and "
+         "the flight recorder name the first divergent call.", _desync),
     Rule("collective_timeout", "critical", "a collective timed out in the PyTorch watchdog",
          "A rank stopped calling collectives or a link hung. Set TORCH_NCCL_DESYNC_DEBUG=1 / the flight "
          "recorder (TORCH_NCCL_TRACE_BUFFER_SIZE) to find the lagging rank; check for data-dependent control "
          "flow, uneven batches, or one slow rank (I/O, checkpointing).", _timeout),
-    Rule("desync", "critical", "ranks are stuck at different collectives (desync)",
-         "Ranks issue different collectives: make every rank call the same collectives in the same order "
-         "(no rank-dependent branches around all_reduce/barrier, equal numbers of batches per rank).", _desync),
     Rule("init_failure", "critical", "NCCL communicator initialisation failed",
          "Check that every rank can reach the bootstrap address (MASTER_ADDR/port, NCCL_SOCKET_IFNAME), "
          "that all ranks started, and the first WARN line of the error chain.", _init_failure),
     Rule("nccl_error", "critical", "NCCL or CUDA returned an error",
          "Re-run with NCCL_DEBUG=INFO (and NCCL_DEBUG_SUBSYS=INIT,NET) and read the first WARN line.", _nccl_error),
+    Rule("error_chain", "critical", "NCCL returned an error up its call stack",
+         "Read the first WARN line before the chain: it names the failing operation; the chain's innermost "
+         "frame is where NCCL gave up.", _error_chain),
+    Rule("warn_failure", "warning", "NCCL warned about a failure",
+         "Read the quoted WARN lines and the lines just before them in the same process's log; a failure "
+         "NCCL recovered from can still slow the job or precede a hang.", _warn_failure),
     Rule("version_mismatch", "critical", "processes run different NCCL versions",
          "Use one NCCL build on every node (same container image / wheel).", _version_mismatch),
     Rule("ib_error", "warning", "the InfiniBand transport reported errors",

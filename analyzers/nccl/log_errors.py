@@ -27,6 +27,8 @@ from diag.analyzers.nccl.log_grammar import (
     _RANK_TAG,
     _SOCKET_WORDS,
     _VERSION,
+    _WARN_BENIGN,
+    _WARN_FAILURE,
     _WATCHDOG,
     _WD_STATE,
     _WORK_KV,
@@ -130,7 +132,8 @@ class ErrorLines:
             self.signal("rocm_iommu", line)
         elif "Failed to find CUDA library" in msg or "libcuda" in msg:
             self.signal("cuda_library_missing", line)
-        elif "Could not find a path" in msg or "falling back" in msg:
+        elif "Could not find a path" in msg or "falling back" in msg or "graph/search.cc" in (loc or ""):
+            # (the topology search's own warnings, also when a pasted log cut the line short)
             self.signal("topology_fallback", line)
         elif "async fatal event" in msg or "NET/IB" in msg:
             self.signal("ib_error", line)
@@ -140,6 +143,8 @@ class ErrorLines:
             self.signal("init_failure", line)
         elif "Timeout" in msg or "timeout" in msg:
             self.signal("nccl_timeout_warn", line)
+        elif _WARN_FAILURE.search(msg) and not _WARN_BENIGN.search(msg):
+            self.signal("warn_failure", line)  # a failure no specific rule names: still reported
 
     # -- lines without an NCCL INFO/WARN tag ----------------------------------------------
     def _other(self, line: str) -> None:

@@ -163,6 +163,12 @@ _LOC_END = re.compile(r"(\S+\.(?:cc|cpp|c|h|cu|hpp):\d+)\s*$")
 _LOC_START = re.compile(r"\[?(\S+\.(?:cc|cpp|c|h|cu|hpp):\d+)\]?:?\s+")
 
 
+# A WARN that reports a failure: failed/error words, a non-zero retcode or res=, an error
+# code at the end of a "-> N" chain. Plugin lookups NCCL falls back from are not failures.
+_WARN_FAILURE = re.compile(r"fail|error|retcode\s*[:=]?\s*[1-9]|\bres\s*=\s*[1-9]|->\s*[1-9]\d*\s*$|unable to|"
+                           r"cannot|could not|refused|abort", re.I)
+_WARN_BENIGN = re.compile(r"Failed to (?:find|load|open) \S*plugin|NET/Plugin|nccl(?:Net|Tuner|CollNet)Plugin|"
+                          r"Could not find real path|NCCL_\w+ set by environment", re.I)
 _SOCKET_WORDS = ("Connection closed by remote peer", "Connection refused", "Connection reset",
                  "socketFinalizeAccept", "socketProgress", "socketPoll", "Broken pipe", "Net : Connection",
                  "Call to connect", "Call to recv", "socketStartConnect", "socketWait")

@@ -1,0 +1,61 @@
+"""NCCL logs: every WARN that reports a failure is a finding, error chains outside initialisation
+are findings, and ranks that time out at one sequence number on different collectives are a desync."""
+
+from __future__ import annotations
+
+from diag.analyzers.nccl.log import parse_files
+
+# Real lines from an RCCL issue report (UCX net plugin with GPUDirect RDMA, two nodes; reporter
+# clearsky07, July 2024), with their build paths shortened. Only WARN lines and one error
+# chain outside initialisation: the log once ended in "No problems found."
+RCCL_UCX = """\
+node02:10366:10377 [0] ucx_plugin.c:498 NCCL WARN Failed: UCX error ucx_plugin.c:498 '-5' Invalid parameter
+node02:10366:10377 [0] NCCL INFO src/transport/net.cc:858 -> 3
+node02:10366:10377 [0] NCCL INFO src/proxy.cc:1311 -> 3
+node02:10366:10377 [0] NCCL INFO src/proxy.cc:1382 -> 3
+node02:10366:10377 [0] src/proxy.cc:1524 NCCL WARN [Proxy Service 1] Failed to execute operation Connect from rank 1, retcode 3
+node02:10366:10376 [0] src/proxy.cc:1148 NCCL WARN Socket recv failed while polling for opId=0x147999b41d80
+"""
+
+# The PyTorch watchdog's own layout (ProcessGroupNCCL.cpp), as in the real logs of ../shared/data:
+# rank 0 waits in a BROADCAST and rank 1 in an ALLREDUCE, both the group's 5th collective.
+WATCHDOG = """\
+[E ProcessGroupNCCL.cpp:737] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, OpType=BROADCAST, Timeout(ms)=600000) ran for 600134 milliseconds before timing out.
+[E ProcessGroupNCCL.cpp:737] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600127 milliseconds before timing out.
+"""
+
+
+def _doc(tmp_path, text, name="x.log"):
+    (tmp_path / name).write_text(text)
+    return parse_files([str(tmp_path / name)])
+
+
+def test_failure_warns_and_an_error_chain_are_findings(tmp_path):
+    doc = _doc(tmp_path, RCCL_UCX)
+    by_id = {f["id"]: f for f in doc["findings"]}
+    assert set(by_id) == {"error_chain", "warn_failure"}, sorted(by_id)
+    chain = by_id["error_chain"]
+    assert chain["severity"] == "critical"
+    assert chain["message"].startswith("NCCL returned error 3 (ncclInternalError) from src/transport/net.cc:858")
+    warn = by_id["warn_failure"]
+    assert warn["message"].startswith("3 NCCL WARN lines report a failure") and "UCX error" in warn["message"]
+    assert any("retcode 3" in line for line in warn["evidence"])
+
+
+def test_a_plugin_lookup_warning_is_not_a_failure(tmp_path):
+    doc = _doc(tmp_path, "h:1:1 [0] NCCL INFO NET/Plugin: Could not find: libnccl-net.so\n"
+                         "h:1:1 [0] NCCL WARN NET/Plugin: Failed to find ncclNetPlugin_v6 symbol.\n")
+    assert doc["findings"] == []
+
+
+def test_ranks_on_different_collectives_at_one_seqnum_are_a_desync(tmp_path):
+    doc = _doc(tmp_path, WATCHDOG)
+    ids = [f["id"] for f in doc["findings"]]
+    assert ids[0] == "desync" and "collective_timeout" in ids
+    desync = doc["findings"][0]
+    assert "at SeqNum 5: rank 1 ran ALLREDUCE, rank 0 ran BROADCAST" in desync["message"]
+    assert "different orders" in desync["message"]
+    assert "control flow" in desync["advice"]
+    # The same operation on both ranks is a plain timeout, not a desync.
+    same = _doc(tmp_path, WATCHDOG.replace("BROADCAST", "ALLREDUCE"), "same.log")
+    assert [f["id"] for f in same["findings"]] == ["collective_timeout"]
