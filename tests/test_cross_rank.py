@@ -313,3 +313,20 @@ def test_scaling_efficiency_takes_the_slowest_rank_of_each_step(gloo_job):
     )
     own = statistics.median(s["duration_ms"] for s in ranks[0]["steps"])
     assert res["efficiency"] == pytest.approx(own / step, rel=1e-3)
+
+
+@pytest.mark.slow
+def test_the_straggler_finding_names_the_likely_cause(gloo_job):
+    """Rank 1 sleeps DELAY_S more per step on the host: the diagnosis says host-side work, by
+    about that much per step, and the job verdict is rank 1's own."""
+    from diag.analyzers.analyze import analyze_paths
+
+    doc = analyze_paths([str(p) for p in gloo_job["straggler"]], jobs=1)
+    (late,) = doc["job"]["stragglers"]
+    cause = late["likely_cause"]
+    assert late["rank"] == 1 and cause["cause"] == "host_work", cause
+    excess = cause["evidence"]["host_ms_per_step"] - cause["evidence"]["peers_host_ms_per_step"]
+    assert 0.5 * DELAY_S * 1000 <= excess <= 1.5 * DELAY_S * 1000
+    finding = next(f for f in doc["job"]["findings"] if f["id"] == "straggler")
+    assert "Likely cause on rank 1: host-side work" in finding["message"]
+    assert doc["job"]["bound"] == next(r["bound"] for r in doc["ranks"] if r["rank"] == 1)

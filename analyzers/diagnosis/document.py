@@ -46,6 +46,7 @@ from diag.analyzers.diagnosis.inputs import (
     world_size,
 )
 from diag.analyzers.diagnosis.recommendations import memory_section, recommendations
+from diag.analyzers.diagnosis.straggler_cause import annotate
 from diag.analyzers.diagnosis.verdict import has_all_shares, job_verdict, rank_measurements
 
 SCHEMA = "diag.diagnosis/1"
@@ -62,6 +63,7 @@ def build_diagnosis(doc: dict | None, run: dict | None = None, tree=None) -> dic
 def diagnose_ranks(doc: dict, ranks: dict, run: dict, tree) -> dict:
     """`build_diagnosis` on ranks already merged with `inputs.merge_ranks` (the report merges them once)."""
     job = diagnose_job(doc, ranks, tree)
+    annotate(job, ranks)
     job_missing = {r for r in job.get("missing_ranks") or [] if isinstance(r, int)}
     run = {**run, "missing_ranks": sorted((set(run.get("missing_ranks") or []) | job_missing) - set(ranks)),
            "stopped_ranks": sorted(job_missing & set(ranks))}
