@@ -208,7 +208,9 @@ class HostMetrics(MetricSet):
             try:
                 if entry is None:
                     proc = psutil.Process(pid)
-                    entry = _Proc(proc, helper=self.dataloader_pids is None and _is_helper(proc))
+                    # Listed children (no callback, or a failed one) include multiprocessing's helpers.
+                    from_children = self.dataloader_pids is None or self._pids_failed
+                    entry = _Proc(proc, helper=from_children and _is_helper(proc))
                     self._workers[pid] = entry
                 elif not entry.proc.is_running():  # pid reused by another process
                     del self._workers[pid]

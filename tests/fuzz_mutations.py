@@ -178,7 +178,7 @@ def fuzz(seed_list: list[Seed], n_inputs: int, seed: int, workers: int = 2, time
     rng = random.Random(seed)
     counts = {"inputs": 0, "ok": 0, "error": 0, "traceback": 0, "hang": 0}
     failures = []
-    ctx = mp.get_context("forkserver")
+    ctx = mp.get_context("spawn")  # no server process outliving the run (it would look like a child)
     pool = ctx.Pool(workers)
     tmp = tempfile.mkdtemp(prefix="diag-fuzz-")
     try:

@@ -142,7 +142,8 @@ def test_dataloader_workers_are_found_with_their_cpu(logs):
         assert time.monotonic() < deadline, "DataLoader workers did not exit"
         time.sleep(0.05)
     rec = by_children.read()
-    assert rec["dataloader_workers"] == 0 and by_children._workers == {}
+    # (multiprocessing's resource tracker, started by an earlier test, may stay cached as a helper)
+    assert rec["dataloader_workers"] == 0 and {p for p, e in by_children._workers.items() if not e.helper} == set()
     assert logs == []
 
 
