@@ -63,8 +63,8 @@ def rank_dir_name(rank: int) -> str:
     return f"rank-{rank:05d}"
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    path = Path(path)
+def _written_beside(path: Path, data: bytes) -> str:
+    """`data` in a temporary file next to `path` (same file system), flushed to disk."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -72,12 +72,25 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+    except BaseException:
+        _unlink(tmp)
+        raise
+    return tmp
+
+
+def _unlink(tmp: str) -> None:
+    try:
+        os.unlink(tmp)
+    except OSError:
+        pass
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    tmp = _written_beside(Path(path), data)
+    try:
         os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        _unlink(tmp)
         raise
 
 
@@ -91,13 +104,8 @@ def create_exclusive(path: str | os.PathLike, data: bytes) -> bool:
     (`<name>.lock`, mkdir is atomic everywhere) and an atomic rename instead.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = _written_beside(path, data)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
         try:
             os.link(tmp, path)
             return True
@@ -114,10 +122,7 @@ def create_exclusive(path: str | os.PathLike, data: bytes) -> bool:
         os.replace(tmp, path)
         return True
     finally:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        _unlink(tmp)
 
 
 def is_claim_part(name: str, claim: str) -> bool:
