@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -125,3 +126,21 @@ def test_the_runner_tells_a_traceback_from_an_error(tmp_path, monkeypatch):
     monkeypatch.setattr(nccl_tests, "parse_file", crash)
     status, detail = run_one("nccl_tests", str(tmp_path / "x.json"))
     assert status == "traceback" and "KeyError: 'count'" in detail
+
+
+def test_oddly_typed_numbers_in_nccl_tests_json_rows(real_nccl, tmp_path):
+    """The --json fork's rows with a count that is a string or infinite: found by the
+    fuzzer as tracebacks; each such row keeps its other numbers or is left out."""
+    from diag.analyzers.nccl.nccl_tests import parse_file
+
+    text = (real_nccl / "nccltests_NVIDIA-nccl-tests_pr318.txt").read_text()
+    clean = parse_file(real_nccl / "nccltests_NVIDIA-nccl-tests_pr318.txt")["tests"]
+    counts = re.findall(r'"count": ?(\d+)', text)
+    assert len(counts) >= 2
+    odd = text.replace(f'"count": {counts[0]}', f'"count": "{counts[0]}"', 1)
+    odd = odd.replace(f'"count": {counts[1]}', '"count": 1e309', 1)
+    (tmp_path / "odd.txt").write_text(odd)
+    got = parse_file(tmp_path / "odd.txt")["tests"]
+    rows = [r for t in got for r in t["rows"]]
+    assert len(rows) == sum(len(t["rows"]) for t in clean)
+    assert [r["count"] for r in rows][:2] == [int(counts[0]), None]

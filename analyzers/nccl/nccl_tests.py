@@ -274,7 +274,7 @@ def _parse_json_line(line: str, test: _Test) -> bool:
     for entry in entries:
         # A damaged entry (a size that is no number, a value that is no object) is no row.
         for size, v in (entry.items() if isinstance(entry, dict) else ()):
-            n_bytes, count = _jnum(size), _jnum(v.get("count")) if isinstance(v, dict) else None
+            n_bytes, count = _jint(size), _jint(v.get("count")) if isinstance(v, dict) else None
             if n_bytes is None or not isinstance(v, dict):
                 continue
 
@@ -284,7 +284,7 @@ def _parse_json_line(line: str, test: _Test) -> bool:
                         "busbw_gbps": _jnum(v.get(p + "_busbw")), "wrong": None, "error": _jnum(err)}
             root = v.get("root")
             test.rows.append({
-                "size_bytes": int(n_bytes), "count": int(count) if count is not None else None, "dtype": v.get("type"),
+                "size_bytes": n_bytes, "count": count, "dtype": v.get("type"),
                 "redop": v.get("redop"), "root": int(root) if str(root).lstrip("-").isdigit() else None,
                 "out_of_place": grp("oop"), "in_place": grp("ip"),
             })
@@ -295,6 +295,12 @@ def _parse_json_line(line: str, test: _Test) -> bool:
         test.nccl_version = test.nccl_version or obj["version"]
     test.headers = max(test.headers, 1)
     return True
+
+
+def _jint(v) -> int | None:
+    """A whole, finite JSON number (or numeric string) as int, else None."""
+    x = _jnum(v)
+    return int(x) if x is not None and math.isfinite(x) and x.is_integer() else None
 
 
 def _jnum(v):
