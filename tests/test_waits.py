@@ -131,3 +131,22 @@ def test_borderline_needs_a_different_verdict_on_the_other_branch(tree):
     assert edge["candidates"] == ["compute", "data"]
     assert borderline(m, path, steps, tree, None) is None
     assert noise([0.1, 0.2]) is None  # too few steps for a spread
+
+
+def test_a_single_rank_of_a_job_says_its_waiting_is_not_measured(real_traces, tmp_path):
+    import json
+
+    from diag.analyzers.analyze import analyze_paths
+    from diag.report import write_report_from_analysis
+
+    doc = analyze_paths([real_traces / "job128_rank0_sampled.json.gz"])
+    (rank,) = doc["ranks"]
+    assert rank["wait_split"] == {"measured": False, "reason": "a single rank: no peer to match collectives with"}
+    assert rank["waits_for"] is None and "wait_share" not in rank["measurements"]
+    write_report_from_analysis(doc, tmp_path)
+    missing = [m["what"] for m in json.loads((tmp_path / "summary.json").read_text())["missing"]]
+    assert "Waiting for other ranks is not measured on 1 of 128 rank(s) (a single rank: no peer to match " \
+           "collectives with)." in missing
+    # The pair is split: neither rank is left unmeasured.
+    pair = analyze_paths([real_traces / "job128_rank0_sampled.json.gz", real_traces / "job128_rank1_sampled.json.gz"])
+    assert all(r["wait_split"]["measured"] for r in pair["ranks"])

@@ -581,6 +581,17 @@ def _missing(run, ranks, allt: Steps, world, nccl, busbw) -> list[dict]:
         out.append({"what": "No rank data at all.", "why": "Nothing to analyse.",
                     "how": "Run the training under diag.Agent(run_dir=...) so each rank writes its folder."})
         return out
+    unsplit = [r for r in ranks.values() if r["analysis"].get("steps")
+               and not (r["analysis"].get("wait_split") or {}).get("measured")]
+    if world > 1 and unsplit:
+        reason = (unsplit[0]["analysis"].get("wait_split") or {}).get("reason") or "no collective matched across ranks"
+        out.append({
+            "what": f"Waiting for other ranks is not measured on {len(unsplit)} of {world} rank(s) ({reason}).",
+            "why": "Waiting for a late peer is told apart from transfer only by matching each collective across "
+                   "ranks; without that, the communication share includes any waiting.",
+            "how": "Analyse the traces of all ranks of the same steps together (`diag analyze` on the folder, or "
+                   "the agent's run directory), so each collective is seen from every rank.",
+        })
     has_trace = bool((allt.ev == 2).any()) or any(r["windows"] for r in ranks.values())
     if not has_trace and run.get("ranks"):
         out.append({
