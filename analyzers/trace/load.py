@@ -503,25 +503,29 @@ def _misplaced(exc: Exception) -> bool:
     return "truncated" in text or "trailing characters" in text
 
 
+MAX_SKIPPED = 256  # damaged events skipped in one chunk before the rest of it is given up
+
+
 def _salvage(path: str, buf: bytearray, start: int, end: int, b: _Builder) -> None:
     """Decode buf[start:end] (whole events) around damaged ones: the events before the
     damage, then on from the next event boundary after it. Each damaged event is counted
     among the trace's repairs; an error only when nothing around the damage can be told
-    apart from it."""
-    while start < end:
-        data = _framed(buf, start, end)
+    apart from it. Bounded: every round moves past the damage, and a chunk damaged in more
+    than MAX_SKIPPED places is given up from there on."""
+    for _ in range(MAX_SKIPPED):
+        if start >= end:
+            return
         try:
-            b.add(*b.decode(data))
+            b.add(*b.decode(_framed(buf, start, end)))
             return
         except msgspec.ValidationError as exc:
             raise _bad_event(path, exc, b) from None
         except msgspec.DecodeError as exc:
-            found = _BYTE_RE.search(str(exc))
-            if found is None:
-                raise DiagInputError(f"corrupt JSON in traceEvents after event {b.decode.seen} ({exc})",
-                                     source=path) from None
-            bad = start + int(found.group(1)) - 1  # -1: the '[' framing the chunk
             reason = _BYTE_RE.sub("", str(exc)).strip()  # offsets within a chunk mean nothing to a reader
+            bad = _damage_at(buf, start, end, exc)
+            if bad is None:
+                raise DiagInputError(f"corrupt JSON in traceEvents after event {b.decode.seen} ({reason})",
+                                     source=path) from None
         before = [m for m in _SEP_RE.finditer(buf, start, max(start, bad))]
         if before:
             cut = before[-1].start() + 1
@@ -529,11 +533,26 @@ def _salvage(path: str, buf: bytearray, start: int, end: int, b: _Builder) -> No
                 b.add(*b.decode(_framed(buf, start, cut)))
             except (msgspec.ValidationError, msgspec.DecodeError):
                 pass  # the damage reaches further back: these events go with it
-        after = _SEP_RE.search(buf, bad + 1, end)
+        after = _SEP_RE.search(buf, max(bad, start) + 1, end)
         _repairs(b).note(f"event {b.decode.seen}: corrupt JSON ({reason}), event skipped", event=True)
         if after is None:
             return
-        start = after.end() - 1
+        start = max(after.end() - 1, start + 1)
+    _repairs(b).note(f"event {b.decode.seen}: more than {MAX_SKIPPED} damaged events in one stretch, "
+                     "the rest of it skipped", event=True)
+
+
+def _damage_at(buf: bytearray, start: int, end: int, exc: Exception) -> int | None:
+    """Where in buf the decode error of buf[start:end] lies. Invalid UTF-8 is located by the
+    codec over the stretch (msgspec's position is within the string it was reading)."""
+    if "invalid UTF-8" in str(exc):
+        try:
+            bytes(buf[start:end]).decode("utf-8")
+        except UnicodeDecodeError as u:
+            return start + u.start
+        return None
+    found = _BYTE_RE.search(str(exc))
+    return start + int(found.group(1)) - 1 if found else None  # -1: the '[' framing the chunk
 
 
 def _parse_meta(path: str, head: bytes, tail: bytes, b: _Builder) -> dict:

@@ -156,8 +156,8 @@ class _Decoder:
         """Events of one JSON array and their category codes (0: not read)."""
         try:
             return self._decode(data)
-        except UnicodeDecodeError as exc:  # a damaged string: the same as any other damage
-            raise msgspec.DecodeError(f"JSON is malformed: invalid UTF-8 (byte {exc.start})") from None
+        except UnicodeDecodeError:  # a damaged string: the same as any other damage
+            raise msgspec.DecodeError("JSON is malformed: invalid UTF-8") from None
 
     def _decode(self, data) -> tuple[list, np.ndarray]:
         if self.misses < 3:
