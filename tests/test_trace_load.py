@@ -154,6 +154,18 @@ def test_parallel_decoding_equals_serial(tmp_path, monkeypatch, real_traces):
     assert par.coll_args == serial.coll_args and par.op_coverage == serial.op_coverage
 
 
+def test_parallel_decoding_skips_damaged_events_as_serial_does(tmp_path, monkeypatch, real_traces):
+    raw = gzip.decompress((real_traces / "a100_2rank_nccl.json.gz").read_bytes())
+    i = raw.find(b'"name":', len(raw) // 2) + 6
+    # A colon turned into a semicolon: the quotes still pair up, so the slice goes to a worker.
+    (tmp_path / "flip.json.gz").write_bytes(gzip.compress(raw[:i] + b";" + raw[i + 1:]))
+    monkeypatch.setattr(trace_load, "CHUNK_BYTES", 1 << 20)
+    serial = load_trace(tmp_path / "flip.json.gz", workers=1)
+    par = load_trace(tmp_path / "flip.json.gz", workers=2)
+    assert serial.repairs["events"] == par.repairs["events"] == 1
+    assert par.n_events == serial.n_events and np.array_equal(par.dev_ts, serial.dev_ts)
+
+
 def test_quote_parity_boundaries():
     events = [{"name": "a\\"}, {"name": 'x"}, {"y'}, {"name": '\\"}, {'}, {"name": "q}, {", "v": 1}, {"n": 2}]
     text = json.dumps(events)[1:-1].encode()

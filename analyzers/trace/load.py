@@ -205,8 +205,11 @@ def _decode_part(data: bytes) -> tuple[str, object]:
         b.add(*b.decode(b"".join((b"[", data, b"]"))))
     except msgspec.ValidationError as exc:
         return "error", str(_bad_event("", exc, b)).split(": ", 1)[-1]
-    except msgspec.DecodeError as exc:
-        return "error", f"corrupt JSON in traceEvents ({exc})"
+    except msgspec.DecodeError:
+        try:  # the slice is whole events: damaged ones are skipped as in this process
+            _salvage("", bytearray(data), 0, len(data), b)
+        except DiagInputError as exc:
+            return "error", str(exc).split(": ", 1)[-1]
     return "ok", b.export()
 
 
