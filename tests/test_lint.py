@@ -24,6 +24,7 @@ LAYERS = {
     "analyzers/job": ("diag.errors", "diag.rundir", f"{_ANALYZERS}.intervals", f"{_ANALYZERS}.trace", f"{_ANALYZERS}.job",
                       f"{_ANALYZERS}.diagnosis.decision_tree"),
     "analyzers/diagnosis": ("diag.errors", f"{_ANALYZERS}.diagnosis"),
+    "analyzers/plan": ("diag.errors", f"{_ANALYZERS}.plan"),
     "analyzers/views": ("diag.errors", f"{_ANALYZERS}.diagnosis", f"{_ANALYZERS}.views",
                         f"{_ANALYZERS}.job.cross_rank"),
     "analyzers/analyze.py": ("diag.errors", "diag.rundir", _ANALYZERS),
