@@ -59,6 +59,15 @@ COMMANDS: dict[str, tuple] = {
     "diag nccl parse saved_all_reduce.txt": (
         "run", "diag nccl parse saved_all_reduce.txt", "the file is the output `diag nccl` printed above"),
     "diag nccl-log rank*.log": ("run", "diag nccl-log {logs}", "real NCCL logs from the shared data"),
+    "diag plan --model llama3-8b --gpus 8 --device h100-sxm --zero 3 --global-batch 64 --intra nvlink4": (
+        "run", "diag plan --model llama3-8b --gpus 8 --device h100-sxm --zero 3 --global-batch 64 --intra nvlink4",
+        ""),
+    "diag plan --model llama3-70b --gpus 64 --device h100-sxm --global-batch 512 --intra nvlink4 --inter ib_ndr "
+    "--nics-per-node 8 --search": (
+        "run", "diag plan --model llama3-70b --gpus 64 --device h100-sxm --global-batch 512 --intra nvlink4 "
+        "--inter ib_ndr --nics-per-node 8 --search", ""),
+    "diag plan --params 7.5e9 --gpus 64 --zero 2 --optimizer adam": (
+        "run", "diag plan --params 7.5e9 --gpus 64 --zero 2 --optimizer adam", ""),
 }
 
 

@@ -21,6 +21,11 @@ micro-batch, h hidden size, a attention heads, t tensor-parallel size):
   tensor parallel, selective recompute          s*b*h*(10 + 24/t)
   tensor + sequence parallel, selective         s*b*h*34/t
   full recomputation                 2*s*b*h (the layer's input), /t with sequence parallel
+The 5*a*s/h term is the attention's s x s scores, softmax and dropout mask. FlashAttention
+(PyTorch's scaled_dot_product_attention on GPUs) never stores them and recomputes them in
+the backward pass, which is what selective recomputation does: with `flash` the term goes,
+as in the paper's selective rows. The 34 assumes the paper's 4h GeLU MLP; a gated MLP of
+about the same parameter count (LLaMA's 8/3 h SwiGLU) stores about as much.
 Bytes throughout; a GB in the papers is 10**9 bytes.
 """
 
@@ -91,14 +96,14 @@ def model_states(params: float, precision: str = "bf16-mixed", optimizer: str = 
 
 
 def activations_per_layer(seq: int, micro_batch: int, hidden: int, heads: int, tp: int = 1, sp: bool = False,
-                          recompute: str = "none") -> float:
+                          recompute: str = "none", flash: bool = False) -> float:
     """Bytes of activations one transformer layer keeps for the backward pass (Korthikanti Table 2)."""
     if recompute not in RECOMPUTE:
         raise DiagInputError(f"unknown recomputation {recompute!r}; choose from {', '.join(RECOMPUTE)}")
     if min(seq, micro_batch, hidden, heads, tp) < 1:
         raise DiagInputError("sequence, micro-batch, hidden size, heads and tensor parallelism must be positive")
     sbh = seq * micro_batch * hidden
-    attn = 5 * heads * seq / hidden  # the attention score, softmax and dropout terms
+    attn = 0.0 if flash else 5 * heads * seq / hidden  # the attention score, softmax and dropout terms
     if recompute == "full":
         return 2 * sbh / (tp if sp else 1)
     if recompute == "selective":  # the attention terms are recomputed

@@ -1,0 +1,204 @@
+"""`diag plan`: per-GPU memory, fit, communication and step time of a training layout, and
+with `--search` the best layouts for the GPUs at hand (diag.analyzers.plan)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from diag.errors import DiagInputError
+
+NAME = "plan"
+HELP = "plan memory and parallelism: per-GPU memory, fit, communication and step time of a layout"
+GIB = 2**30
+
+
+def add_arguments(parser) -> None:
+    m = parser.add_argument_group("model (one of)")
+    m.add_argument("--model", metavar="PRESET", help="a published configuration: llama3-8b, llama3-70b, "
+                   "llama3-405b, llama2-7b, llama2-70b, mistral-7b, gpt3-175b, gpt2")
+    m.add_argument("--hf-config", metavar="FILE", help="a Hugging Face config.json on disk (never downloaded)")
+    m.add_argument("--params", type=float, help="parameter count (memory of model states only)")
+    m.add_argument("--layers", type=int)
+    m.add_argument("--hidden", type=int)
+    m.add_argument("--heads", type=int)
+    m.add_argument("--kv-heads", type=int)
+    m.add_argument("--ffn", type=int)
+    m.add_argument("--vocab", type=int, default=32000)
+    m.add_argument("--seq", type=int, help="sequence length (default: the model's context)")
+    j = parser.add_argument_group("job")
+    j.add_argument("--gpus", type=int, required=True)
+    j.add_argument("--gpus-per-node", type=int, default=8)
+    j.add_argument("--micro-batch", type=int, default=1)
+    j.add_argument("--global-batch", type=int)
+    j.add_argument("--precision", default="bf16-mixed", choices=["fp32", "tf32", "bf16-mixed", "fp16-mixed",
+                                                                  "fp8-mixed"])
+    j.add_argument("--optimizer", default="adamw", choices=["adam", "adamw", "sgd", "adafactor"])
+    j.add_argument("--zero", default="0", choices=["0", "1", "2", "3", "fsdp-full", "fsdp-grad-op"])
+    j.add_argument("--tp", type=int, default=1)
+    j.add_argument("--pp", type=int, default=1)
+    j.add_argument("--sp", action="store_true", help="sequence parallelism (needs --tp > 1)")
+    j.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
+    j.add_argument("--offload", action="store_true", help="optimizer states (and ZeRO-3 parameters) in CPU memory")
+    j.add_argument("--attention", default="flash", choices=["flash", "eager"],
+                   help="flash (SDPA/FlashAttention, the default on GPUs) keeps no s x s scores; eager does")
+    j.add_argument("--gpu-memory", type=float, metavar="GIB", help="memory per GPU in GiB")
+    j.add_argument("--device", help="a device of diag's table (h100-sxm, a100-80gb, mi300x, ...): memory and peaks")
+    r = parser.add_argument_group("rates")
+    r.add_argument("--mfu", type=float, default=None, help="achieved share of the datasheet peak "
+                   "(default 0.45 when no measured rate is given)")
+    r.add_argument("--intra", help="link inside a node (nvlink4, pcie5, ...): its healthy bus bandwidth")
+    r.add_argument("--inter", help="network between nodes (ib_ndr, roce_400, eth_100, ...)")
+    r.add_argument("--nics-per-node", type=int)
+    r.add_argument("--tokens", type=float, help="tokens to train on: prints the time to train")
+    parser.add_argument("--search", action="store_true", help="rank every valid layout for these GPUs")
+    parser.add_argument("--json", action="store_true", help="print the diag.plan/1 document")
+
+
+def _model(args):
+    from diag.analyzers.plan import models
+
+    chosen = [x for x in (args.model, args.hf_config, args.params, args.layers) if x is not None]
+    if len(chosen) != 1:
+        raise DiagInputError("give the model once: --model PRESET, --hf-config FILE, --params N, or the shape "
+                             "flags --layers --hidden --heads --seq")
+    if args.model:
+        return models.with_seq(models.preset(args.model), args.seq)
+    if args.hf_config:
+        return models.with_seq(models.from_hf_config(args.hf_config), args.seq)
+    if args.params is not None:
+        return None
+    if not (args.hidden and args.heads and args.seq):
+        raise DiagInputError("shape flags need --layers, --hidden, --heads and --seq")
+    return models.from_shape(args.layers, args.hidden, args.heads, args.seq, args.kv_heads, args.ffn, args.vocab)
+
+
+def _device(args):
+    if not args.device:
+        return None
+    from diag.analyzers.trace.devices import PEAKS
+
+    key = args.device.lower()
+    matches = [d for k, d in PEAKS.items() if k == key or k.startswith(key)]
+    if not matches:
+        raise DiagInputError(f"unknown device {args.device!r}; known: {', '.join(sorted(PEAKS))}")
+    return matches[0]
+
+
+def _rates(args, device, dtype: str):
+    from diag.analyzers.nccl import expected
+    from diag.analyzers.plan.planner import DEFAULT_MFU, Rates
+
+    peak = device.peak_flops(dtype) if device else None
+    mfu = args.mfu if args.mfu is not None else DEFAULT_MFU
+    sources = {}
+    if peak:
+        sources["flops"] = f"{device.name} datasheet peak {peak / 1e12:.0f} TFLOP/s ({dtype}) x MFU {mfu:.0%}" + (
+            "" if args.mfu is not None else " (assumed; measured rates replace it)")
+    intra = inter = None
+    topo = expected.topology_from_flags(args.intra, args.inter, args.nics_per_node, args.gpus_per_node)
+    if args.intra:
+        e = expected.expected_busbw(topo, nodes=1)
+        intra = (e["expected_busbw_gbps"] or 0) * 1e9 or None
+        sources["intra_busbw"] = e["basis"]
+    if args.inter:
+        e = expected.expected_busbw(topo, nodes=2)
+        inter = (e["expected_busbw_gbps"] or 0) * 1e9 or None
+        sources["inter_busbw"] = e["basis"]
+    return Rates(flops_per_gpu=peak * mfu if peak else None, peak_flops=peak, intra_busbw=intra,
+                 inter_busbw=inter, sources=sources)
+
+
+def run(args) -> int:
+    from diag.analyzers.plan.memory import model_states
+    from diag.analyzers.plan.planner import Job, plan, time_to_train
+    from diag.analyzers.plan.search import search
+
+    model = _model(args)
+    device = _device(args)
+    mem = args.gpu_memory * GIB if args.gpu_memory else (device.mem_bytes if device else None)
+    job = Job(gpus=args.gpus, gpus_per_node=args.gpus_per_node, micro_batch=args.micro_batch,
+              global_batch=args.global_batch, seq=args.seq, precision=args.precision, optimizer=args.optimizer,
+              sharding=args.zero, tp=args.tp, pp=args.pp, sp=args.sp, recompute=args.recompute,
+              offload=args.offload, flash=args.attention == "flash", gpu_memory_bytes=mem)
+    if model is None:  # --params: model states only
+        dp = args.gpus // (args.tp * args.pp) if args.gpus % (args.tp * args.pp) == 0 else None
+        if dp is None:
+            raise DiagInputError(f"tp x pp = {args.tp * args.pp} does not divide {args.gpus} GPUs")
+        st = model_states(args.params, args.precision, args.optimizer, args.zero, dp, args.tp, args.pp)
+        doc = {"schema": "diag.plan/1", "model": {"params": args.params}, "per_gpu": {
+            "params_bytes": st.params_bytes, "grads_bytes": st.grads_bytes, "optimizer_bytes": st.optimizer_bytes,
+            "model_states_bytes": st.total_bytes}, "note": "activations need the model's shape (--model or "
+            "--hf-config or the shape flags)"}
+        return _emit(args, doc, _states_text(doc))
+    dtype = "fp32" if args.precision == "fp32" else "tf32" if args.precision == "tf32" else "bf16"
+    rates = _rates(args, device, dtype)
+    if args.search:
+        doc = search(model, job, rates)
+        return _emit(args, doc, _search_text(doc))
+    doc = plan(model, job, rates)
+    if args.tokens:
+        doc["time_to_train_s"] = time_to_train(doc, args.tokens)
+        doc["tokens"] = args.tokens
+    return _emit(args, doc, _plan_text(doc))
+
+
+def _emit(args, doc: dict, text: str) -> int:
+    if args.json:
+        json.dump(doc, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _gib(x) -> str:
+    return "n/a" if x is None else f"{x / GIB:9.2f} GiB"
+
+
+def _states_text(doc: dict) -> str:
+    g = doc["per_gpu"]
+    return "".join(f"{k.replace('_bytes', ''):<14}{_gib(g[k])}\n" for k in
+                   ("params_bytes", "grads_bytes", "optimizer_bytes", "model_states_bytes")) + doc["note"] + "\n"
+
+
+def _plan_text(doc: dict) -> str:
+    m, lay, g = doc["model"], doc["layout"], doc["per_gpu"]
+    lines = [f"{m['name']}: {m['params'] / 1e9:.2f}B parameters, {m['layers']} layers, hidden {m['hidden']}, "
+             f"seq {m['seq']}",
+             f"layout: {lay['gpus']} GPUs = tp {lay['tp']} x pp {lay['pp']} x dp {lay['dp']}, ZeRO-{lay['zero_stage']}"
+             f", recompute {lay['recompute']}, micro-batch {lay['micro_batch']} x {lay['grad_accum']} accumulation"
+             f" = global batch {lay['global_batch']}", "", "per GPU:"]
+    for k in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "allowance_bytes",
+              "total_bytes"):
+        lines.append(f"  {k.replace('_bytes', ''):<12}{_gib(g[k])}")
+    if g["gpu_memory_bytes"]:
+        lines.append(f"  {'capacity':<12}{_gib(g['gpu_memory_bytes'])}  -> "
+                     + ("fits" if doc["fits"] else "DOES NOT FIT"))
+    lines.append("communication per GPU per step: " + ", ".join(
+        f"{k} {v / 1e9:.2f} GB" for k, v in doc["comm_bytes_per_step"].items() if v))
+    if doc.get("step_time_s"):
+        b = doc["breakdown_s"]
+        lines.append(f"predicted step: {doc['step_time_s']:.3f} s (compute {b['compute']:.3f}, tp {b['tp_comm']:.3f}, "
+                     f"pp {b['pp_comm']:.3f}, exposed dp {b['dp_comm_exposed']:.3f}, bubble "
+                     f"{b['pipeline_bubble']:.3f})" + (f", MFU {doc['mfu']:.0%}" if doc.get("mfu") else ""))
+    elif doc.get("missing"):
+        lines.append(f"no step time: {doc['missing']}")
+    if doc.get("time_to_train_s"):
+        lines.append(f"time to train on {doc['tokens']:.3g} tokens: {doc['time_to_train_s'] / 86400:.1f} days")
+    for k, v in doc.get("rates", {}).items():
+        lines.append(f"rate {k}: {v}")
+    return "\n".join(lines) + "\n"
+
+
+def _search_text(doc: dict) -> str:
+    lines = [f"{doc['layouts_considered']} valid layouts, {doc['layouts_fitting']} fit; best:"]
+    for i, b in enumerate(doc["best"], 1):
+        lines.append(f"  {i}. {b['layout']}: {b['why']}")
+    lines.append("why the others lose:")
+    for k, v in doc["losers"].items():
+        if v["count"]:
+            lines.append(f"  {k.replace('_', ' ')}: {v['count']} layouts, e.g. {v['example']}: {v['why']}")
+    for k, v in doc.get("rates", {}).items():
+        lines.append(f"rate {k}: {v}")
+    return "\n".join(lines) + "\n"
