@@ -98,3 +98,19 @@ def test_search_for_llama3_70b_on_64_h100_is_fast_and_explains_itself():
 def test_impossible_requests_are_one_line_errors(args, words):
     proc = _plan(*args, expect=2)
     assert words in proc.stderr and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+def test_measured_bus_bandwidth_from_nccl_tests_output(real_nccl):
+    """A 24-rank all_reduce_perf run (three 8-GPU nodes) reached 96.4 GB/s busbw on its largest
+    messages: the planner uses it across nodes and says so."""
+    src = real_nccl / "nccltests_NVIDIA-nccl-tests_119.txt"
+    doc = json.loads(_plan("--model", "llama3-70b", "--gpus", "64", "--device", "h100-sxm", "--global-batch", "512",
+                           "--tp", "8", "--sp", "--pp", "2", "--intra", "nvlink4", "--nccl", str(src), "--json").stdout)
+    assert doc["rates"]["inter_busbw"].startswith("measured: 96.4 GB/s all_reduce busbw (24 ranks")
+    assert doc["rates"]["intra_busbw"].startswith("NVLink 4")
+    b = doc["breakdown_s"]
+    assert b["dp_comm"] == pytest.approx(
+        (doc["comm_bytes_per_step"]["all_reduce"]) / 96.435e9, rel=1e-3)  # ZeRO-1: the gradient all-reduce
+    empty = real_nccl / "nccltests_NVIDIA-nccl-tests_107.txt"  # a run with no bandwidth figures
+    proc = _plan("--model", "llama3-8b", "--gpus", "8", "--nccl", str(empty), expect=2)
+    assert "no bus bandwidth measurement" in proc.stderr

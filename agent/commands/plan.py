@@ -50,6 +50,8 @@ def add_arguments(parser) -> None:
     r.add_argument("--intra", help="link inside a node (nvlink4, pcie5, ...): its healthy bus bandwidth")
     r.add_argument("--inter", help="network between nodes (ib_ndr, roce_400, eth_100, ...)")
     r.add_argument("--nics-per-node", type=int)
+    r.add_argument("--nccl", nargs="+", metavar="FILE", help="measured bus bandwidth: nccl-tests output or "
+                   "`diag nccl --json` documents (across nodes when the run spanned hosts, else inside a node)")
     r.add_argument("--tokens", type=float, help="tokens to train on: prints the time to train")
     parser.add_argument("--search", action="store_true", help="rank every valid layout for these GPUs")
     parser.add_argument("--json", action="store_true", help="print the diag.plan/1 document")
@@ -105,8 +107,53 @@ def _rates(args, device, dtype: str):
         e = expected.expected_busbw(topo, nodes=2)
         inter = (e["expected_busbw_gbps"] or 0) * 1e9 or None
         sources["inter_busbw"] = e["basis"]
+    for where, (bw, basis) in _measured_busbw(args.nccl or [], args.gpus_per_node).items():
+        sources[f"{where}_busbw"] = basis
+        if where == "intra":
+            intra = bw
+        else:
+            inter = bw
     return Rates(flops_per_gpu=peak * mfu if peak else None, peak_flops=peak, intra_busbw=intra,
                  inter_busbw=inter, sources=sources)
+
+
+def _measured_busbw(files: list[str], gpus_per_node: int) -> dict:
+    """{"intra" | "inter": (bytes/s, basis)}: the best large-message bus bandwidth measured in
+    the files, inside a node or across nodes (by the hosts, else the ranks, of each run)."""
+    from pathlib import Path
+
+    from diag.analyzers.nccl import expected, nccl_tests
+
+    best: dict = {}
+    for f in files:
+        path = Path(f)
+        try:
+            head = path.read_bytes()[:1].strip()
+        except OSError as exc:
+            raise DiagInputError(f"{f}: cannot read ({exc.strerror or exc})") from None
+        if head == b"{":
+            try:
+                doc = json.loads(path.read_text(encoding="utf-8"))
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise DiagInputError(f"{f}: not a readable JSON document ({exc})") from None
+            tests = doc.get("tests") if isinstance(doc, dict) and isinstance(doc.get("tests"), list) else []
+        else:
+            tests = nccl_tests.parse_file(path).get("tests") or []
+        for t in tests:
+            if not isinstance(t, dict):
+                continue
+            bw, size = expected.large_message_busbw(t)
+            if not bw:
+                continue
+            hosts = len(set(t.get("hosts") or []))
+            world = t.get("world_size") or 0
+            where = "inter" if hosts > 1 or (not hosts and world > gpus_per_node) else "intra"
+            if bw * 1e9 > best.get(where, (0.0, ""))[0]:
+                best[where] = (bw * 1e9, f"measured: {bw:.1f} GB/s {t.get('collective') or ''} busbw "
+                                         f"({world or '?'} ranks, {size} B messages) in {path.name}")
+    if files and not best:
+        raise DiagInputError("no bus bandwidth measurement in " + ", ".join(files))
+    return best
 
 
 def run(args) -> int:
