@@ -158,7 +158,7 @@ def _measured_busbw(files: list[str], gpus_per_node: int) -> dict:
 
 def run(args) -> int:
     from diag.analyzers.plan.memory import model_states
-    from diag.analyzers.plan.planner import Job, plan, time_to_train
+    from diag.analyzers.plan.planner import Job, data_parallel, plan, time_to_train
     from diag.analyzers.plan.search import search
 
     model = _model(args)
@@ -169,9 +169,7 @@ def run(args) -> int:
               sharding=args.zero, tp=args.tp, pp=args.pp, sp=args.sp, recompute=args.recompute,
               offload=args.offload, flash=args.attention == "flash", gpu_memory_bytes=mem)
     if model is None:  # --params: model states only
-        dp = args.gpus // (args.tp * args.pp) if args.gpus % (args.tp * args.pp) == 0 else None
-        if dp is None:
-            raise DiagInputError(f"tp x pp = {args.tp * args.pp} does not divide {args.gpus} GPUs")
+        dp = data_parallel(args.gpus, args.tp, args.pp)
         st = model_states(args.params, args.precision, args.optimizer, args.zero, dp, args.tp, args.pp)
         doc = {"schema": "diag.plan/1", "model": {"params": args.params}, "per_gpu": {
             "params_bytes": st.params_bytes, "grads_bytes": st.grads_bytes, "optimizer_bytes": st.optimizer_bytes,

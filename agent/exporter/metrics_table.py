@@ -26,7 +26,8 @@ BOUNDS = ("data", "host", "comm", "memory", "compute")
 # Step time also goes to "wait" (waiting at collectives for other ranks) once the job
 # analysis has matched collectives across ranks. A step whose record has no shares still
 # has its data wait; the rest of it is "unattributed" rather than guessed.
-PHASES = ("data", "host", "comm", "wait", "memory", "compute", "unattributed")
+CLASSES = ("data", "host", "comm", "wait", "memory", "compute")
+PHASES = CLASSES + ("unattributed",)
 # NVML clock event (throttle) reasons, named as the NVML sampler names them in samples
 # (contract D). Unknown reason bits are exported as reason="other".
 CLOCK_EVENT_REASONS = (

@@ -27,7 +27,7 @@ import numbers
 import os
 import time
 
-from diag.exporter.metrics_table import BOUNDS, CLOCK_EVENT_REASONS, PHASES
+from diag.exporter.metrics_table import BOUNDS, CLASSES, CLOCK_EVENT_REASONS
 from diag.exporter.registry import MetricState, make_registry, render_text
 from diag.exporter.server import MetricsServer
 
@@ -261,7 +261,7 @@ class Handle:
         if bound is not None and bound not in BOUNDS:
             raise ValueError(f"unknown bound {bound!r}")
         shares = doc.get("phase_shares") if isinstance(doc.get("phase_shares"), dict) else {}
-        ratios = {(b,): v for b, v in ((b, _num(shares.get(b))) for b in PHASES[:-1]) if v is not None}
+        ratios = {(b,): v for b, v in ((b, _num(shares.get(b))) for b in CLASSES) if v is not None}
         with self.state.lock:
             self.state.replace("diag_job_bound", {(b,): float(b == bound) for b in BOUNDS} if bound else {})
             self.state.replace("diag_job_phase_ratio", ratios)

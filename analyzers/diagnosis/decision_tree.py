@@ -127,7 +127,7 @@ def parse_overrides(items: list[str] | None) -> dict:
 
 
 def derive(measurements: dict) -> dict:
-    """Fill in derived measurements from the five shares where they are missing."""
+    """Fill in derived measurements from the shares where they are missing."""
     m = {k: v for k, v in measurements.items() if v is not None and not _nan(v)}
     if "busy_share" not in m and all(k in m for k in ("comm_share", "memory_share", "compute_share")):
         # A collective waiting for a peer occupies the device (or gloo's thread) as its transfer does.
@@ -212,8 +212,9 @@ def verdict_from(measurements: dict, tree, force: dict | None = None) -> dict:
     return {"bound": None if guessed else v["bound"], "path": v["path"], "fixes": [] if guessed else v["fixes"]}
 
 
-def advise(measurements: dict, tree: Tree, bound: str | None = None) -> list[dict]:
-    """Advisory findings whose rule fires on the measurements given (beside verdict `bound`)."""
+def advise(measurements: dict, tree: Tree, bound: str | None = None, source: str | None = None) -> list[dict]:
+    """Advisory findings whose rule fires on the measurements given (beside verdict `bound`);
+    `source` (e.g. "trace") is recorded in each finding's evidence."""
     m = derive(measurements)
     out = []
     for rule in tree.advisories:
@@ -230,7 +231,8 @@ def advise(measurements: dict, tree: Tree, bound: str | None = None) -> list[dic
                     "severity": rule["severity"],
                     "message": rule["message"].format(value=value, threshold=threshold),
                     "advice": rule["advice"],
-                    "evidence": {rule["metric"]: value, "threshold": threshold},
+                    "evidence": {rule["metric"]: value, "threshold": threshold,
+                                 **({"source": source} if source else {})},
                 }
             )
     return out

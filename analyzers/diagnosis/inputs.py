@@ -12,8 +12,10 @@ import math
 
 import numpy as np
 
-# The classes of a step's time (decision_tree.CLASSES): the five bounds and waiting for peers.
-PHASES = ("data", "host", "comm", "wait", "memory", "compute")
+from diag.analyzers.diagnosis.decision_tree import CLASSES
+
+# The classes of a step's time: the five bounds and waiting for peers.
+PHASES = CLASSES
 
 
 PHASE_LABELS = {

@@ -95,7 +95,7 @@ def split_waits(analyses: dict[int, list[dict]], tree) -> dict:
 
 
 def _exposed_set(records: list[dict]) -> np.ndarray:
-    pairs = [p for c in records if isinstance(c, dict) for p in c.get("exposed") or []
+    pairs = [p for c in records for p in c.get("exposed") or []
              if isinstance(p, (list, tuple)) and len(p) == 2]
     return iv.normalize(np.array(pairs, dtype=np.float64)) if pairs else iv.EMPTY
 
@@ -140,10 +140,9 @@ def _set_verdict(a: dict, v: dict, tree) -> None:
     # The tree's advisories depend on the shares (exposed communication): given again.
     rules = {r["id"] for r in tree.advisories}
     kept = [f for f in a.get("findings") or [] if not (isinstance(f, dict) and f.get("id") in rules)]
-    advice = dt.advise(a["measurements"], tree, bound=v["bound"])
-    for f in advice:
-        f["evidence"] = {**f["evidence"], "source": "trace"}
-    a["findings"] = kept + advice
+    # A trace analysis (it has a timeline) tags its advisories; a run analysis's rank does not.
+    a["findings"] = kept + dt.advise(a["measurements"], tree, bound=v["bound"],
+                                     source="trace" if "timeline" in a else None)
 
 
 def resolve_peer_verdicts(ranks: list[dict], tree) -> None:

@@ -176,11 +176,15 @@ def _warn_failure(doc, sig):
             "evidence": _lines(sig, "warn_failure")}
 
 
+def _in_init(chain: dict) -> bool:
+    """An error chain through communicator initialisation (init.cc, bootstrap.cc)."""
+    return any(f.split(":")[0].endswith(("init.cc", "bootstrap.cc")) for f in chain["frames"])
+
+
 def _error_chain(doc, sig):
     """An error NCCL returned up its call stack (`file.cc:line -> code`), outside initialisation
     (whose chains are init_failure's)."""
-    chains = [c for c in doc["error_chains"] if c["code"] and not any(
-        f.split(":")[0].endswith(("init.cc", "bootstrap.cc")) for f in c["frames"])]
+    chains = [c for c in doc["error_chains"] if c["code"] and not _in_init(c)]
     if not chains:
         return None
     c = chains[0]
@@ -194,8 +198,7 @@ def _init_failure(doc, sig):
     n = _count(sig, "init_failure")
     if not n:
         return None
-    chains = [c for c in doc["error_chains"] if any(f.split(":")[0].endswith(("init.cc", "bootstrap.cc"))
-                                                    for f in c["frames"])]
+    chains = [c for c in doc["error_chains"] if _in_init(c)]
     msg = "communicator initialisation failed"
     if chains:
         c = chains[0]

@@ -475,10 +475,9 @@ def parse_text(text: str, source: str | None = None) -> list[dict]:
             return new_test()
         return cur
 
-    raw_lines = text.splitlines()
-    extra = shared_prefix([strip_prefix(x) for x in raw_lines])
-    for raw in raw_lines:
-        line = strip_prefix(raw.rstrip("\r\n"))
+    lines = [strip_prefix(x) for x in text.splitlines()]
+    extra = shared_prefix(lines)
+    for line in lines:
         if extra is not None:
             line = extra.sub("", line, count=1)
         s = line.strip()

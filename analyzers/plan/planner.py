@@ -64,12 +64,20 @@ class Rates:
     sources: dict = field(default_factory=dict)
 
 
+def data_parallel(gpus: int, tp: int, pp: int) -> int:
+    """The data-parallel size of a layout, or a one-line error when tp x pp does not divide the GPUs."""
+    if min(gpus, tp, pp) < 1:
+        raise DiagInputError("GPUs and parallel degrees must be positive")
+    if gpus % (tp * pp):
+        raise DiagInputError(f"tp x pp = {tp * pp} does not divide {gpus} GPUs")
+    return gpus // (tp * pp)
+
+
 def validate(model: Model, job: Job) -> int:
     """The data-parallel size, or a one-line error for an impossible layout."""
     if min(job.gpus, job.gpus_per_node, job.micro_batch, job.tp, job.pp) < 1:
         raise DiagInputError("GPUs, GPUs per node, micro-batch and parallel degrees must be positive")
-    if job.gpus % (job.tp * job.pp):
-        raise DiagInputError(f"tp x pp = {job.tp * job.pp} does not divide {job.gpus} GPUs")
+    dp = data_parallel(job.gpus, job.tp, job.pp)
     if model.heads % job.tp:
         raise DiagInputError(f"{model.heads} attention heads are not divisible by tp = {job.tp}")
     if model.kv_heads % job.tp and job.tp % model.kv_heads:
@@ -78,7 +86,6 @@ def validate(model: Model, job: Job) -> int:
         raise DiagInputError(f"{model.layers} layers are not divisible by pp = {job.pp}")
     if job.sp and job.tp == 1:
         raise DiagInputError("sequence parallelism needs tp > 1")
-    dp = job.gpus // (job.tp * job.pp)
     if job.global_batch is not None and job.global_batch % (job.micro_batch * dp):
         raise DiagInputError(f"global batch {job.global_batch} is not a multiple of micro-batch x data-parallel "
                              f"size = {job.micro_batch * dp}")

@@ -125,9 +125,7 @@ def analyze_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None) -> dict
     if mem_frac is not None:
         rank_m["memory_used_frac"] = mem_frac
     verdict = dt.evaluate(rank_m, tree)
-    findings = dt.advise(rank_m, tree, bound=verdict["bound"])
-    for f in findings:
-        f["evidence"] = {**f["evidence"], "source": "trace"}
+    findings = dt.advise(rank_m, tree, bound=verdict["bound"], source="trace")
     if sampled:
         findings.insert(0, {
             "id": "sampled_trace",

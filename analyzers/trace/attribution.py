@@ -5,8 +5,8 @@ The classes are the decision tree's: data, host, comm, memory, compute, plus "wa
 from transfer once it has matched collectives across ranks (diag.analyzers.job.waits);
 a single trace gives it 0 and says so. Overlaps are
 resolved by priority with `diag.analyzers.intervals.exclusive_by_priority` (the one
-interval module); whatever no layer covers is "host". So the five parts always add up
-to the step's wall time.
+interval module); whatever no layer covers is "host". So the parts always add up to the
+step's wall time.
 
 Device traces (GPU/HIP): the device timeline decides.
     compute > memory > comm > data > host

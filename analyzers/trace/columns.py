@@ -245,7 +245,7 @@ class _Builder:
             "cpu": {k: (v if k == "tid" else _cat(v, _DTYPES[k])) for k, v in self.cpu.items()},
             "steps": self.steps, "gpu_steps": self.gpu_steps, "shapes": self.shapes, "coll": self.coll,
             "peak": self.peak, "ev_idx": self.ev_idx, "n": self.n, "n_dev": self.n_dev, "n_cpu": self.n_cpu,
-            "repairs": self.decode.repairs.export() if self.decode.repairs is not None else None,
+            "repairs": self.decode.repairs_done(),
         }
 
     def merge(self, part: dict) -> None:
@@ -277,11 +277,7 @@ class _Builder:
         self.n_cpu += part["n_cpu"]
         self.decode.seen += part["n"]
         if part.get("repairs"):
-            from diag.analyzers.trace.tolerant import Repairs
-
-            if self.decode.repairs is None:
-                self.decode.repairs = Repairs()
-            self.decode.repairs.merge(part["repairs"])
+            self.decode.log().merge(part["repairs"])
 
     def _name_list(self) -> list[str]:
         if len(self._names_cache) != len(self.names):
@@ -325,7 +321,7 @@ class _Builder:
             peak_allocated=self.peak,
             n_events=self.n,
             op_coverage=_coverage(self.ev_idx),
-            repairs=self.decode.repairs.export() if self.decode.repairs is not None else None,
+            repairs=self.decode.repairs_done(),
         )
 
 

@@ -537,11 +537,11 @@ def _salvage(path: str, buf: bytearray, start: int, end: int, b: _Builder) -> No
             except (msgspec.ValidationError, msgspec.DecodeError):
                 pass  # the damage reaches further back: these events go with it
         after = _SEP_RE.search(buf, max(bad, start) + 1, end)
-        _repairs(b).note(f"event {b.decode.seen}: corrupt JSON ({reason}), event skipped", event=True)
+        b.decode.log().note(f"event {b.decode.seen}: corrupt JSON ({reason}), event skipped", event=True)
         if after is None:
             return
         start = max(after.end() - 1, start + 1)
-    _repairs(b).note(f"event {b.decode.seen}: more than {MAX_SKIPPED} damaged events in one stretch, "
+    b.decode.log().note(f"event {b.decode.seen}: more than {MAX_SKIPPED} damaged events in one stretch, "
                      "the rest of it skipped", event=True)
 
 
@@ -580,18 +580,10 @@ def _parse_meta(path: str, head: bytes, tail: bytes, b: _Builder) -> dict:
         except msgspec.DecodeError:
             meta = {}
             note = f"metadata: corrupt JSON outside traceEvents ({exc}), ignored"
-        _repairs(b).note(note)
+        b.decode.log().note(note)
     if not isinstance(meta, dict):
         raise DiagInputError("not a Kineto trace", source=path)
     return meta
-
-
-def _repairs(b: _Builder):
-    from diag.analyzers.trace.tolerant import Repairs
-
-    if b.decode.repairs is None:
-        b.decode.repairs = Repairs()
-    return b.decode.repairs
 
 
 def _not_a_trace(path: str, data: bytes):

@@ -152,6 +152,18 @@ class _Decoder:
         self.seen = 0  # events decoded so far: the index of the next chunk's first event
         self.repairs = None  # a tolerant.Repairs once a chunk needed one
 
+    def log(self):
+        """The repair log, created at the first repair."""
+        if self.repairs is None:
+            from diag.analyzers.trace.tolerant import Repairs
+
+            self.repairs = Repairs()
+        return self.repairs
+
+    def repairs_done(self) -> dict | None:
+        """What was repaired, as plain data; None when nothing was."""
+        return self.repairs.export() if self.repairs is not None else None
+
     def __call__(self, data) -> tuple[list, np.ndarray]:
         """Events of one JSON array and their category codes (0: not read)."""
         try:
@@ -175,9 +187,7 @@ class _Decoder:
         except msgspec.ValidationError:
             from diag.analyzers.trace import tolerant
 
-            if self.repairs is None:
-                self.repairs = tolerant.Repairs()
-            events = tolerant.decode_tolerant(data, self.seen, self.repairs)
+            events = tolerant.decode_tolerant(data, self.seen, self.log())
         n = len(events)
         self.seen += n
         return events, np.fromiter(map(_CAT_CODE.get, map(_g_cat, events), repeat(0, n)), np.int8, n)

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from diag.analyzers.diagnosis.inputs import PHASES
+
 COMPARE_SCHEMA = "diag.compare/1"
-PHASES = ("data", "host", "comm", "wait", "memory", "compute")
 MIN_EFFECT = 0.01  # changes under 1% of step time are not called wins or losses
 BOOTSTRAP = 2000
 SEED = 20240611
