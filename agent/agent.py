@@ -128,6 +128,7 @@ class Agent:
         self._nccl_log_changed: float | None = None  # when this rank's NCCL log last changed, until parsed
         self._dist_recorded = False
         self._exception: tuple[str, str] | None = None  # (type, text) of what the training loop raised
+        self._watch: tuple | None = None  # (model, optimizer) to describe after the next step
         self._closed = False
         self._atexit = None
 
@@ -218,6 +219,27 @@ class Agent:
             if windows.begin(timer.step) or worked:
                 timer.rebase()
         self._queue.append((t, profiled))
+        if self._watch is not None:
+            self._record_model(t.step)
+
+    def watch(self, model, optimizer=None) -> Agent:
+        """Record what `model` and `optimizer` hold (parameters, gradients, optimizer state, the
+        transformer shape of a Hugging Face-style config) once, after the next step."""
+        self._watch = (model, optimizer)
+        return self
+
+    def _record_model(self, step: int) -> None:
+        model, optimizer = self._watch
+        self._watch = None  # once: the references are dropped either way
+        try:
+            from diag.collectors.model_facts import describe
+
+            facts = dict(describe(model, optimizer), step=step)
+        except Exception as exc:
+            self._log(f"model facts: off ({type(exc).__name__}: {exc})")
+            return
+        if self.writer is not None:
+            self.writer.update_info(model=facts)
 
     @property
     def windows_analysed(self) -> list[dict]:

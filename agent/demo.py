@@ -217,6 +217,7 @@ def _rank_main(local_rank: int, cfg: dict, done=None) -> None:
         model, batches, step_fn, samples = _build(cfg["bottleneck"], local_rank)
         ddp = torch.nn.parallel.DistributedDataParallel(model)
         opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+        agent.watch(ddp, opt)  # parameters, gradients and optimizer state, for the memory section and `diag plan --run`
         it = iter(batches)
         for _, batch in zip(range(steps), agent.loader(it)):
             opt.zero_grad(set_to_none=True)

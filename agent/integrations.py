@@ -64,6 +64,10 @@ def lightning_callback(**agent_options):
             self.agent = Agent(**agent_options).start()
             self._clock = _StepClock(self.agent)
 
+        def on_train_start(self, trainer, pl_module):
+            if self.agent is not None:  # the optimizers exist by now
+                self.agent.watch(pl_module, trainer.optimizers[0] if trainer.optimizers else None)
+
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             if self._clock is not None:
                 self._clock.step_begins()
@@ -107,6 +111,8 @@ def hf_callback(**agent_options):
             accum = getattr(args, "gradient_accumulation_steps", 1) or 1
             # Samples per optimizer step on this rank.
             self._samples = per_device * accum if per_device else None
+            if kwargs.get("model") is not None:
+                self.agent.watch(kwargs["model"], kwargs.get("optimizer"))
 
         def on_step_begin(self, args, state, control, **kwargs):
             if self._clock is not None:

@@ -61,6 +61,11 @@ def test_lightning_callback(tmp_path):
     assert all(s["data_wait_s"] is not None and s["data_wait_s"] >= 0 for s in steps[1:])
     assert rd.windows(0), "no profiler window was recorded inside Lightning's loop"
     assert (cb.agent.run_dir / "report.html").is_file() and (cb.agent.run_dir / "summary.json").is_file()
+    # What the live module and optimizer held, read from the trainer's own objects after step 0.
+    facts = rd.rank_info(0)["model"]
+    assert facts["params"] == 16 + 1 and facts["step"] == 0 and facts["class"] == "Model"  # Linear(16, 1)
+    assert facts["param_bytes"] == facts["grad_bytes"] == 4 * 17
+    assert facts["optimizer"] == "SGD" and facts["optimizer_state_bytes"] == 0  # plain SGD keeps no state
 
 
 def test_lightning_exception_propagates_and_the_run_is_failed(tmp_path):
@@ -109,6 +114,17 @@ def test_hf_trainer_callback(tmp_path, monkeypatch):
     assert rd.rank_info(0)["status"] == "completed"
     assert rd.windows(0), "no profiler window was recorded inside the Trainer's loop"
     assert (cb.agent.run_dir / "report.html").is_file()
+    # The model's facts, against transformers' own count (the tied output layer once) and
+    # AdamW's two fp32 moments per trainable parameter.
+    facts = rd.rank_info(0)["model"]
+    n = trainer.model.num_parameters()
+    assert facts["params"] == n and facts["param_bytes"] == 4 * n
+    assert facts["optimizer"] in ("AcceleratedOptimizer", "AdamW") and facts["optimizer_state_bytes"] == 8 * n
+    from diag.analyzers.plan.models import from_hf_dict
+
+    m = from_hf_dict(facts["config"], "recorded")
+    assert (m.layers, m.hidden, m.heads, m.vocab, m.seq, m.gated_mlp, m.tied_embeddings) == (2, 32, 2, 64, 32,
+                                                                                           False, True)
 
 
 def test_hf_trainer_exception_propagates(tmp_path, monkeypatch):

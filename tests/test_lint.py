@@ -23,7 +23,7 @@ LAYERS = {
     "analyzers/nccl": ("diag.errors", f"{_ANALYZERS}.nccl"),
     "analyzers/job": ("diag.errors", "diag.rundir", f"{_ANALYZERS}.intervals", f"{_ANALYZERS}.trace", f"{_ANALYZERS}.job",
                       f"{_ANALYZERS}.diagnosis.decision_tree"),
-    "analyzers/diagnosis": ("diag.errors", f"{_ANALYZERS}.diagnosis"),
+    "analyzers/diagnosis": ("diag.errors", f"{_ANALYZERS}.diagnosis", f"{_ANALYZERS}.plan.memory"),
     "analyzers/plan": ("diag.errors", f"{_ANALYZERS}.plan", f"{_ANALYZERS}.trace.devices",
                        f"{_ANALYZERS}.nccl.expected"),
     "analyzers/views": ("diag.errors", f"{_ANALYZERS}.diagnosis", f"{_ANALYZERS}.views",

@@ -106,6 +106,37 @@ def test_memory_capacity_advice_from_nvml_samples(tmp_path):
                or r["id"] == "finding-low_memory_use" for r in m["recommendations"])
 
 
+def test_memory_breakdown_levers_and_batch_headroom_from_model_facts(tmp_path):
+    """4 GiB peak (NVML) of 80 GiB, 32 samples per step, and the model facts the agent records
+    for 0.25 Gi parameters in bf16 with AdamW (fp32 moments) on 2 data-parallel ranks."""
+    run = write_run(tmp_path / "run", ranks=2, steps=20, bound="compute", gpu=True)
+    gib = 2**30
+    facts = {"params": gib // 4, "param_bytes": gib // 2, "grad_bytes": gib // 2, "optimizer_state_bytes": 2 * gib,
+             "buffer_bytes": 0, "sharded": False, "optimizer": "AdamW"}
+    for r in (0, 1):
+        path = run / rundir.rank_dir_name(r) / rundir.RANK_FILE
+        info = json.loads(path.read_text())
+        rundir.atomic_write_json(path, {**info, "model": facts})
+    m = build_run_model(run)
+    mem = m["memory"]
+    b = mem["breakdown"]
+    assert b["model_states_bytes"] == 3 * gib and b["peak_bytes"] == 4 * gib
+    assert b["activations_and_other_bytes"] == 1 * gib and b["activations_per_sample_bytes"] == gib / 32
+    levers = {x["id"]: x["bytes"] for x in mem["levers"]}
+    # Half of each sharded state moves to the other rank.
+    assert levers["zero1"] == gib and levers["zero2"] == 1.25 * gib and levers["zero3"] == 1.5 * gib
+    assert levers["recompute"] == pytest.approx(gib * 32 / 34)  # keeps 2sbh of 34sbh
+    assert levers["double_batch"] == -gib
+    # 0.85 x 80 GiB - 4 GiB = 64 GiB free at 1/32 GiB per sample: up to 32 + 2048 samples.
+    head = mem["batch_headroom"]
+    assert head["free_bytes"] == 64 * gib and head["samples_max"] == 32 + 2048
+    assert "from 32 to about 2080 samples" in mem["advice"]["actions"][0]
+    paths = write_report(run)
+    md = Path(paths["markdown"]).read_text()
+    assert "| ZeRO-3 (FSDP FULL_SHARD): also shard the parameters | +1.50 GiB |" in md
+    assert "| Activations and other (peak - states) | 1.00 GiB |" in md
+
+
 def test_throttle_events_marked_and_benign_reasons_ignored(tmp_path):
     run = write_run(tmp_path / "run", ranks=1, steps=200, bound="compute", gpu=True, step_s=0.05)
     m = build_run_model(run)

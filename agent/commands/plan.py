@@ -27,9 +27,10 @@ def add_arguments(parser) -> None:
     m.add_argument("--vocab", type=int, default=32000)
     m.add_argument("--seq", type=int, help="sequence length (default: the model's context)")
     j = parser.add_argument_group("job")
-    j.add_argument("--gpus", type=int, required=True)
+    j.add_argument("--gpus", type=int, help="GPUs of the layout (with --run: default the run's ranks)")
     j.add_argument("--gpus-per-node", type=int, default=8)
-    j.add_argument("--micro-batch", type=int, default=1)
+    j.add_argument("--micro-batch", type=int, help="sequences per GPU per micro-batch (default 1; with --run "
+                   "and the run's own model: the run's samples per step)")
     j.add_argument("--global-batch", type=int)
     j.add_argument("--precision", default="bf16-mixed", choices=["fp32", "tf32", "bf16-mixed", "fp16-mixed",
                                                                   "fp8-mixed"])
@@ -53,6 +54,8 @@ def add_arguments(parser) -> None:
     r.add_argument("--nccl", nargs="+", metavar="FILE", help="measured bus bandwidth: nccl-tests output or "
                    "`diag nccl --json` documents (across nodes when the run spanned hosts, else inside a node)")
     r.add_argument("--tokens", type=float, help="tokens to train on: prints the time to train")
+    parser.add_argument("--run", metavar="RUN_DIR", help="an agent run: its measured FLOP/s, step split, bus "
+                        "bandwidth (and RUN_DIR/nccl_bench.json) and, without model flags, its recorded model")
     parser.add_argument("--search", action="store_true", help="rank every valid layout for these GPUs")
     parser.add_argument("--json", action="store_true", help="print the diag.plan/1 document")
 
@@ -61,6 +64,8 @@ def _model(args):
     from diag.analyzers.plan import models
 
     chosen = [x for x in (args.model, args.hf_config, args.params, args.layers) if x is not None]
+    if not chosen and args.run:
+        return "run"
     if len(chosen) != 1:
         raise DiagInputError("give the model once: --model PRESET, --hf-config FILE, --params N, or the shape "
                              "flags --layers --hidden --heads --seq")
@@ -75,8 +80,13 @@ def _model(args):
     return models.from_shape(args.layers, args.hidden, args.heads, args.seq, args.kv_heads, args.ffn, args.vocab)
 
 
-def _device(args):
+def _device(args, facts: dict | None = None):
     if not args.device:
+        if facts and facts.get("device"):  # the run's own device, where diag's table knows it
+            from diag.analyzers.trace import devices
+
+            name = str(facts["device"])
+            return devices.cpu_device() if name == "cpu" else devices.lookup({"name": name})
         return None
     from diag.analyzers.trace.devices import PEAKS
 
@@ -161,14 +171,24 @@ def run(args) -> int:
     from diag.analyzers.plan.planner import Job, data_parallel, plan, time_to_train
     from diag.analyzers.plan.search import search
 
+    facts = _run_facts(args.run) if args.run else None
     model = _model(args)
-    device = _device(args)
+    if model == "run":
+        model = _recorded_model(facts)
+    if args.gpus is None:
+        if facts is None:
+            raise DiagInputError("give --gpus (or --run RUN_DIR to plan the run's own number of ranks)")
+        args.gpus = facts["world_size"]
+    if args.micro_batch is None:
+        own = facts is not None and model is None and args.params is None
+        args.micro_batch = int(facts["samples_per_step"]) if own and facts.get("samples_per_step") else 1
+    device = _device(args, facts)
     mem = args.gpu_memory * GIB if args.gpu_memory else (device.mem_bytes if device else None)
     job = Job(gpus=args.gpus, gpus_per_node=args.gpus_per_node, micro_batch=args.micro_batch,
               global_batch=args.global_batch, seq=args.seq, precision=args.precision, optimizer=args.optimizer,
               sharding=args.zero, tp=args.tp, pp=args.pp, sp=args.sp, recompute=args.recompute,
               offload=args.offload, flash=args.attention == "flash", gpu_memory_bytes=mem)
-    if model is None:  # --params: model states only
+    if model is None and args.params is not None:  # --params: model states only
         dp = data_parallel(args.gpus, args.tp, args.pp)
         st = model_states(args.params, args.precision, args.optimizer, args.zero, dp, args.tp, args.pp)
         doc = {"schema": "diag.plan/1", "model": {"params": args.params}, "per_gpu": {
@@ -178,6 +198,12 @@ def run(args) -> int:
         return _emit(args, doc, _states_text(doc))
     dtype = "fp32" if args.precision == "fp32" else "tf32" if args.precision == "tf32" else "bf16"
     rates = _rates(args, device, dtype)
+    if facts is not None:
+        from diag.analyzers.plan.measured import measured_rates
+
+        rates = measured_rates(facts, rates)
+    if model is None:  # the run's own model, without a transformer shape
+        return _emit(args, *_own_model(args, facts, job, rates))
     if args.search:
         doc = search(model, job, rates)
         return _emit(args, doc, _search_text(doc))
@@ -185,7 +211,59 @@ def run(args) -> int:
     if args.tokens:
         doc["time_to_train_s"] = time_to_train(doc, args.tokens)
         doc["tokens"] = args.tokens
+    if facts is not None:
+        doc["measured"] = _measured_block(facts)
     return _emit(args, doc, _plan_text(doc))
+
+
+def _run_facts(path: str) -> dict:
+    from pathlib import Path
+
+    from diag.analyzers.job.run_analysis import analyze_run
+    from diag.analyzers.plan.measured import run_facts
+    from diag.rundir import MANIFEST
+
+    run_dir = Path(path)
+    if not (run_dir / MANIFEST).is_file() and not any(run_dir.glob("rank-*")):
+        raise DiagInputError(f"{path}: not a diag run directory (no {MANIFEST} and no rank-N folder)")
+    return run_facts(analyze_run(run_dir))
+
+
+def _recorded_model(facts: dict):
+    """The run's model as a transformer when the agent recorded its configuration, else None."""
+    from diag.analyzers.plan import models
+
+    cfg = (facts.get("model") or {}).get("config")
+    if not cfg:
+        return None
+    try:
+        return models.from_hf_dict(cfg, "the configuration the agent recorded", "")
+    except DiagInputError:
+        return None  # a configuration that is not a decoder's: planned from the recorded facts
+
+
+def _own_model(args, facts: dict, job, rates) -> tuple[dict, str]:
+    from dataclasses import replace
+
+    from diag.analyzers.plan.measured import plan_own_model, self_check
+
+    if args.search:
+        raise DiagInputError("--search needs the model's transformer shape: give --model, --hf-config or the "
+                             "shape flags")
+    doc = plan_own_model(facts, job, rates)
+    same = job.gpus == facts["world_size"] and job.micro_batch == facts.get("samples_per_step")
+    run_layout = doc if same and job.sharding == "0" else plan_own_model(
+        facts, replace(job, gpus=facts["world_size"], sharding="0",
+                       micro_batch=int(facts.get("samples_per_step") or job.micro_batch)), rates)
+    doc["self_check"] = self_check(facts, run_layout.get("step_time_s"))
+    doc["measured"] = _measured_block(facts)
+    return doc, _plan_text(doc)
+
+
+def _measured_block(facts: dict) -> dict:
+    keep = ("source", "world_size", "hosts", "device", "achieved_flops_per_s", "flops_per_step", "flops_per_sample",
+            "flops_per_token", "profiled_steps", "step_time_s", "shares", "samples_per_step", "busbw_gbps")
+    return {k: facts.get(k) for k in keep}
 
 
 def _emit(args, doc: dict, text: str) -> int:
@@ -209,31 +287,45 @@ def _states_text(doc: dict) -> str:
 
 def _plan_text(doc: dict) -> str:
     m, lay, g = doc["model"], doc["layout"], doc["per_gpu"]
-    lines = [f"{m['name']}: {m['params'] / 1e9:.2f}B parameters, {m['layers']} layers, hidden {m['hidden']}, "
-             f"seq {m['seq']}",
+    shape = (f", {m['layers']} layers, hidden {m['hidden']}, seq {m['seq']}" if m.get("layers") else
+             f" ({m.get('source')})")
+    lines = [f"{m['name']}: {m['params'] / 1e9:.4g}B parameters{shape}",
              f"layout: {lay['gpus']} GPUs = tp {lay['tp']} x pp {lay['pp']} x dp {lay['dp']}, ZeRO-{lay['zero_stage']}"
-             f", recompute {lay['recompute']}, micro-batch {lay['micro_batch']} x {lay['grad_accum']} accumulation"
-             f" = global batch {lay['global_batch']}", "", "per GPU:"]
+             + (f", recompute {lay['recompute']}" if "recompute" in lay else "")
+             + f", micro-batch {lay['micro_batch']} x {lay['grad_accum']} accumulation = global batch "
+             f"{lay['global_batch']}", "", "per GPU:"]
     for k in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "allowance_bytes",
               "total_bytes"):
         lines.append(f"  {k.replace('_bytes', ''):<12}{_gib(g[k])}")
-    if g["gpu_memory_bytes"]:
+    if g.get("note"):
+        lines.append(f"  ({g['note']})")
+    if g["gpu_memory_bytes"] and doc["fits"] is not None:
         lines.append(f"  {'capacity':<12}{_gib(g['gpu_memory_bytes'])}  -> "
                      + ("fits" if doc["fits"] else "DOES NOT FIT"))
-    lines.append("communication per GPU per step: " + ", ".join(
-        f"{k} {v / 1e9:.2f} GB" for k, v in doc["comm_bytes_per_step"].items() if v))
+    lines.append("communication per GPU per step: " + (", ".join(
+        f"{k} {v / 1e9:.3g} GB" for k, v in doc["comm_bytes_per_step"].items() if v) or "none"))
     if doc.get("step_time_s"):
         b = doc["breakdown_s"]
-        lines.append(f"predicted step: {doc['step_time_s']:.3f} s (compute {b['compute']:.3f}, tp {b['tp_comm']:.3f}, "
-                     f"pp {b['pp_comm']:.3f}, exposed dp {b['dp_comm_exposed']:.3f}, bubble "
-                     f"{b['pipeline_bubble']:.3f})" + (f", MFU {doc['mfu']:.0%}" if doc.get("mfu") else ""))
+        lines.append(f"predicted step: {_s(doc['step_time_s'])} (compute {_s(b['compute'])}, tp {_s(b['tp_comm'])}, "
+                     f"pp {_s(b['pp_comm'])}, exposed dp {_s(b['dp_comm_exposed'])}, bubble "
+                     f"{_s(b['pipeline_bubble'])}" + (f", data and host {_s(b['overhead'])}" if b.get("overhead")
+                                                     else "") + ")"
+                     + (f", MFU {doc['mfu']:.0%}" if doc.get("mfu") else ""))
     elif doc.get("missing"):
         lines.append(f"no step time: {doc['missing']}")
+    check = doc.get("self_check")
+    if check:
+        lines.append(f"the run's own layout: predicted {_s(check['predicted_step_s'])} per step, measured "
+                     f"{_s(check['measured_step_s'])} ({check['error']:+.0%})")
     if doc.get("time_to_train_s"):
         lines.append(f"time to train on {doc['tokens']:.3g} tokens: {doc['time_to_train_s'] / 86400:.1f} days")
     for k, v in doc.get("rates", {}).items():
         lines.append(f"rate {k}: {v}")
     return "\n".join(lines) + "\n"
+
+
+def _s(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.3f} s"
 
 
 def _search_text(doc: dict) -> str:

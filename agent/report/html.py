@@ -21,6 +21,7 @@ from importlib import resources
 
 from diag import __version__
 from diag.analyzers.diagnosis.inputs import PHASE_LABELS, PHASES
+from diag.report.markdown import MEMORY_ROWS, signed_size, size_cell
 
 OPS = {">=": "≥", "<=": "≤", ">": ">", "<": "<"}
 COLORS = {"data": "#e4a11b", "host": "#9467bd", "comm": "#d62728", "wait": "#ff9896", "memory": "#1f77b4",
@@ -329,7 +330,7 @@ def _verdict(model: dict) -> str:
 
 def _ev_links(ids: list, model: dict) -> str:
     labels = {e["id"]: e["label"] for e in model.get("evidence") or []}
-    labels["memory"] = "Memory capacity"
+    labels["memory"] = "Memory"
     links = [f"<a href=\"#{esc(i)}\">{esc(labels.get(i, i))}</a>" for i in ids]
     return f"<div class=\"evid\">Evidence: {''.join(links)}</div>" if links else ""
 
@@ -559,13 +560,23 @@ def _nccl(model: dict, ids: set) -> str:
 def _memory(model: dict) -> str:
     m = model.get("memory") or {}
     inner = [f"<p>{esc(m.get('text') or 'No memory figures.')}</p>"]
+    b = m.get("breakdown")
+    if b:
+        rows = "".join(f"<tr><td>{esc(label)}</td><td class=\"num\">{esc(size_cell(b.get(k)))}</td></tr>"
+                       for k, label in MEMORY_ROWS)
+        inner.append(f"<table class=\"memory-breakdown\"><tr><th>Per rank</th><th class=\"num\">Size</th></tr>{rows}</table>")
+    if m.get("levers"):
+        rows = "".join(f"<tr><td>{esc(x['change'])}</td><td class=\"num\">{signed_size(x['bytes'])}</td></tr>"
+                       for x in m["levers"])
+        inner.append(f"<table class=\"memory-levers\"><tr><th>Change</th><th>Frees (+) or costs (-) per GPU</th>"
+                     f"</tr>{rows}</table>")
     a = m.get("advice")
     if a:
         inner.append(f"<p><b>{esc(a['title'])}.</b> {esc(a['why'])}</p><ul>"
                      + "".join(f"<li>{esc(x)}</li>" for x in a["actions"]) + "</ul>")
     elif m.get("used_fraction_max") is not None:
         inner.append("<p>Memory use is in the healthy range (80-95% of capacity): no change needed.</p>")
-    return _section("memory", "Memory capacity", "\n".join(inner))
+    return _section("memory", "Memory", "\n".join(inner))
 
 
 def _missing(model: dict) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import html
 
-from diag.analyzers.diagnosis.inputs import PHASE_LABELS, PHASES
+from diag.analyzers.diagnosis.inputs import PHASE_LABELS, PHASES, size
 
 
 def md_text(value) -> str:
@@ -139,9 +139,19 @@ def render(model: dict) -> str:
             out.append(f"- {md_text(f['severity'])} `{md_text(f['id'])}`: {md_text(f['message'])}")
         out.append("")
     mem = model.get("memory") or {}
-    out += ["## Memory capacity", "", md_text(mem.get("text") or "No memory figures."), ""]
+    out += ["## Memory", "", md_text(mem.get("text") or "No memory figures."), ""]
+    b = mem.get("breakdown")
+    if b:
+        out += ["| Per rank | Size |", "|---|---:|"]
+        out += [f"| {label} | {size_cell(b.get(k))} |" for k, label in MEMORY_ROWS]
+        out.append("")
+    if mem.get("levers"):
+        out += ["| Change | Frees (+) or costs (-) per GPU |", "|---|---:|"]
+        out += [f"| {md_text(x['change'])} | {signed_size(x['bytes'])} |" for x in mem["levers"]]
+        out.append("")
     if mem.get("advice"):
-        out += [f"**{md_text(mem['advice']['title'])}.**", ""]
+        out += [f"**{md_text(mem['advice']['title'])}.** " + " ".join(md_text(a) for a in mem["advice"]["actions"]),
+                ""]
     miss = model.get("missing") or []
     out += ["## What was missing", ""]
     if not miss:
@@ -158,3 +168,17 @@ def render(model: dict) -> str:
         out += [f"- {md_text(x)}" for x in notes]
     out.append("")
     return "\n".join(out)
+
+
+# The memory breakdown's rows (diag.analyzers.diagnosis.memory), shared with the HTML report.
+MEMORY_ROWS = (("params_bytes", "Parameters"), ("grads_bytes", "Gradients"), ("optimizer_bytes", "Optimizer state"),
+               ("buffers_bytes", "Buffers"), ("activations_and_other_bytes", "Activations and other (peak - states)"),
+               ("peak_bytes", "Measured peak"))
+
+
+def size_cell(b) -> str:
+    return "not measured" if b is None else size(b)
+
+
+def signed_size(b: float) -> str:
+    return ("+" if b >= 0 else "-") + size(abs(b))

@@ -45,7 +45,8 @@ from diag.analyzers.diagnosis.inputs import (
     tw_shares,
     world_size,
 )
-from diag.analyzers.diagnosis.recommendations import memory_section, recommendations
+from diag.analyzers.diagnosis.memory import memory_section
+from diag.analyzers.diagnosis.recommendations import recommendations
 from diag.analyzers.diagnosis.straggler_cause import annotate
 from diag.analyzers.diagnosis.verdict import has_all_shares, job_verdict, rank_measurements
 
@@ -101,7 +102,7 @@ def _judge(job: dict, ranks: dict, run: dict, tree) -> dict:
     ev = evidence(ranks, allt, steps, job_shares, basis, stragglers, nccl, findings)
     headline = _headline(bound, ranks, allt, world, job_shares, tree, nccl, stragglers, job, mset)
     confidence = _confidence(bound, _measured(allt, mset), path, run, world, job.get("borderline"))
-    memory = memory_section(ranks, tree)
+    memory = memory_section(ranks, tree, world)
     recs = recommendations(bound, job_shares, tree, job, findings, stragglers, nccl, memory, ev)
     headline["note"] = _order_note(bound, recs, job_shares)
     return {

@@ -328,5 +328,16 @@ def describe(ev) -> str:
     return str(ev)
 
 
+def size(b: float | None) -> str:
+    """Bytes in binary units a reader takes in at a glance: 512 KiB, 6.05 MiB, 71.20 GiB."""
+    if b is None:
+        return "n/a"
+    a = abs(b)
+    if a < 2**10:
+        return f"{b:.0f} B"
+    unit, div = ("GiB", 2**30) if a >= 2**30 else ("MiB", 2**20) if a >= 2**20 else ("KiB", 2**10)
+    return f"{b / div:.2f} {unit}"
+
+
 def pct(x: float | None, digits: int = 0) -> str:
     return "n/a" if x is None else f"{x * 100:.{digits}f}%"

@@ -1,4 +1,4 @@
-"""Recommendations and their expected gains, and the memory advice: computed here only.
+"""Recommendations and their expected gains: computed here only (the memory advice is memory.py's).
 
 Expected gain. Every moment of a step is attributed to exactly one of five phases, so
 removing a phase entirely shortens the step by that phase's share s, a speed-up of
@@ -9,8 +9,6 @@ removing a phase entirely shortens the step by that phase's share s, a speed-up 
 from __future__ import annotations
 
 import math
-
-import numpy as np
 
 from diag.analyzers.diagnosis.inputs import PHASE_LABELS, PHASES, num, pct
 
@@ -189,73 +187,3 @@ def _gain_text(share: float | None) -> str:
     speedup = 1 / (1 - share) if share < 0.99 else math.inf
     sp = "more than 100x" if math.isinf(speedup) else f"{speedup:.2f}x"
     return f"Up to {pct(share)} of step time, a step speed-up of up to {sp}"
-
-
-def memory_section(ranks: dict, tree) -> dict:
-    """Peak device memory against capacity, and what to do about it."""
-    peak = {}
-    cap = {}
-    for r in ranks.values():
-        # The larger of torch's peak allocation and NVML's memory in use (which includes the
-        # caching allocator's reserve): what the device really had to hold.
-        p = r["t"].peak[~np.isnan(r["t"].peak)]
-        if len(p):
-            peak[r["rank"]] = float(p.max())
-        gpus = [s.get("gpu") for s in r["samples"] if isinstance(s.get("gpu"), dict)]
-        caps = [c for c in (num(g.get("memory_total_bytes")) for g in gpus) if c]
-        used = [u for u in (num(g.get("memory_used_bytes")) for g in gpus) if u is not None]
-        if caps:
-            cap[r["rank"]] = max(caps)
-        if used:
-            peak[r["rank"]] = max(peak.get(r["rank"], 0.0), max(used))
-        if r["rank"] not in cap:
-            dev = r["info"].get("device") if isinstance(r["info"].get("device"), dict) else {}
-            c = num(dev.get("memory_total_bytes")) or num(r["info"].get("device_memory_total_bytes"))
-            if c:
-                cap[r["rank"]] = c
-    out = {"peak_bytes": max(peak.values()) if peak else None,
-           "capacity_bytes": min(cap.values()) if cap else None, "advice": None, "text": None}
-    fracs = [peak[k] / cap[k] for k in peak if k in cap and cap[k] > 0]
-    if not peak:
-        out["text"] = ("No device memory figures were recorded (a CPU-only run, or neither "
-                       "torch.cuda memory statistics nor NVML were available).")
-        return out
-    if not fracs:
-        out["text"] = (f"Peak device memory allocated is {_gib(out['peak_bytes'])}; the device's capacity "
-                       "is unknown (no NVML samples), so no capacity advice can be given.")
-        return out
-    hi, lo = max(fracs), min(fracs)
-    out["used_fraction_max"] = hi
-    out["used_fraction_min"] = lo
-    limit = tree.thresholds.get("memory_capacity", 0.8)
-    out["text"] = (f"Peak device memory is {_gib(out['peak_bytes'])} of {_gib(out['capacity_bytes'])} "
-                   f"({pct(hi)} on the fullest rank, {pct(lo)} on the emptiest).")
-    if hi < limit:
-        out["advice"] = {
-            "title": "Use the free device memory: raise the batch size",
-            "actions": [
-                f"Raise the per-device batch (or micro-batch) until peak memory nears 80-90% of capacity; "
-                f"today the fullest rank uses {pct(hi)}.",
-                "Keep the global batch fixed by lowering gradient-accumulation steps, if you use them.",
-            ],
-            "gain": "Fewer, larger kernels and fewer optimizer and communication rounds per sample; "
-                    "not quantified from these measurements",
-            "why": f"Device memory use peaks at {pct(hi)} of capacity, below {pct(limit)}.",
-        }
-    elif hi >= 0.95:
-        out["advice"] = {
-            "title": "Device memory is nearly full: make room before it fails or slows down",
-            "actions": [
-                "Enable activation checkpointing on the largest blocks, or shard optimizer state (ZeRO/FSDP).",
-                "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to reduce fragmentation.",
-                "Lower the micro-batch and raise gradient accumulation to keep the global batch.",
-            ],
-            "gain": "Avoids out-of-memory failures and allocator retries (cudaFree/cudaMalloc stalls); "
-                    "not quantified",
-            "why": f"Device memory use peaks at {pct(hi)} of capacity.",
-        }
-    return out
-
-
-def _gib(b) -> str:
-    return "n/a" if b is None else f"{b / 2**30:.2f} GiB"

@@ -456,6 +456,7 @@ def analyze_job(ranks: list[dict], tree=None) -> dict:
             "wait_ms": _ms(wait_us),
             "wait_fraction": round(wait_us / comm_us, 4) if comm_us > 0 else None,
             "transfer_fraction": round(transfer_share, 4) if transfer_share is not None else None,
+            "busbw": achieved_busbw(groups, world),
         },
         "rank_waits": rank_waits,
     }
@@ -648,24 +649,36 @@ def _imbalance_finding(transfer_share, rank_waits) -> dict:
     )
 
 
+def achieved_busbw(groups: list[dict], world: int | None) -> dict | None:
+    """Median bus bandwidth (nccl-tests' definition) of the matched collectives whose size is
+    known, timed by their fastest rank: the transfer, without waiting for a late peer.
+
+    The group size is taken as the world size (records carry no group size).
+    """
+    bw, sizes = [], []
+    for g in groups:
+        n = world or len(g["dur_us"])
+        fastest = min(g["dur_us"].values())
+        if g.get("bytes") and fastest > 0:
+            # nccl-tests sizes an all-gather by its output: every rank's input.
+            size = g["bytes"] * (max(n, 2) if g["name"] == "all_gather" else 1)
+            bw.append(size / (fastest * 1e-6) / 1e9 * _BUSBW_FACTOR.get(g["name"], lambda _n: 1.0)(max(n, 2)))
+            sizes.append(size)
+    if not bw:
+        return None
+    return {"median_gbps": round(statistics.median(bw), 3), "collectives": len(bw),
+            "median_bytes": int(statistics.median(sizes)), "ranks": world or None}
+
+
 def _slow_collectives_finding(groups, transfer_share, world, tree) -> dict:
     ev: dict = {"transfer_fraction_of_comm": round(transfer_share, 4) if transfer_share is not None else None}
     if groups:
         mins = [min(g["dur_us"].values()) for g in groups]
         ev["median_collective_ms"] = _ms(statistics.median(mins))
         ev["matched_collectives"] = len(groups)
-        # Bus bandwidth as nccl-tests defines it, for the collectives whose size is known
-        # (group size taken as the world size: records carry no group size).
-        bw = []
-        for g in groups:
-            n = world or len(g["dur_us"])
-            if g.get("bytes") and min(g["dur_us"].values()) > 0:
-                # nccl-tests sizes an all-gather by its output: every rank's input.
-                size = g["bytes"] * (max(n, 2) if g["name"] == "all_gather" else 1)
-                algbw = size / (min(g["dur_us"].values()) * 1e-6) / 1e9
-                bw.append(algbw * _BUSBW_FACTOR.get(g["name"], lambda _n: 1.0)(max(n, 2)))
+        bw = achieved_busbw(groups, world)
         if bw:
-            ev["median_busbw_gbps"] = round(statistics.median(bw), 3)
+            ev["median_busbw_gbps"] = bw["median_gbps"]
     fixes = tree.verdicts.get("comm", {}).get("fixes", []) if hasattr(tree, "verdicts") else []
     share = ev["transfer_fraction_of_comm"]
     return _finding(

@@ -332,6 +332,7 @@ def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None
     collectives = []
     for w in analysed:
         collectives.extend(w["analysis"].get("collectives") or [])
+    model = info.get("model")
     return {
         "rank": rank,
         "source": str(rd.rank_path(rank)),
@@ -372,6 +373,50 @@ def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None
             "samples_per_s": samples_total / wall_s if wall_s > 0 and samples_total else None,
             "tokens_per_s": tokens_total / wall_s if wall_s > 0 and tokens_total else None,
         },
+        # What the live model and optimizer held (diag.collectors.model_facts), and the rates measured.
+        "model": model if isinstance(model, dict) else None,
+        "rates": measured_rates([trace_steps[n] for n in sorted(trace_steps)], {r["step"]: r for r in records},
+                                [s["duration_ms"] for s in counted if s["evidence"] == "sampled"]),
+    }
+
+
+def measured_rates(trace_steps: list[dict], records: dict, unprofiled_ms: list) -> dict | None:
+    """FLOPs the profiled steps executed, and the rate of the device work that ran them.
+
+    The rate divides the steps' FLOPs by their compute and memory-bound time (the device
+    work a model's size scales), not by the whole step: data, host, communication and
+    waiting are separate terms of a plan's step time. The profiler slows the steps it
+    records (on CPUs by half or more); that time is taken out by scaling the work time by
+    the unprofiled steps' median duration over the profiled ones'.
+    """
+    flops = work_s = 0.0
+    samples = tokens = 0.0
+    n = 0
+    for s in trace_steps:
+        f, sh, d = s.get("flops"), s.get("shares"), s.get("duration_ms")
+        if not (_finite(f) and f > 0 and isinstance(sh, dict) and _finite(d) and d > 0):
+            continue
+        n += 1
+        flops += f
+        work_s += (float(sh.get("compute") or 0.0) + float(sh.get("memory") or 0.0)) * d / 1000.0
+        rec = records.get(s.get("step")) or {}
+        samples += float(rec.get("samples") or 0.0)
+        tokens += float(rec.get("tokens") or 0.0)
+    if not n:
+        return None
+    traced = _median(s.get("duration_ms") for s in trace_steps)
+    plain = _median(unprofiled_ms)
+    dilation = min(1.0, plain / traced) if plain and traced else 1.0
+    work_s *= dilation
+    return {
+        "steps": n,
+        "flops_per_step": flops / n,
+        "achieved_flops_per_s": flops / work_s if work_s > 0 else None,
+        "profiler_dilation": dilation,
+        "flops_per_sample": flops / samples if samples else None,
+        "flops_per_token": flops / tokens if tokens else None,
+        "basis": "FLOPs of the profiled steps' operators (from their shapes) over their compute and "
+                 "memory-bound time",
     }
 
 

@@ -116,6 +116,13 @@ def from_hf_config(path: str | Path) -> Model:
         raise DiagInputError(f"{p}: no such config file") from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise DiagInputError(f"{p}: not a readable config.json ({exc})") from None
+    return from_hf_dict(doc, str(p), p.parent.name)
+
+
+def from_hf_dict(doc, source: str, fallback_name: str = "config") -> Model:
+    """A model from the entries of a Hugging Face configuration (a config.json, or the
+    `config` the agent recorded from the live model)."""
+    p = source
     if not isinstance(doc, dict):
         raise DiagInputError(f"{p}: not a model configuration (expected a JSON object)")
     doc = doc.get("text_config") if isinstance(doc.get("text_config"), dict) else doc  # multimodal wrappers
@@ -134,12 +141,12 @@ def from_hf_config(path: str | Path) -> Model:
     hidden, heads, seq = get("hidden"), get("heads"), get("seq", required=False) or 2048
     head_dim = doc.get("head_dim") if isinstance(doc.get("head_dim"), int) else None
     m = Model(
-        name=str(doc.get("_name_or_path") or p.parent.name or "config"), layers=get("layers"), hidden=hidden,
+        name=str(doc.get("_name_or_path") or fallback_name or doc.get("model_type") or "config"), layers=get("layers"), hidden=hidden,
         heads=heads, kv_heads=get("kv_heads", required=False) or heads,
         ffn=get("ffn", required=False) or 4 * hidden, vocab=get("vocab"), seq=seq,
         gated_mlp=gated, tied_embeddings=bool(doc.get("tie_word_embeddings", model_type.startswith(_TIED_TYPES))),
         head_dim=head_dim if head_dim and head_dim != hidden // heads else None,
-        learned_positions=seq if model_type in ("gpt2", "opt", "gpt_bigcode", "starcoder") else 0, source=str(p))
+        learned_positions=seq if model_type in ("gpt2", "opt", "gpt_bigcode", "starcoder") else 0, source=p)
     if m.heads % m.kv_heads:
         raise DiagInputError(f"{p}: {m.heads} heads cannot be grouped over {m.kv_heads} key-value heads")
     return m

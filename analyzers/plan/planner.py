@@ -62,6 +62,7 @@ class Rates:
     intra_busbw: float | None  # bytes/s, inside a node
     inter_busbw: float | None  # bytes/s, across nodes
     sources: dict = field(default_factory=dict)
+    overhead_s: float = 0.0  # measured data and host time per step, which no layout changes
 
 
 def data_parallel(gpus: int, tp: int, pp: int) -> int:
@@ -146,21 +147,10 @@ def _comm_bytes(model: Model, job: Job, dp: int, seq: int, accum: int, params: f
                 stage: int) -> tuple[dict, dict]:
     """Bus bytes per GPU per step (nccl-tests' busbw convention), by collective kind and by
     the group that moves them (tp, pp, dp)."""
-    out = {"all_reduce": 0.0, "reduce_scatter": 0.0, "all_gather": 0.0, "send_recv": 0.0}
     groups = {"tp": 0.0, "pp": 0.0, "dp": 0.0}
     grad_b = 4 if job.precision in ("fp32", "tf32") else 2
-    slice_bytes = params / (job.tp * job.pp) * grad_b
-    if dp > 1:
-        ring = (dp - 1) / dp
-        if stage <= 1:
-            out["all_reduce"] += 2 * ring * slice_bytes
-        elif stage == 2:
-            out["reduce_scatter"] += ring * slice_bytes
-            out["all_gather"] += ring * slice_bytes
-        else:  # parameters gathered for the forward and the backward of every micro-batch
-            out["all_gather"] += 2 * accum * ring * slice_bytes
-            out["reduce_scatter"] += accum * ring * slice_bytes
-        groups["dp"] = sum(out.values())
+    out = dp_comm_bytes(params / (job.tp * job.pp) * grad_b, dp, stage, accum)
+    groups["dp"] = sum(out.values())
     if job.tp > 1:
         act = seq * job.micro_batch * model.hidden * 2
         n = 4 + (2 if job.recompute == "full" else 0)  # full recomputation repeats the forward's
@@ -178,6 +168,24 @@ def _comm_bytes(model: Model, job: Job, dp: int, seq: int, accum: int, params: f
     return out, groups
 
 
+def dp_comm_bytes(slice_bytes: float, dp: int, stage: int, accum: int) -> dict:
+    """Data-parallel bus bytes per GPU per step of one GPU's slice of gradients (`slice_bytes`):
+    an all-reduce up to ZeRO-1, reduce-scatter + all-gather at ZeRO-2, and at ZeRO-3 the
+    parameters gathered for the forward and the backward of every micro-batch."""
+    out = {"all_reduce": 0.0, "reduce_scatter": 0.0, "all_gather": 0.0, "send_recv": 0.0}
+    if dp > 1:
+        ring = (dp - 1) / dp
+        if stage <= 1:
+            out["all_reduce"] += 2 * ring * slice_bytes
+        elif stage == 2:
+            out["reduce_scatter"] += ring * slice_bytes
+            out["all_gather"] += ring * slice_bytes
+        else:
+            out["all_gather"] += 2 * accum * ring * slice_bytes
+            out["reduce_scatter"] += accum * ring * slice_bytes
+    return out
+
+
 def model_flops_per_step(model: Model, tokens: float, seq: int) -> float:
     return 6 * model.params() * tokens + 12 * model.layers * model.hidden * seq * tokens
 
@@ -191,6 +199,14 @@ def _timing(model: Model, job: Job, rates: Rates, dp: int, seq: int, accum: int,
         out.update(step_time_s=None, mfu=None, breakdown_s=None)
         return out
     compute = hw_flops / job.gpus / rates.flops_per_gpu
+    out.update(step_timing(job, rates, compute, accum, groups))
+    if out["step_time_s"]:
+        out["mfu"] = flops / (out["step_time_s"] * job.gpus * rates.peak_flops) if rates.peak_flops else None
+    return out
+
+
+def step_timing(job: Job, rates: Rates, compute: float, accum: int, groups: dict) -> dict:
+    """Step time from the compute seconds per GPU and the bus bytes of each group (tp, pp, dp)."""
     nodes_of = lambda n: n > job.gpus_per_node  # noqa: E731  (a group of n GPUs spans nodes)
     intra, inter = rates.intra_busbw, rates.inter_busbw
 
@@ -202,20 +218,17 @@ def _timing(model: Model, job: Job, rates: Rates, dp: int, seq: int, accum: int,
     pp_t = seconds(groups["pp"], nodes_of(job.tp * job.pp))
     dp_t = seconds(groups["dp"], nodes_of(job.gpus))
     if None in (tp_t, pp_t, dp_t):
-        out.update(step_time_s=None, mfu=None, breakdown_s=None,
-                   missing="bus bandwidth of the links these groups cross (pass --intra/--inter or --nccl)")
-        return out
+        return {"step_time_s": None, "mfu": None, "breakdown_s": None,
+                "missing": "bus bandwidth of the links these groups cross (pass --intra/--inter or --nccl)"}
     bubble = (job.pp - 1) / accum * (compute + tp_t) if job.pp > 1 else 0.0
     dp_exposed = max(0.0, dp_t - BACKWARD_SHARE * compute)
-    step = compute + tp_t + pp_t + dp_exposed + bubble
-    out.update(
-        step_time_s=step,
-        mfu=flops / (step * job.gpus * rates.peak_flops) if rates.peak_flops else None,
-        breakdown_s={"compute": compute, "tp_comm": tp_t, "pp_comm": pp_t, "dp_comm_exposed": dp_exposed,
-                     "dp_comm": dp_t, "pipeline_bubble": bubble},
-        bubble_share=bubble / step if step > 0 else 0.0,
-    )
-    return out
+    step = compute + tp_t + pp_t + dp_exposed + bubble + rates.overhead_s
+    return {
+        "step_time_s": step,
+        "breakdown_s": {"compute": compute, "tp_comm": tp_t, "pp_comm": pp_t, "dp_comm_exposed": dp_exposed,
+                        "dp_comm": dp_t, "pipeline_bubble": bubble, "overhead": rates.overhead_s},
+        "bubble_share": bubble / step if step > 0 else 0.0,
+    }
 
 
 def time_to_train(doc: dict, tokens: float) -> float | None:

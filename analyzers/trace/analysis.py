@@ -93,6 +93,7 @@ def analyze_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None) -> dict
     mem_t = iv.measure_in_windows(busy["memory"], win)
     comp_t = iv.measure_in_windows(busy["compute"], win)
     peak_frac_w = _peak_work_in_windows(trace, op_info, win, device)
+    flops_w = _flops_in_windows(trace, op_info, win)
     bw_bytes, bw_time = _bandwidth_in_windows(trace, classes, op_info, win) if on_device else (None, None)
 
     # A trace with most of its host events missing was sampled or filtered after recording.
@@ -115,6 +116,8 @@ def analyze_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None) -> dict
             "path": verdict["path"],
             "evidence": "sampled" if sampled else "trace",
             "measurements": m,
+            # Executed FLOPs of the step's ops (from their shapes), for measured rates (diag plan --run).
+            "flops": float(flops_w[k]) if flops_w is not None else None,
         })
 
     total_time = float(np.sum(win[:, 1] - win[:, 0]))
@@ -346,13 +349,24 @@ def _peak_work_in_windows(trace: Trace, ops: _Ops, win: np.ndarray, device):
     if not len(rows):
         return None
     peaks = np.array([device.peak_flops(d) or np.nan for d in np.asarray(ops.dtype, dtype=object)[ops.top]])
-    work_us = ops.flops[ops.top] / peaks * 1e6
-    mid = trace.cpu_ts[rows]
+    out = _sum_in_windows(trace, rows, ops.flops[ops.top] / peaks * 1e6, win)
+    return out if np.any(out > 0) else None
+
+
+def _flops_in_windows(trace: Trace, ops: _Ops, win: np.ndarray) -> np.ndarray | None:
+    """FLOPs of the top-level FLOP ops that start in each window (None when no op has any)."""
+    if not len(ops.rows) or not ops.top.any():
+        return None
+    return _sum_in_windows(trace, ops.rows[ops.top], ops.flops[ops.top], win)
+
+
+def _sum_in_windows(trace: Trace, rows: np.ndarray, values: np.ndarray, win: np.ndarray) -> np.ndarray:
+    start = trace.cpu_ts[rows]
     out = np.zeros(len(win))
     for k, (lo, hi) in enumerate(win):
-        sel = (mid >= lo) & (mid < hi)
-        out[k] = np.nansum(work_us[sel])
-    return out if np.any(out > 0) else None
+        sel = (start >= lo) & (start < hi)
+        out[k] = np.nansum(values[sel])
+    return out
 
 
 def _bandwidth_in_windows(trace: Trace, cls: np.ndarray, ops: _Ops, win: np.ndarray):
