@@ -105,7 +105,7 @@ def describe(model, optimizer=None) -> dict:
             if not isinstance(per_param, dict):
                 continue
             for v in per_param.values():
-                if isinstance(v, torch.Tensor) and v.numel() > 1:  # a scalar "step" is not state memory
+                if isinstance(v, torch.Tensor) and v.dim() > 0:  # a 0-d "step" counter is not state memory
                     _add(opt_dtypes, _local(v))
     buffers = sum(_nbytes(b) for b in root.buffers())
     out = {

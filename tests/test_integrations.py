@@ -125,6 +125,17 @@ def test_hf_trainer_callback(tmp_path, monkeypatch):
     m = from_hf_dict(facts["config"], "recorded")
     assert (m.layers, m.hidden, m.heads, m.vocab, m.seq, m.gated_mlp, m.tied_embeddings) == (2, 32, 2, 64, 32,
                                                                                            False, True)
+    # `diag plan --run` plans that transformer, on the FLOP/s its profiled steps achieved.
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "diag", "plan", "--run", str(cb.agent.run_dir), "--seq", "16",
+                           "--json"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)
+    assert plan["model"]["layers"] == 2 and plan["model"]["hidden"] == 32 and plan["layout"]["gpus"] == 1
+    assert plan["rates"]["flops"].startswith("measured:") and plan["step_time_s"] > 0
 
 
 def test_hf_trainer_exception_propagates(tmp_path, monkeypatch):

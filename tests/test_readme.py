@@ -68,6 +68,8 @@ COMMANDS: dict[str, tuple] = {
         "--inter ib_ndr --nics-per-node 8 --search", ""),
     "diag plan --params 7.5e9 --gpus 64 --zero 2 --optimizer adam": (
         "run", "diag plan --params 7.5e9 --gpus 64 --zero 2 --optimizer adam", ""),
+    "diag plan --run runs/demo-<timestamp> --gpus 8 --zero 2": (
+        "run", "diag plan --run {demo_dir} --gpus 8 --zero 2", "the placeholder is the run directory `diag demo` made"),
 }
 
 
@@ -158,6 +160,21 @@ def test_demo_and_its_analysis(workdir, demo):
 
 
 @pytest.mark.slow
+def test_plan_samples(workdir, demo):
+    fit = run_line("diag plan --model llama3-8b --gpus 8 --device h100-sxm --zero 3 --global-batch 64 "
+                   "--intra nvlink4", workdir).stdout
+    assert "-> fits" in fit and "predicted step:" in fit, fit
+    found = run_line("diag plan --model llama3-70b --gpus 64 --device h100-sxm --global-batch 512 --intra nvlink4 "
+                     "--inter ib_ndr --nics-per-node 8 --search", workdir).stdout
+    assert "fit; best:" in found and "why the others lose:" in found, found
+    states = run_line("diag plan --params 7.5e9 --gpus 64 --zero 2 --optimizer adam", workdir).stdout
+    assert "model_states      15.50 GiB" in states, states  # 16.6 GB: the ZeRO paper
+    _, run_dir = demo
+    own = run_line("diag plan --run runs/demo-<timestamp> --gpus 8 --zero 2", workdir, demo_dir=run_dir).stdout
+    assert "rate flops: measured:" in own and "the run's own layout: predicted" in own, own
+
+
+@pytest.mark.slow
 def test_diag_run_with_torchrun(workdir):
     run_line("diag run --run-dir runs/job1 -- torchrun --nproc-per-node 8 train.py", workdir)
     assert (workdir / "runs" / "job1").is_dir()
@@ -220,10 +237,11 @@ def _train_loader():
 
 
 def _train_step():
+    """(model, optimizer, train_step) of a linear model."""
     import torch
 
     model = torch.nn.Linear(16, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
     def train_step(batch):
         loss = model(batch).pow(2).mean()
@@ -232,7 +250,7 @@ def _train_step():
         opt.step()
         return loss
 
-    return train_step
+    return model, opt, train_step
 
 
 def _tiny_gpt2_and_tokens():
@@ -248,7 +266,8 @@ def _tiny_gpt2_and_tokens():
 
 # A marker that identifies each README Python block -> the names it needs.
 PYTHON_SAMPLES = {
-    "with diag.Agent(": lambda: {"train_loader": _train_loader(), "train_step": _train_step()},
+    "with diag.Agent(": lambda: {"train_loader": _train_loader(),
+                                 **dict(zip(("model", "optimizer", "train_step"), _train_step()))},
     "diag.integrations.lightning_callback(": lambda: dict(zip(("model", "dataset"), _tiny_gpt2_and_tokens())),
 }
 
@@ -266,6 +285,8 @@ def test_python_sample_runs(marker, tmp_path, monkeypatch):
 
         rd = rundir.RunDir(tmp_path / "runs" / "exp1")
         assert [s["samples"] for s in rd.steps(0)] == [8] * 8
+        facts = rd.rank_info(0)["model"]  # Linear(16, 1) with SGD momentum: one fp32 buffer per parameter
+        assert facts["params"] == 17 and facts["optimizer_state_bytes"] == 4 * 17
         assert (tmp_path / "runs" / "exp1" / "report.html").is_file()
     else:
         names["trainer"].fit  # noqa: B018 - the Lightning trainer exists, with the callback

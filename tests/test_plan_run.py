@@ -1,0 +1,87 @@
+"""`diag plan --run`: plans grounded in an agent run, and the memory section of its report.
+
+The demo run (2 gloo ranks, the healthy MLP 512-1024-1024-10 on batches of 512) is the
+input; every expected figure below is computed here from the demo model's shapes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from diag.analyzers.job.run_analysis import analyze_run
+
+LAYERS = ((512, 1024), (1024, 1024), (1024, 10))
+BATCH = 512
+PARAMS = sum(i * o + o for i, o in LAYERS)
+# Forward: 2*B*in*out per layer; backward: the weight gradients (as much again) and the input
+# gradients of every layer but the first, whose input needs none.
+FLOPS = 2 * BATCH * sum(i * o for i, o in LAYERS) * 2 + 2 * BATCH * sum(i * o for i, o in LAYERS[1:])
+
+
+def _diag(*args, expect=0):
+    proc = subprocess.run([sys.executable, "-m", "diag", *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == expect, proc.stderr[-3000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("plan") / "demo"
+    _diag("demo", "--steps", "24", "--run-dir", str(run), "--no-export")
+    return run
+
+
+def test_the_agent_records_the_model_and_the_profiled_flops(demo_run):
+    doc = analyze_run(demo_run)
+    for r in doc["ranks"]:
+        m = r["model"]
+        assert m["params"] == PARAMS and m["param_bytes"] == m["grad_bytes"] == 4 * PARAMS
+        assert m["optimizer"] == "SGD" and m["optimizer_state_bytes"] == 0
+        # Every profiled step executed exactly the model's matrix-multiplication FLOPs.
+        assert r["rates"]["flops_per_step"] == FLOPS and r["rates"]["flops_per_sample"] == FLOPS / BATCH
+        assert 0 < r["rates"]["profiler_dilation"] <= 1 and r["rates"]["achieved_flops_per_s"] > 0
+
+
+def test_plan_run_uses_the_measured_rates_and_checks_itself(demo_run):
+    doc = json.loads(_diag("plan", "--run", str(demo_run), "--json").stdout)
+    facts = analyze_run(demo_run)
+    achieved = sorted(r["rates"]["achieved_flops_per_s"] for r in facts["ranks"])
+    assert doc["measured"]["achieved_flops_per_s"] == pytest.approx(sum(achieved) / 2)  # the median of two
+    assert doc["rates"]["flops"].startswith("measured:") and doc["rates"]["intra_busbw"].startswith("measured:")
+    assert doc["layout"]["gpus"] == 2 and doc["layout"]["micro_batch"] == BATCH
+    b = doc["breakdown_s"]
+    assert b["compute"] == pytest.approx(FLOPS / doc["measured"]["achieved_flops_per_s"])
+    # The run's own layout beside its measured unprofiled step time.
+    check = doc["self_check"]
+    assert check["predicted_step_s"] == doc["step_time_s"]
+    assert check["error"] == pytest.approx(check["predicted_step_s"] / check["measured_step_s"] - 1)
+    # A data-parallel layout of the same model: ZeRO-3 over 8 GPUs holds an eighth of each state.
+    z3 = json.loads(_diag("plan", "--run", str(demo_run), "--gpus", "8", "--zero", "3", "--json").stdout)
+    assert z3["per_gpu"]["params_bytes"] == z3["per_gpu"]["grads_bytes"] == 4 * PARAMS / 8
+    assert z3["comm_bytes_per_step"]["all_gather"] == pytest.approx(2 * 7 / 8 * 4 * PARAMS)
+    text = _diag("plan", "--run", str(demo_run)).stdout
+    assert "the run's own layout: predicted" in text and "rate flops: measured:" in text
+
+
+def test_plan_run_bad_input_is_one_line(demo_run, tmp_path):
+    for args, words in (((str(demo_run), "--tp", "2"), "transformer shape"),
+                        ((str(demo_run), "--search"), "transformer shape"),
+                        ((str(tmp_path),), "not a diag run directory")):
+        proc = _diag("plan", "--run", *args, expect=2)
+        assert words in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_the_demo_report_shows_the_memory_breakdown(demo_run):
+    md = (demo_run / "report.md").read_text()
+    section = md[md.index("## Memory"):md.index("## What was missing")]
+    assert f"| Parameters | {4 * PARAMS / 2**20:.2f} MiB |" in section
+    assert f"| Gradients | {4 * PARAMS / 2**20:.2f} MiB |" in section
+    assert "| Measured peak | not measured |" in section  # a CPU run: no device memory statistics
+    # ZeRO-3 over the two ranks would move half of the parameters and gradients away.
+    assert f"| ZeRO-3 (FSDP FULL_SHARD): also shard the parameters | +{4 * PARAMS / 2**20:.2f} MiB |" in section
+    html = (demo_run / "report.html").read_text()
+    assert 'class="memory-breakdown"' in html and 'class="memory-levers"' in html
