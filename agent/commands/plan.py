@@ -99,7 +99,7 @@ def _device(args, facts: dict | None = None):
 
 def _rates(args, device, dtype: str):
     from diag.analyzers.nccl import expected
-    from diag.analyzers.plan.planner import DEFAULT_MFU, Rates
+    from diag.analyzers.plan.planner import DEFAULT_MFU, REFERENCE_LINKS, Rates
 
     peak = device.peak_flops(dtype) if device else None
     mfu = args.mfu if args.mfu is not None else DEFAULT_MFU
@@ -108,15 +108,23 @@ def _rates(args, device, dtype: str):
         sources["flops"] = f"{device.name} datasheet peak {peak / 1e12:.0f} TFLOP/s ({dtype}) x MFU {mfu:.0%}" + (
             "" if args.mfu is not None else " (assumed; measured rates replace it)")
     intra = inter = None
-    topo = expected.topology_from_flags(args.intra, args.inter, args.nics_per_node, args.gpus_per_node)
-    if args.intra:
+    link_in, link_out, nics = args.intra, args.inter, args.nics_per_node
+    ref = REFERENCE_LINKS.get(device.key) if device is not None and not args.nccl else None
+    assumed = f" (assumed: the links of the {ref[3]} reference system; --intra, --inter or --nccl replace it)" \
+        if ref else ""
+    if ref and not link_in:
+        link_in = ref[0]
+    if ref and not link_out:
+        link_out, nics = ref[1], nics or ref[2]
+    topo = expected.topology_from_flags(link_in, link_out, nics, args.gpus_per_node)
+    if link_in:
         e = expected.expected_busbw(topo, nodes=1)
         intra = (e["expected_busbw_gbps"] or 0) * 1e9 or None
-        sources["intra_busbw"] = e["basis"]
-    if args.inter:
+        sources["intra_busbw"] = e["basis"] + (assumed if not args.intra else "")
+    if link_out:
         e = expected.expected_busbw(topo, nodes=2)
         inter = (e["expected_busbw_gbps"] or 0) * 1e9 or None
-        sources["inter_busbw"] = e["basis"]
+        sources["inter_busbw"] = e["basis"] + (assumed if not args.inter else "")
     for where, (bw, basis) in _measured_busbw(args.nccl or [], args.gpus_per_node).items():
         sources[f"{where}_busbw"] = basis
         if where == "intra":
@@ -205,7 +213,17 @@ def run(args) -> int:
     if model is None:  # the run's own model, without a transformer shape
         return _emit(args, *_own_model(args, facts, job, rates))
     if args.search:
+        if job.global_batch is None:
+            from dataclasses import replace
+
+            from diag.analyzers.plan.planner import default_global_batch
+
+            job = replace(job, global_batch=default_global_batch(job.seq or model.seq, job.gpus))
         doc = search(model, job, rates)
+        if args.global_batch is None:
+            doc["global_batch"] = {"sequences": job.global_batch, "assumed": True,
+                                   "why": f"about {job.global_batch * (job.seq or model.seq) / 1e6:.1f}M tokens per "
+                                          "step, the default (--global-batch sets it)"}
         return _emit(args, doc, _search_text(doc))
     doc = plan(model, job, rates)
     if args.tokens:
@@ -329,7 +347,9 @@ def _s(seconds: float) -> str:
 
 
 def _search_text(doc: dict) -> str:
-    lines = [f"{doc['layouts_considered']} valid layouts, {doc['layouts_fitting']} fit; best:"]
+    gb = doc.get("global_batch")
+    lines = [f"global batch {gb['sequences']} sequences: {gb['why']}"] if gb else []
+    lines.append(f"{doc['layouts_considered']} valid layouts, {doc['layouts_fitting']} fit; best:")
     for i, b in enumerate(doc["best"], 1):
         lines.append(f"  {i}. {b['layout']}: {b['why']}")
     lines.append("why the others lose:")

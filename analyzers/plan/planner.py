@@ -34,6 +34,23 @@ FRAGMENTATION = 0.10
 LOGIT_BYTES = 6  # per vocabulary entry and token on the last stage: 16-bit logits + fp32 for the loss
 DEFAULT_MFU = 0.45  # a well-tuned dense transformer on current GPUs; a measured rate replaces it
 BACKWARD_SHARE = 2 / 3  # of compute: the window data-parallel traffic overlaps
+# Links of each GPU's reference system, assumed when no link is given or measured
+# (device key -> intra-node link, inter-node link, NICs per node; diag.analyzers.nccl.expected names).
+REFERENCE_LINKS = {
+    "v100-sxm2": ("nvlink2", "ib_edr", 4, "DGX-1V"),
+    "a100-40gb": ("nvlink3", "ib_hdr", 8, "DGX A100"),
+    "a100-80gb": ("nvlink3", "ib_hdr", 8, "DGX A100"),
+    "h100-sxm": ("nvlink4", "ib_ndr", 8, "DGX H100"),
+    "h200": ("nvlink4", "ib_ndr", 8, "DGX H200"),
+    "b200": ("nvlink5", "ib_ndr", 8, "DGX B200"),
+}
+# The global batch --search assumes when none is given: about 4M tokens, as recent dense
+# models train with (Llama 3 started at 4M tokens per step), rounded to whole GPUs.
+DEFAULT_BATCH_TOKENS = 4 * 2**20
+
+
+def default_global_batch(seq: int, gpus: int) -> int:
+    return max(1, -(-DEFAULT_BATCH_TOKENS // seq // gpus)) * gpus
 
 
 @dataclass(frozen=True)
