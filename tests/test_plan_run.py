@@ -85,3 +85,20 @@ def test_the_demo_report_shows_the_memory_breakdown(demo_run):
     assert f"| ZeRO-3 (FSDP FULL_SHARD): also shard the parameters | +{4 * PARAMS / 2**20:.2f} MiB |" in section
     html = (demo_run / "report.html").read_text()
     assert 'class="memory-breakdown"' in html and 'class="memory-levers"' in html
+
+
+def test_a_diag_nccl_result_in_the_run_directory_is_used(demo_run, tmp_path, real_nccl):
+    """`diag nccl --run-dir` leaves RUN_DIR/nccl_bench.json; here, the parse of a real 24-rank
+    all_reduce_perf run over three nodes (96.4 GB/s bus bandwidth on its largest messages)."""
+    import shutil
+
+    from diag.analyzers.nccl import nccl_tests
+    from diag.rundir import atomic_write_json
+
+    run = tmp_path / "run"
+    shutil.copytree(demo_run, run)
+    atomic_write_json(run / "nccl_bench.json", nccl_tests.parse_file(real_nccl / "nccltests_NVIDIA-nccl-tests_119.txt"))
+    doc = json.loads(_diag("plan", "--run", str(run), "--json").stdout)
+    assert doc["rates"]["inter_busbw"].startswith("measured: 96.4 GB/s all_reduce busbw (24 ranks")
+    assert doc["rates"]["inter_busbw"].endswith("in nccl_bench.json")
+    assert doc["rates"]["intra_busbw"].startswith("measured:") and "the run's own" in doc["rates"]["intra_busbw"]

@@ -180,6 +180,14 @@ def run(args) -> int:
     from diag.analyzers.plan.search import search
 
     facts = _run_facts(args.run) if args.run else None
+    if args.run:
+        from pathlib import Path
+
+        from diag.commands.nccl import RUN_DIR_FILE
+
+        bench = Path(args.run) / RUN_DIR_FILE  # `diag nccl --run-dir` wrote it: a measurement on these nodes
+        if bench.is_file():
+            args.nccl = [*(args.nccl or []), str(bench)]
     model = _model(args)
     if model == "run":
         model = _recorded_model(facts)
