@@ -28,10 +28,12 @@ _GZ_EXPANSION = 10
 _PER_JSON_BYTE = 0.6
 
 
-def analyze_paths(paths, tree: dt.Tree | None = None, jobs: int | None = None, progress=None) -> dict:
+def analyze_paths(paths, tree: dt.Tree | None = None, jobs: int | None = None, progress=None, pool=None) -> dict:
     """Analyse traces and run directories; returns the document of contract A.
 
     progress: optional callable(done, total, source) called as each trace finishes.
+    pool: optional executor of the per-trace analyses (diag.ray_pool.RayPool) in place of
+    the local processes: `pool.analyze(files, fn, args, memory_of, progress)`.
     """
     tree = tree or dt.load_tree()
     errors: list[dict] = []
@@ -55,7 +57,7 @@ def analyze_paths(paths, tree: dt.Tree | None = None, jobs: int | None = None, p
         else:
             errors.append({"source": p, "error": "no such file or directory"})
 
-    ranks = _analyze_files(files, tree, jobs, progress, errors)
+    ranks = _analyze_files(files, tree, jobs, progress, errors, pool)
     for doc in run_docs:
         ranks.extend(doc.get("ranks") or [])
         errors.extend(doc.get("errors") or [])
@@ -156,13 +158,15 @@ def _analyze_one(path: str, tree, decode_workers: int | None = None) -> tuple[st
         return "error", "out of memory while analysing this trace (try --jobs 1)"
 
 
-def _analyze_files(files, tree, jobs, progress, errors) -> list[dict]:
+def _analyze_files(files, tree, jobs, progress, errors, pool=None) -> list[dict]:
     ranks = []
     n = worker_count(files, jobs)
     if not files:
         return ranks
     results = []
-    if n <= 1 or len(files) == 1:
+    if pool is not None:
+        results = pool.analyze(files, _analyze_one, (tree, 1), _estimate_bytes, progress)
+    elif n <= 1 or len(files) == 1:
         for i, f in enumerate(files):
             # One file at a time: a large one may use decoding workers (idle CPUs only).
             results.append((f, _analyze_one(f, tree, None)))

@@ -22,6 +22,9 @@ def add_arguments(parser) -> None:
                         help="override one decision-tree threshold (repeatable), e.g. data_wait=0.3")
     parser.add_argument("--jobs", type=int, metavar="N", help="parallel analysis processes (default: by free memory)")
     parser.add_argument("--report", metavar="DIR", help="also write the HTML/Markdown report into DIR")
+    parser.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                        help="analyse the traces as Ray tasks: on the cluster at ADDRESS (or $RAY_ADDRESS), else on "
+                             "a local Ray instance (needs pip install 'diag[ray]')")
 
 
 def run(args) -> int:
@@ -34,7 +37,13 @@ def run(args) -> int:
         raise DiagInputError(str(exc)) from None
     if args.jobs is not None and args.jobs < 1:
         raise DiagInputError("--jobs must be at least 1")
-    doc = analyze_paths(args.paths, tree=tree, jobs=args.jobs, progress=_progress(len(args.paths)))
+    if args.ray is not None:
+        from diag.ray_pool import RayPool
+
+        with RayPool(args.ray or None, num_cpus=args.jobs) as pool:
+            doc = analyze_paths(args.paths, tree=tree, progress=_progress(len(args.paths)), pool=pool)
+    else:
+        doc = analyze_paths(args.paths, tree=tree, jobs=args.jobs, progress=_progress(len(args.paths)))
     for e in doc["errors"]:
         print(f"diag: error: {e['source']}: {e['error']}" if e.get("source") else f"diag: error: {e['error']}",
               file=sys.stderr)
