@@ -41,6 +41,9 @@ def add_arguments(p) -> None:
                         "file_sd_configs (the scrape block that reads it goes to stderr)")
     p.add_argument("--job-name", default="diag", help="Prometheus job name (default: diag)")
     p.add_argument("--scrape-interval", default="15s", help="scrape interval (default: 15s)")
+    p.add_argument("--remote-write", metavar="URL", help="a whole prometheus.yml for Prometheus in agent mode "
+                   "(prometheus --enable-feature=agent): scrape these ranks and remote-write the samples to URL "
+                   "(Mimir, Thanos Receive, VictoriaMetrics, or a Prometheus with --web.enable-remote-write-receiver)")
     p.add_argument("--out", metavar="FILE", help="write to FILE (atomically) instead of stdout")
 
 
@@ -94,6 +97,7 @@ def build(args) -> tuple[str, str | None]:
         raise DiagInputError(f"--scrape-interval {args.scrape_interval!r} is not a duration such as 15s")
     if not re.match(r"^[A-Za-z_][A-Za-z0-9_-]*$", args.job_name):
         raise DiagInputError(f"--job-name {args.job_name!r} is not a valid job name")
+    remote = _remote_write(args.remote_write)
     groups = targets(hosts, rpn, base)
     job = {"job_name": args.job_name, "scrape_interval": args.scrape_interval, "honor_labels": True}
     n = sum(len(t) for _, t in groups)
@@ -101,13 +105,33 @@ def build(args) -> tuple[str, str | None]:
         doc = [{"targets": t, "labels": {"node": h}} for h, t in groups]
         text = json.dumps(doc, indent=1) + "\n"
         where = args.out or "diag_targets.json"
-        hint = yaml.safe_dump({"scrape_configs": [{**job, "file_sd_configs": [{"files": [where]}]}]},
+        hint = yaml.safe_dump({**_agent_global(args, remote),
+                               "scrape_configs": [{**job, "file_sd_configs": [{"files": [where]}]}], **remote},
                               sort_keys=False)
         return text, f"# {n} targets; reference the file from prometheus.yml:\n{hint}"
     job["static_configs"] = [{"targets": t, "labels": {"node": h}} for h, t in groups]
-    header = (f"# diag: {len(hosts)} host(s) x {rpn} rank(s) = {n} targets, ports {base}-{base + rpn - 1}.\n"
-              "# Paste under prometheus.yml's scrape_configs, or use this file as prometheus.yml.\n")
-    return header + yaml.safe_dump({"scrape_configs": [job]}, sort_keys=False, width=120), None
+    header = f"# diag: {len(hosts)} host(s) x {rpn} rank(s) = {n} targets, ports {base}-{base + rpn - 1}.\n"
+    if remote:
+        header += ("# Prometheus in agent mode: prometheus --enable-feature=agent --config.file=THIS_FILE\n"
+                   "# It scrapes these ranks and remote-writes every sample; it keeps no queryable store.\n")
+    else:
+        header += "# Paste under prometheus.yml's scrape_configs, or use this file as prometheus.yml.\n"
+    doc = {**_agent_global(args, remote), "scrape_configs": [job], **remote}
+    return header + yaml.safe_dump(doc, sort_keys=False, width=120), None
+
+
+def _remote_write(url: str | None) -> dict:
+    if url is None:
+        return {}
+    if not re.match(r"^https?://[^\s/]+(/\S*)?$", url):
+        raise DiagInputError(f"--remote-write {url!r} is not an http(s) URL")
+    return {"remote_write": [{"url": url}]}
+
+
+def _agent_global(args, remote: dict) -> dict:
+    # An agent's samples meet other sources' in the central store: an external label says where they came from.
+    return {"global": {"scrape_interval": args.scrape_interval, "external_labels": {"diag_job": args.job_name}}} \
+        if remote else {}
 
 
 def run(args) -> int:
