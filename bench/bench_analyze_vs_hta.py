@@ -268,6 +268,47 @@ def _median_run(runs: list[dict]) -> dict:
     }
 
 
+def breakdown(path: Path, cli_wall_s: float) -> dict:
+    """Where diag's time goes on this trace, in this process, one stage at a time (serial):
+    inflating, decoding the JSON text (msgspec), building the columns, the analysis, and
+    what the command adds around them (interpreter start-up, imports, the JSON output)."""
+    from diag.analyzers.diagnosis import decision_tree as dt
+    from diag.analyzers.trace import load
+    from diag.analyzers.trace.analysis import analyze_loaded
+    from diag.analyzers.trace.columns import _Builder
+
+    t = time.perf_counter()
+    text = b"".join(bytes(b) for b in load._blocks(str(path)))
+    inflate = time.perf_counter() - t
+    start = text.index(b"[", text.index(b'"traceEvents"'))
+    b = _Builder()
+    chunks, pos = [], start + 1
+    while True:  # cut as the loader does: about CHUNK_BYTES of whole events per chunk
+        m = load._SEP_RE.search(text, pos + load.CHUNK_BYTES)
+        if m is None:
+            chunks.append(b"".join((b"[", text[pos:text.rindex(b"]", pos)], b"]")))
+            break
+        chunks.append(b"".join((b"[", text[pos:m.start() + 1], b"]")))
+        pos = m.end() - 1
+    t = time.perf_counter()
+    decoded = [b.decode(c) for c in chunks]
+    decode = time.perf_counter() - t
+    t = time.perf_counter()
+    for events, codes in decoded:
+        b.add(events, codes)
+    trace = b.build(str(path), {})
+    columns = time.perf_counter() - t
+    del decoded
+    t = time.perf_counter()
+    analyze_loaded(trace, dt.load_tree())
+    analysis = time.perf_counter() - t
+    t = time.perf_counter()
+    load.load_trace(path, workers=None)
+    loaded = time.perf_counter() - t
+    return {"inflate_s": inflate, "decode_s": decode, "columns_s": columns, "analysis_s": analysis,
+            "load_as_run_s": loaded, "command_overhead_s": max(0.0, cli_wall_s - loaded - analysis)}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -328,6 +369,11 @@ def main(argv=None) -> int:
             f"(HTA inside: import {hta_out['import_s']:.1f} s, load {hta_out['load_s']:.1f} s, "
             f"temporal breakdown {hta_out['breakdown_s']:.1f} s)"
         )
+        bd = breakdown(tiled, diag_run["wall_s"])
+        print(f"(diag, stage by stage in one process: inflate {bd['inflate_s']:.2f} s, decode {bd['decode_s']:.2f} s, "
+              f"columns {bd['columns_s']:.2f} s, analysis {bd['analysis_s']:.2f} s; the loader overlaps inflating "
+              f"with the rest and took {bd['load_as_run_s']:.2f} s; start-up, imports and JSON output "
+              f"{bd['command_overhead_s']:.2f} s)")
         speed = hta_run["wall_s"] / diag_run["wall_s"]
         speed_cpu = hta_run["cpu_s"] / diag_run["cpu_s"] if diag_run["cpu_s"] > 0 else float("inf")
         # RSS ratio on the larger of the two measures for each tool: a tool that fans out
@@ -365,6 +411,7 @@ def main(argv=None) -> int:
             "hta": {k: hta_run[k] for k in ("wall_s", "cpu_s", "peak_rss_mb", "peak_tree_rss_mb")} | hta_out,
             "diag": {k: diag_run[k] for k in ("wall_s", "cpu_s", "peak_rss_mb", "peak_tree_rss_mb")}
             | {"gpu_time": gt},
+            "diag_breakdown_s": bd,
             "load_average": load1,
             "speed_ratio": speed,
             "cpu_time_ratio": speed_cpu,

@@ -39,6 +39,7 @@ import threading
 import zlib
 
 import msgspec
+import numpy as np
 
 from diag.analyzers.trace.columns import Trace, _Builder
 from diag.analyzers.trace.schema import _decode_any
@@ -434,19 +435,27 @@ def _framed(buf: bytearray, lo: int, hi: int, close: bool = True) -> bytes:
 
 
 def _unescaped_quotes(buf, lo: int, hi: int) -> int:
-    """Number of string delimiters in buf[lo:hi] (quotes not escaped by a backslash)."""
-    n = buf.count(b'"', lo, hi)
-    i = buf.find(b'\\"', lo, hi)
-    while i >= 0:
-        q = i + 1
-        k, j = 0, i
-        while j >= lo and buf[j] == 0x5C:
-            k += 1
-            j -= 1
-        if k % 2:
-            n -= 1
-        i = buf.find(b'\\"', q, hi)
-    return n
+    """Number of string delimiters in buf[lo:hi] (quotes not escaped by a backslash).
+
+    Counted with numpy (several GB/s) rather than bytes.count; escaped quotes are looked
+    for only where the slice holds a backslash at all (a memchr scan), which most
+    Kineto text does not.
+    """
+    view = np.frombuffer(buf, dtype=np.uint8, count=hi - lo, offset=lo)
+    try:
+        n = int(np.count_nonzero(view == 0x22))
+        if buf.find(b"\\", lo, hi) < 0:
+            return n
+        for i in np.flatnonzero((view[1:] == 0x22) & (view[:-1] == 0x5C)).tolist():
+            k, j = 0, lo + i
+            while j >= lo and buf[j] == 0x5C:  # a quote after an odd run of backslashes is escaped
+                k += 1
+                j -= 1
+            if k % 2:
+                n -= 1
+        return n
+    finally:
+        del view  # the bytearray cannot be resized while a view of it is alive
 
 
 def _boundary_outside_strings(buf, start: int, pos: int) -> int | None:
