@@ -49,6 +49,8 @@ COMMANDS: dict[str, tuple] = {
     "[--report DIR]": (
         "run", "diag analyze {fixture} --json --threshold data_wait=0.3 --config diag.toml --jobs 1 --report rep",
         "a synopsis: every option given, with a committed CPU trace"),
+    "diag analyze traces/ --ray ray://head:10001 --json": (
+        "not here", "needs a Ray cluster at ray://head:10001; tests/test_ray.py runs --ray on a local Ray cluster"),
     "diag calibrate": ("run", "diag calibrate --seconds 0.5", "a shorter benchmark, into a private cache"),
     "diag nccl --nproc-per-node 4 -b 8 -e 1M -f 2": ("run", "diag nccl --nproc-per-node 4 -b 8 -e 1M -f 2", ""),
     "torchrun --nproc-per-node 8 -m diag nccl -b 8 -e 8G -f 2 --intra nvlink4 --inter ib_ndr --nics-per-node 8": (
