@@ -247,12 +247,11 @@ def _run_facts(path: str) -> dict:
 
     from diag.analyzers.job.run_analysis import analyze_run
     from diag.analyzers.plan.measured import run_facts
-    from diag.rundir import MANIFEST
+    from diag.rundir import MANIFEST, is_run_dir
 
-    run_dir = Path(path)
-    if not (run_dir / MANIFEST).is_file() and not any(run_dir.glob("rank-*")):
+    if not is_run_dir(path):
         raise DiagInputError(f"{path}: not a diag run directory (no {MANIFEST} and no rank-N folder)")
-    return run_facts(analyze_run(run_dir))
+    return run_facts(analyze_run(Path(path)))
 
 
 def _recorded_model(facts: dict):
