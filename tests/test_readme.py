@@ -52,6 +52,9 @@ COMMANDS: dict[str, tuple] = {
     "diag analyze traces/ --ray ray://head:10001 --json": (
         "not here", "needs a Ray cluster at ray://head:10001; tests/test_ray.py runs --ray on a local Ray cluster"),
     "diag calibrate": ("run", "diag calibrate --seconds 0.5", "a shorter benchmark, into a private cache"),
+    "diag compare runs/before runs/after --applied no_data_wait": (
+        "run", "diag compare {before} {after} --applied no_data_wait --out cmp",
+        "before: `diag demo --bottleneck data`; after: `diag demo`"),
     "diag nccl --nproc-per-node 4 -b 8 -e 1M -f 2": ("run", "diag nccl --nproc-per-node 4 -b 8 -e 1M -f 2", ""),
     "torchrun --nproc-per-node 8 -m diag nccl -b 8 -e 8G -f 2 --intra nvlink4 --inter ib_ndr --nics-per-node 8": (
         "run", "torchrun --nproc-per-node 2 -m diag nccl -b 8 -e 64K -f 2 --intra nvlink4 --inter ib_ndr "
@@ -159,6 +162,13 @@ def test_demo_and_its_analysis(workdir, demo):
     assert doc["job"]["bound"] == "compute" and out.startswith(f"Verdict: {doc['diagnosis']['headline']['text']}")
     data = run_line("diag demo --bottleneck data", workdir).stdout
     assert data.startswith("Verdict: Data-bound"), data
+    data_dir = workdir / next(x.split(": ", 1)[1] for x in data.splitlines() if x.startswith("Run directory: "))
+    # The demo's report ranks its fixes by predicted gain.
+    recs = json.loads((data_dir / "summary.json").read_text())["recommendations"]
+    assert recs[0]["id"] == "phase-data" and recs[0]["prediction"]["change"] == "no_data_wait", recs[0]
+    check = run_line("diag compare runs/before runs/after --applied no_data_wait", workdir, before=data_dir,
+                     after=run_dir).stdout
+    assert "Prediction check, no_data_wait (as given): diag predicted" in check, check
 
 
 @pytest.mark.slow

@@ -14,10 +14,14 @@ def add_arguments(parser) -> None:
     parser.add_argument("--config", metavar="FILE", help="TOML/YAML file with a [thresholds] table")
     parser.add_argument("--threshold", action="append", metavar="NAME=VALUE",
                         help="override one decision-tree threshold (repeatable)")
+    parser.add_argument("--applied", metavar="CHANGE",
+                        help="the what-if change applied between the runs (e.g. no_data_wait): its prediction on "
+                             "RUN_A is put beside RUN_B's measured step (default: inferred from the phase that fell most)")
     parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
 
 
 def run(args) -> int:
+    import sys
     from pathlib import Path
 
     from diag.analyzers.views.compare_model import compare
@@ -27,14 +31,20 @@ def run(args) -> int:
     from diag.report.progress import progress_factory
 
     tree = load_tree_from_args(args)
+    known = [c["id"] for c in tree.what_if]
+    if args.applied is not None and args.applied not in known:
+        print(f"diag compare: error: unknown change {args.applied!r}; known: {', '.join(known)}", file=sys.stderr)
+        return 2
     bar = progress_factory()
     doc_a, model_a = analyse_and_model(args.run_a, tree=tree, progress=bar)
     doc_b, model_b = analyse_and_model(args.run_b, tree=tree, progress=bar)
-    result = compare(model_a, model_b, doc_a, doc_b, tree=tree)
+    result = compare(model_a, model_b, doc_a, doc_b, tree=tree, applied=args.applied)
     out = args.out or (args.run_b if Path(args.run_b).is_dir() else str(Path(args.run_b).parent))
     paths = write_compare(result, out)
     if not args.quiet:
         print(result["headline"])
+        if result.get("prediction"):
+            print(result["prediction"]["text"])
         print(f"Comparison: {paths['html']}")
         print(f"            {paths['markdown']}")
     return 0

@@ -91,6 +91,8 @@ def render_html(c: dict) -> str:
     else:
         parts.append("<section><h2>Phase shares</h2><p class=\"absent\">Phase shares are missing in at least one "
                      "run, so they cannot be compared.</p></section>")
+    if c.get("prediction"):
+        parts.append(f"<section><h2>Prediction check</h2><p>{esc(c['prediction']['text'])}</p></section>")
     sc = c.get("scaling")
     if sc:
         parts.append(f"<section><h2>Scaling efficiency</h2><p>{esc(sc['text'])}</p>"
@@ -140,6 +142,8 @@ def render_markdown(c: dict) -> str:
         out.append("")
     if c.get("scaling"):
         out += [md_text(c["scaling"]["text"]), ""]
+    if c.get("prediction"):
+        out += ["## Prediction check", "", md_text(c["prediction"]["text"]), ""]
     miss = list(c.get("missing") or [])
     for side, r in (("before", b), ("after", a)):
         miss += [f"{side}: {m}" for m in r["missing"]]

@@ -128,6 +128,19 @@ def figures(model: dict) -> list[dict]:
                               xaxis=_step_axis(ph["x"]),
                               yaxis={"title": {"text": "% of step time"}, "range": [0, 100]}),
         })
+    wi = [e for e in (model.get("what_if") or {}).get("changes") or [] if e.get("predicted_step_ms") is not None]
+    if wi:
+        base = wi[0]["baseline_step_ms"]
+        out.append({
+            "id": "fig-whatif",
+            "data": [{"type": "bar", "orientation": "h", "name": "predicted",
+                      "y": [chart_text(e["change"]) for e in wi] + ["measured"],
+                      "x": [round(e["predicted_step_ms"], 3) for e in wi] + [round(base, 3)],
+                      "marker": {"color": ["#1f77b4"] * len(wi) + ["#444"]},
+                      "hovertemplate": "%{y}: %{x:.1f} ms<extra></extra>"}],
+            "layout": _layout("Predicted step time under each change (ms)",
+                              xaxis={"title": {"text": "step time (ms)"}, "rangemode": "tozero"}),
+        })
     tp = ch.get("throughput")
     if tp:
         data = [{"type": "scatter", "mode": "lines", "name": "step time (ms)", "x": tp["x"], "y": tp["step_ms"],
@@ -246,6 +259,7 @@ def render(model: dict) -> str:
         _metrics(model, ids),
         _kernels(model),
         _nccl(model, ids),
+        _what_if(model, ids),
         _memory(model),
         _missing(model),
         _notes(model),
@@ -345,12 +359,12 @@ def _recommendations(model: dict) -> str:
         acts = "".join(f"<li>{esc(a)}</li>" for a in r["actions"])
         items.append(
             f"<li id=\"rec-{esc(r['id'])}\"><b>{esc(r['title'])}</b><br>"
-            f"<span class=\"gain\">Expected gain: {esc(r['gain'])}.</span><br>"
+            f"<span class=\"gain\">Predicted gain: {esc(r['gain'])}.</span><br>"
             f"<span class=\"note\">Why: {esc(r['why'])}</span><ul>{acts}</ul>{_ev_links(r['evidence'], model)}</li>"
         )
-    note = ("<p class=\"note\">Ranked by expected gain: the share of the step a phase takes, times the part "
-            "of it that its fixes typically win back. Removing a phase that takes a share s of the step "
-            "entirely would make steps 1/(1-s) times faster; that is the upper bound quoted with each.</p>")
+    note = ("<p class=\"note\">Ranked by predicted gain: each traced step's dependency graph replayed with the "
+            "work a fix acts on changed (see 'What if'), beside the measured step. A phase's share of the step "
+            "is only the upper bound of what removing it could win.</p>")
     return _section("recommendations", "What to change, in order", note + f"<ol class=\"recs\">{''.join(items)}</ol>")
 
 
@@ -555,6 +569,31 @@ def _nccl(model: dict, ids: set) -> str:
     if n.get("warnings"):
         inner.append("<h3>NCCL warnings</h3>" + "".join(f"<pre>{esc(w)}</pre>" for w in n["warnings"]))
     return _section("nccl", "Communication (NCCL)", "\n".join(inner))
+
+
+def _what_if(model: dict, ids: set) -> str:
+    w = model.get("what_if") or {}
+    cp, changes = w.get("critical_path"), w.get("changes") or []
+    if not cp and not changes:
+        return ""
+    inner = []
+    if cp and cp.get("by_class_ms"):
+        parts = ", ".join(f"{c} {v:.1f} ms" for c, v in sorted(cp["by_class_ms"].items(), key=lambda x: -x[1]))
+        inner.append(f"<p>Critical path of the median traced step (rank {esc(cp.get('rank'))}, the slowest-paced "
+                     f"of {esc(cp.get('ranks'))}): {esc(parts)}.</p>")
+    if "fig-whatif" in ids:
+        inner.append("<div class=\"fig\" id=\"fig-whatif\"></div>")
+    rows = "".join(
+        f"<tr><td><code>{esc(e['change'])}</code>: {esc(e['description'])}</td>"
+        f"<td class=\"num\">{esc(num(e.get('predicted_step_ms'), '{:.1f} ms') if e.get('predicted_step_ms') is not None else e.get('note') or 'no prediction')}</td>"
+        f"<td class=\"num\">{esc(num(e.get('baseline_step_ms'), '{:.1f} ms'))}</td>"
+        f"<td class=\"num\">{esc(num(e.get('speedup'), '{:.2f}x'))}</td></tr>" for e in changes)
+    inner.append(f"<table class=\"what-if\"><tr><th>Change</th><th class=\"num\">Predicted step</th>"
+                 f"<th class=\"num\">Measured step</th><th class=\"num\">Speed-up</th></tr>{rows}</table>")
+    inner.append("<p class=\"note\">Each traced step's dependency graph replayed with the change applied. "
+                 "<code>diag compare BEFORE AFTER --applied CHANGE</code> puts a prediction beside the measured "
+                 "run.</p>")
+    return _section("what-if", "What if: predicted step times", "\n".join(inner))
 
 
 def _memory(model: dict) -> str:

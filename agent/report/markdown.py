@@ -85,7 +85,7 @@ def render(model: dict) -> str:
         out += ["No recommendation: nothing was measured to base one on.", ""]
     evlabels = {e["id"]: e["label"] for e in model.get("evidence") or []}
     for r in recs:
-        out.append(f"{r['rank']}. **{md_text(r['title'])}** — expected gain: {md_text(r['gain'])}.")
+        out.append(f"{r['rank']}. **{md_text(r['title'])}** — predicted gain: {md_text(r['gain'])}.")
         out.append(f"   Why: {md_text(r['why'])}")
         out += [f"   - {md_text(a)}" for a in r["actions"]]
         if r["evidence"]:
@@ -138,6 +138,7 @@ def render(model: dict) -> str:
         for f in n.get("log_findings") or []:
             out.append(f"- {md_text(f['severity'])} `{md_text(f['id'])}`: {md_text(f['message'])}")
         out.append("")
+    out += _what_if(model.get("what_if") or {})
     mem = model.get("memory") or {}
     out += ["## Memory", "", md_text(mem.get("text") or "No memory figures."), ""]
     b = mem.get("breakdown")
@@ -182,3 +183,24 @@ def size_cell(b) -> str:
 
 def signed_size(b: float) -> str:
     return ("+" if b >= 0 else "-") + size(abs(b))
+
+
+def _what_if(w: dict) -> list[str]:
+    """The critical path per class and the predicted step time under each change."""
+    cp, changes = w.get("critical_path"), w.get("changes") or []
+    if not cp and not changes:
+        return []
+    out = ["## What if: predicted step times", ""]
+    if cp and cp.get("by_class_ms"):
+        parts = ", ".join(f"{md_text(c)} {v:.1f} ms" for c, v in sorted(cp["by_class_ms"].items(), key=lambda x: -x[1]))
+        out += [f"Critical path of the median traced step (rank {cp.get('rank')}, the slowest-paced of "
+                f"{cp.get('ranks')}): {parts}.", ""]
+    out += ["| change | predicted step | measured step | speed-up |", "|---|---:|---:|---:|"]
+    for e in changes:
+        pred = e.get("predicted_step_ms")
+        cell = f"{pred:.1f} ms" if pred is not None else md_text(e.get("note") or "no prediction")
+        sp = f"{e['speedup']:.2f}x" if e.get("speedup") else "-"
+        out.append(f"| {md_code(e['change'])}: {md_text(e['description'])} | {cell} | "
+                   f"{e['baseline_step_ms']:.1f} ms | {sp} |")
+    return out + ["", "Predictions replay each traced step's dependency graph with the change applied "
+                      "(`diag compare BEFORE AFTER --applied CHANGE` checks one against a measured run).", ""]

@@ -52,6 +52,8 @@ class Tree:
     nodes: dict
     verdicts: dict
     advisories: list = field(default_factory=list)
+    what_if: tuple = ()  # the what-if changes: the standard ones, then the config file's
+
 
     def threshold(self, ref) -> float:
         if isinstance(ref, (int, float)):
@@ -66,8 +68,10 @@ def load_tree(path: str | Path | None = None, overrides: dict | None = None) -> 
     with open(DEFAULT_TREE, "rb") as f:
         doc = tomllib.load(f)
     thresholds = dict(doc["thresholds"])
+    what_if = [check_change(c, DEFAULT_TREE.name) for c in doc.get("what_if", [])]
     if path is not None:
         thresholds.update(_read_config_thresholds(Path(path)))
+        what_if = _with_config_changes(what_if, Path(path))
     for name, value in (overrides or {}).items():
         if name not in thresholds:
             raise TreeError(f"unknown threshold {name!r}; known: {', '.join(sorted(thresholds))}")
@@ -78,6 +82,7 @@ def load_tree(path: str | Path | None = None, overrides: dict | None = None) -> 
         nodes=doc["nodes"],
         verdicts=doc["verdicts"],
         advisories=doc.get("advisories", []),
+        what_if=tuple(what_if),
     )
 
 
@@ -99,6 +104,44 @@ def read_config(path: Path) -> dict:
     if not isinstance(doc, dict):
         raise TreeError(f"{path}: not a table of settings")
     return doc
+
+
+# The parts of a step a what-if change may scale (diag.analyzers.whatif replays them).
+WHAT_IF_PARTS = ("data", "host", "launch", "sync", "slack", "comm", "memory", "compute", "straggler")
+
+
+def check_change(entry, where: str) -> dict:
+    """A [[what_if]] entry, checked: {"id", "description", "scale", "scope", "fixes"}."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("id"), str) or not entry["id"].strip():
+        raise TreeError(f"{where}: every [[what_if]] entry needs an id")
+    cid = entry["id"]
+    scale = entry.get("scale")
+    if not isinstance(scale, dict) or not scale:
+        raise TreeError(f"{where}: what_if {cid!r} needs scale = {{ part = factor, ... }}")
+    out = {}
+    for part, f in scale.items():
+        if part not in WHAT_IF_PARTS:
+            raise TreeError(f"{where}: what_if {cid!r}: unknown part {part!r}; known: {', '.join(WHAT_IF_PARTS)}")
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 <= f < math.inf:
+            raise TreeError(f"{where}: what_if {cid!r}: the factor of {part} must be a number >= 0")
+        out[part] = float(f)
+    scope = "job" if "straggler" in out else "rank"
+    if "straggler" in out and len(out) > 1:
+        raise TreeError(f"{where}: what_if {cid!r}: straggler acts on the job and cannot be mixed with other parts")
+    fixes = entry.get("fixes")
+    return {"id": cid, "description": str(entry.get("description") or cid), "scale": out, "scope": scope,
+            "fixes": fixes if fixes in CLASSES else None}
+
+
+def _with_config_changes(changes: list, path: Path) -> list:
+    table = read_config(path).get("what_if", [])
+    if not isinstance(table, list):
+        raise TreeError(f"{path}: what_if must be a list of [[what_if]] entries")
+    out = {c["id"]: c for c in changes}
+    for entry in table:
+        c = check_change(entry, str(path))
+        out[c["id"]] = c  # a config entry with a standard id replaces it
+    return list(out.values())
 
 
 def _read_config_thresholds(path: Path) -> dict:

@@ -12,7 +12,7 @@ document (schema diag.diagnosis/1):
   confidence       how sure, and why
   findings         of the job and the ranks, merged
   evidence         numbered facts the verdict and recommendations link to
-  recommendations  ranked by expected gain
+  recommendations  ranked by predicted gain (the job's what-if)
   memory, nccl     device memory against capacity; what NCCL says
 
 `diag analyze --json`, summary.json, the Markdown and HTML reports and the demo read
@@ -118,6 +118,9 @@ def _judge(job: dict, ranks: dict, run: dict, tree) -> dict:
         "findings": findings,
         "evidence": ev,
         "recommendations": recs,
+        # The job's critical path and what-if predictions, as the job analysis replayed them.
+        "what_if": {"critical_path": job.get("critical_path"),
+                    "changes": [e for e in job.get("what_if") or [] if isinstance(e, dict)]},
         "memory": memory,
         "nccl": nccl,
         "world_size": world,
@@ -254,7 +257,7 @@ def _headline(bound, ranks, allt, world, job_shares, tree, nccl, stragglers, job
 
 
 def _order_note(bound, recs, job_shares) -> str | None:
-    """Say so when the largest expected gain is not the verdict's own phase."""
+    """Say so when the largest predicted gain is not the verdict's own phase."""
     if not bound or not recs or not job_shares or not recs[0]["id"].startswith("phase-"):
         return None
     p = recs[0]["id"][len("phase-"):]
@@ -262,7 +265,7 @@ def _order_note(bound, recs, job_shares) -> str | None:
         return None
     return (f"The verdict is {bound}-bound because the decision tree asks its questions in a fixed order "
             f"(data wait, waiting for other ranks, device idle, exposed communication, then the kernel mix) and the {bound} question "
-            f"answered yes first. By expected gain, though, the fixes for {PHASE_LABELS[p]} "
+            f"answered yes first. By predicted gain, though, the fixes for {PHASE_LABELS[p]} "
             f"({pct(job_shares[p])} of the step) come first in the list below.")
 
 

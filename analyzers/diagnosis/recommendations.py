@@ -1,24 +1,25 @@
-"""Recommendations and their expected gains: computed here only (the memory advice is memory.py's).
+"""Recommendations, ranked by their predicted gains (the memory advice is memory.py's).
 
-Expected gain. Every moment of a step is attributed to exactly one of five phases, so
-removing a phase entirely shortens the step by that phase's share s, a speed-up of
-1 / (1 - s): the upper bound quoted ("up to"). Fixes rarely remove a phase entirely;
-`RECOVERABLE` holds the share of a phase its fixes typically win back.
+A gain is a prediction, not a share: the job's what-if (`diag.analyzers.whatif`) replays
+each traced step's dependency graph with the work a fix acts on changed, so hidden work
+that would surface and waits that would move are counted. A phase's share is only the
+upper bound of what removing it could win. Where the traced steps hold none of the work a
+fix acts on, or no step was traced, the recommendation says no prediction is possible.
+The gain of a recommendation is read here from the job's what-if entries, and nowhere else.
 """
 
 from __future__ import annotations
-
-import math
 
 from diag.analyzers.diagnosis.inputs import PHASE_LABELS, PHASES, num, pct
 
 
 def recommendations(bound, job_shares, tree, job: dict, findings: list[dict], stragglers, nccl, memory,
                     evidence) -> list[dict]:
-    """What to change, ranked by expected gain, each linked to the evidence behind it."""
+    """What to change, ranked by predicted gain, each linked to the evidence behind it."""
     ev_ids = {e["id"] for e in evidence}
     recs = []
     seen_phases = set()
+    what_if = [e for e in job.get("what_if") or [] if isinstance(e, dict)]
     if job_shares:
         # The verdict's phase first, then other phases large enough to matter (>= 10% of the step).
         order = [bound] if bound else []
@@ -41,14 +42,12 @@ def recommendations(bound, job_shares, tree, job: dict, findings: list[dict], st
                 for f in job.get("findings") or []:
                     if isinstance(f, dict) and f.get("id") in COMM_CAUSE_FINDINGS and f.get("message"):
                         why += " " + str(f["message"])
-            frac = RECOVERABLE[p]
+            pred = _best_prediction(what_if, p)
             recs.append({
                 "id": f"phase-{p}",
                 "title": _phase_title(p, share),
                 "actions": list(tree.verdicts[p]["fixes"]),
-                "gain_share": share * frac if frac else None,
-                "gain_max_share": share,
-                "gain": _phase_gain_text(p, share, frac),
+                **_predicted_gain(pred, share, PHASE_LABELS[p]),
                 "evidence": sorted(set(refs)),
                 "why": why,
                 "primary": p == bound,
@@ -64,17 +63,13 @@ def recommendations(bound, job_shares, tree, job: dict, findings: list[dict], st
                 "Check that every rank gets the same amount of work (uneven batches, sequence lengths).",
                 "If the late rank's device is throttled or faulty, exclude that node.",
             ],
-            "gain_share": wait,
-            "gain_max_share": wait,
-            "gain": (_gain_text(wait) + " (the time the other ranks spend waiting for it)") if wait is not None
-            else "The other ranks' waiting time at collectives would shrink; not quantified",
+            **_predicted_gain(_best_prediction(what_if, "wait"), wait, "the other ranks' waiting for it"),
             "evidence": [f"ev-straggler-{s['rank']}"],
             "why": f"Rank {s['rank']} is named as a straggler: {s['evidence_text']}",
             "primary": False,
         })
     frac = nccl.get("busbw_fraction")
     if frac is not None and frac < 0.8 and job_shares and job_shares["comm"] > 0.02:
-        gain = job_shares["comm"] * (1 - frac)
         recs.append({
             "id": "nccl-bandwidth",
             "title": "Bring collective bandwidth up to what the network can do",
@@ -83,10 +78,8 @@ def recommendations(bound, job_shares, tree, job: dict, findings: list[dict], st
                 "Check NCCL_IB_HCA, NCCL_SOCKET_IFNAME and GPUDirect RDMA (NCCL_NET_GDR_LEVEL).",
                 "Re-run `diag nccl` after each change to see the bus bandwidth move.",
             ],
-            "gain_share": gain,
-            "gain_max_share": gain,
-            "gain": _gain_text(gain) + f" (communication at the expected bandwidth would take {pct(frac)} "
-            "of its current time)",
+            **_predicted_gain(_comm_at(what_if, frac), job_shares["comm"],
+                              f"communication at the expected bandwidth ({pct(frac)} of its current time)"),
             "evidence": sorted(e for e in ev_ids if e.startswith(("ev-busbw", "ev-nccl-"))),
             "why": nccl.get("bandwidth_summary", ""),
             "primary": False,
@@ -132,34 +125,15 @@ def recommendations(bound, job_shares, tree, job: dict, findings: list[dict], st
             "why": memory["advice"]["why"],
             "primary": False,
         })
-    # Ranked by expected gain; the verdict's own fixes lead among equal gains; unquantified last.
+    # Ranked by predicted gain; the verdict's own fixes lead among equal gains; unpredicted last.
     recs.sort(key=lambda r: (r["gain_share"] is None, -(r["gain_share"] or 0), not r["primary"]))
     for i, r in enumerate(recs, 1):
         r["rank"] = i
     return recs
 
 
-# Share of a phase that its fixes typically win back: the basis of "expected gain".
-# data 0.9: more workers, pinned memory and prefetch usually hide nearly all of the wait;
-# comm 0.8: overlap and bucketing hide most exposed communication, the last bucket stays exposed;
-# host 0.7: CUDA graphs / torch.compile remove launch and sync overhead, some Python remains;
-# memory 0.5: fusion and bf16 roughly halve the bytes bandwidth-bound kernels move;
-# compute: the useful work itself; not estimated.
-RECOVERABLE = {"data": 0.9, "comm": 0.8, "host": 0.7, "memory": 0.5, "compute": None}
-
-
 # Cross-rank findings that explain exposed communication (shown with the comm recommendation).
 COMM_CAUSE_FINDINGS = {"slow_collectives", "straggler_induced_comm", "unsynchronised_arrival"}
-
-
-def _phase_gain_text(p: str, share: float, frac: float | None) -> str:
-    if frac is None:
-        return ("Compute is the useful work; gains come from doing it faster (lower precision, tensor cores) "
-                "or doing less of it, not from removing it")
-    g = share * frac
-    return (f"About {pct(g)} of step time, {1 / (1 - g):.2f}x faster steps: these fixes typically win back "
-            f"{frac:.0%} of the {pct(share)} spent on {PHASE_LABELS[p]} (at most all of it, "
-            f"{1 / (1 - share) if share < 0.99 else math.inf:.2f}x)")
 
 
 def _phase_title(p: str, share: float) -> str:
@@ -181,9 +155,43 @@ def _short(msg: str, limit: int = 110) -> str:
     return msg if len(msg) <= limit else msg[:limit].rsplit(" ", 1)[0] + " ..."
 
 
-def _gain_text(share: float | None) -> str:
-    if share is None:
-        return "Not quantified"
-    speedup = 1 / (1 - share) if share < 0.99 else math.inf
-    sp = "more than 100x" if math.isinf(speedup) else f"{speedup:.2f}x"
-    return f"Up to {pct(share)} of step time, a step speed-up of up to {sp}"
+def _best_prediction(what_if: list[dict], cls: str) -> dict | None:
+    """The what-if entry with the largest predicted gain among the changes that fix a class
+    (no_exposed_comm and comm_2x both fix communication); else one that says why none."""
+    fixing = [e for e in what_if if e.get("fixes") == cls]
+    predicted = [e for e in fixing if num(e.get("speedup")) is not None]
+    if predicted:
+        return max(predicted, key=lambda e: e["speedup"])
+    return fixing[0] if fixing else None
+
+
+def _comm_at(what_if: list[dict], factor: float) -> dict | None:
+    """The prediction for communication at `factor` of its time, interpolated between the
+    replayed points no_exposed_comm (0), comm_2x (0.5) and no change (1)."""
+    by_id = {e.get("change"): e for e in what_if}
+    z, h = by_id.get("no_exposed_comm"), by_id.get("comm_2x")
+    if not (z and h and num(z.get("predicted_step_ms")) and num(h.get("predicted_step_ms"))):
+        return z or h
+    base = z["baseline_step_ms"]
+    pts = [(0.0, z["predicted_step_ms"]), (0.5, h["predicted_step_ms"]), (1.0, base)]
+    (x0, y0), (x1, y1) = (pts[0], pts[1]) if factor <= 0.5 else (pts[1], pts[2])
+    pred = y0 + (y1 - y0) * (min(max(factor, 0.0), 1.0) - x0) / (x1 - x0)
+    return {**z, "change": f"comm_at_{factor:.2f}", "predicted_step_ms": pred, "speedup": base / pred}
+
+
+def _predicted_gain(pred: dict | None, bound_share: float | None, what: str) -> dict:
+    """The gain fields of a recommendation from its what-if prediction."""
+    upper = f"; removing {what} entirely is at most {pct(bound_share)} of the step" if bound_share else ""
+    if pred is None or num(pred.get("predicted_step_ms")) is None:
+        why = pred.get("note") if pred and pred.get("note") else "no profiled step was traced to replay"
+        return {"gain_share": None, "gain_max_share": bound_share, "prediction": pred,
+                "gain": f"No prediction possible ({why}){upper}"}
+    base, new = pred["baseline_step_ms"], pred["predicted_step_ms"]
+    gain = max(0.0, 1.0 - new / base) if base > 0 else 0.0
+    return {"gain_share": gain, "gain_max_share": bound_share, "prediction": pred,
+            "gain": f"{new:.1f} ms per step against {base:.1f} ms measured, {base / new:.2f}x faster "
+                    f"({pred['change']}: the traced steps replayed with {_lower(pred['description'])}){upper}"}
+
+
+def _lower(text: str) -> str:
+    return text[:1].lower() + text[1:] if text else text

@@ -24,6 +24,7 @@ import statistics
 from collections import Counter, defaultdict
 
 from diag.analyzers.diagnosis.decision_tree import load_tree
+from diag.analyzers.whatif.job import job_what_if
 
 # Thresholds of the cross-rank rules. A tree may override each by the same name in its
 # [thresholds] table; these defaults hold otherwise.
@@ -438,9 +439,12 @@ def analyze_job(ranks: list[dict], tree=None) -> dict:
             )
         )
 
+    critical_path, what_if = job_what_if(ranks, getattr(tree, "what_if", ()))
     return {
         "world_size": world,
         "ranks_present": present,
+        "critical_path": critical_path,
+        "what_if": what_if,
         "missing_ranks": missing,
         "stragglers": stragglers,
         "findings": findings,

@@ -40,6 +40,7 @@ from diag.analyzers.job.sampled import (
     sampled_verdict,
     window_composition,
 )
+from diag.analyzers.whatif import rank as what_if
 
 SCHEMA = "diag.analysis/1"
 FINAL_STATUSES = ("completed", "failed", "interrupted")
@@ -216,6 +217,7 @@ def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None
                 "shares": t.get("shares"),
                 "path": t.get("path") or [],
                 "evidence": "trace",
+                **{k: t[k] for k in what_if.STEP_KEYS if k in t},
             }
         else:
             j += 1
@@ -270,6 +272,8 @@ def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None
             a_memory += float(g("memory") or 0.0) * d
             a_compute += float(g("compute") or 0.0) * d
     acc.update(data=a_data, host=a_host, comm=a_comm, wait=a_wait, memory=a_memory, compute=a_compute)
+    critical_path, what_if_entries = what_if.summarize([s for s in counted if s["evidence"] == "trace"],
+                                                       getattr(tree, "what_if", ()))
     measurements: dict = {}
     split = [w["analysis"].get("wait_split") or {} for w in analysed]
     wait_measured = any(x.get("measured") for x in split)
@@ -375,6 +379,8 @@ def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None
         },
         # What the live model and optimizer held (diag.collectors.model_facts), and the rates measured.
         "model": model if isinstance(model, dict) else None,
+        "critical_path": critical_path,
+        "what_if": what_if_entries,
         "rates": measured_rates([trace_steps[n] for n in sorted(trace_steps)], {r["step"]: r for r in records},
                                 [s["duration_ms"] for s in counted if s["evidence"] == "sampled"]),
     }

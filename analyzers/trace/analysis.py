@@ -27,6 +27,7 @@ from diag.analyzers.trace.attribution import (
     normalize_shares,
 )
 from diag.analyzers.trace.load import Trace, load_trace, step_windows
+from diag.analyzers.whatif import rank as what_if
 from diag.errors import DiagInputError
 
 TOP_N = 10
@@ -120,6 +121,21 @@ def analyze_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None) -> dict
             "flops": float(flops_w[k]) if flops_w is not None else None,
         })
 
+    # Each step's critical path and its duration under each what-if change.
+    changes = getattr(tree, "what_if", ())
+    what_if_error = None
+    try:
+        if on_device:
+            per_step = what_if.rank_steps(changes, windows, trace=trace, dev_classes=classes,
+                                          data_spans=layers["data"])
+        else:
+            per_step = what_if.rank_steps(changes, windows, att=att, layers=layers)
+    except Exception as exc:  # a graph this trace cannot give must not cost its analysis
+        per_step, what_if_error = {}, f"{type(exc).__name__}: {exc}"
+    for k, extra in per_step.items():
+        steps[k].update(extra)
+    critical_path, what_if_entries = what_if.summarize(steps, changes)
+
     total_time = float(np.sum(win[:, 1] - win[:, 0]))
     rank_shares = normalize_shares(totals, total_time)
     rank_m = _measurements(rank_shares, mem_t.sum(), comp_t.sum(), total_time, peak_frac_w, None,
@@ -137,6 +153,15 @@ def analyze_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None) -> dict
                        "(it was sampled or filtered): idle and host time are over-stated, so the verdict is indicative.",
             "advice": "Analyse the unfiltered trace for a firm verdict.",
             "evidence": {"op_coverage": trace.op_coverage, "source": "trace"},
+        })
+
+    if what_if_error:
+        findings.append({
+            "id": "what_if_failed", "severity": "info",
+            "message": f"No what-if predictions for this trace: its dependency graph could not be built "
+                       f"({what_if_error}).",
+            "advice": "The rest of the analysis stands; recommendations for this rank carry no predicted gain.",
+            "evidence": {"error": what_if_error, "source": "trace"},
         })
 
     if trace.repairs:
@@ -183,6 +208,8 @@ def analyze_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None) -> dict
         "n_events": trace.n_events,
         "repairs": trace.repairs,
         "attribution_order": list(order) + ["host"],
+        "critical_path": critical_path,
+        "what_if": what_if_entries,
     }
 
 

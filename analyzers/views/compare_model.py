@@ -102,7 +102,7 @@ def statement(kind: str, ratio: float, lo: float, hi: float, n_a: int, n_b: int)
 
 
 def compare(model_a: dict, model_b: dict, doc_a: dict | None = None, doc_b: dict | None = None,
-            tree=None) -> dict:
+            tree=None, applied: str | None = None) -> dict:
     """The comparison model of run A (before) and run B (after)."""
     ta, tb = step_times(model_a), step_times(model_b)
     runs = [_run_summary(model_a, ta), _run_summary(model_b, tb)]
@@ -123,7 +123,47 @@ def compare(model_a: dict, model_b: dict, doc_a: dict | None = None, doc_b: dict
     out["verdict_change"] = _verdict_change(model_a, model_b)
     out["throughput"] = _throughput_change(model_a, model_b)
     out["scaling"] = _scaling(model_a, model_b, doc_a, doc_b, tree)
+    out["prediction"] = prediction_check(model_a, model_b, out["phases"], applied)
     out["headline"] = _headline(out)
+    return out
+
+
+def prediction_check(model_a: dict, model_b: dict, phases, applied: str | None) -> dict | None:
+    """The prediction made on BEFORE for the change applied, beside the step AFTER measured.
+
+    The change is the one named, or else the one that fixes the phase whose time fell the
+    most (ms per median step). Both sides are the job's profiled steps, the basis of every
+    prediction; a run with none has no prediction (BEFORE) or no comparable measurement (AFTER)."""
+    changes = {e["change"]: e for e in (model_a.get("what_if") or {}).get("changes") or []}
+    after = (model_b.get("what_if") or {}).get("changes") or []
+    inferred = applied is None
+    if inferred:
+        fell = sorted((r for r in phases or [] if r.get("delta_ms") is not None), key=lambda r: r["delta_ms"])
+        if not fell or fell[0]["delta_ms"] >= 0:
+            return None
+        cls = fell[0]["phase"]
+        fixing = [e for e in changes.values() if e.get("fixes") == cls]
+        if not fixing:
+            return None
+        applied = max(fixing, key=lambda e: e.get("speedup") or 0.0)["change"]
+    e = changes.get(applied)
+    out = {"change": applied, "inferred": inferred, "description": e["description"] if e else None,
+           "baseline_step_ms": e["baseline_step_ms"] if e else None,
+           "predicted_step_ms": e.get("predicted_step_ms") if e else None,
+           "measured_step_ms": after[0]["baseline_step_ms"] if after else None, "error": None}
+    how = "inferred from the phase that fell the most" if inferred else "as given"
+    if out["predicted_step_ms"] is None:
+        why = (e or {}).get("note") or "BEFORE has no profiled steps to replay"
+        out["text"] = f"No prediction for {applied} ({how}) to check: {why}."
+    elif out["measured_step_ms"] is None:
+        out["text"] = (f"diag predicted {out['predicted_step_ms']:.1f} ms per step for {applied} ({how}), but AFTER "
+                       "has no profiled steps to measure it against.")
+    else:
+        out["error"] = (out["predicted_step_ms"] - out["measured_step_ms"]) / out["measured_step_ms"]
+        out["text"] = (f"Prediction check, {applied} ({how}): diag predicted {out['predicted_step_ms']:.1f} ms per "
+                       f"step from BEFORE's {out['baseline_step_ms']:.1f} ms; AFTER measured "
+                       f"{out['measured_step_ms']:.1f} ms, an error of {out['error']:+.1%} (profiled steps, the "
+                       "slowest rank's step, median).")
     return out
 
 

@@ -114,7 +114,7 @@ def build_model(doc: dict | None, run: dict | None = None, tree=None, limits: Li
 
 # The diagnosis document's parts that the page shows as they are.
 _FROM_DIAGNOSIS = ("bound", "headline", "confidence", "decision_path", "phase_shares", "measurements", "evidence",
-                   "recommendations", "stragglers", "findings", "memory")
+                   "recommendations", "stragglers", "findings", "memory", "what_if")
 
 
 def _busbw_chart(run: dict) -> dict | None:

@@ -1,0 +1,175 @@
+"""The dependency graph of a GPU trace's steps, as arrays (after Daydream, USENIX ATC 2020).
+
+One graph per profiled step (its ProfilerStep window on the host):
+- the **host chain**: the runtime calls that launch device work or wait for it, in time
+  order, and the gaps between them (the host's own work: Python, framework, data
+  loading). Polling calls (cudaEventQuery, cudaStreamQuery) are left out: other threads
+  (the NCCL watchdog) issue them, and they neither launch nor wait;
+- the **device nodes**: kernels, copies and sets launched by the chain's calls (matched
+  by correlation id), each after its stream predecessor, its launch call, and where
+  neither explains its start, the device op on another stream that ended just before
+  (a cudaStreamWaitEvent the trace does not record as an edge);
+- **synchronisation**: a call that blocks waits for the device op, launched before it,
+  whose end it returned after: the named ones (cuda/hipDeviceSynchronize, Stream- and
+  EventSynchronize, cudaMemcpy), and any other call that returned within RETURN_US of the
+  end of such an op (a copy to pageable memory, which cudaMemcpyAsync performs
+  synchronously; a launch into a full launch queue, which returns when a slot frees).
+What the edges do not explain (launch latency, queueing behind work of the previous step)
+stays as fixed slack, so replaying the graph with the measured durations gives back the
+measured times.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from diag.analyzers.trace import event_classes as ec
+
+POLLING_RE = re.compile(r"(?:cuda|hip)(?:Event|Stream)Query$")
+DEVICE_SYNC_RE = re.compile(r"(?:cuda|hip)DeviceSynchronize$")  # waits for all device work
+BLOCKING_RE = re.compile(r"(?:cuda|hip)(?:Device|Stream|Event)Synchronize$|^(?:cuda|hip)Memcpy(?:DtoH|2D)?$")
+RETURN_US = 50.0  # a call this soon after a device op's end returned because of it
+BLOCK_MIN_US = 20.0  # shorter calls are not examined for blocking (launches take ~5 us)
+XDEP_MIN_US = 5.0  # a start this much after its launch and stream predecessor looks for another cause
+# Device node classes (the step-time classes a device op belongs to).
+DEV_CLASS = {ec.COMM: "comm", ec.MEMCPY: "memory", ec.BANDWIDTH: "memory", ec.COMPUTE: "compute",
+             ec.OTHER: "compute"}
+
+
+@dataclass
+class StepGraph:
+    step: int
+    lo: float
+    hi: float
+    # host chain, in time order
+    h_start: np.ndarray
+    h_end: np.ndarray
+    h_gap_data: np.ndarray  # of the gap before each call, the part spent in DataLoader spans
+    h_wait_on: np.ndarray  # device node a blocking call waited for, or -1
+    h_wait_all: np.ndarray  # a device-wide synchronise: it waits for every node launched before it
+    tail_data: float  # of the gap after the last call, the part in DataLoader spans
+    # device nodes
+    d_start: np.ndarray
+    d_end: np.ndarray
+    d_cls: list  # "comm" | "memory" | "compute"
+    d_launch: np.ndarray  # host chain index; -1: launched before the step
+    d_pred: np.ndarray  # device node before it on its stream, or -1
+    d_xdep: np.ndarray  # device node on another stream it waited for, or -1
+
+    @property
+    def n_host(self) -> int:
+        return len(self.h_start)
+
+
+def _overlap(lo: np.ndarray, hi: np.ndarray, spans: np.ndarray) -> np.ndarray:
+    """Length of each [lo, hi) inside the (disjoint, sorted) spans."""
+    out = np.zeros(len(lo))
+    if not len(spans) or not len(lo):
+        return out
+    for s, e in spans.tolist():
+        out += np.clip(np.minimum(hi, e) - np.maximum(lo, s), 0.0, None)
+    return out
+
+
+def step_graphs(trace, dev_classes: np.ndarray, data_spans: np.ndarray, windows) -> list[StepGraph]:
+    """The graph of each step window [(step, lo, hi), ...] of a trace with device activity."""
+    names = trace.names
+    keep_name = np.array([not POLLING_RE.search(n) for n in names], dtype=bool) if names else np.zeros(0, bool)
+    block_name = np.array([bool(BLOCKING_RE.search(n)) for n in names], dtype=bool) if names else np.zeros(0, bool)
+    all_name = np.array([bool(DEVICE_SYNC_RE.search(n)) for n in names], dtype=bool) if names else np.zeros(0, bool)
+    corr_dev: dict[int, list[int]] = {}
+    for k, c in enumerate(trace.dev_corr.tolist()):
+        corr_dev.setdefault(c, []).append(k)
+    launches = np.isin(trace.rt_corr, trace.dev_corr)
+    blocking = block_name[trace.rt_name] if len(trace.rt_name) else np.zeros(0, bool)
+    chain_mask = (keep_name[trace.rt_name] if len(trace.rt_name) else np.zeros(0, bool)) & (launches | blocking)
+    out = []
+    for step, lo, hi in windows:
+        sel = np.flatnonzero(chain_mask & (trace.rt_ts >= lo) & (trace.rt_ts < hi))
+        sel = sel[np.argsort(trace.rt_ts[sel], kind="stable")]
+        g = _one_step(trace, step, lo, hi, sel, blocking, corr_dev, dev_classes, data_spans)
+        g.h_wait_all = all_name[trace.rt_name[sel]] if len(sel) else np.zeros(0, bool)
+        out.append(g)
+    return out
+
+
+def _one_step(trace, step, lo, hi, sel, blocking, corr_dev, dev_classes, data_spans) -> StepGraph:
+    h_start = trace.rt_ts[sel].astype(float)
+    h_end = np.minimum(h_start + trace.rt_dur[sel], hi)
+    prev_end = np.concatenate(([lo], h_end[:-1]))[: len(h_start)]
+    h_gap_data = _overlap(prev_end, h_start, data_spans)
+    tail_data = float(_overlap(np.array([h_end[-1] if len(h_end) else lo]), np.array([hi]), data_spans)[0])
+    # Device nodes launched by the chain's calls, and those still running from earlier steps'
+    # launches (a queue the step's own launches wait behind): launch -1, ready at the step's start.
+    dev_rows, launch = [], []
+    for i, r in enumerate(sel.tolist()):
+        for k in corr_dev.get(int(trace.rt_corr[r]), ()):
+            dev_rows.append(k)
+            launch.append(i)
+    mine = set(dev_rows)
+    running = np.flatnonzero((trace.dev_ts < hi) & (trace.dev_ts + trace.dev_dur > lo))
+    for k in running.tolist():
+        if k not in mine:  # launched before the step: every launch inside it is in the chain
+            dev_rows.append(k)
+            launch.append(-1)
+    dev_rows = np.array(dev_rows, dtype=np.int64)
+    launch = np.array(launch, dtype=np.int64)
+    order = np.argsort(trace.dev_ts[dev_rows], kind="stable") if len(dev_rows) else np.zeros(0, np.int64)
+    dev_rows, launch = dev_rows[order], launch[order]
+    d_start = trace.dev_ts[dev_rows].astype(float)
+    d_end = d_start + trace.dev_dur[dev_rows]
+    streams = trace.dev_stream[dev_rows]
+    d_pred = np.full(len(dev_rows), -1, dtype=np.int64)
+    last: dict[int, int] = {}
+    for j, s in enumerate(streams.tolist()):
+        d_pred[j] = last.get(s, -1)
+        last[s] = j
+    launch_end = np.where(launch >= 0, h_end[np.maximum(launch, 0)] if len(h_end) else lo, lo)
+    d_xdep = _cross_stream(d_start, d_end, streams, d_pred, launch_end)
+    h_wait_on = _blocking_waits(sel, blocking, h_start, h_end, launch, d_end)
+    return StepGraph(step, float(lo), float(hi), h_start, h_end, h_gap_data, h_wait_on, np.zeros(len(sel), bool),
+                     tail_data,
+                     d_start, d_end, [DEV_CLASS.get(int(c), "compute") for c in dev_classes[dev_rows].tolist()],
+                     launch, d_pred, d_xdep)
+
+
+def _cross_stream(d_start, d_end, streams, d_pred, launch_end) -> np.ndarray:
+    """For each device node whose start neither its launch nor its stream predecessor explains,
+    the node on another stream that ended last before it started."""
+    n = len(d_start)
+    xdep = np.full(n, -1, dtype=np.int64)
+    if n < 2:
+        return xdep
+    pred_end = np.where(d_pred >= 0, d_end[np.maximum(d_pred, 0)], -np.inf)
+    ready = np.maximum(launch_end, pred_end)
+    late = np.flatnonzero(d_start - ready > XDEP_MIN_US)
+    if not len(late):
+        return xdep
+    by_end = np.argsort(d_end, kind="stable")
+    ends = d_end[by_end]
+    for j in late.tolist():
+        i = int(np.searchsorted(ends, d_start[j], side="right")) - 1
+        while i >= 0 and streams[by_end[i]] == streams[j]:
+            i -= 1
+        if i >= 0 and ends[i] > ready[j]:
+            xdep[j] = by_end[i]
+    return xdep
+
+
+def _blocking_waits(sel, blocking, h_start, h_end, launch, d_end) -> np.ndarray:
+    """For each call that blocked, the device node launched before it whose end it returned after."""
+    wait_on = np.full(len(sel), -1, dtype=np.int64)
+    if not len(launch):
+        return wait_on
+    named = blocking[sel]
+    for i in np.flatnonzero(named | (h_end - h_start > BLOCK_MIN_US)).tolist():
+        cand = np.flatnonzero((launch <= i) & (d_end <= h_end[i]) & (d_end > h_start[i]))
+        if not len(cand):
+            continue
+        a = cand[np.argmax(d_end[cand])]
+        if named[i] or h_end[i] - d_end[a] <= max(RETURN_US, 0.05 * (h_end[i] - h_start[i])):
+            wait_on[i] = a
+    return wait_on

@@ -1,0 +1,184 @@
+"""Replay a step's dependency graph under changed durations, and its critical path.
+
+A change is a small declarative entry: which parts of the step, scaled by what factor.
+The parts:
+- `data`: the host's time inside DataLoader spans (between the runtime calls);
+- `host`: the rest of the host's own time between calls;
+- `launch`: the runtime calls that launch device work;
+- `sync`: what blocking calls spend beyond the wait for the device;
+- `slack`: launch latency and queueing the edges do not explain;
+- `comm`, `memory`, `compute`: device ops of each class.
+Unlisted parts keep their measured durations. Replaying with no change gives back the
+measured step (the graph keeps what it does not explain as slack), so a prediction is the
+replayed step under the change, and its error is that of the graph alone.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from diag.analyzers.whatif.graph import StepGraph
+
+PARTS = ("data", "host", "launch", "sync", "slack", "comm", "memory", "compute")
+
+
+def topo_order(g: StepGraph) -> list[tuple[int, int]]:
+    """(kind, index) in an order where every node comes after what it depends on:
+    kind 0 = device node, 1 = host call. Keyed by original end, lifted past dependencies."""
+    n_h, n_d = g.n_host, len(g.d_start)
+    key_h = np.maximum.accumulate(g.h_end) if n_h else g.h_end
+    key_d = np.maximum(g.d_end, np.where(g.d_launch >= 0, key_h[np.maximum(g.d_launch, 0)], g.lo)) if n_d and n_h \
+        else g.d_end.copy()
+    for j in range(n_d):  # a stream predecessor or awaited op on another stream first
+        for dep in (g.d_pred[j], g.d_xdep[j]):
+            if dep >= 0 and key_d[dep] > key_d[j]:
+                key_d[j] = key_d[dep]
+    for i in np.flatnonzero(g.h_wait_on >= 0).tolist():
+        waits = _awaited(g, i)
+        top = float(key_d[waits].max()) if len(waits) else -np.inf
+        if top > key_h[i]:
+            key_h[i:] = np.maximum(key_h[i:], top)
+    keys = [(float(key_d[j]), 0, j) for j in range(n_d)] + [(float(key_h[i]), 1, i) for i in range(n_h)]
+    keys.sort()
+    return [(kind, idx) for _, kind, idx in keys]
+
+
+def replay(g: StepGraph, scales: dict[str, dict], order=None) -> dict[str, float]:
+    """The step's duration (µs) under each named change {id: {part: factor}}.
+
+    A training loop's steps are a pipeline: the host may run ahead of the device by a
+    step's worth of launches, but not by more (a sync every iteration, the launch queue).
+    So a step takes at least its own device work, replayed with no host in the way. A
+    trace whose device fell behind within the step (its own work spills past the step's
+    end) shows a backlog the steady pipeline would not have; it is measured with no
+    change and taken off every floor, so that replaying no change gives back the step.
+    """
+    order = order if order is not None else topo_order(g)
+    own_scale = {"data": 0.0, "host": 0.0, "launch": 0.0, "sync": 0.0, "slack": 0.0}
+    backlog = max(0.0, _replay(g, own_scale, order, own_only=True) - _replay(g, None, order))
+    out = {}
+    for cid, scale in scales.items():
+        own = _replay(g, {**(scale or {}), **own_scale}, order, own_only=True) - backlog
+        out[cid] = max(_replay(g, scale, order), own)
+    return out
+
+
+def _replay(g: StepGraph, scale: dict | None, order, own_only: bool = False) -> float:
+    s = {p: 1.0 for p in PARTS}
+    s.update(scale or {})
+    if g.n_host == 0:
+        span = g.hi - g.lo
+        return span * s["host"]  # no device activity launched in the step: host time only
+    order = order if order is not None else topo_order(g)
+    h_start, h_end, gap_data, wait_on = g.h_start, g.h_end, g.h_gap_data, g.h_wait_on
+    d_start, d_end, d_launch, d_pred, d_xdep, d_cls = g.d_start, g.d_end, g.d_launch, g.d_pred, g.d_xdep, g.d_cls
+    new_h = [None] * g.n_host
+    new_d = [None] * len(d_start)
+    for kind, i in order:
+        if kind == 1:
+            prev = new_h[i - 1] if i > 0 else g.lo
+            prev_orig = h_end[i - 1] if i > 0 else g.lo
+            gap = h_start[i] - prev_orig
+            start = prev + gap_data[i] * s["data"] + (gap - gap_data[i]) * s["host"]
+            a = wait_on[i]
+            if a >= 0 and d_end[a] > h_start[i]:
+                dev = max(new_d[j] if new_d[j] is not None else d_end[j] for j in _awaited(g, i).tolist())
+                new_h[i] = max(start, dev) + (h_end[i] - d_end[a]) * s["sync"]
+            else:
+                new_h[i] = start + (h_end[i] - h_start[i]) * s["launch"]
+        else:
+            lk, p, x = d_launch[i], d_pred[i], d_xdep[i]
+            if lk >= 0:
+                ready_orig = h_end[lk]
+                ready = new_h[lk] if new_h[lk] is not None else h_end[lk]
+            elif own_only:  # the previous step's work: not part of this step's own device time
+                new_d[i] = g.lo
+                continue
+            else:  # launched before the step: as measured, ready at the step's start at the latest
+                ready_orig = ready = min(g.lo, d_start[i])
+            if p >= 0:
+                ready_orig = max(ready_orig, d_end[p])
+                ready = max(ready, new_d[p] if new_d[p] is not None else d_end[p])
+            if x >= 0:
+                ready_orig = max(ready_orig, d_end[x])
+                ready = max(ready, new_d[x] if new_d[x] is not None else d_end[x])
+            slack = max(0.0, d_start[i] - ready_orig)
+            new_d[i] = ready + slack * s["slack"] + (d_end[i] - d_start[i]) * s[d_cls[i]]
+    if own_only:  # the device span of the step's own launches
+        own = [new_d[j] for j in range(len(d_start)) if d_launch[j] >= 0]
+        return float(max(own) - g.lo) if own else 0.0
+    tail = g.hi - h_end[-1]
+    end = new_h[-1] + g.tail_data * s["data"] + (tail - g.tail_data) * s["host"]
+    return float(end - g.lo)
+
+
+def _awaited(g: StepGraph, i: int) -> np.ndarray:
+    """The device nodes blocking call i waits for: all launched before it for a device-wide
+    synchronise, else the one it returned after."""
+    if g.h_wait_all[i]:
+        return np.flatnonzero(g.d_launch <= i)
+    return np.array([g.h_wait_on[i]], dtype=np.int64)
+
+
+def present(g: StepGraph) -> list[str]:
+    """The parts with time in the step (a change acting on none of them predicts nothing)."""
+    out = {"host", "launch"} if g.n_host else {"host"}
+    if float(np.sum(g.h_gap_data)) + g.tail_data > 0:
+        out.add("data")
+    if np.any(g.h_wait_on >= 0):
+        out.add("sync")
+    out.update(g.d_cls[j] for j in range(len(g.d_cls)) if g.d_launch[j] >= 0)
+    return sorted(out)
+
+
+def critical_path(g: StepGraph) -> dict:
+    """The critical path of the measured step, walked back from its end: µs per class, and
+    its length (the measured step's duration when the graph explains the whole step)."""
+    out: dict = defaultdict(float)
+    if g.n_host == 0:
+        out["host"] = g.hi - g.lo
+        return {"length_us": g.hi - g.lo, "by_class_us": dict(out), "nodes": 0}
+    last = g.n_host - 1
+    out["data"] += g.tail_data
+    out["host"] += (g.hi - g.h_end[last]) - g.tail_data
+    mode, i, nodes = "host", last, 0
+    while True:
+        nodes += 1
+        if mode == "host":
+            if i < 0:
+                break
+            a = g.h_wait_on[i]
+            if a >= 0 and g.d_end[a] > g.h_start[i]:
+                out["host"] += g.h_end[i] - g.d_end[a]  # the blocking call's own part, after the wait
+                mode, i = "dev", int(a)
+                continue
+            out["host"] += g.h_end[i] - g.h_start[i]
+            prev = g.h_end[i - 1] if i > 0 else g.lo
+            out["data"] += g.h_gap_data[i]
+            out["host"] += (g.h_start[i] - prev) - g.h_gap_data[i]
+            i -= 1
+            continue
+        k = i
+        out[g.d_cls[k]] += g.d_end[k] - g.d_start[k]
+        lk, p, x = g.d_launch[k], g.d_pred[k], g.d_xdep[k]
+        best, kind = (g.h_end[lk], "launch") if lk >= 0 else (g.lo, "before")
+        if p >= 0 and g.d_end[p] > best:
+            best, kind = g.d_end[p], "pred"
+        if x >= 0 and g.d_end[x] > best:
+            best, kind = g.d_end[x], "xdep"
+        out["host"] += max(0.0, g.d_start[k] - best)  # launch latency, or the device idle between ops
+        if kind == "before":  # launched before the step, queued since its start: the path begins here
+            break
+        if kind == "launch":
+            # The launching call itself ended the wait: continue along the host chain from it.
+            out["host"] += g.h_end[lk] - g.h_start[lk]
+            prev = g.h_end[lk - 1] if lk > 0 else g.lo
+            out["data"] += g.h_gap_data[lk]
+            out["host"] += (g.h_start[lk] - prev) - g.h_gap_data[lk]
+            mode, i = "host", int(lk) - 1
+        else:
+            i = int(p if kind == "pred" else x)
+    length = float(sum(out.values()))
+    return {"length_us": length, "by_class_us": {c: float(v) for c, v in out.items() if v}, "nodes": nodes}
