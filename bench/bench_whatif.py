@@ -1,22 +1,23 @@
 """What-if predictions against the fix actually applied: 2-rank CPU jobs on gloo under the agent.
 
-    python bench/bench_whatif.py [--steps 24] [--json FILE]
+    python bench/bench_whatif.py [--steps 64] [--repeat 1] [--json FILE]
 
-Each scenario runs twice. BEFORE has a cause; diag analyses it and predicts the step
-time with the cause removed (the job's what-if entry for the matching change). AFTER
-is the same job with the cause actually removed, and its measured step time is what
-the prediction is checked against:
+Each scenario is one job that runs first with a cause and then, half-way, with that cause
+removed. diag analyses the job; from the profiled steps before the switch it predicts the
+step time with the cause removed (the job's what-if entry for the matching change), and
+the profiled steps after the switch measure it. One job for both sides keeps the
+processes, their placement and the machine's state the same, so that run-to-run noise
+(±10% between identical runs on two shared cores) does not pass for prediction error.
 
-- slow_data:  a dataset that sleeps on every batch (slow storage), against the same
+- slow_data:  a dataset that decodes every batch in the loading process, against the same
               batches held in memory; change no_data_wait;
 - allreduce:  a blocking all-reduce of every gradient after backward, against no
               communication at all; change no_exposed_comm;
 - straggler:  rank 1 does extra matrix work every step, against none; change no_straggler.
 
-Both runs' step times are the job's profiled steps (the slowest rank's step, median over
-the steps), as `diag analyze` reports them in every what-if entry's baseline_step_ms, and
-as `diag compare BEFORE AFTER --applied CHANGE` puts them side by side. The target is an
-error within 15% on each.
+A side's step time is the job's profiled steps (the slowest rank's step, median over the
+steps), as every what-if entry's baseline_step_ms holds it. The target is an error within
+15% on each.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 SCENARIOS = {

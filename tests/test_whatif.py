@@ -213,3 +213,19 @@ def test_comm_bandwidth_gain_interpolates_the_replayed_points():
          {"change": "comm_2x", "description": "d", "baseline_step_ms": 100.0, "predicted_step_ms": 80.0}]
     assert _comm_at(w, 0.25)["predicted_step_ms"] == pytest.approx(70.0)
     assert _comm_at(w, 0.75)["predicted_step_ms"] == pytest.approx(90.0)
+
+
+def test_ranks_trading_places_are_noise_not_a_straggler():
+    """Eight steps in which the two ranks take turns being 10 ms slower: neither is a straggler."""
+    def rank(r):
+        steps = []
+        for k in range(8):
+            slow = (k + r) % 2 == 0
+            steps.append({"step": k, "duration_ms": 100.0, "replayed_ms": 100.0, "present_classes": ["compute"],
+                          "shares": {"wait": 0.0 if slow else 0.1}, "critical_path": {"by_class_ms": {}},
+                          "what_if_ms": {}})
+        return {"rank": r, "steps": steps}
+
+    changes = [c for c in dt.load_tree().what_if if c["id"] == "no_straggler"]
+    _, (e,) = job_what_if([rank(0), rank(1)], changes)
+    assert e["predicted_step_ms"] is None and "within the run's own step-to-step noise" in e["note"]

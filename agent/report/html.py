@@ -134,12 +134,13 @@ def figures(model: dict) -> list[dict]:
         out.append({
             "id": "fig-whatif",
             "data": [{"type": "bar", "orientation": "h", "name": "predicted",
-                      "y": [chart_text(e["change"]) for e in wi] + ["measured"],
-                      "x": [round(e["predicted_step_ms"], 3) for e in wi] + [round(base, 3)],
-                      "marker": {"color": ["#1f77b4"] * len(wi) + ["#444"]},
+                      "y": ["measured"] + [chart_text(e["change"]) for e in wi],
+                      "x": [round(base, 3)] + [round(e["predicted_step_ms"], 3) for e in wi],
+                      "marker": {"color": ["#444"] + ["#1f77b4"] * len(wi)},
                       "hovertemplate": "%{y}: %{x:.1f} ms<extra></extra>"}],
             "layout": _layout("Predicted step time under each change (ms)",
-                              xaxis={"title": {"text": "step time (ms)"}, "rangemode": "tozero"}),
+                              xaxis={"title": {"text": "step time (ms)"}, "rangemode": "tozero"},
+                              yaxis={"automargin": True, "autorange": "reversed"}),
         })
     tp = ch.get("throughput")
     if tp:
@@ -582,7 +583,7 @@ def _what_if(model: dict, ids: set) -> str:
         inner.append(f"<p>Critical path of the median traced step (rank {esc(cp.get('rank'))}, the slowest-paced "
                      f"of {esc(cp.get('ranks'))}): {esc(parts)}.</p>")
     if "fig-whatif" in ids:
-        inner.append("<div class=\"fig\" id=\"fig-whatif\"></div>")
+        inner.append(_chart("fig-whatif", ids, "", small=True))
     rows = "".join(
         f"<tr><td><code>{esc(e['change'])}</code>: {esc(e['description'])}</td>"
         f"<td class=\"num\">{esc(num(e.get('predicted_step_ms'), '{:.1f} ms') if e.get('predicted_step_ms') is not None else e.get('note') or 'no prediction')}</td>"

@@ -78,8 +78,8 @@ def recommendations(bound, job_shares, tree, job: dict, findings: list[dict], st
                 "Check NCCL_IB_HCA, NCCL_SOCKET_IFNAME and GPUDirect RDMA (NCCL_NET_GDR_LEVEL).",
                 "Re-run `diag nccl` after each change to see the bus bandwidth move.",
             ],
-            **_predicted_gain(_comm_at(what_if, frac), job_shares["comm"],
-                              f"communication at the expected bandwidth ({pct(frac)} of its current time)"),
+            # At the expected bandwidth, communication would take `frac` of its current time.
+            **_predicted_gain(_comm_at(what_if, frac), job_shares["comm"], "exposed communication"),
             "evidence": sorted(e for e in ev_ids if e.startswith(("ev-busbw", "ev-nccl-"))),
             "why": nccl.get("bandwidth_summary", ""),
             "primary": False,
@@ -176,7 +176,9 @@ def _comm_at(what_if: list[dict], factor: float) -> dict | None:
     pts = [(0.0, z["predicted_step_ms"]), (0.5, h["predicted_step_ms"]), (1.0, base)]
     (x0, y0), (x1, y1) = (pts[0], pts[1]) if factor <= 0.5 else (pts[1], pts[2])
     pred = y0 + (y1 - y0) * (min(max(factor, 0.0), 1.0) - x0) / (x1 - x0)
-    return {**z, "change": f"comm_at_{factor:.2f}", "predicted_step_ms": pred, "speedup": base / pred}
+    return {**z, "change": f"comm_at_{factor:.2f}", "predicted_step_ms": pred, "speedup": base / pred,
+            "description": f"Communication taking {factor:.0%} of its measured time (interpolated between "
+                           "no_exposed_comm and comm_2x)"}
 
 
 def _predicted_gain(pred: dict | None, bound_share: float | None, what: str) -> dict:

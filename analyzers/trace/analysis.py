@@ -155,6 +155,17 @@ def analyze_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None) -> dict
             "evidence": {"op_coverage": trace.op_coverage, "source": "trace"},
         })
 
+    backlog = (critical_path or {}).get("device_backlog_ms") or 0.0
+    if critical_path and backlog > 0.05 * critical_path["measured_ms"]:
+        findings.append({
+            "id": "device_behind_host", "severity": "info",
+            "message": f"The device's own work of a profiled step outlasts the step by {backlog:.1f} ms "
+                       f"({backlog / critical_path['measured_ms']:.0%}): the host ran ahead of the device, so "
+                       "the window shows the host's pace, and a steady iteration would be that much longer.",
+            "advice": "Profile more consecutive steps (active=3 or more) so that a window reaches the steady "
+                      "state; the what-if predictions of device-side changes are conservative until then.",
+            "evidence": {"device_backlog_ms": backlog, "step_ms": critical_path["measured_ms"], "source": "trace"},
+        })
     if what_if_error:
         findings.append({
             "id": "what_if_failed", "severity": "info",

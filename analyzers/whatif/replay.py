@@ -45,7 +45,7 @@ def topo_order(g: StepGraph) -> list[tuple[int, int]]:
     return [(kind, idx) for _, kind, idx in keys]
 
 
-def replay(g: StepGraph, scales: dict[str, dict], order=None) -> dict[str, float]:
+def replay(g: StepGraph, scales: dict[str, dict], order=None, info: dict | None = None) -> dict[str, float]:
     """The step's duration (µs) under each named change {id: {part: factor}}.
 
     A training loop's steps are a pipeline: the host may run ahead of the device by a
@@ -58,6 +58,8 @@ def replay(g: StepGraph, scales: dict[str, dict], order=None) -> dict[str, float
     order = order if order is not None else topo_order(g)
     own_scale = {"data": 0.0, "host": 0.0, "launch": 0.0, "sync": 0.0, "slack": 0.0}
     backlog = max(0.0, _replay(g, own_scale, order, own_only=True) - _replay(g, None, order))
+    if info is not None:
+        info["backlog_us"] = backlog
     out = {}
     for cid, scale in scales.items():
         own = _replay(g, {**(scale or {}), **own_scale}, order, own_only=True) - backlog
