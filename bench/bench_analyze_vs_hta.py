@@ -16,7 +16,7 @@
 4. Prints a table, the speed ratio (HTA / diag wall time) and RSS ratio (diag / HTA), and
    checks that the two tools' idle / compute / non-compute percentages agree.
 
-Targets (issue 2): diag at least 20x faster and at most half of HTA's peak RSS.
+Targets: diag at least 40x faster and at most a tenth of HTA's peak RSS.
 Results are also written to bench/out/analyze_vs_hta.json.
 """
 
@@ -62,8 +62,8 @@ HTA_PINS = [
     "pyyaml==6.0.2",
     "psutil==6.1.1",
 ]
-TARGET_SPEED = 20.0
-TARGET_RSS = 0.5
+TARGET_SPEED = 40.0
+TARGET_RSS = 0.1
 AGREE_PP = 1.0
 
 HTA_SNIPPET = r"""

@@ -56,15 +56,49 @@ def replay(g: StepGraph, scales: dict[str, dict], order=None, info: dict | None 
     change and taken off every floor, so that replaying no change gives back the step.
     """
     order = order if order is not None else topo_order(g)
+    parts = set(present(g)) | {"slack"}
+    memo: dict = {}
+
+    def run(scale: dict, own_only: bool) -> float:
+        # Parts the step lacks, and factors of 1, change nothing: equal changes replay once.
+        eff = tuple(sorted((p, f) for p, f in scale.items() if f != 1.0 and p in parts))
+        if (eff, own_only) not in memo:
+            memo[eff, own_only] = _replay(g, dict(eff), order, own_only=own_only)
+        return memo[eff, own_only]
+
     own_scale = {"data": 0.0, "host": 0.0, "launch": 0.0, "sync": 0.0, "slack": 0.0}
-    backlog = max(0.0, _replay(g, own_scale, order, own_only=True) - _replay(g, None, order))
+    backlog = max(0.0, run(own_scale, True) - run({}, False))
     if info is not None:
         info["backlog_us"] = backlog
     out = {}
     for cid, scale in scales.items():
-        own = _replay(g, {**(scale or {}), **own_scale}, order, own_only=True) - backlog
-        out[cid] = max(_replay(g, scale, order), own)
+        own = run({**(scale or {}), **own_scale}, True) - backlog
+        out[cid] = max(run(scale or {}, False), own)
     return out
+
+
+def _prep(g: StepGraph) -> tuple:
+    """The graph's per-node constants as Python lists (a replay reads them node by node,
+    where list indexing is several times cheaper than numpy's), computed once per graph."""
+    cached = getattr(g, "_prepped", None)
+    if cached is not None:
+        return cached
+    lo = g.lo
+    prev_end = np.concatenate(([lo], g.h_end[:-1]))
+    waits = (g.h_wait_on >= 0) & (g.d_end[np.maximum(g.h_wait_on, 0)] > g.h_start) if len(g.d_end) \
+        else np.zeros(g.n_host, bool)
+    host = (g.h_gap_data.tolist(), (g.h_start - prev_end - g.h_gap_data).tolist(), (g.h_end - g.h_start).tolist(),
+            np.where(waits, g.h_end - g.d_end[np.maximum(g.h_wait_on, 0)] if len(g.d_end) else 0.0, 0.0).tolist(),
+            waits.tolist())
+    n = len(g.d_start)
+    launched = g.d_launch >= 0
+    ready = np.where(launched, g.h_end[np.maximum(g.d_launch, 0)] if g.n_host else lo, np.minimum(lo, g.d_start))
+    for dep in (g.d_pred, g.d_xdep):
+        ready = np.where(dep >= 0, np.maximum(ready, g.d_end[np.maximum(dep, 0)] if n else 0.0), ready)
+    dev = (g.d_launch.tolist(), g.d_pred.tolist(), g.d_xdep.tolist(), np.maximum(0.0, g.d_start - ready).tolist(),
+           (g.d_end - g.d_start).tolist(), g.d_end.tolist(), np.minimum(lo, g.d_start).tolist())
+    g._prepped = (host, dev)
+    return g._prepped
 
 
 def _replay(g: StepGraph, scale: dict | None, order, own_only: bool = False) -> float:
@@ -74,43 +108,46 @@ def _replay(g: StepGraph, scale: dict | None, order, own_only: bool = False) -> 
         span = g.hi - g.lo
         return span * s["host"]  # no device activity launched in the step: host time only
     order = order if order is not None else topo_order(g)
-    h_start, h_end, gap_data, wait_on = g.h_start, g.h_end, g.h_gap_data, g.h_wait_on
-    d_start, d_end, d_launch, d_pred, d_xdep, d_cls = g.d_start, g.d_end, g.d_launch, g.d_pred, g.d_xdep, g.d_cls
+    (gap_data, gap_host, call, sync_extra, waits), (d_launch, d_pred, d_xdep, slack, dur, d_end, early) = _prep(g)
+    f_data, f_host, f_launch, f_sync, f_slack = s["data"], s["host"], s["launch"], s["sync"], s["slack"]
+    f_dev = [s[c] for c in g.d_cls]
+    lo = g.lo
     new_h = [None] * g.n_host
-    new_d = [None] * len(d_start)
+    new_d = [None] * len(d_end)
     for kind, i in order:
         if kind == 1:
-            prev = new_h[i - 1] if i > 0 else g.lo
-            prev_orig = h_end[i - 1] if i > 0 else g.lo
-            gap = h_start[i] - prev_orig
-            start = prev + gap_data[i] * s["data"] + (gap - gap_data[i]) * s["host"]
-            a = wait_on[i]
-            if a >= 0 and d_end[a] > h_start[i]:
-                dev = max(new_d[j] if new_d[j] is not None else d_end[j] for j in _awaited(g, i).tolist())
-                new_h[i] = max(start, dev) + (h_end[i] - d_end[a]) * s["sync"]
+            start = (new_h[i - 1] if i > 0 else lo) + gap_data[i] * f_data + gap_host[i] * f_host
+            if waits[i]:
+                dev = max(d_end[j] if new_d[j] is None else new_d[j] for j in _awaited(g, i).tolist())
+                new_h[i] = (start if start > dev else dev) + sync_extra[i] * f_sync
             else:
-                new_h[i] = start + (h_end[i] - h_start[i]) * s["launch"]
+                new_h[i] = start + call[i] * f_launch
         else:
-            lk, p, x = d_launch[i], d_pred[i], d_xdep[i]
+            lk = d_launch[i]
             if lk >= 0:
-                ready_orig = h_end[lk]
-                ready = new_h[lk] if new_h[lk] is not None else h_end[lk]
+                ready = new_h[lk]
+                if ready is None:
+                    ready = g.h_end[lk]
             elif own_only:  # the previous step's work: not part of this step's own device time
-                new_d[i] = g.lo
+                new_d[i] = lo
                 continue
             else:  # launched before the step: as measured, ready at the step's start at the latest
-                ready_orig = ready = min(g.lo, d_start[i])
+                ready = early[i]
+            p = d_pred[i]
             if p >= 0:
-                ready_orig = max(ready_orig, d_end[p])
-                ready = max(ready, new_d[p] if new_d[p] is not None else d_end[p])
+                t = new_d[p] if new_d[p] is not None else d_end[p]
+                if t > ready:
+                    ready = t
+            x = d_xdep[i]
             if x >= 0:
-                ready_orig = max(ready_orig, d_end[x])
-                ready = max(ready, new_d[x] if new_d[x] is not None else d_end[x])
-            slack = max(0.0, d_start[i] - ready_orig)
-            new_d[i] = ready + slack * s["slack"] + (d_end[i] - d_start[i]) * s[d_cls[i]]
+                t = new_d[x] if new_d[x] is not None else d_end[x]
+                if t > ready:
+                    ready = t
+            new_d[i] = ready + slack[i] * f_slack + dur[i] * f_dev[i]
     if own_only:  # the device span of the step's own launches
-        own = [new_d[j] for j in range(len(d_start)) if d_launch[j] >= 0]
-        return float(max(own) - g.lo) if own else 0.0
+        own = [new_d[j] for j in range(len(d_end)) if d_launch[j] >= 0]
+        return float(max(own) - lo) if own else 0.0
+    h_end = g.h_end
     tail = g.hi - h_end[-1]
     end = new_h[-1] + g.tail_data * s["data"] + (tail - g.tail_data) * s["host"]
     return float(end - g.lo)
