@@ -5,7 +5,7 @@ Each bottleneck is induced the way it happens in real jobs:
 - comm: a wide model on a tiny batch, so gradient all-reduce dwarfs the arithmetic;
 - compute: large matrix multiplications;
 - memory: a model of long elementwise chains over large activations;
-- host: a loop of many tiny ops, each result pulled to Python with .item();
+- host: a Python loop over a tensor's elements, each pulled to Python with .item() (a sync each);
 - none: a healthy compute-bound MLP fed by an in-memory DataLoader that gathers whole batches.
 
 The ranks are started with torch.multiprocessing and the torchrun environment
@@ -150,7 +150,7 @@ def _regress(model, batch):
 
 def _host_step(model, batch):
     """A per-element Python loop with a .item() on every iteration: host-bound by design."""
-    import torch
+    import math
 
     x, y = batch
     out = model(x)
@@ -158,8 +158,8 @@ def _host_step(model, batch):
     acc = 0.0
     for i in range(out.shape[0]):
         for j in range(out.shape[1]):
-            v = out[i, j] * 0.5 + y[i, j]
-            acc += torch.tanh(v).item()
+            # A host sync on every element, and the arithmetic in Python.
+            acc += math.tanh(out[i, j].item() * 0.5 + y[i, j].item())
     return loss + 0.0 * acc
 
 
