@@ -346,7 +346,14 @@ def test_analyze_summary_prints_ratios_as_ratios_and_shares_as_percentages():
 def test_a_run_ending_during_a_window_warmup_leaves_no_torch_warning(tmp_path, capfd):
     # Windows: warm-up at step 2, steps 3-4 traced; the next warm-up at step 7, where the run ends.
     with _agent(tmp_path, profile=True, skip_first=2, warmup=1, active=2, every=5) as agent:
-        _train(agent, 7)
+        def settle(_step):
+            # Steps of this tiny model take a millisecond: let the first window's export finish,
+            # or the profiler rightly skips the next window (a trace still being written).
+            t = agent.windows._export_thread
+            if t is not None:
+                t.join(60)
+
+        _train(agent, 7, on_step=settle)
         assert agent.windows._prof is not None and not agent.windows.recording  # warming up
     err = capfd.readouterr().err
     assert "disableProfiler" not in err and "no active profiling session" not in err, err
