@@ -14,6 +14,10 @@ One graph per profiled step (its ProfilerStep window on the host):
   EventSynchronize, cudaMemcpy), and any other call that returned within RETURN_US of the
   end of such an op (a copy to pageable memory, which cudaMemcpyAsync performs
   synchronously; a launch into a full launch queue, which returns when a slot frees).
+  A device-wide synchronise waits for every node launched before it, so hidden work
+  (an all-reduce beside a GEMM) holds it up once the work it hid behind gets faster.
+Cross-rank edges (a collective ends when the last rank arrives) are not in this graph:
+the job's what-if (`job.py`) couples the ranks through their measured waits.
 What the edges do not explain (launch latency, queueing behind work of the previous step)
 stays as fixed slack, so replaying the graph with the measured durations gives back the
 measured times.
