@@ -54,7 +54,6 @@ class Tree:
     advisories: list = field(default_factory=list)
     what_if: tuple = ()  # the what-if changes: the standard ones, then the config file's
 
-
     def threshold(self, ref) -> float:
         if isinstance(ref, (int, float)):
             return float(ref)
@@ -70,8 +69,9 @@ def load_tree(path: str | Path | None = None, overrides: dict | None = None) -> 
     thresholds = dict(doc["thresholds"])
     what_if = [check_change(c, DEFAULT_TREE.name) for c in doc.get("what_if", [])]
     if path is not None:
-        thresholds.update(_read_config_thresholds(Path(path)))
-        what_if = _with_config_changes(what_if, Path(path))
+        config = read_config(Path(path))  # read once: its thresholds and its what-if changes
+        thresholds.update(_config_thresholds(config, path))
+        what_if = _with_config_changes(what_if, config, path)
     for name, value in (overrides or {}).items():
         if name not in thresholds:
             raise TreeError(f"unknown threshold {name!r}; known: {', '.join(sorted(thresholds))}")
@@ -133,8 +133,8 @@ def check_change(entry, where: str) -> dict:
             "fixes": fixes if fixes in CLASSES else None}
 
 
-def _with_config_changes(changes: list, path: Path) -> list:
-    table = read_config(path).get("what_if", [])
+def _with_config_changes(changes: list, config: dict, path) -> list:
+    table = config.get("what_if", [])
     if not isinstance(table, list):
         raise TreeError(f"{path}: what_if must be a list of [[what_if]] entries")
     out = {c["id"]: c for c in changes}
@@ -144,9 +144,8 @@ def _with_config_changes(changes: list, path: Path) -> list:
     return list(out.values())
 
 
-def _read_config_thresholds(path: Path) -> dict:
-    doc = read_config(path)
-    table = doc.get("thresholds", {})
+def _config_thresholds(config: dict, path) -> dict:
+    table = config.get("thresholds", {})
     if not isinstance(table, dict):
         raise TreeError(f"{path}: [thresholds] must be a table of name = number")
     try:

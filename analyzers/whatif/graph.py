@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from diag.analyzers import intervals as iv
 from diag.analyzers.trace import event_classes as ec
 
 POLLING_RE = re.compile(r"(?:cuda|hip)(?:Event|Stream)Query$")
@@ -68,14 +69,10 @@ class StepGraph:
         return len(self.h_start)
 
 
-def _overlap(lo: np.ndarray, hi: np.ndarray, spans: np.ndarray) -> np.ndarray:
-    """Length of each [lo, hi) inside the (disjoint, sorted) spans."""
-    out = np.zeros(len(lo))
-    if not len(spans) or not len(lo):
-        return out
-    for s, e in spans.tolist():
-        out += np.clip(np.minimum(hi, e) - np.maximum(lo, s), 0.0, None)
-    return out
+def _in_spans(lo: np.ndarray, hi: np.ndarray, spans: np.ndarray) -> np.ndarray:
+    """Length of each [lo, hi) inside the (normalized) spans; an empty range when hi < lo
+    (calls of other threads overlapping in the chain)."""
+    return iv.measure_in_windows(spans, np.column_stack([lo, np.maximum(lo, hi)]))
 
 
 def step_graphs(trace, dev_classes: np.ndarray, data_spans: np.ndarray, windows) -> list[StepGraph]:
@@ -84,9 +81,9 @@ def step_graphs(trace, dev_classes: np.ndarray, data_spans: np.ndarray, windows)
     keep_name = np.array([not POLLING_RE.search(n) for n in names], dtype=bool) if names else np.zeros(0, bool)
     block_name = np.array([bool(BLOCKING_RE.search(n)) for n in names], dtype=bool) if names else np.zeros(0, bool)
     all_name = np.array([bool(DEVICE_SYNC_RE.search(n)) for n in names], dtype=bool) if names else np.zeros(0, bool)
-    corr_dev: dict[int, list[int]] = {}
-    for k, c in enumerate(trace.dev_corr.tolist()):
-        corr_dev.setdefault(c, []).append(k)
+    # Device rows by correlation id, sorted once: a step looks up its calls' rows by bisection.
+    by_corr = np.argsort(trace.dev_corr, kind="stable")
+    corr_sorted = trace.dev_corr[by_corr]
     launches = np.isin(trace.rt_corr, trace.dev_corr)
     blocking = block_name[trace.rt_name] if len(trace.rt_name) else np.zeros(0, bool)
     chain_mask = (keep_name[trace.rt_name] if len(trace.rt_name) else np.zeros(0, bool)) & (launches | blocking)
@@ -94,33 +91,31 @@ def step_graphs(trace, dev_classes: np.ndarray, data_spans: np.ndarray, windows)
     for step, lo, hi in windows:
         sel = np.flatnonzero(chain_mask & (trace.rt_ts >= lo) & (trace.rt_ts < hi))
         sel = sel[np.argsort(trace.rt_ts[sel], kind="stable")]
-        g = _one_step(trace, step, lo, hi, sel, blocking, corr_dev, dev_classes, data_spans)
-        g.h_wait_all = all_name[trace.rt_name[sel]] if len(sel) else np.zeros(0, bool)
-        out.append(g)
+        wait_all = all_name[trace.rt_name[sel]] if len(sel) else np.zeros(0, bool)
+        out.append(_one_step(trace, step, lo, hi, sel, blocking, wait_all, (by_corr, corr_sorted), dev_classes,
+                             data_spans))
     return out
 
 
-def _one_step(trace, step, lo, hi, sel, blocking, corr_dev, dev_classes, data_spans) -> StepGraph:
+def _one_step(trace, step, lo, hi, sel, blocking, wait_all, corr_index, dev_classes, data_spans) -> StepGraph:
     h_start = trace.rt_ts[sel].astype(float)
     h_end = np.minimum(h_start + trace.rt_dur[sel], hi)
     prev_end = np.concatenate(([lo], h_end[:-1]))[: len(h_start)]
-    h_gap_data = _overlap(prev_end, h_start, data_spans)
-    tail_data = float(_overlap(np.array([h_end[-1] if len(h_end) else lo]), np.array([hi]), data_spans)[0])
-    # Device nodes launched by the chain's calls, and those still running from earlier steps'
-    # launches (a queue the step's own launches wait behind): launch -1, ready at the step's start.
-    dev_rows, launch = [], []
-    for i, r in enumerate(sel.tolist()):
-        for k in corr_dev.get(int(trace.rt_corr[r]), ()):
-            dev_rows.append(k)
-            launch.append(i)
-    mine = set(dev_rows)
+    h_gap_data = _in_spans(prev_end, h_start, data_spans)
+    tail_data = float(_in_spans(np.array([h_end[-1] if len(h_end) else lo]), np.array([hi]), data_spans)[0])
+    # Device nodes launched by the chain's calls (every device row with a call's correlation id),
+    # and those still running from earlier steps' launches (a queue the step's own launches wait
+    # behind): launch -1, ready at the step's start.
+    by_corr, corr_sorted = corr_index
+    corr = trace.rt_corr[sel]
+    first = np.searchsorted(corr_sorted, corr, side="left")
+    count = np.searchsorted(corr_sorted, corr, side="right") - first
+    launch = np.repeat(np.arange(len(sel), dtype=np.int64), count)
+    dev_rows = by_corr[np.repeat(first - np.cumsum(count) + count, count) + np.arange(int(count.sum()))]
     running = np.flatnonzero((trace.dev_ts < hi) & (trace.dev_ts + trace.dev_dur > lo))
-    for k in running.tolist():
-        if k not in mine:  # launched before the step: every launch inside it is in the chain
-            dev_rows.append(k)
-            launch.append(-1)
-    dev_rows = np.array(dev_rows, dtype=np.int64)
-    launch = np.array(launch, dtype=np.int64)
+    earlier = running[~np.isin(running, dev_rows)]  # every launch inside the step is in the chain
+    dev_rows = np.concatenate([dev_rows, earlier]).astype(np.int64)
+    launch = np.concatenate([launch, np.full(len(earlier), -1, dtype=np.int64)])
     order = np.argsort(trace.dev_ts[dev_rows], kind="stable") if len(dev_rows) else np.zeros(0, np.int64)
     dev_rows, launch = dev_rows[order], launch[order]
     d_start = trace.dev_ts[dev_rows].astype(float)
@@ -134,8 +129,7 @@ def _one_step(trace, step, lo, hi, sel, blocking, corr_dev, dev_classes, data_sp
     launch_end = np.where(launch >= 0, h_end[np.maximum(launch, 0)] if len(h_end) else lo, lo)
     d_xdep = _cross_stream(d_start, d_end, streams, d_pred, launch_end)
     h_wait_on = _blocking_waits(sel, blocking, h_start, h_end, launch, d_end)
-    return StepGraph(step, float(lo), float(hi), h_start, h_end, h_gap_data, h_wait_on, np.zeros(len(sel), bool),
-                     tail_data,
+    return StepGraph(step, float(lo), float(hi), h_start, h_end, h_gap_data, h_wait_on, wait_all, tail_data,
                      d_start, d_end, [DEV_CLASS.get(int(c), "compute") for c in dev_classes[dev_rows].tolist()],
                      launch, d_pred, d_xdep)
 

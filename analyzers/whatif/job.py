@@ -12,8 +12,8 @@ where saved_r is what the rank's own replay saves, and f_comm the change's facto
 communication (the waits sit inside the exposed communication the rank's replay scaled).
 `no_straggler` puts every rank whose typical pace (its median over the steps) is above the
 median rank's back to it (factor 0) or part of the way (another factor); the median of an
-even number of ranks is the faster middle rank, an actual rank's pace. Steps are matched across ranks by number; where the ranks
-share none, each rank's median step stands for it.
+even number of ranks is the faster middle rank, an actual rank's pace. Steps are matched
+across ranks by number; where the ranks share none, each rank's median step stands for it.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ def job_what_if(ranks: list[dict], changes) -> tuple[dict | None, list[dict]]:
     table = _aligned(per_rank)
     rank_ids = sorted(per_rank)
     rank_changes = [c for c in changes if c.get("scope", "rank") == "rank"]
+    job_changes = [c for c in changes if c.get("scope") == "job"]
     measured, preds, critical, paces = [], {c["id"]: [] for c in changes}, [], []
     for row in table:  # one step of every rank
         dur = np.array([s["duration_ms"] for s in row])
@@ -58,20 +59,19 @@ def job_what_if(ranks: list[dict], changes) -> tuple[dict | None, list[dict]]:
     order = np.argsort(typical, kind="stable")
     med = float(typical[order[(len(typical) - 1) // 2]])
     lag, band = _lag_and_noise(pace_table, int(order[-1]), int(order[(len(typical) - 1) // 2]))
-    for c in changes:
-        if c.get("scope") == "job":
-            f = c["scale"]["straggler"]
-            saved = float(typical.max()) - float(np.max(np.minimum(typical, med + f * (typical - med))))
-            preds[c["id"]] = [m - saved for m in measured]
+    for c in job_changes:
+        f = c["scale"]["straggler"]
+        saved = float(typical.max()) - float(np.max(np.minimum(typical, med + f * (typical - med))))
+        preds[c["id"]] = [m - saved for m in measured]
     base = float(np.median(measured))
     present = set().union(*(set(s.get("present_classes") or ()) for steps in per_rank.values() for s in steps))
     if len(rank_ids) > 1 and lag > band:
         present.add("straggler")
     entries = [entry(c, base, base - float(np.median([m - p for m, p in zip(measured, preds[c["id"]])])), present)
                for c in changes]
+    job_ids = {c["id"] for c in job_changes}
     for e in entries:
-        if e["change"] in {c["id"] for c in changes if c.get("scope") == "job"} and len(rank_ids) > 1 \
-                and lag <= band:
+        if e["change"] in job_ids and len(rank_ids) > 1 and lag <= band:
             e["note"] = (f"the slowest rank's pace is {lag:.1f} ms behind the median rank's, within the run's own "
                          f"step-to-step noise (±{band:.1f} ms): no straggler to remove, no prediction")
     slow = rank_ids[max(set(critical), key=critical.count)]

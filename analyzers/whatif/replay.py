@@ -193,10 +193,7 @@ def critical_path(g: StepGraph) -> dict:
                 out["host"] += g.h_end[i] - g.d_end[a]  # the blocking call's own part, after the wait
                 mode, i = "dev", int(a)
                 continue
-            out["host"] += g.h_end[i] - g.h_start[i]
-            prev = g.h_end[i - 1] if i > 0 else g.lo
-            out["data"] += g.h_gap_data[i]
-            out["host"] += (g.h_start[i] - prev) - g.h_gap_data[i]
+            _host_call(out, g, i)
             i -= 1
             continue
         k = i
@@ -212,12 +209,17 @@ def critical_path(g: StepGraph) -> dict:
             break
         if kind == "launch":
             # The launching call itself ended the wait: continue along the host chain from it.
-            out["host"] += g.h_end[lk] - g.h_start[lk]
-            prev = g.h_end[lk - 1] if lk > 0 else g.lo
-            out["data"] += g.h_gap_data[lk]
-            out["host"] += (g.h_start[lk] - prev) - g.h_gap_data[lk]
+            _host_call(out, g, lk)
             mode, i = "host", int(lk) - 1
         else:
             i = int(p if kind == "pred" else x)
     length = float(sum(out.values()))
     return {"length_us": length, "by_class_us": {c: float(v) for c, v in out.items() if v}, "nodes": nodes}
+
+
+def _host_call(out: dict, g: StepGraph, i: int) -> None:
+    """Host call i on the critical path: the call itself, and the gap before it (DataLoader
+    time as data, the rest as host)."""
+    prev = g.h_end[i - 1] if i > 0 else g.lo
+    out["host"] += (g.h_end[i] - g.h_start[i]) + (g.h_start[i] - prev) - g.h_gap_data[i]
+    out["data"] += g.h_gap_data[i]
