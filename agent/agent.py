@@ -25,7 +25,7 @@ import threading
 import time
 from pathlib import Path
 
-from diag import rundir
+from diag import calibrate, rundir
 from diag.collectors import launch_env, nccl_env
 from diag.collectors.profiler_windows import ProfilerWindows
 from diag.collectors.run_writer import RunWriter
@@ -105,6 +105,7 @@ class Agent:
         self.sampler = None
         self.exporter = None
         self.tree = None
+        self.host_peaks: dict | None = None  # the host's calibration, on CPU runs that have one
         self.timer: StepTimer | None = None
         self.report_paths: dict | None = None
         self.status = "created"
@@ -272,14 +273,26 @@ class Agent:
             if applied:
                 self._event("nccl", f"NCCL logging routed to {applied.get('NCCL_DEBUG_FILE', 'stderr')}")
 
+        tree_settings = None
         try:
-            from diag.analyzers.diagnosis.decision_tree import load_tree
+            from diag.analyzers.diagnosis.decision_tree import load_tree, settings
 
             self.tree = load_tree(self.config.config_file, self.config.thresholds or None)
+            tree_settings = settings(self.tree)
         except Exception as exc:
             self._log(f"agent: decision tree unavailable ({type(exc).__name__}: {exc}); steps get no live verdict")
+        if tree_settings is not None and writable:
+            # The first rank records them for the run: the window analyses, rank 0's report and
+            # every later `diag analyze` of this run directory judge by the same thresholds.
+            self.writer.record_tree_settings(tree_settings)
 
         device = self._device_index()
+        if device is None:
+            # The host's calibration (`diag calibrate`), read here once and recorded in rank.json:
+            # analyses of this run use the record, never the cache of whichever machine they run on.
+            self.host_peaks = calibrate.load()
+            if self.host_peaks:
+                self.writer.update_info(host_peaks=self.host_peaks)
         if self.config.sampling.enabled:
             try:
                 from diag.collectors.sampler import Sampler
@@ -296,7 +309,7 @@ class Agent:
 
         if self.config.profiler.enabled and writable:
             s = self.config.profiler
-            self._analysis = WindowAnalysis(rank_path / rundir.WINDOWS, self.rank, self.config.config_file,
+            self._analysis = WindowAnalysis(rank_path / rundir.WINDOWS, self.rank, tree_settings, self.host_peaks,
                                             on_done=self._window_done, log=self._log)
             try:
                 self.windows = ProfilerWindows(
@@ -377,8 +390,8 @@ class Agent:
             dev = None
             if facts and facts.get("name"):
                 dev = devices.lookup({"name": facts["name"], "totalGlobalMem": facts.get("memory_total_bytes")})
-            if dev is None and not (facts and facts.get("vendor")):
-                dev = devices.cpu_device()
+            if dev is None and not (facts and facts.get("vendor")) and self.host_peaks:
+                dev = devices.host_device(self.host_peaks)
             dtype = self.config.report.mfu_dtype or ("fp32" if dev is not None and dev.key == "cpu" else "bf16")
             self.peak_flops = dev.peak_flops(dtype) if dev is not None else None
             if self.peak_flops is None:
@@ -726,17 +739,15 @@ class Agent:
         w.write_manifest(job_status, peers)
         if not self.config.report.enabled or not w.enabled:
             return
-        try:
-            from diag.report import write_report
-        except ImportError as exc:
-            self._log(f"report: not available ({exc}); the run directory is complete")
-            return
+        from diag.report import diagnosis_in, write_report
+
         self.report_paths = write_report(w.path, w.path)
         if self.exporter is not None and self.report_paths:
             # The job verdict as the report's diagnosis gives it, for the lingering endpoint.
             summary = rundir.read_json(Path(self.report_paths["summary"]))
-            if summary:
-                self.exporter.observe_diagnosis(summary)
+            diagnosis = diagnosis_in(summary) if summary else None
+            if diagnosis:
+                self.exporter.observe_diagnosis(diagnosis)
         html = (self.report_paths or {}).get("html")
         if html and self._verbose:
             print(f"diag: report written to {html}", file=sys.stderr, flush=True)

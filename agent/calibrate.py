@@ -3,8 +3,8 @@
 The roofline needs the host's peaks when the CPU itself runs the model (gloo / CPU-only
 traces). Datasheets do not give them for an arbitrary VM, so `diag calibrate` measures
 them with torch in a few seconds and caches the result in
-$XDG_CACHE_HOME/diag/cpu_peaks.json (written atomically), where
-`diag.analyzers.trace.devices.cpu_device()` reads it.
+$XDG_CACHE_HOME/diag/cpu_peaks.json (written atomically). The agent reads it at start and
+records it in each rank's rank.json; `diag analyze --calibration FILE` takes it for traces.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from diag.analyzers.trace.devices import cache_path
 from diag.rundir import atomic_write_bytes
 
 SCHEMA = "diag.cpu_peaks/1"
+MAX_FILE_BYTES = 1 << 20  # a calibration is a few hundred bytes; anything larger is not one
 
 
 def _cpu_name() -> str:
@@ -93,9 +94,12 @@ def save(doc: dict, path: str | os.PathLike | None = None) -> str:
 def load(path: str | os.PathLike | None = None) -> dict | None:
     p = path or cache_path()
     try:
-        with open(p) as f:
-            doc = json.load(f)
-    except (OSError, ValueError):
+        with open(p, "rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+        if len(data) > MAX_FILE_BYTES:
+            return None
+        doc = json.loads(data)
+    except (OSError, ValueError, RecursionError):
         return None
     return doc if isinstance(doc, dict) and doc.get("schema") == SCHEMA else None
 

@@ -209,6 +209,7 @@ def _rank_main(local_rank: int, cfg: dict, done=None) -> None:
         # parent can print the verdict while the endpoints linger.
         on_closed=(lambda _agent: done.set()) if done is not None and local_rank == 0 else None,
         verbose=cfg["verbose"],
+        thresholds=cfg["thresholds"] or None,
         **sched,
     ) as agent:
         # The agent starts before the process group, so NCCL logging (on GPU jobs) is set up.
@@ -245,9 +246,13 @@ def run_demo(
     port_base: int | None = None,
     verbose: bool = False,
     linger_s: float = 0.0,
+    thresholds: dict | None = None,
     on_ready=None,
 ) -> dict:
-    """Run the demo job; returns {"run_dir", "analysis", "report", "elapsed_s", "endpoints"}.
+    """Run the demo job; returns {"run_dir", "diagnosis", "report", "elapsed_s", "endpoints"}.
+
+    The diagnosis is the one rank 0 wrote into summary.json with the report (None when no
+    report was written).
 
     With `linger_s`, the ranks keep their Prometheus endpoints serving that long after
     training and the report; `on_ready(result)` is called as soon as the report is
@@ -275,6 +280,7 @@ def run_demo(
         "port_base": port_base,
         "verbose": verbose,
         "linger_s": max(float(linger_s or 0.0), 0.0) if export else 0.0,
+        "thresholds": dict(thresholds or {}),
     }
     # fork is fast (no re-import of torch) and safe here: the parent has run no torch ops.
     method = "fork" if sys.platform.startswith("linux") else "spawn"
@@ -290,13 +296,10 @@ def run_demo(
             _stop_ranks(procs)
             raise
 
-        from diag.analyzers.analyze import analyze_run_dir
-
-        analysis = analyze_run_dir(path)
         report = path / "report.html"
         result = {
             "run_dir": path,
-            "analysis": analysis,
+            "diagnosis": _written_diagnosis(path),
             "report": report if report.exists() else None,
             "elapsed_s": time.monotonic() - t0,
             "endpoints": _endpoints(path, ranks) if cfg["linger_s"] > 0 else [],
@@ -343,7 +346,15 @@ def _endpoints(path: Path, ranks: int) -> list[str]:
     return out
 
 
-def headline(analysis: dict) -> str:
+def _written_diagnosis(path: Path) -> dict | None:
+    from diag import rundir
+    from diag.report import SUMMARY_JSON, diagnosis_in
+
+    summary = rundir.read_json(path / SUMMARY_JSON)
+    return diagnosis_in(summary) if summary else None
+
+
+def headline(diagnosis: dict | None) -> str:
     """The diagnosis's verdict sentence (diag.analyzers.diagnosis.document)."""
-    text = ((analysis.get("diagnosis") or {}).get("headline") or {}).get("text")
+    text = ((diagnosis or {}).get("headline") or {}).get("text")
     return text or "No verdict: not enough evidence was recorded."

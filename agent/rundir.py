@@ -4,8 +4,11 @@ Layout (schema "diag.run/1"):
 
     RUN_DIR/
       manifest.json                 job-level facts, written by rank 0 (MANIFEST_SCHEMA)
+      decision_tree.json            the thresholds and what-if changes the agent resolved
+                                    (diag.tree_settings/1), created once by the first rank
       rank-00000/
-        rank.json                   this rank's facts (RANK_SCHEMA)
+        rank.json                   this rank's facts (RANK_SCHEMA); on a CPU host with a
+                                    `diag calibrate` file, its peaks ("host_peaks")
         steps/steps-000000.jsonl    one JSON object per training step (STEP_FIELDS)
         samples/samples-000000.jsonl  device and host metric samples, ~1 Hz
         events/events-000000.jsonl  the agent's own log: collectors switched off, windows, faults
@@ -40,6 +43,9 @@ STREAMS = ("steps", "samples", "events")
 WINDOWS = "windows"
 TRACES = "traces"
 NCCL = "nccl"
+# The decision-tree settings (thresholds, what-if changes) the agent resolved; every later
+# analysis of the run judges by them unless told otherwise (diag.tree_settings/1).
+TREE_SETTINGS = "decision_tree.json"
 
 # Keys of one steps record. Optional values are null when not measured.
 STEP_FIELDS = {

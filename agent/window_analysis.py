@@ -25,11 +25,12 @@ MAX_STARTS = 3
 
 
 class WindowAnalysis:
-    def __init__(self, windows_dir: Path, rank: int, config_file: str | None,
+    def __init__(self, windows_dir: Path, rank: int, tree_settings: dict | None, host_peaks: dict | None,
                  on_done: Callable[[int, int, dict], None], log: Callable[[str], None]):
         self.windows_dir = windows_dir
         self.rank = rank
-        self.config_file = config_file
+        self.tree_settings = tree_settings  # the agent's resolved thresholds (diag.tree_settings/1)
+        self.host_peaks = host_peaks  # the host's calibration, recorded in rank.json too
         self.on_done = on_done
         self.log = log
         self._server: subprocess.Popen | None = None
@@ -122,7 +123,7 @@ class WindowAnalysis:
             if self._server is None:
                 return
         job = {"trace": str(path), "out": str(out), "rank": self.rank, "first": first, "last": last,
-               "config": self.config_file}
+               "tree": self.tree_settings, "host_peaks": self.host_peaks}
         try:
             self._server.stdin.write(json.dumps(job) + "\n")
             self._server.stdin.flush()

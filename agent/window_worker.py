@@ -1,9 +1,9 @@
 """Background analysis of one profiler window, run as its own process by the agent.
 
-    python -m diag.window_worker --trace T --out O --rank R --first F --last L
-    python -m diag.window_worker --serve      # the same, one JSON job per line on stdin
+    python -m diag.window_worker --serve      # one JSON job per line on stdin
 
-It compresses the raw trace (gzip, atomically; the raw file is removed), analyses it
+Each job names a raw trace, where its summary goes, the rank and window's steps, and the
+decision-tree settings the agent resolved ("tree", diag.tree_settings/1). It compresses the raw trace (gzip, atomically; the raw file is removed), analyses it
 with the trace analyzer, and writes the small window summary of the run-directory
 format: {"first_step", "last_step", "trace", "analysis": <rank dict>}. The training
 process keeps only that summary; the big trace never enters its memory.
@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 
 from diag import rundir
+from diag.analyzers.diagnosis.decision_tree import load_tree
+from diag.analyzers.trace.analysis import analyze_trace
 
 
 def compress(raw: Path) -> Path:
@@ -45,7 +47,8 @@ def steps_in(analysis: dict, first: int, last: int) -> dict:
     return analysis
 
 
-def summarise(trace: Path, rank: int, first: int, last: int, config: str | None) -> dict:
+def summarise(trace: Path, rank: int, first: int, last: int, tree_settings: dict | None,
+              host_peaks: dict | None = None) -> dict:
     doc = {"first_step": first, "last_step": last, "trace": trace.name, "created_unix": time.time(),
            "analysis": None}
     try:
@@ -54,20 +57,16 @@ def summarise(trace: Path, rank: int, first: int, last: int, config: str | None)
     except OSError as exc:
         doc["error"] = f"{trace}: could not compress ({exc.strerror or exc})"
     try:
-        from diag.analyzers.diagnosis.decision_tree import load_tree
-        from diag.analyzers.trace.analysis import analyze_trace
-
-        tree = load_tree(config) if config else None
-        doc["analysis"] = steps_in(analyze_trace(str(trace), tree=tree, rank=rank), first, last)
-    except ImportError as exc:
-        doc["error"] = f"trace analyzer not available ({exc})"
+        tree = load_tree(recorded=tree_settings) if tree_settings else None
+        doc["analysis"] = steps_in(analyze_trace(str(trace), tree=tree, rank=rank, host_peaks=host_peaks), first, last)
     except Exception as exc:
         doc["error"] = f"{trace}: analysis failed ({type(exc).__name__}: {exc})"
     return doc
 
 
 def run_job(job: dict) -> int:
-    doc = summarise(Path(job["trace"]), int(job["rank"]), int(job["first"]), int(job["last"]), job.get("config"))
+    doc = summarise(Path(job["trace"]), int(job["rank"]), int(job["first"]), int(job["last"]), job.get("tree"),
+                    job.get("host_peaks"))
     try:
         rundir.atomic_write_json(job["out"], doc)
     except OSError as exc:
@@ -96,20 +95,9 @@ def serve(stream) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m diag.window_worker")
-    p.add_argument("--serve", action="store_true", help="read jobs as JSON lines on stdin")
-    p.add_argument("--trace")
-    p.add_argument("--out")
-    p.add_argument("--rank", type=int)
-    p.add_argument("--first", type=int)
-    p.add_argument("--last", type=int)
-    p.add_argument("--config", default=None)
-    a = p.parse_args(argv)
-    if a.serve:
-        return serve(sys.stdin)
-    if None in (a.trace, a.out, a.rank, a.first, a.last):
-        p.error("--trace, --out, --rank, --first and --last are required without --serve")
-    return run_job({"trace": a.trace, "out": a.out, "rank": a.rank, "first": a.first, "last": a.last,
-                    "config": a.config})
+    p.add_argument("--serve", action="store_true", required=True, help="read jobs as JSON lines on stdin")
+    p.parse_args(argv)
+    return serve(sys.stdin)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,11 @@ import os
 from collections import Counter
 from pathlib import Path
 
+from diag import rundir
 from diag.analyzers.diagnosis import decision_tree as dt
+from diag.analyzers.diagnosis.document import build_diagnosis
+from diag.analyzers.job.run_analysis import analyze_run
+from diag.analyzers.run_records import ranks_from_windows, read_records
 from diag.errors import DiagInputError
 
 SCHEMA = "diag.analysis/1"
@@ -28,25 +32,29 @@ _GZ_EXPANSION = 10
 _PER_JSON_BYTE = 0.6
 
 
-def analyze_paths(paths, tree: dt.Tree | None = None, jobs: int | None = None, progress=None, pool=None) -> dict:
+def analyze_paths(paths, tree: dt.Tree | None = None, jobs: int | None = None, progress=None, pool=None,
+                  host_peaks: dict | None = None) -> dict:
     """Analyse traces and run directories; returns the document of contract A.
 
     progress: optional callable(done, total, source) called as each trace finishes.
     pool: optional executor of the per-trace analyses (diag.ray_pool.RayPool) in place of
     the local processes: `pool.analyze(files, fn, args, memory_of, progress)`.
+    host_peaks: the host CPU's calibration (`diag calibrate`'s document) for CPU traces; a
+    run directory's ranks use the one their agent recorded, when they have one.
     """
     tree = tree or dt.load_tree()
     errors: list[dict] = []
     warnings: list[dict] = []
     files: list[str] = []
-    run_docs: list[dict] = []
+    run_docs: list[tuple[dict, dict]] = []  # (analysis, records) of each run directory
     for p in paths:
         p = os.fspath(p)
         if os.path.isdir(p):
-            if _is_run_dir(p):
-                doc = _analyze_run_dir(p, tree, errors)
-                if doc is not None:
-                    run_docs.append(doc)
+            if rundir.is_run_dir(p):
+                try:
+                    run_docs.append(analyze_run_facts(p, tree, host_peaks=host_peaks))
+                except DiagInputError as exc:
+                    errors.append({"source": exc.source or p, "error": _msg(exc)})
                 continue
             found = trace_files_in(p)
             if not found:
@@ -57,37 +65,87 @@ def analyze_paths(paths, tree: dt.Tree | None = None, jobs: int | None = None, p
         else:
             errors.append({"source": p, "error": "no such file or directory"})
 
-    ranks = _analyze_files(files, tree, jobs, progress, errors, pool)
-    for doc in run_docs:
+    ranks = _analyze_files(files, tree, jobs, progress, errors, pool, host_peaks)
+    for doc, _ in run_docs:
         ranks.extend(doc.get("ranks") or [])
         errors.extend(doc.get("errors") or [])
         warnings.extend(doc.get("warnings") or [])
     _settle_ranks(ranks, warnings)
     ranks.sort(key=lambda r: (r["rank"] is None, r["rank"] if r["rank"] is not None else 0))
+    records = None
     if len(run_docs) == 1 and not files:
-        cross = run_docs[0].get("job") or cross_rank_facts(ranks, tree)
+        # One run directory: its own job facts, and its records for the diagnosis.
+        cross, records = run_docs[0][0].get("job") or cross_rank_facts(ranks, tree), run_docs[0][1]
     else:
         cross = cross_rank_facts(ranks, tree)
     doc = {"schema": SCHEMA, "ranks": ranks, "job": cross, "errors": errors, "warnings": warnings}
-    return with_diagnosis(doc, tree)
+    return with_diagnosis(doc, tree, records)
 
 
-def analyze_run_dir(path, tree: dt.Tree | None = None) -> dict:
+def analyze_run_dir(path, tree: dt.Tree | None = None, progress=None) -> dict:
     """The analysis document of one run directory, with its diagnosis."""
-    from diag.analyzers.job.run_analysis import analyze_run
-
-    tree = tree or dt.load_tree()
-    return with_diagnosis(analyze_run(path, tree=tree), tree)
+    return analyze_run_with_records(path, tree, progress)[0]
 
 
-def with_diagnosis(doc: dict, tree) -> dict:
-    """The document with its job block's verdict and the diagnosis under "diagnosis"."""
-    from diag.analyzers.diagnosis.document import build_diagnosis
+def analyze_run_with_records(path, tree: dt.Tree | None = None, progress=None) -> tuple[dict, dict]:
+    """(analysis document with its diagnosis, the run's records) of one run directory: the
+    report draws its charts from the same records the diagnosis was built on. Without a
+    tree, the run's own recorded settings decide."""
+    tree = tree or tree_for_run(path)
+    doc, records = analyze_run_facts(path, tree, progress)
+    return with_diagnosis(doc, tree, records), records
 
-    diagnosis = build_diagnosis(doc, None, tree)
-    doc["job"] = diagnosis.pop("job")
-    doc["diagnosis"] = diagnosis
-    return doc
+
+def tree_for_run(path, config=None, overrides: dict | None = None) -> dt.Tree:
+    """The tree a run directory is judged by: the settings its agent recorded (thresholds
+    passed to diag.Agent, its config file), then `config` and `overrides` on top."""
+    try:
+        return dt.load_tree(config, overrides, recorded=recorded_tree_settings(path))
+    except dt.TreeError as exc:
+        raise DiagInputError(str(exc), source=str(Path(path) / rundir.TREE_SETTINGS)) from None
+
+
+def recorded_tree_settings(path) -> dict | None:
+    """The decision-tree settings a run directory recorded, or None (traces, older runs)."""
+    file = Path(path) / rundir.TREE_SETTINGS
+    if not Path(path).is_dir() or not file.exists():
+        return None
+    problems: list[str] = []
+    settings = rundir.read_json(file, problems)
+    if settings is None:
+        raise DiagInputError(f"cannot read the recorded decision-tree settings ({'; '.join(problems)})",
+                             source=str(file))
+    return settings
+
+
+def analyze_run_facts(path, tree, progress=None, host_peaks: dict | None = None) -> tuple[dict, dict]:
+    """(analysis document without a diagnosis, records) of one run directory."""
+    path = Path(path)
+    if not path.exists():
+        raise DiagInputError("no such run directory", source=str(path))
+    if not path.is_dir() or not rundir.is_run_dir(path):
+        raise DiagInputError("not a diag run directory (no manifest.json and no rank-NNNNN folders)",
+                             source=str(path))
+    problems: list[str] = []
+    try:
+        doc = analyze_run(path, tree=tree, host_peaks=host_peaks)
+    except Exception as exc:  # noqa: BLE001 - a bug in the run analysis costs the precise verdict, not the report
+        problems.append(f"{path}: run analysis failed ({type(exc).__name__}: {exc})")
+        doc = {"schema": SCHEMA, "ranks": [], "job": {}, "errors": []}
+    records = read_records(path, doc, progress)
+    if not doc["ranks"]:
+        doc = {**doc, "ranks": ranks_from_windows(records["ranks"])}
+    records["problems"] = list(dict.fromkeys(problems + records["problems"]))
+    return doc, records
+
+
+def with_diagnosis(doc: dict, tree, records: dict | None = None) -> dict:
+    """A new document: `doc` with the job block's verdict and the diagnosis under
+    "diagnosis", built once on the analysis and the run's records when there are any.
+    The diagnosis is JSON-safe as built, so every view serialises the same bytes."""
+    diagnosis = json_safe(build_diagnosis(doc, records, tree))
+    job = diagnosis.pop("job")
+    return {**doc, "job": job, "diagnosis": diagnosis}
 
 
 def trace_files_in(directory: str) -> list[str]:
@@ -97,22 +155,6 @@ def trace_files_in(directory: str) -> list[str]:
         if entry.is_file() and entry.name.endswith(TRACE_SUFFIXES) and not entry.name.startswith("."):
             out.append(str(entry))
     return out
-
-
-def _is_run_dir(path: str) -> bool:
-    from diag import rundir
-
-    return rundir.is_run_dir(path)
-
-
-def _analyze_run_dir(path: str, tree, errors: list) -> dict | None:
-    from diag.analyzers.job.run_analysis import analyze_run
-
-    try:
-        return analyze_run(path, tree=tree)
-    except DiagInputError as exc:
-        errors.append({"source": exc.source or path, "error": _msg(exc)})
-        return None
 
 
 def _msg(exc: DiagInputError) -> str:
@@ -147,29 +189,30 @@ def _estimate_bytes(path: str) -> float:
     return _BASE_BYTES + raw * _PER_JSON_BYTE
 
 
-def _analyze_one(path: str, tree, decode_workers: int | None = None) -> tuple[str, object]:
+def _analyze_one(path: str, tree, decode_workers: int | None = None, host_peaks: dict | None = None
+                 ) -> tuple[str, object]:
     from diag.analyzers.trace.analysis import analyze_trace
 
     try:
-        return "ok", analyze_trace(path, tree=tree, workers=decode_workers)
+        return "ok", analyze_trace(path, tree=tree, workers=decode_workers, host_peaks=host_peaks)
     except DiagInputError as exc:
         return "error", _msg(exc)
     except MemoryError:
         return "error", "out of memory while analysing this trace (try --jobs 1)"
 
 
-def _analyze_files(files, tree, jobs, progress, errors, pool=None) -> list[dict]:
+def _analyze_files(files, tree, jobs, progress, errors, pool=None, host_peaks=None) -> list[dict]:
     ranks = []
     n = worker_count(files, jobs)
     if not files:
         return ranks
     results = []
     if pool is not None:
-        results = pool.analyze(files, _analyze_one, (tree, 1), _estimate_bytes, progress)
+        results = pool.analyze(files, _analyze_one, (tree, 1, host_peaks), _estimate_bytes, progress)
     elif n <= 1 or len(files) == 1:
         for i, f in enumerate(files):
             # One file at a time: a large one may use decoding workers (idle CPUs only).
-            results.append((f, _analyze_one(f, tree, None)))
+            results.append((f, _analyze_one(f, tree, None, host_peaks)))
             if progress:
                 progress(i + 1, len(files), f)
     else:
@@ -179,7 +222,7 @@ def _analyze_files(files, tree, jobs, progress, errors, pool=None) -> list[dict]
         ctx = mp.get_context("spawn") if os.name != "posix" else mp.get_context("forkserver")
         with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
             # One process per file already: no nested decoding pools.
-            futures = [(f, pool.submit(_analyze_one, f, tree, 1)) for f in files]
+            futures = [(f, pool.submit(_analyze_one, f, tree, 1, host_peaks)) for f in files]
             for i, (f, fut) in enumerate(futures):
                 try:
                     results.append((f, fut.result()))

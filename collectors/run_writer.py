@@ -334,10 +334,10 @@ class RunWriter:
         for w in list(self._streams.values()):
             self._guard(w.flush)
 
-    def write_window(self, first_step: int, doc: dict) -> Path | None:
-        path = self.rank_path / rundir.WINDOWS / f"window-{first_step:06d}.json"
-        self._guard(rundir.atomic_write_json, path, doc)
-        return path if self.enabled else None
+    def record_tree_settings(self, settings: dict) -> None:
+        """The run's decision-tree settings, written once: the first rank to get here records them."""
+        data = json.dumps(settings, sort_keys=True).encode("utf-8")
+        self._guard(rundir.create_exclusive, self.path / rundir.TREE_SETTINGS, data)
 
     def update_info(self, **fields) -> None:
         self.info.update(fields)

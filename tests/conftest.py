@@ -13,6 +13,14 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
+def pytest_configure(config):
+    """No test sees the caches of the machine it runs on (a CPU calibration there once changed
+    verdicts): every test, and every process it starts, gets an empty cache of its own."""
+    import tempfile
+
+    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="diag-test-cache-")
+
+
 def real_data_dir() -> Path | None:
     """$DIAG_REAL_DATA, else ../shared/data beside the repository, else None."""
     env = os.environ.get("DIAG_REAL_DATA")

@@ -88,5 +88,5 @@ def test_killed_rank_is_named_by_the_survivors(tmp_path):
 
     # Rank 0 wrote the job report at exit, naming the rank that was killed.
     summary = json.loads((run_dir / "summary.json").read_text())
-    missing = next(f for f in summary["findings"] if f["id"] == "missing_ranks")
+    missing = next(f for f in summary["diagnosis"]["findings"] if f["id"] == "missing_ranks")
     assert "rank 1" in missing["message"] and "stopped reporting" in missing["message"], missing

@@ -53,15 +53,15 @@ def cpu_trace(tmp_path_factory):
 
 
 @pytest.fixture
-def calibrated(tmp_path, monkeypatch):
+def calibrated() -> dict:
+    """This host's peaks, measured briefly: what `diag calibrate` writes."""
     from diag import calibrate
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    calibrate.save(calibrate.measure(seconds=0.3, matmul_n=128, stream_elems=1 << 18))
+    return calibrate.measure(seconds=0.3, matmul_n=128, stream_elems=1 << 18)
 
 
 def test_cpu_profiler_run_end_to_end(cpu_trace, calibrated):
-    r = analyze_trace(cpu_trace)
+    r = analyze_trace(cpu_trace, host_peaks=calibrated)
     assert set(r) >= RANK_KEYS
     assert r["timeline"] == "cpu" and r["device_info"]["type"] == "cpu" and r["device_info"]["peaks"]
     assert len(r["steps"]) == ACTIVE

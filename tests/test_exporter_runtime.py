@@ -190,7 +190,7 @@ def test_job_verdict_comes_from_the_diagnosis(tmp_path, handle):
     from diag.report import write_report
 
     run = write_run(tmp_path / "run", ranks=2, steps=30, bound="data", strength=0.45)
-    summary = json.loads(Path(write_report(run)["summary"]).read_text())
+    summary = json.loads(Path(write_report(run)["summary"]).read_text())["diagnosis"]
     assert summary["bound"] == "data"
     handle.observe_diagnosis(summary)
     exported = RunDirExport(run)

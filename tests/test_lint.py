@@ -31,6 +31,7 @@ LAYERS = {
     "analyzers/views": ("diag.errors", f"{_ANALYZERS}.diagnosis", f"{_ANALYZERS}.views",
                         f"{_ANALYZERS}.job.cross_rank"),
     "analyzers/analyze.py": ("diag.errors", "diag.rundir", _ANALYZERS),
+    "analyzers/run_records.py": ("diag.errors", "diag.rundir", f"{_ANALYZERS}.nccl"),
     "collectors": ("diag.collectors", "diag.rundir", "diag.__version__"),
 }
 

@@ -124,3 +124,31 @@ def test_measured_bus_bandwidth_from_nccl_tests_output(real_nccl):
     empty = real_nccl / "nccltests_NVIDIA-nccl-tests_107.txt"  # a run with no bandwidth figures
     proc = _plan("--model", "llama3-8b", "--gpus", "8", "--nccl", str(empty), expect=2)
     assert "no bus bandwidth measurement" in proc.stderr
+
+
+@pytest.mark.parametrize("intra", [None, "nvlink4", "pcie4"])
+def test_inter_node_rate_is_the_network_s_on_every_device(intra):
+    """The inter-node bus bandwidth a plan uses is the network's alone, whatever the GPUs' own links:
+    an H100's NVLink once stood in for 8 NDR NICs, and HDR or RoCE were rated as NVLink."""
+    import argparse
+
+    from diag.analyzers.nccl.expected import INTER_LINKS, LINKS
+    from diag.analyzers.trace.devices import PEAKS
+    from diag.commands.plan import _rates
+
+    for device in PEAKS.values():
+        for link in INTER_LINKS:
+            args = argparse.Namespace(mfu=None, intra=intra, inter=link, nics_per_node=8, nccl=None,
+                                      gpus_per_node=8)
+            rates = _rates(args, device, "bf16")
+            spec = LINKS[link]
+            assert rates.inter_busbw == pytest.approx(8 * spec.gbps * spec.efficiency * 1e9), (device.key, link)
+            assert spec.label in rates.sources["inter_busbw"], (device.key, link)
+            assert "NVLink" not in rates.sources["inter_busbw"] and "PCIe" not in rates.sources["inter_busbw"]
+
+
+def test_the_issue_s_h100_command_rates_the_network_between_nodes():
+    out = _plan("--model", "llama2-7b", "--gpus", "16", "--device", "h100-sxm", "--intra", "nvlink4",
+                "--inter", "ib_ndr", "--nics-per-node", "8").stdout
+    assert "rate inter_busbw: 8 x InfiniBand NDR 400 Gb/s per node: 400 GB/s x 96%" in out
+    assert "rate intra_busbw: NVLink 4 (18 links, H100): 450 GB/s x 80%" in out

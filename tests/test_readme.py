@@ -52,6 +52,9 @@ COMMANDS: dict[str, tuple] = {
     "diag analyze traces/ --ray ray://head:10001 --json": (
         "not here", "needs a Ray cluster at ray://head:10001; tests/test_ray.py runs --ray on a local Ray cluster"),
     "diag calibrate": ("run", "diag calibrate --seconds 0.5", "a shorter benchmark, into a private cache"),
+    "diag analyze cpu_trace.json.gz --calibration ~/.cache/diag/cpu_peaks.json": (
+        "run", "diag analyze {fixture} --calibration cache/diag/cpu_peaks.json",
+        "a committed CPU trace, and the private cache `diag calibrate` wrote just before"),
     "diag compare runs/before runs/after --applied no_data_wait": (
         "run", "diag compare {before} {after} --applied no_data_wait --out cmp",
         "before: `diag demo --bottleneck data`; after: `diag demo`"),
@@ -164,7 +167,7 @@ def test_demo_and_its_analysis(workdir, demo):
     assert data.startswith("Verdict: Data-bound"), data
     data_dir = workdir / next(x.split(": ", 1)[1] for x in data.splitlines() if x.startswith("Run directory: "))
     # The demo's report ranks its fixes by predicted gain.
-    recs = json.loads((data_dir / "summary.json").read_text())["recommendations"]
+    recs = json.loads((data_dir / "summary.json").read_text())["diagnosis"]["recommendations"]
     assert recs[0]["id"] == "phase-data" and recs[0]["prediction"]["change"] == "no_data_wait", recs[0]
     check = run_line("diag compare runs/before runs/after --applied no_data_wait", workdir, before=data_dir,
                      after=run_dir).stdout
@@ -210,6 +213,10 @@ def test_analyze_synopsis_and_calibrate(workdir):
     assert (workdir / "rep" / "report.html").is_file()
     out = run_line("diag calibrate", workdir).stdout
     assert list((workdir / "cache").rglob("cpu_peaks.json")), out
+    calibrated = run_line("diag analyze cpu_trace.json.gz --calibration ~/.cache/diag/cpu_peaks.json", workdir,
+                          fixture=trace).stdout
+    cpu = json.loads(next((workdir / "cache").rglob("cpu_peaks.json")).read_text())["cpu"]
+    assert calibrated.startswith(f"rank 0  DATA-BOUND  ({cpu}, "), calibrated  # the device is the calibrated CPU
 
 
 @pytest.mark.slow

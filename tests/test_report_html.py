@@ -11,6 +11,8 @@ from pathlib import Path
 
 from report_helpers import analysis_rank, write_run
 
+from diag.analyzers.analyze import with_diagnosis
+from diag.analyzers.diagnosis.decision_tree import load_tree
 from diag.report import html as report_html
 from diag.report import write_report, write_report_from_analysis
 from diag.report.progress import Stages, progress_factory
@@ -23,8 +25,9 @@ def hostile_doc() -> dict:
     ranks = [analysis_rank(r, 2, "compute", 0.6, kernel_name=KERNEL, host=HOST) for r in range(2)]
     ranks[0]["findings"] = [{"id": "x", "severity": "warning", "message": "log line: " + HOST + "</script><!--",
                              "advice": KERNEL, "evidence": {"line": HOST}}]
-    return {"schema": "diag.analysis/1", "ranks": ranks,
-            "job": {"bound": "compute", "stragglers": [], "findings": [], "world_size": 2}, "errors": []}
+    doc = {"schema": "diag.analysis/1", "ranks": ranks,
+           "job": {"bound": "compute", "stragglers": [], "findings": [], "world_size": 2}, "errors": []}
+    return with_diagnosis(doc, load_tree())
 
 
 def test_script_json_cannot_end_the_script_block():
@@ -43,9 +46,10 @@ def test_untrusted_names_are_text_in_html_and_markdown(tmp_path):
     assert "&lt;script&gt;alert(2)&lt;/script&gt;" in page
     # Every <script> element is one the page itself opened: no extra opening tag got in.
     body = page.split("</head>", 1)[1]
-    assert body.count("<script") == body.count("</script>") == 2
-    data = re.search(r'<script type="application/json" id="diag-data">(.*?)</script>', page, re.S).group(1)
-    assert "<" not in data and "-->" not in data
+    assert body.count("<script") == body.count("</script>") == 3
+    for block in ("diag-data", "diag-diagnosis"):
+        data = re.search(rf'<script type="application/json" id="{block}">(.*?)</script>', page, re.S).group(1)
+        assert "<" not in data and "-->" not in data
     md = Path(paths["markdown"]).read_text(encoding="utf-8")
     assert "`<img src=x onerror=alert(1)>`" in md  # in a code span, shown literally
     outside_code = re.sub(r"(`+).*?\1", "", md)
@@ -86,7 +90,7 @@ def test_report_command_writes_three_files_and_prints_the_verdict(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.md", "summary.json"]
     assert proc.stderr == ""  # not a terminal: no progress bar
     summary = json.loads(Path(out / "summary.json").read_text())
-    assert summary["schema"] == "diag.report_summary/1" and summary["bound"] == "data"
+    assert summary["schema"] == "diag.report_summary/2" and summary["diagnosis"]["bound"] == "data"
 
 
 def test_report_command_on_bad_input_is_one_line_error(tmp_path):
@@ -105,8 +109,8 @@ def test_threshold_override_changes_the_verdict(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == ""
     summary = json.loads(Path(out / "summary.json").read_text())
-    assert summary["decision_path"]["nodes"][0]["threshold"] == 0.5
-    assert summary["bound"] != "data"
+    assert summary["diagnosis"]["decision_path"]["nodes"][0]["threshold"] == 0.5
+    assert summary["diagnosis"]["bound"] != "data"
 
 
 class _Tty(io.StringIO):

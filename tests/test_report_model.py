@@ -14,11 +14,24 @@ import pytest
 from report_helpers import PHASES, analysis_rank, shares_for, write_run
 
 from diag import rundir
+from diag.analyzers.analyze import with_diagnosis
+from diag.analyzers.diagnosis.decision_tree import load_tree
 from diag.analyzers.views.report_model import Limits, build_model
 from diag.report import build_run_model, write_report
 
 # ------------------------------------------------------------------ verdict and recommendations
 
+
+
+def _summary(paths: dict) -> dict:
+    """summary.json with its diagnosis's parts beside the page's own (as the page model holds them)."""
+    summary = json.loads(Path(paths["summary"]).read_text())
+    return {**summary["diagnosis"], **summary}
+
+
+def _model(doc: dict, run: dict | None = None, **kw) -> dict:
+    """The page model of a hand-made analysis document, diagnosed as the facade does."""
+    return build_model(with_diagnosis(doc, load_tree(), run), run, **kw)
 
 def test_data_bound_run_headline_numbers_and_first_recommendation(tmp_path):
     run = write_run(tmp_path / "run", ranks=2, steps=30, bound="data", strength=0.45)
@@ -68,13 +81,13 @@ def test_straggler_named_in_headline_and_wait_heatmap(tmp_path):
                   "dur_us": 2000.0 if r == 3 else 12_000.0, "bytes": 1 << 24, "on": "device", "step": i // 3}
                  for i in range(30)]
         ranks.append(analysis_rank(r, 4, "comm", 0.45, collectives=colls, steps=range(10)))
-    job = analyze_job(ranks)
+    job = analyze_job(ranks, load_tree())
     # The job's what-if (the ranks here carry no traced steps to replay): ranks at the median
     # pace would take 20 ms per step instead of 50.
     job["what_if"] = [{"change": "no_straggler", "description": "Every rank runs at the median rank's pace",
                        "baseline_step_ms": 50.0, "predicted_step_ms": 20.0, "speedup": 2.5, "fixes": "wait"}]
     doc = {"schema": "diag.analysis/1", "ranks": ranks, "job": job, "errors": []}
-    m = build_model(doc)
+    m = _model(doc)
     assert [s["rank"] for s in m["stragglers"]] == [3]
     assert "rank 3 is late" in m["headline"]["text"]
     hm = m["charts"]["heatmap_wait"]
@@ -100,7 +113,7 @@ def test_verdict_and_largest_gain_disagreeing_is_explained():
                 "speedup": 100.0 / p, "fixes": f}
                for c, p, f in (("memory_kernels_2x", 70.0, "memory"), ("no_exposed_comm", 85.0, "comm"),
                                ("comm_2x", 90.0, "comm"))]
-    m = build_model({"ranks": [r], "job": {"what_if": what_if}})
+    m = _model({"ranks": [r], "job": {"what_if": what_if}})
     assert m["bound"] == "comm"
     assert [x["id"] for x in m["recommendations"][:2]] == ["phase-memory", "phase-comm"]
     assert m["recommendations"][0]["gain_share"] == pytest.approx(0.30)
@@ -169,7 +182,7 @@ def test_missing_rank_is_named_and_report_written(tmp_path):
     run = write_run(tmp_path / "run", ranks=3, steps=20, bound="data")
     shutil.rmtree(run / "rank-00001")
     paths = write_report(run)
-    m = json.loads(Path(paths["summary"]).read_text())
+    m = _summary(paths)
     assert m["run"]["missing_ranks"] == [1]
     assert m["run"]["world_size"] == 3
     assert any("Rank(s) 1 left no data" in x["what"] for x in m["missing"])
@@ -186,7 +199,7 @@ def test_truncated_and_corrupt_files_are_listed_and_the_rest_reported(tmp_path):
     (run / "rank-00001" / "windows" / "window-000010.json").write_text('{"first_step": 10, "analysis": {')
     (run / "rank-00001" / "rank.json").write_bytes(b"\x00\x01garbage")
     paths = write_report(run)
-    m = json.loads(Path(paths["summary"]).read_text())
+    m = _summary(paths)
     probs = "\n".join(m["problems"])
     assert "steps-000002.jsonl" in probs and "not a JSON record" in probs
     assert "window-000010.json" in probs
@@ -213,7 +226,7 @@ def test_run_without_any_step_still_reports(tmp_path):
     rundir.atomic_write_json(run / rundir.MANIFEST, {"schema": rundir.RUN_SCHEMA, "world_size": 2})
     rundir.atomic_write_json(run / "rank-00000" / rundir.RANK_FILE, {"rank": 0, "world_size": 2})
     paths = write_report(run)
-    m = json.loads(Path(paths["summary"]).read_text())
+    m = _summary(paths)
     assert m["bound"] is None
     assert m["headline"]["text"].startswith("No verdict")
     # Nothing was measured, so nothing is quantified: only findings' advice (the missing rank) remains.
@@ -308,7 +321,7 @@ def test_big_run_is_aggregated_and_says_so():
     samples = {r: {"samples": [{"t": 1000.0 + i, "gpu": {"utilization_ratio": 0.5}, "host": {"cpu_ratio": 0.2}}
                                for i in range(1500)]} for r in range(16)}
     lim = Limits()
-    m = build_model({"schema": "diag.analysis/1", "ranks": ranks, "job": {}}, {"ranks": samples}, limits=lim)
+    m = _model({"schema": "diag.analysis/1", "ranks": ranks, "job": {}}, {"ranks": samples}, limits=lim)
     ch = m["charts"]
     assert len(ch["phases"]["x"]) <= lim.series_points
     assert len(ch["heatmap_step"]["z"][0]) <= lim.heatmap_columns
@@ -327,7 +340,7 @@ def test_shares_are_renormalised_and_garbage_ignored():
     bad["steps"][0]["shares"] = {p: 2.0 for p in PHASES}  # sums to 10: renormalised to 0.2 each
     bad["steps"][1]["shares"] = {"data": "x"}  # garbage: ignored
     bad["steps"][2]["duration_ms"] = float("nan")
-    m = build_model({"ranks": [bad], "job": {}})
+    m = _model({"ranks": [bad], "job": {}})
     assert m["phase_shares"] is not None
     assert sum(m["phase_shares"].values()) == pytest.approx(1.0)
 
@@ -353,12 +366,12 @@ def test_real_gpu_trace_through_the_real_analyzer(real_traces, tmp_path):
 
 def test_report_survives_a_failing_run_analysis(tmp_path, monkeypatch):
     """A bug in the run analysis costs the user the precise verdict, not the report."""
-    from diag.analyzers.job import run_analysis
+    from diag.analyzers import analyze
 
     def broken(*a, **k):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(run_analysis, "analyze_run", broken)
+    monkeypatch.setattr(analyze, "analyze_run", broken)
     run = write_run(tmp_path / "run", ranks=2, steps=20, bound="memory", strength=0.6)
     m = build_run_model(run)
     assert any("run analysis failed (RuntimeError: boom)" in p for p in m["problems"])

@@ -20,6 +20,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--config", metavar="FILE", help="TOML/YAML file with a [thresholds] table")
     parser.add_argument("--threshold", action="append", metavar="NAME=VALUE", default=[],
                         help="override one decision-tree threshold (repeatable), e.g. data_wait=0.3")
+    parser.add_argument("--calibration", metavar="FILE",
+                        help="this host's CPU peaks for CPU traces, as `diag calibrate` writes them (its cache: "
+                             "~/.cache/diag/cpu_peaks.json); run directories use the copy their agent recorded")
     parser.add_argument("--jobs", type=int, metavar="N", help="parallel analysis processes (default: by free memory)")
     parser.add_argument("--report", metavar="DIR", help="also write the HTML/Markdown report into DIR")
     parser.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
@@ -29,21 +32,29 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from diag.analyzers.analyze import analyze_paths, json_safe
-    from diag.analyzers.diagnosis import decision_tree as dt
+    from diag.commands.report import load_tree_from_args
 
-    try:
-        tree = dt.load_tree(args.config, dt.parse_overrides(args.threshold))
-    except dt.TreeError as exc:
-        raise DiagInputError(str(exc)) from None
+    # One run directory is judged by the settings it recorded; --config and --threshold go on top.
+    tree = load_tree_from_args(args, args.paths[0] if len(args.paths) == 1 else None)
     if args.jobs is not None and args.jobs < 1:
         raise DiagInputError("--jobs must be at least 1")
+    host_peaks = None
+    if args.calibration:
+        from diag import calibrate
+
+        host_peaks = calibrate.load(args.calibration)
+        if host_peaks is None:
+            raise DiagInputError(f"not a {calibrate.SCHEMA} file (write one with `diag calibrate`)",
+                                 source=args.calibration)
     if args.ray is not None:
         from diag.ray_pool import RayPool
 
         with RayPool(args.ray or None, num_cpus=args.jobs) as pool:
-            doc = analyze_paths(args.paths, tree=tree, progress=_progress(len(args.paths)), pool=pool)
+            doc = analyze_paths(args.paths, tree=tree, progress=_progress(len(args.paths)), pool=pool,
+                                host_peaks=host_peaks)
     else:
-        doc = analyze_paths(args.paths, tree=tree, jobs=args.jobs, progress=_progress(len(args.paths)))
+        doc = analyze_paths(args.paths, tree=tree, jobs=args.jobs, progress=_progress(len(args.paths)),
+                            host_peaks=host_peaks)
     for e in doc["errors"]:
         print(f"diag: error: {e['source']}: {e['error']}" if e.get("source") else f"diag: error: {e['error']}",
               file=sys.stderr)
@@ -65,15 +76,9 @@ def run(args) -> int:
 
 
 def _write_report(doc: dict, out_dir: str) -> None:
-    try:
-        from diag import report
-    except ImportError:
-        report = None
-    fn = getattr(report, "write_report_from_analysis", None) if report else None
-    if fn is None:
-        raise DiagInputError("--report is unavailable: this installation has no "
-                             "diag.report.write_report_from_analysis")
-    fn(doc, out_dir)
+    from diag.report import write_report_from_analysis
+
+    write_report_from_analysis(doc, out_dir)
 
 
 def _progress(n_paths: int):

@@ -30,13 +30,15 @@ def run(args) -> int:
     from diag.report.compare import write_compare
     from diag.report.progress import progress_factory
 
-    tree = load_tree_from_args(args)
+    # Each run is judged by the settings it recorded, with --config and --threshold on top;
+    # the comparison by the second run's.
+    tree_a, tree = load_tree_from_args(args, args.run_a), load_tree_from_args(args, args.run_b)
     known = [c["id"] for c in tree.what_if]
     if args.applied is not None and args.applied not in known:
         print(f"diag compare: error: unknown change {args.applied!r}; known: {', '.join(known)}", file=sys.stderr)
         return 2
     bar = progress_factory()
-    doc_a, model_a = analyse_and_model(args.run_a, tree=tree, progress=bar)
+    doc_a, model_a = analyse_and_model(args.run_a, tree=tree_a, progress=bar)
     doc_b, model_b = analyse_and_model(args.run_b, tree=tree, progress=bar)
     result = compare(model_a, model_b, doc_a, doc_b, tree=tree, applied=args.applied)
     out = args.out or (args.run_b if Path(args.run_b).is_dir() else str(Path(args.run_b).parent))

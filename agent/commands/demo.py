@@ -24,13 +24,24 @@ def add_arguments(parser) -> None:
     parser.add_argument("--linger", type=float, default=0.0, metavar="SECONDS",
                         help="after training and the report, keep the ranks' Prometheus endpoints serving "
                              "this long, so Prometheus can scrape the finished run (default 0; Ctrl-C ends it)")
-    parser.add_argument("--json", action="store_true", help="print the analysis document instead of the summary")
+    parser.add_argument("--threshold", action="append", metavar="NAME=VALUE", default=[],
+                        help="a decision-tree threshold for the agent (repeatable), as diag.Agent(thresholds=...) "
+                             "takes it: the live verdicts, the report and later analyses of the run all use it")
+    parser.add_argument("--json", action="store_true",
+                        help="print the diagnosis document (diag.diagnosis/1, as in summary.json) instead of the summary")
     parser.add_argument("--verbose", action="store_true", help="show the agent's messages from every rank")
 
 
 def run(args) -> int:
     from diag.demo import run_demo
 
+    from diag.analyzers.diagnosis import decision_tree
+
+    try:
+        thresholds = decision_tree.parse_overrides(args.threshold)
+        decision_tree.load_tree(overrides=thresholds)  # unknown names fail here, not in every rank
+    except decision_tree.TreeError as exc:
+        raise DiagInputError(str(exc)) from None
     if args.ranks < 1 or args.ranks > 16:
         raise DiagInputError(f"--ranks must be between 1 and 16, got {args.ranks}")
     if args.steps < 8:
@@ -42,7 +53,7 @@ def run(args) -> int:
         raise DiagInputError(f"--linger must be 0 or more seconds, got {args.linger:g}")
     run_demo(args.bottleneck, ranks=args.ranks, steps=args.steps, run_dir=args.run_dir,
              export=not args.no_export, port_base=args.port_base, verbose=args.verbose,
-             linger_s=args.linger, on_ready=lambda result: _show(result, args))
+             linger_s=args.linger, thresholds=thresholds, on_ready=lambda result: _show(result, args))
     return 0
 
 
@@ -50,18 +61,15 @@ def _show(result: dict, args) -> None:
     """Print the outcome as soon as the report exists (before the endpoints linger)."""
     from diag.demo import headline
 
-    analysis = result["analysis"]
+    diagnosis = result["diagnosis"]
     if args.json:
-        json.dump(analysis, sys.stdout, default=str)
+        json.dump(diagnosis, sys.stdout)
         sys.stdout.write("\n")
         sys.stdout.flush()
         _say_linger(result, args)
         return
-    job = analysis.get("job") or {}
-    print(f"Verdict: {headline(analysis)}")
-    warnings = [f for f in job.get("findings") or [] if f.get("severity") in ("warning", "error")]
-    for r in analysis.get("ranks") or []:
-        warnings += [f for f in r.get("findings") or [] if f.get("severity") in ("warning", "error")]
+    print(f"Verdict: {headline(diagnosis)}")
+    warnings = [f for f in (diagnosis or {}).get("findings") or [] if f.get("severity") in ("warning", "error")]
     for f in warnings[:5]:
         print(f"  {f.get('severity')}: {f.get('message')}")
     print(f"Run directory: {result['run_dir']}")

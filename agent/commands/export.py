@@ -19,7 +19,7 @@ from diag.errors import DiagInputError
 from diag.exporter.registry import render_text
 from diag.exporter.runtime import DEFAULT_PORT_BASE, Handle
 from diag.exporter.server import MetricsServer
-from diag.report import SUMMARY_JSON
+from diag.report import SUMMARY_JSON, diagnosis_in
 from diag.rundir import RunDir, is_run_dir, read_json, read_segment
 
 NAME = "export"
@@ -99,8 +99,9 @@ class RunDirExport:
             for h in self.handles.values():
                 h.observe_nccl(doc)
         summary = self._changed(SUMMARY_JSON)
-        if summary and self.handles:
-            self.handles[min(self.handles)].observe_diagnosis(summary)
+        diagnosis = diagnosis_in(summary) if summary else None
+        if diagnosis and self.handles:
+            self.handles[min(self.handles)].observe_diagnosis(diagnosis)
 
     def _changed(self, name: str) -> dict | None:
         """A job-level JSON file of the run directory, when it is new or changed since the last read."""

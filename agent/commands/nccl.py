@@ -145,10 +145,8 @@ def _topology(args, tests: list[dict] | None = None) -> dict:
         except (OSError, ValueError) as exc:
             raise DiagInputError(str(exc), source=args.topo) from None
     if args.nccl_log:
-        try:
-            from diag.analyzers.nccl import log as nccl_log
-        except ImportError as exc:
-            raise DiagInputError(f"the NCCL log parser is not available ({exc})") from None
+        from diag.analyzers.nccl import log as nccl_log
+
         parts.append(ne.topology_from_nccl_log(nccl_log.parse_files(args.nccl_log)))
     try:
         parts.append(ne.topology_from_flags(args.intra, args.inter, args.nics_per_node, args.gpus_per_node,

@@ -122,7 +122,7 @@ def _rates(args, device, dtype: str):
         intra = (e["expected_busbw_gbps"] or 0) * 1e9 or None
         sources["intra_busbw"] = e["basis"] + (assumed if not args.intra else "")
     if link_out:
-        e = expected.expected_busbw(topo, nodes=2)
+        e = expected.network_busbw(topo)
         inter = (e["expected_busbw_gbps"] or 0) * 1e9 or None
         sources["inter_busbw"] = e["basis"] + (assumed if not args.inter else "")
     for where, (bw, basis) in _measured_busbw(args.nccl or [], args.gpus_per_node).items():

@@ -17,12 +17,18 @@ def add_arguments(parser) -> None:
     parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
 
 
-def load_tree_from_args(args):
+def load_tree_from_args(args, run_dir=None):
+    """The tree of --config and --threshold; for a run directory, on top of the settings it recorded."""
+    from diag import rundir
+    from diag.analyzers.analyze import tree_for_run
     from diag.analyzers.diagnosis import decision_tree
     from diag.errors import DiagInputError
 
     try:
-        return decision_tree.load_tree(args.config, decision_tree.parse_overrides(args.threshold))
+        overrides = decision_tree.parse_overrides(args.threshold)
+        if run_dir is not None and rundir.is_run_dir(run_dir):
+            return tree_for_run(run_dir, args.config, overrides)
+        return decision_tree.load_tree(args.config, overrides)
     except decision_tree.TreeError as exc:
         raise DiagInputError(str(exc)) from None
 
@@ -33,14 +39,14 @@ def run(args) -> int:
     from diag.report.load import load_run
     from diag.report.progress import Stages, progress_factory
 
-    tree = load_tree_from_args(args)
+    tree = load_tree_from_args(args, args.run_dir)
     # A bar over the stages on a terminal (the run analysis of a big job takes a while); silent otherwise.
     stages = Stages(["analysing the run", "building the report", "writing the files"])
     try:
         stages.advance("analysing the run")
         doc, data = load_run(args.run_dir, tree=tree, progress=progress_factory())
         stages.advance("building the report")
-        model = build_model(doc, data, tree=tree)
+        model = build_model(doc, data)
         stages.advance("writing the files")
         paths = write_model(model, args.out or args.run_dir)
     finally:

@@ -31,11 +31,8 @@ def add_arguments(parser) -> None:
 
 
 def _parse_logs(run_dir: Path, logs: list[Path]) -> dict | None:
-    try:
-        from diag.analyzers.nccl.log import parse_files
-    except ImportError:
-        return None
     from diag import rundir
+    from diag.analyzers.nccl.log import parse_files
 
     doc = parse_files([str(p) for p in logs])
     try:

@@ -3,8 +3,9 @@
     write_report(run_dir, out_dir=None, progress=None) -> {"html": path, "markdown": path, "summary": path}
     write_report_from_analysis(doc, out_dir) -> same, for `diag analyze --report DIR` on traces
 
-The data model comes from `diag.analyzers.views.report_model` (pure); this package reads the
-run directory, renders the model and writes the files atomically.
+The data model comes from `diag.analyzers.views.report_model` (pure) and the diagnosis from
+the facade, built once; this package renders the model and writes the files atomically.
+summary.json holds the diagnosis exactly as `diag analyze --json` prints it.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from diag import rundir
 REPORT_HTML = "report.html"
 REPORT_MD = "report.md"
 SUMMARY_JSON = "summary.json"
-SUMMARY_SCHEMA = "diag.report_summary/1"
+SUMMARY_SCHEMA = "diag.report_summary/2"
 
-__all__ = ["REPORT_HTML", "REPORT_MD", "SUMMARY_JSON", "analyse_and_model", "build_run_model", "summary", "write_model",
-           "write_report", "write_report_from_analysis"]
+__all__ = ["REPORT_HTML", "REPORT_MD", "SUMMARY_JSON", "analyse_and_model", "build_run_model", "diagnosis_in",
+           "summary", "write_model", "write_report", "write_report_from_analysis"]
 
 
 def build_run_model(run_dir, tree=None, progress=None) -> dict:
@@ -35,9 +36,9 @@ def analyse_and_model(source, tree=None, progress=None) -> tuple[dict, dict]:
 
     if Path(source).is_file():
         doc = load_analysis_json(source)
-        return doc, build_model(doc, {"path": os.fspath(source)}, tree=tree)
+        return doc, build_model(doc, {"path": os.fspath(source)})
     doc, run = load_run(source, tree=tree, progress=progress)
-    return doc, build_model(doc, run, tree=tree)
+    return doc, build_model(doc, run)
 
 
 def write_report(run_dir, out_dir=None, progress=None, tree=None) -> dict:
@@ -46,21 +47,28 @@ def write_report(run_dir, out_dir=None, progress=None, tree=None) -> dict:
     return write_model(model, out_dir if out_dir is not None else run_dir)
 
 
-def write_report_from_analysis(doc: dict, out_dir, tree=None) -> dict:
-    """Write the report of a plain analysis document (traces analysed without a run directory)."""
+def write_report_from_analysis(doc: dict, out_dir) -> dict:
+    """Write the report of an analysis document (traces analysed without a run directory)."""
     from diag.analyzers.views.report_model import build_model
 
-    return write_model(build_model(doc, None, tree=tree), out_dir)
+    return write_model(build_model(doc, None), out_dir)
 
 
 def summary(model: dict) -> dict:
-    """The machine-readable summary: the model without chart arrays and per-step series."""
-    keep = ("run", "bound", "headline", "confidence", "decision_path", "phase_shares", "measurements", "recommendations",
-            "stragglers", "ranks", "step_stats", "throughput", "top_kernels", "top_ops", "findings", "memory",
-            "nccl", "missing", "problems", "notes", "evidence")
-    out = {"schema": SUMMARY_SCHEMA, "model_schema": model.get("schema")}
+    """The machine-readable summary: the diagnosis as it is, and the page's own tables
+    (without chart arrays and per-step series)."""
+    keep = ("run", "ranks", "step_stats", "throughput", "top_kernels", "top_ops", "nccl", "missing", "problems",
+            "notes")
+    out = {"schema": SUMMARY_SCHEMA, "model_schema": model.get("schema"), "diagnosis": model["diagnosis"]}
     out.update({k: model.get(k) for k in keep})
     return out
+
+
+def diagnosis_in(summary: dict) -> dict | None:
+    """The diagnosis a summary.json holds (one of diag.report_summary/1 carried its parts at the top)."""
+    if summary.get("schema") == SUMMARY_SCHEMA:
+        return summary.get("diagnosis") if isinstance(summary.get("diagnosis"), dict) else None
+    return summary if summary.get("schema") == "diag.report_summary/1" else None
 
 
 def write_model(model: dict, out_dir) -> dict:

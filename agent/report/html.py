@@ -278,6 +278,8 @@ def render(model: dict) -> str:
         f"written by diag {esc(__version__)} on {esc(generated)}</div></header>\n"
         f"<main>\n{body}\n</main>\n"
         f"<script type=\"application/json\" id=\"diag-data\">{script_json({'figures': figs})}</script>\n"
+        # The diagnosis the page shows, as `diag analyze --json` and summary.json hold it.
+        f"<script type=\"application/json\" id=\"diag-diagnosis\">{script_json(model['diagnosis'])}</script>\n"
         f"<script>\n{_asset('report.js')}</script>\n</body>\n</html>\n"
     )
 

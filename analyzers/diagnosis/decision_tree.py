@@ -62,12 +62,25 @@ class Tree:
         return float(self.thresholds[ref])
 
 
-def load_tree(path: str | Path | None = None, overrides: dict | None = None) -> Tree:
-    """Load the default tree, then a config file's [thresholds], then explicit overrides."""
+# A run directory records the settings its agent resolved (thresholds and what-if changes),
+# so that every later analysis of the run judges by them.
+SETTINGS_SCHEMA = "diag.tree_settings/1"
+
+
+def settings(tree: Tree) -> dict:
+    """What a user can set in a tree, resolved: its thresholds and what-if changes."""
+    return {"schema": SETTINGS_SCHEMA, "thresholds": dict(tree.thresholds), "what_if": [dict(c) for c in tree.what_if]}
+
+
+def load_tree(path: str | Path | None = None, overrides: dict | None = None, recorded: dict | None = None) -> Tree:
+    """Load the default tree, then the settings a run recorded, then a config file's
+    [thresholds] and [[what_if]], then explicit overrides: each later one wins."""
     with open(DEFAULT_TREE, "rb") as f:
         doc = tomllib.load(f)
     thresholds = dict(doc["thresholds"])
     what_if = [check_change(c, DEFAULT_TREE.name) for c in doc.get("what_if", [])]
+    if recorded is not None:
+        thresholds, what_if = _with_recorded(thresholds, what_if, recorded)
     if path is not None:
         config = read_config(Path(path))  # read once: its thresholds and its what-if changes
         thresholds.update(_config_thresholds(config, path))
@@ -84,6 +97,27 @@ def load_tree(path: str | Path | None = None, overrides: dict | None = None) -> 
         advisories=doc.get("advisories", []),
         what_if=tuple(what_if),
     )
+
+
+def _with_recorded(thresholds: dict, what_if: list, recorded: dict) -> tuple[dict, list]:
+    """The recorded settings over the defaults. Names this version does not know (a run
+    recorded by another version) are passed over; a malformed record is an error."""
+    if not isinstance(recorded, dict) or recorded.get("schema") != SETTINGS_SCHEMA:
+        raise TreeError(f"the run's recorded decision-tree settings are not a {SETTINGS_SCHEMA} document")
+    table = recorded.get("thresholds")
+    if not isinstance(table, dict):
+        raise TreeError("the run's recorded decision-tree settings have no thresholds table")
+    out = dict(thresholds)
+    for name, value in table.items():
+        if name in out:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise TreeError(f"the run's recorded threshold {name!r} is not a finite number")
+            out[name] = float(value)
+    changes = {c["id"]: c for c in what_if}
+    for entry in recorded.get("what_if") or []:
+        c = check_change(entry, "the run's recorded decision-tree settings")
+        changes[c["id"]] = c
+    return out, list(changes.values())
 
 
 def read_config(path: Path) -> dict:

@@ -17,6 +17,7 @@ import math
 import statistics
 from collections import Counter
 
+from diag.analyzers.diagnosis import stragglers
 from diag.analyzers.diagnosis.borderline import borderline, step_values
 from diag.analyzers.diagnosis.decision_tree import BOUNDS, CLASSES, PEER, share_ratios, verdict_from
 
@@ -26,8 +27,10 @@ VERDICT_FINDINGS = frozenset({
     "rank_verdicts_differ", "comm_cause_undetermined", "straggler_induced_comm", "unsynchronised_arrival",
     "slow_collectives", "straggler",
 })
-# Cross-rank facts that only feed the verdict and are not part of the job block.
+# Cross-rank judgements that only feed the verdict and are not part of the job block.
 _CANDIDATES = ("comm_explanation", "straggler_finding")
+# Where the job facts carry the collective facts (diag.analyzers.job.cross_rank.FACTS_KEY).
+FACTS_KEY = "collective_facts"
 
 
 def _number(v) -> float | None:
@@ -184,10 +187,12 @@ def job_verdict(ranks: list[dict], cross: dict | None, tree) -> dict:
     cause, bound_counts and the findings the verdict explains itself with.
     """
     cross = dict(cross or {})
+    facts = cross.pop(FACTS_KEY, None)
+    if facts is not None:  # the cross-rank facts, judged here
+        cross.update(stragglers.judge(facts, tree))
     candidates = {k: cross.pop(k, None) for k in _CANDIDATES}
     findings = [f for f in cross.get("findings") or [] if isinstance(f, dict) and f.get("id") not in VERDICT_FINDINGS]
-    stragglers = [s for s in cross.get("stragglers") or [] if isinstance(s, dict)]
-    late = {s.get("rank") for s in stragglers}
+    late = {s.get("rank") for s in cross.get("stragglers") or [] if isinstance(s, dict)}
     present = _unique_ranks(ranks)
     base, pace = _pace_setters(present, late, cross.get("rank_waits"))
     mset = measurement_set(base or [r for r in ranks if isinstance(r, dict)])

@@ -40,6 +40,7 @@ from diag.analyzers.job.sampled import (
     sampled_verdict,
     window_composition,
 )
+from diag.analyzers.trace.analysis import analyze_trace
 from diag.analyzers.whatif import rank as what_if
 
 SCHEMA = "diag.analysis/1"
@@ -139,8 +140,11 @@ def _warmup_cut(steps: list[dict], windows: list[dict]) -> int:
     return steps[0]["step"] + max(1, n // 10)
 
 
-def _unsummarised_windows(rd: rundir.RunDir, rank: int, windows: list[dict], tree, errors: list) -> list[dict]:
-    """Traces whose background analysis never finished (the rank exited or was killed first)."""
+def _unsummarised_windows(rd: rundir.RunDir, rank: int, windows: list[dict], tree, errors: list,
+                          host_peaks: dict | None) -> list[dict]:
+    """Traces whose background analysis never finished (the rank exited or was killed first).
+    CPU traces use the calibration the rank's agent recorded, else `host_peaks`."""
+    host_peaks = (rd.rank_info(rank) or {}).get("host_peaks") or host_peaks
     named = {w.get("trace") for w in windows}
     named |= {str(n)[: -len(".gz")] for n in named if str(n).endswith(".gz")}
     out = []
@@ -148,11 +152,7 @@ def _unsummarised_windows(rd: rundir.RunDir, rank: int, windows: list[dict], tre
         if path.name in named or path.name.startswith("."):
             continue
         try:
-            from diag.analyzers.trace.analysis import analyze_trace
-
-            a = analyze_trace(str(path), tree=tree, rank=rank)
-        except ImportError:
-            return out
+            a = analyze_trace(str(path), tree=tree, rank=rank, host_peaks=host_peaks)
         except Exception as exc:
             errors.append({"source": str(path), "error": f"{type(exc).__name__}: {exc}"})
             continue
@@ -162,10 +162,10 @@ def _unsummarised_windows(rd: rundir.RunDir, rank: int, windows: list[dict], tre
     return out
 
 
-def rank_windows(rd: rundir.RunDir, rank: int, tree, errors: list) -> list[dict]:
+def rank_windows(rd: rundir.RunDir, rank: int, tree, errors: list, host_peaks: dict | None = None) -> list[dict]:
     """A rank's profiler windows, in step order, with their trace analyses where there are any."""
     windows = rd.windows(rank)
-    windows += _unsummarised_windows(rd, rank, windows, tree, errors)
+    windows += _unsummarised_windows(rd, rank, windows, tree, errors, host_peaks)
     return sorted(windows, key=lambda w: int(w.get("first_step", 0)))
 
 
@@ -496,15 +496,16 @@ def _missing_finding(lost: list[dict], world: int | None) -> dict:
     }
 
 
-def analyze_run(run_dir, tree=None) -> dict:
-    """The analysis document (contract A) of a run directory."""
+def analyze_run(run_dir, tree=None, host_peaks: dict | None = None) -> dict:
+    """The analysis document (contract A) of a run directory; `host_peaks` calibrates the CPU
+    traces of ranks whose agent recorded no calibration."""
     tree = tree or load_tree()
     rd = rundir.RunDir(run_dir)
     manifest = rd.manifest()
     lost = lost_ranks(rd, manifest, now=time.time())
     lost_ids = {x["rank"] for x in lost if x["reason"] == "stopped reporting"}
     trace_errors: list[dict] = []
-    windows = {r: rank_windows(rd, r, tree, trace_errors) for r in rd.ranks()}
+    windows = {r: rank_windows(rd, r, tree, trace_errors, host_peaks) for r in rd.ranks()}
     # Waiting for peers apart from transfer, in the windows' steps, before the ranks add them up.
     waits.split_waits({r: [w["analysis"] for w in ws if isinstance(w.get("analysis"), dict)]
                        for r, ws in windows.items()}, tree)

@@ -311,27 +311,44 @@ def expected_busbw(topo: dict, nodes: int | None = None, gpus_per_node: int | No
     """
     nodes = nodes if nodes is not None else topo.get("nodes")
     gpn = gpus_per_node if gpus_per_node is not None else topo.get("gpus_per_node")
-    parts: list[tuple[float, str]] = []
+    parts: list[tuple[float, str, str]] = []
     if topo.get("intra") in LINKS and (gpn is None or gpn > 1):
-        link = LINKS[topo["intra"]]
-        raw = topo.get("intra_gbps") or link.gbps
-        parts.append((raw * link.efficiency, f"{link.label}: {raw:g} GB/s x {link.efficiency:.0%}", "gpu link"))
-    multi = nodes is not None and nodes > 1
-    if multi:
-        if topo.get("inter") in LINKS:
-            link = LINKS[topo["inter"]]
-            nics = topo.get("nics_per_node") or 1
-            parts.append((nics * link.gbps * link.efficiency,
-                          f"{nics} x {link.label} per node: {nics * link.gbps:g} GB/s x {link.efficiency:.0%}",
-                          "network"))
-        else:
-            return {"expected_busbw_gbps": None, "basis": "the network between nodes is unknown (pass --inter)",
-                    "bottleneck": None}
+        parts.append(_gpu_link_part(topo))
+    if nodes is not None and nodes > 1:
+        if topo.get("inter") not in LINKS:
+            return _UNKNOWN_NETWORK
+        parts.append(_network_part(topo))
     if not parts:
         return {"expected_busbw_gbps": None, "basis": "the link between GPUs is unknown (pass --intra or --topo)",
                 "bottleneck": None}
     value, basis, bottleneck = min(parts, key=lambda p: p[0])
     return {"expected_busbw_gbps": value, "basis": basis, "bottleneck": bottleneck}
+
+
+def network_busbw(topo: dict) -> dict:
+    """The large-message busbw of the network between nodes alone, whatever the GPUs' own links:
+    what a hierarchical collective's inter-node stage gets (`diag plan`'s inter-node rate)."""
+    if topo.get("inter") not in LINKS:
+        return _UNKNOWN_NETWORK
+    value, basis, bottleneck = _network_part(topo)
+    return {"expected_busbw_gbps": value, "basis": basis, "bottleneck": bottleneck}
+
+
+_UNKNOWN_NETWORK = {"expected_busbw_gbps": None, "basis": "the network between nodes is unknown (pass --inter)",
+                    "bottleneck": None}
+
+
+def _gpu_link_part(topo: dict) -> tuple[float, str, str]:
+    link = LINKS[topo["intra"]]
+    raw = topo.get("intra_gbps") or link.gbps
+    return raw * link.efficiency, f"{link.label}: {raw:g} GB/s x {link.efficiency:.0%}", "gpu link"
+
+
+def _network_part(topo: dict) -> tuple[float, str, str]:
+    link = LINKS[topo["inter"]]
+    nics = topo.get("nics_per_node") or 1
+    return (nics * link.gbps * link.efficiency,
+            f"{nics} x {link.label} per node: {nics * link.gbps:g} GB/s x {link.efficiency:.0%}", "network")
 
 
 def large_message_busbw(test: dict) -> tuple[float | None, int | None]:

@@ -37,15 +37,19 @@ _DTYPE_SIZE = {"float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2,
                "bool": 1, "short": 2, "int16": 2}
 
 
-def analyze_trace(path, tree: dt.Tree | None = None, rank: int | None = None, workers: int | None = 1) -> dict:
+def analyze_trace(path, tree: dt.Tree | None = None, rank: int | None = None, workers: int | None = 1,
+                  host_peaks: dict | None = None) -> dict:
     """The rank dict of contract A from one Kineto trace file.
 
     workers: decoding processes for a large file (1: serial, the default; None: by file
     size and idle CPUs, as `diag analyze` does).
+    host_peaks: the host CPU's calibration (`diag calibrate`'s document) for a trace with no
+    device; without it, CPU ops are not placed on a roofline. Never read from a cache here:
+    the same trace gives the same analysis on every machine.
     """
     tree = tree or dt.load_tree()
     trace = load_trace(path, workers=workers)
-    return analyze_loaded(trace, tree, rank=rank)
+    return analyze_loaded(trace, tree, rank=rank, host=devices.host_device(host_peaks) if host_peaks else None)
 
 
 def rank_from_name(path: str) -> int | None:
@@ -61,7 +65,7 @@ def rank_from_name(path: str) -> int | None:
     return None
 
 
-def analyze_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None) -> dict:
+def analyze_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: devices.Device | None = None) -> dict:
     meta = trace.meta
     dist = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
     rank_from = "argument" if rank is not None else None
@@ -73,7 +77,7 @@ def analyze_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None) -> dict
     props = meta.get("deviceProperties") or []
     props = props[0] if isinstance(props, list) and props and isinstance(props[0], dict) else None
     on_device = trace.has_device
-    device = devices.lookup(props) if on_device else devices.cpu_device()
+    device = devices.lookup(props) if on_device else host
     windows = step_windows(trace)
     if not windows:
         raise DiagInputError("trace has no timed events", source=trace.source)

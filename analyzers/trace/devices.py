@@ -7,12 +7,15 @@ package; HIP traces often name them only "AMD Radeon Graphics", so AMD devices a
 matched by compute-unit count (`numSms`), wavefront size 64 and memory size.
 
 CPU peaks come from `diag calibrate` (a micro-benchmark), cached in
-$XDG_CACHE_HOME/diag/cpu_peaks.json.
+$XDG_CACHE_HOME/diag/cpu_peaks.json. The agent records them in each rank's rank.json, and
+an analysis takes them from there or from `diag analyze --calibration FILE`: never from
+the cache of the machine it runs on.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -141,14 +144,26 @@ def cache_path() -> Path:
 
 
 def cpu_device(path: str | os.PathLike | None = None) -> Device | None:
-    """The host CPU's calibrated peaks (from `diag calibrate`), or None when not calibrated."""
+    """The host CPU's calibrated peaks from a `diag calibrate` file (default: this user's
+    cache), or None when not calibrated. Only the agent and `diag plan` look in the cache;
+    an analysis takes calibration as an explicit input (`host_device`)."""
     p = Path(path) if path else cache_path()
     try:
-        doc = json.loads(p.read_text())
-        flops = {k: float(v) for k, v in doc["flops"].items() if v}
+        return host_device(json.loads(p.read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+def host_device(doc) -> Device | None:
+    """The CPU device a calibration document (`diag calibrate`'s file, or the copy the agent
+    records in rank.json as "host_peaks") describes, or None when it is not one."""
+    try:
+        flops = {str(k): float(v) for k, v in doc["flops"].items() if v}
         bw = float(doc["mem_bw"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (KeyError, TypeError, ValueError, AttributeError):
         return None
-    if not flops or bw <= 0:
+    if not flops or not all(math.isfinite(v) and v > 0 for v in flops.values()) or not (math.isfinite(bw) and bw > 0):
         return None
-    return Device("cpu", str(doc.get("cpu", "CPU")), flops, bw, doc.get("mem_bytes"))
+    mem = doc.get("mem_bytes")
+    return Device("cpu", str(doc.get("cpu", "CPU")), flops, bw,
+                  float(mem) if isinstance(mem, (int, float)) and not isinstance(mem, bool) and mem > 0 else None)

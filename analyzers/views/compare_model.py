@@ -22,6 +22,8 @@ from __future__ import annotations
 import numpy as np
 
 from diag.analyzers.diagnosis.inputs import PHASES
+from diag.analyzers.diagnosis.scaling import scaling_efficiency
+from diag.errors import DiagInputError
 
 COMPARE_SCHEMA = "diag.compare/1"
 MIN_EFFECT = 0.01  # changes under 1% of step time are not called wins or losses
@@ -239,20 +241,16 @@ def _scaling(a: dict, b: dict, doc_a, doc_b, tree) -> dict | None:
         return None
     if doc_a and doc_b:
         try:
-            from diag.analyzers.diagnosis.scaling import scaling_efficiency
-        except ImportError:
-            pass
-        else:
-            try:
-                r = scaling_efficiency(doc_a, doc_b, tree=tree)
-                return {"efficiency": r["efficiency"], "basis": r["basis"], "smaller": r["smaller"]["world_size"],
-                        "larger": r["larger"]["world_size"], "speedup": r.get("speedup"),
-                        "ideal_speedup": r.get("ideal_speedup"), "findings": r.get("findings") or [],
-                        "source": "diag.analyzers.diagnosis.scaling.scaling_efficiency",
-                        "text": _scaling_text(r["efficiency"], r["smaller"]["world_size"],
-                                              r["larger"]["world_size"], r["basis"])}
-            except Exception:  # noqa: BLE001 - fall back to the report models below
-                pass
+            r = scaling_efficiency(doc_a, doc_b, tree=tree)
+        except DiagInputError:  # the documents cannot be compared this way: the report models below can
+            r = None
+        if r is not None:
+            return {"efficiency": r["efficiency"], "basis": r["basis"], "smaller": r["smaller"]["world_size"],
+                    "larger": r["larger"]["world_size"], "speedup": r.get("speedup"),
+                    "ideal_speedup": r.get("ideal_speedup"), "findings": r.get("findings") or [],
+                    "source": "diag.analyzers.diagnosis.scaling.scaling_efficiency",
+                    "text": _scaling_text(r["efficiency"], r["smaller"]["world_size"],
+                                          r["larger"]["world_size"], r["basis"])}
     (ra, ua), (rb, ub) = _per_rank_rate(a), _per_rank_rate(b)
     if ra is None or rb is None:
         return None

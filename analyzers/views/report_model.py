@@ -1,13 +1,14 @@
 """The bottleneck report's data model: what the HTML, Markdown and JSON reports show.
 
 `build_model(doc, run)` is pure: it takes an analysis document (schema diag.analysis/1)
-and the raw contents of a run directory already read into memory (`run`, see
-`RUN_KEYS`), and returns plain data. Nothing here reads files, prints or plots.
+with its diagnosis, and the records of its run directory already read into memory (`run`,
+see `RUN_KEYS`), and returns plain data. Nothing here reads files, prints or plots.
 
 The judgement (verdict, headline, confidence, decision path, phase shares, evidence,
-recommendations and their gains, findings, memory advice) is the diagnosis document's,
-from `diag.analyzers.diagnosis.document.build_diagnosis`; the model carries it as it is
-and adds only what a page needs: chart series, tables and what data was missing.
+recommendations and their gains, findings, memory advice) is the document's "diagnosis",
+which the facade built once on the same records; the model carries it as it is (under
+"diagnosis", and its parts at the top level for the pages) and adds only what a page
+needs: chart series, tables and what data was missing.
 
 Big runs are aggregated so the report stays small and fast: per-step series are
 bucketed to at most `Limits.series_points` points, heatmaps to `Limits.heatmap_columns`
@@ -22,8 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from diag.analyzers.diagnosis import decision_tree
-from diag.analyzers.diagnosis.document import diagnose_ranks
+from diag.analyzers.diagnosis.document import SCHEMA as DIAGNOSIS_SCHEMA
 from diag.analyzers.diagnosis.inputs import (
     PHASES,
     Steps,
@@ -36,6 +36,7 @@ from diag.analyzers.diagnosis.inputs import (
     num,
     rank_shares,
 )
+from diag.errors import DiagInputError
 
 MODEL_SCHEMA = "diag.report/1"
 # Keys of the `run` argument; all optional.
@@ -50,7 +51,6 @@ RUN_KEYS = {
     "nccl_log_summary": "diag.analyzers.nccl.log.summarize_for_diagnosis(doc): sentences, most severe first",
     "nccl_bench": "diag.nccl_bench/1 document or None",
     "nccl_interpretation": "[{'collective', **diag.analyzers.nccl.expected.interpret(test, topology)}]",
-    "unavailable": "{feature: reason} for analyzer modules that could not be used",
 }
 # Clock-event reasons that are not throttling: the GPU is idle or clocks were set on purpose.
 BENIGN_CLOCK_EVENTS = {"gpu_idle", "applications_clocks_setting", "none", "display_clock_setting"}
@@ -66,16 +66,18 @@ class Limits:
     rank_rows: int = 256  # per-rank table rows
 
 
-def build_model(doc: dict | None, run: dict | None = None, tree=None, limits: Limits | None = None) -> dict:
-    """The report model from an analysis document and a run directory's records."""
-    doc = doc if isinstance(doc, dict) else {}
+def build_model(doc: dict, run: dict | None = None, limits: Limits | None = None) -> dict:
+    """The report model from an analysis document with its diagnosis (the facade's, built on
+    the same run records) and a run directory's records."""
+    diagnosis = doc.get("diagnosis") if isinstance(doc, dict) else None
+    if not isinstance(diagnosis, dict) or diagnosis.get("schema") != DIAGNOSIS_SCHEMA:
+        raise DiagInputError(f"the analysis document has no {DIAGNOSIS_SCHEMA} diagnosis; "
+                             "analyse the traces or run directory again with this diag")
     run = run or {}
     limits = limits or Limits()
-    tree = tree or decision_tree.load_tree()
     notes: list[str] = []
 
     ranks = merge_ranks(doc, run)
-    diagnosis = diagnose_ranks(doc, ranks, run, tree)
     run = {**run, "missing_ranks": diagnosis["missing_ranks"], "stopped_ranks": diagnosis["stopped_ranks"]}
     world = diagnosis["world_size"]
     allt = concat(ranks)
@@ -96,6 +98,7 @@ def build_model(doc: dict | None, run: dict | None = None, tree=None, limits: Li
     judged = {k: diagnosis[k] for k in _FROM_DIAGNOSIS}
     return {
         "schema": MODEL_SCHEMA,
+        "diagnosis": diagnosis,
         "run": _run_meta(doc, run, ranks, world, steps),
         **judged,
         "ranks": _rank_rows(ranks, diagnosis["stragglers"], limits, notes),
@@ -652,12 +655,6 @@ def _missing(run, ranks, allt: Steps, world, nccl, busbw) -> list[dict]:
             "why": "MFU says how far the job is from the device's peak; it needs FLOPs per step.",
             "how": "Enable with_flops (and record_shapes) in the agent's profiler settings, on a device with "
                    "a known peak (or run `diag calibrate` for CPUs).",
-        })
-    for part, reason in sorted((run.get("unavailable") or {}).items()):
-        out.append({
-            "what": f"Part of diag was unavailable: {part}.",
-            "why": str(reason),
-            "how": "Install or update diag (pip install -U diag) and run the report again.",
         })
     if len(allt) and np.isnan(allt.wait).all():
         out.append({

@@ -1,0 +1,282 @@
+"""Who is late at the collectives, and why the job spends the time it does communicating.
+
+The judgement on the cross-rank facts (`diag.analyzers.job.cross_rank.CollectiveFacts`):
+which rank arrives last at each matched collective (within `straggler_late_tolerance` of the
+spread of waits), how much of all the job's waiting each rank imposes, which ranks are
+stragglers by the `straggler_*` rules of the decision tree, and, for a comm-bound job,
+whether a straggler, unsynchronised arrival or the collectives themselves explain it.
+Every threshold is a name in `decision_tree.toml`. Pure: new values, the facts untouched.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+# What `judge` adds to the job block.
+JUDGED_KEYS = ("stragglers", "rank_waits", "comm_explanation", "straggler_finding")
+
+
+@dataclass
+class _Lateness:
+    """One rank's lateness over the matched collectives, judged with the tolerance."""
+    late: int = 0  # collectives it reached (nearly) last
+    imposed_us: float = 0.0  # the peers' median wait in those, summed
+    imposed: list = field(default_factory=list)
+
+
+def judge(facts, tree) -> dict:
+    """{"stragglers", "rank_waits", "comm_explanation", "straggler_finding"} of a job's
+    collective facts (None: no ranks)."""
+    if facts is None:
+        return {"stragglers": [], "rank_waits": [], "comm_explanation": None, "straggler_finding": None}
+    th = tree.thresholds
+    lateness, late_by_group, imposed_by_group = _lateness(facts.groups, th["straggler_late_tolerance"])
+    rank_waits = _rank_waits(facts, lateness)
+    stragglers = _stragglers(facts, lateness, late_by_group, imposed_by_group, th)
+    return {
+        "stragglers": stragglers,
+        "rank_waits": rank_waits,
+        "comm_explanation": _comm_explanation(facts, stragglers, rank_waits, tree),
+        "straggler_finding": _straggler_finding(stragglers) if stragglers else None,
+    }
+
+
+def _lateness(groups: list[dict], tol: float) -> tuple[dict[int, _Lateness], list[set], list[float]]:
+    """Per rank its lateness; per group the ranks late in it and the wait they imposed."""
+    per: dict[int, _Lateness] = defaultdict(_Lateness)
+    late_by_group, imposed_by_group = [], []
+    for g in groups:
+        waits = g["wait_us"]
+        spread = max(waits.values())
+        late = {r for r, w in waits.items() if spread <= 0 or w <= tol * spread}
+        early = [waits[r] for r in waits if r not in late]
+        peer_wait = float(statistics.median(early)) if early else 0.0
+        late_by_group.append(late)
+        imposed_by_group.append(peer_wait)
+        for r in late:
+            p = per[r]
+            p.late += 1
+            if early:
+                p.imposed_us += peer_wait
+                p.imposed.append(peer_wait)
+    return per, late_by_group, imposed_by_group
+
+
+def _rank_waits(facts, lateness: dict) -> list[dict]:
+    total_imposed = sum(p.imposed_us for p in lateness.values())
+    out = []
+    for row in facts.rank_rows():
+        rid = row["rank"]
+        if row["collectives"]:
+            p = lateness.get(rid, _Lateness())
+            row.update(late_fraction=round(p.late / row["collectives"], 4),
+                       blame_share=round(p.imposed_us / total_imposed, 4) if total_imposed > 0 else 0.0,
+                       imposed_wait_ms_per_step=_ms(p.imposed_us / facts.n_steps[rid]))
+        out.append(row)
+    return out
+
+
+def _stragglers(facts, lateness, late_by_group, imposed_by_group, th) -> list[dict]:
+    if facts.per_rank:
+        out = _by_collectives(facts, lateness, late_by_group, imposed_by_group, th)
+    elif len(facts.bounds) >= 2 and facts.median_work:
+        out = _by_step_time(facts, th["straggler_step_excess"])
+    else:
+        out = []
+    out.sort(key=lambda s: -(s["evidence"].get("imposed_wait_ms_per_step") or s["evidence"].get("work_ms") or 0.0))
+    return out
+
+
+def _by_collectives(facts, lateness, late_by_group, imposed_by_group, th) -> list[dict]:
+    per = facts.per_rank
+    blame_factor, share_min, steps_min = (th["straggler_blame_factor"], th["straggler_wait_share"],
+                                          th["straggler_step_fraction"])
+    chunks = facts.step_chunks()
+    total_imposed = sum(p.imposed_us for p in lateness.values())
+    n_ranks = len(per)
+    wait_per_step = {r: q.wait_us / facts.n_steps[r] / 1000.0 for r, q in per.items()}
+    coll_median = {r: statistics.median(q.durs) / 1000.0 for r, q in per.items() if q.durs}
+    median_step = facts.median_step
+    out = []
+    for rid, q in per.items():
+        p = lateness.get(rid, _Lateness())
+        if not q.n or not p.imposed or total_imposed <= 0:
+            continue
+        blame = p.imposed_us / total_imposed
+        imposed_ms = p.imposed_us / facts.n_steps[rid] / 1000.0
+        # What the peers lose, against the step time; without steps, against their comm time.
+        if median_step:
+            share = imposed_ms / median_step
+        else:
+            peers = [x.comm_us for r, x in per.items() if r != rid]
+            med = statistics.median(peers) if peers else 0.0
+            share = p.imposed_us / med if med > 0 else 0.0
+        if blame < min(1.0, blame_factor / n_ranks) or share < share_min:
+            continue
+        # Consistency: late in most steps, not once (a descheduled process, a GC pause).
+        late_steps = len(chunks)
+        if median_step and len(chunks) >= 2:
+            floor_us = share_min * median_step * 1000.0
+            late_steps = sum(1 for ch in chunks
+                             if sum(imposed_by_group[i] for i in ch if rid in late_by_group[i]) >= floor_us)
+            if late_steps <= steps_min * len(chunks):
+                continue
+        peers_wait = _median(w for r, w in wait_per_step.items() if r != rid) or 0.0
+        own_wait = wait_per_step[rid]
+        peers_coll = _median(c for r, c in coll_median.items() if r != rid)
+        gap = _median(q.gaps)
+        step_ms, work_ms = facts.step_ms.get(rid), facts.work_ms.get(rid)
+        ev = {
+            "basis": "collectives",
+            "blame_share": round(blame, 4),
+            "late_steps": late_steps,
+            "steps": len(chunks),
+            "late_collectives": p.late,
+            "matched_collectives": q.n,
+            "late_fraction": round(p.late / q.n, 4),
+            "peers_median_wait_ms_per_step": round(peers_wait, 3),
+            "own_wait_ms_per_step": round(own_wait, 3),
+            "imposed_wait_ms_per_step": round(imposed_ms, 3),
+            "imposed_wait_share_of_step": round(share, 4),
+            "own_median_collective_ms": round(coll_median.get(rid, 0.0), 3),
+            "peers_median_collective_ms": round(peers_coll, 3) if peers_coll is not None else None,
+            "step_ms": _r3(step_ms),
+            "median_step_ms": _r3(median_step),
+            "work_ms": _r3(work_ms),
+            "median_work_ms": _r3(facts.median_work),
+            "arrival_gap_ms": _ms(gap) if gap is not None else None,
+            "median_arrival_gap_ms": _ms(facts.median_gap) if facts.median_gap is not None else None,
+        }
+        msg = (
+            f"Rank {rid} is late: its peers wait a median {peers_wait:.1f} ms per step in collectives "
+            f"while it waits {own_wait:.1f} ms; {blame:.0%} of all waiting happens in the "
+            f"{p.late} of {q.n} matched collectives it reaches last "
+            f"({imposed_ms:.1f} ms per step, {share:.0%} of the step; late in {late_steps} of "
+            f"{len(chunks)} steps)"
+        )
+        if work_ms is not None and facts.median_work:
+            msg += (f"; its time outside communication is {work_ms:.1f} ms per step against a median "
+                    f"of {facts.median_work:.1f} ms")
+        out.append({"rank": rid, "bound": facts.bounds.get(rid), "message": msg + ".", "evidence": ev})
+    return out
+
+
+def _by_step_time(facts, excess: float) -> list[dict]:
+    """No collectives to compare: time outside communication per step against the median rank's."""
+    out = []
+    median_work = facts.median_work
+    for rid, w in facts.work_ms.items():
+        if w is not None and w >= (1.0 + excess) * median_work:
+            out.append({
+                "rank": rid,
+                "bound": facts.bounds.get(rid),
+                "message": f"Rank {rid} works {w:.1f} ms per step outside communication against a median "
+                f"of {median_work:.1f} ms ({w / median_work - 1:.0%} more); no collectives were recorded "
+                "to confirm that its peers wait for it.",
+                "evidence": {"basis": "step_time", "work_ms": _r3(w), "median_work_ms": _r3(median_work),
+                             "step_ms": _r3(facts.step_ms.get(rid)), "median_step_ms": _r3(facts.median_step)},
+            })
+    return out
+
+
+def _comm_explanation(facts, stragglers, rank_waits, tree) -> dict:
+    """Why communication takes its time: used when the job verdict is comm-bound."""
+    transfer_share = facts.transfer_share
+    if not facts.groups:
+        return {"cause": "undetermined", "finding": _finding(
+            "comm_cause_undetermined", "info",
+            f"Comm-bound, but with {len(facts.bounds)} rank(s) and no collective matched across ranks, "
+            "waiting for a late rank cannot be told apart from slow transfers.",
+            "Analyse the traces of all ranks (or several) of the same steps together: "
+            "`diag analyze rank0.json.gz rank1.json.gz ...` or a directory of them.",
+            {"ranks_present": sorted(facts.bounds)[:1000]})}
+    if stragglers:
+        return {"cause": "straggler", "finding": _straggler_comm_finding(stragglers, rank_waits)}
+    if transfer_share is not None and transfer_share < tree.thresholds["network_transfer_share"]:
+        return {"cause": "imbalance", "finding": _imbalance_finding(transfer_share, rank_waits)}
+    return {"cause": "network", "finding": _slow_collectives_finding(facts, tree)}
+
+
+def _straggler_advice(stragglers) -> str:
+    bounds = sorted({s["bound"] for s in stragglers if s.get("bound")})
+    own = f" Its own verdict is {'/'.join(bounds)}-bound: apply those fixes there first." if bounds else ""
+    return (
+        "Speed up the late rank rather than the network." + own + " Common causes: uneven data sharding or "
+        "sequence lengths, extra work on one rank (logging, evaluation, checkpointing on rank 0), a throttled "
+        "or slower device (check clocks and temperature), a noisy neighbour on its host."
+    )
+
+
+def _straggler_comm_finding(stragglers, rank_waits) -> dict:
+    names = ", ".join(str(s["rank"]) for s in stragglers[:8])
+    late = {s["rank"] for s in stragglers}
+    waits = [r["wait_fraction"] for r in rank_waits if "wait_fraction" in r and r["rank"] not in late]
+    first = stragglers[0]["evidence"]
+    return _finding(
+        "straggler_induced_comm", "warning",
+        f"Comm-bound because rank{'s' if len(stragglers) > 1 else ''} {names} "
+        f"{'are' if len(stragglers) > 1 else 'is'} late: the other ranks spend their communication time waiting. "
+        + stragglers[0]["message"],
+        _straggler_advice(stragglers),
+        {"stragglers": [s["rank"] for s in stragglers],
+         "peers_median_wait_fraction_of_comm": round(statistics.median(waits), 4) if waits else None,
+         **{k: first[k] for k in ("peers_median_wait_ms_per_step", "own_wait_ms_per_step", "blame_share",
+                                  "imposed_wait_ms_per_step") if k in first}},
+    )
+
+
+def _straggler_finding(stragglers) -> dict:
+    return _finding("straggler", "warning", " ".join(s["message"] for s in stragglers[:3]),
+                    _straggler_advice(stragglers), {"stragglers": [s["rank"] for s in stragglers]})
+
+
+def _imbalance_finding(transfer_share, rank_waits) -> dict:
+    late = {r["rank"]: r.get("late_fraction") for r in rank_waits if r.get("late_fraction") is not None}
+    return _finding(
+        "unsynchronised_arrival", "warning",
+        f"Comm-bound, but {1 - transfer_share:.0%} of the communication time is waiting for peers and no single "
+        "rank is consistently late: ranks reach the collectives at different times.",
+        "Balance the work between ranks (equal batch and sequence lengths, bucketing by length), and look for "
+        "host noise (other processes, CPU frequency, DataLoader workers competing with the training process).",
+        {"wait_fraction_of_comm": round(1 - transfer_share, 4), "late_fraction_by_rank": late},
+    )
+
+
+def _slow_collectives_finding(facts, tree) -> dict:
+    share = facts.transfer_share
+    ev: dict = {"transfer_fraction_of_comm": round(share, 4) if share is not None else None}
+    if facts.groups:
+        ev["median_collective_ms"] = _ms(statistics.median(min(g["dur_us"].values()) for g in facts.groups))
+        ev["matched_collectives"] = len(facts.groups)
+        if facts.busbw:
+            ev["median_busbw_gbps"] = facts.busbw["median_gbps"]
+    fixes = tree.verdicts.get("comm", {}).get("fixes", [])
+    return _finding(
+        "slow_collectives", "warning",
+        "Comm-bound because the collectives themselves are slow: "
+        + (f"{share:.0%} of communication time is transfer, not waiting for a late rank" if share is not None
+           else "no rank is late")
+        + (f"; median bus bandwidth {ev['median_busbw_gbps']:.2f} GB/s" if "median_busbw_gbps" in ev else "")
+        + ".",
+        " ".join(fixes) + " Measure the fabric with `diag nccl` and compare with the hardware's bus bandwidth.",
+        ev,
+    )
+
+
+def _finding(fid, severity, message, advice, evidence) -> dict:
+    return {"id": fid, "severity": severity, "message": message, "advice": advice, "evidence": evidence}
+
+
+def _ms(us: float) -> float:
+    return round(us / 1000.0, 3)
+
+
+def _r3(x: float | None) -> float | None:
+    return round(x, 3) if x is not None else None
+
+
+def _median(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return float(statistics.median(values)) if values else None
