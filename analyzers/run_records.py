@@ -81,13 +81,14 @@ def _read_nccl(rd: rundir.RunDir, run: dict) -> None:
         run["nccl_log_summary"] = nccl_log.summarize_for_diagnosis(run["nccl_log"])
     if run.get("nccl_bench"):
         try:
-            run["nccl_interpretation"] = interpret_bench(run["nccl_bench"], run.get("nccl_log"))
+            run["nccl_bandwidth"] = bench_bandwidth(run["nccl_bench"], run.get("nccl_log"))
         except (TypeError, ValueError, KeyError, AttributeError) as exc:  # an edited or damaged file
             run["problems"].append(f"{rd.path / NCCL_BENCH_FILE}: cannot be read as benchmark results ({exc})")
 
 
-def interpret_bench(bench: dict, log: dict | None) -> list[dict]:
-    """Each benchmark test against the bandwidth its topology should reach (topology from the NCCL log)."""
+def bench_bandwidth(bench: dict, log: dict | None) -> list[dict]:
+    """Each benchmark test's measured bus bandwidth beside the one its topology should reach
+    (the topology `diag nccl` recorded, refined by the job's NCCL log)."""
     # The topology `diag nccl` recorded (flags, nvidia-smi), refined by what the job's NCCL log shows.
     saved = bench.get("topology") if isinstance(bench.get("topology"), dict) else None
     topo = nccl_expected.merge_topology(saved, nccl_expected.topology_from_nccl_log(log) if log else None)
@@ -98,8 +99,7 @@ def interpret_bench(bench: dict, log: dict | None) -> list[dict]:
         view = test
         if not (test.get("hosts") or test.get("devices")) and bench.get("hosts"):
             view = {**test, "hosts": bench["hosts"]}
-        out.append({"collective": test.get("collective"), "world_size": test.get("world_size"),
-                    **nccl_expected.interpret(view, topo)})
+        out.append({"collective": test.get("collective"), **nccl_expected.bandwidth_facts(view, topo)})
     return out
 
 

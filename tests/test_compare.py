@@ -11,7 +11,10 @@ import pytest
 from report_helpers import write_run
 
 from diag import rundir
-from diag.analyzers.views.compare_model import compare, noise_band, verdict_of_change, warmup_cut
+from diag.analyzers.diagnosis.change import scaling_rating, step_time_change, verdict_of_change
+from diag.analyzers.diagnosis.decision_tree import load_tree
+from diag.analyzers.diagnosis.steady import median_ratio_interval, warmup_steps
+from diag.analyzers.views.compare_model import compare
 from diag.report import analyse_and_model
 
 
@@ -23,7 +26,7 @@ def job_step_times(run) -> np.ndarray:
         for rec in rd.steps(r):
             per[rec["step"]] = max(per.get(rec["step"], 0.0), rec["duration_s"])
     t = np.array([per[k] for k in sorted(per)])
-    return t[warmup_cut(len(t)):]
+    return t[warmup_steps(len(t), load_tree().thresholds):]
 
 
 def test_clear_win_is_called_helped(tmp_path):
@@ -59,12 +62,34 @@ def test_small_noisy_difference_is_not_called_a_win(tmp_path):
 def test_noise_band_and_verdicts_on_known_samples():
     rng = np.random.default_rng(0)
     same = rng.normal(1.0, 0.05, 400)
-    ratio, lo, hi = noise_band(same, rng.normal(1.0, 0.05, 400))
-    assert lo < 1.0 < hi and verdict_of_change(ratio, lo, hi) in ("no_change", "fragile_win", "fragile_loss")
-    ratio, lo, hi = noise_band(same, same * 1.2)
-    assert ratio == pytest.approx(1.2) and verdict_of_change(ratio, lo, hi) == "hurt"
-    assert verdict_of_change(0.95, 0.90, 1.02) == "fragile_win"
-    assert verdict_of_change(0.995, 0.98, 1.01) == "no_change"
+    ratio, lo, hi = median_ratio_interval(same, rng.normal(1.0, 0.05, 400))
+    assert lo < 1.0 < hi and verdict_of_change(ratio, lo, hi, 0.01) in ("no_change", "fragile_win", "fragile_loss")
+    ratio, lo, hi = median_ratio_interval(same, same * 1.2)
+    assert ratio == pytest.approx(1.2) and verdict_of_change(ratio, lo, hi, 0.01) == "hurt"
+    assert verdict_of_change(0.95, 0.90, 1.02, 0.01) == "fragile_win"
+    assert verdict_of_change(0.995, 0.98, 1.01, 0.01) == "no_change"
+    # The interval covers the true ratio about 95% of the time (here: equal runs, ratio 1).
+    covered = sum(lo <= 1.0 <= hi for lo, hi in (median_ratio_interval(rng.normal(1, 0.05, 60),
+                                                                        rng.normal(1, 0.05, 60))[1:]
+                                                 for _ in range(400)))
+    assert 0.90 <= covered / 400 <= 0.99
+
+
+def test_change_thresholds_are_the_tree_s():
+    """A clear 3% win is "helped"; with change_min_effect at 5% it is no longer a win at all."""
+    before = list(np.random.default_rng(1).normal(0.100, 0.001, 50))
+    after = [x * 0.97 for x in before]
+    assert step_time_change(before, after, load_tree())["result"] == "helped"
+    assert step_time_change(before, after, load_tree(overrides={"change_min_effect": 0.05}))["result"] == "no_change"
+    assert step_time_change(before[:2], after, load_tree()) is None  # too few steps
+
+
+@pytest.mark.parametrize(("eff", "rating"), [(0.95, "good"), (0.85, "acceptable"), (0.6, "poor")])
+def test_scaling_ratings_follow_the_tree_s_thresholds(eff, rating):
+    tree = load_tree()
+    assert scaling_rating(eff, 2, 4, "steps", tree)["rating"] == rating
+    moved = load_tree(overrides={"scaling_good": 0.5, "scaling_efficiency": 0.4})
+    assert scaling_rating(eff, 2, 4, "steps", moved)["rating"] == "good"
 
 
 def test_scaling_efficiency_when_world_sizes_differ(tmp_path):

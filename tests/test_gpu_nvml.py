@@ -278,3 +278,12 @@ def test_torch_uuid_is_only_read_when_torch_initialised_cuda():
 
     assert not torch.cuda.is_initialized()
     assert device_map.torch_cuda_uuid(0) is None
+
+
+def test_one_clock_event_vocabulary():
+    """The NVML sampler's reason names are the ones the diagnosis, the report and the exporter know."""
+    from diag.analyzers.diagnosis.throttle import CLOCK_EVENTS
+    from diag.collectors.gpu_nvml import CLOCK_EVENT_REASONS
+    from diag.exporter.metrics_table import CLOCK_EVENT_REASONS as EXPORTED
+
+    assert [name for _, _, name in CLOCK_EVENT_REASONS] == list(CLOCK_EVENTS) == list(EXPORTED)

@@ -24,7 +24,7 @@ LAYERS = {
                          f"{_ANALYZERS}.whatif"),
     "analyzers/nccl": ("diag.errors", f"{_ANALYZERS}.nccl"),
     "analyzers/job": ("diag.errors", "diag.rundir", f"{_ANALYZERS}.intervals", f"{_ANALYZERS}.trace", f"{_ANALYZERS}.job",
-                      f"{_ANALYZERS}.diagnosis.decision_tree", f"{_ANALYZERS}.whatif"),
+                      f"{_ANALYZERS}.diagnosis.decision_tree", f"{_ANALYZERS}.diagnosis.steady", f"{_ANALYZERS}.whatif"),
     "analyzers/diagnosis": ("diag.errors", f"{_ANALYZERS}.diagnosis", f"{_ANALYZERS}.plan.memory"),
     "analyzers/plan": ("diag.errors", f"{_ANALYZERS}.plan", f"{_ANALYZERS}.trace.devices",
                        f"{_ANALYZERS}.nccl.expected"),

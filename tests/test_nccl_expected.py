@@ -6,10 +6,16 @@ import statistics
 
 import pytest
 
+from diag.analyzers.diagnosis import bandwidth
+from diag.analyzers.diagnosis.decision_tree import load_tree
 from diag.analyzers.nccl import expected as ne
 from diag.analyzers.nccl import log as nccl_log
 from diag.analyzers.nccl import nccl_tests
 
+
+def _judge(test: dict, topo: dict, tree=None) -> dict:
+    """The test's bandwidth facts, judged as the diagnosis judges them."""
+    return bandwidth.judge(ne.bandwidth_facts(test, topo), tree or load_tree())
 
 def _test_with_busbw(busbw: float, world: int = 16, hosts: int = 2, size: int = 1 << 30) -> dict:
     row = {"size_bytes": size, "count": size // 4, "dtype": "float", "redop": "sum", "root": -1,
@@ -51,7 +57,7 @@ def test_real_four_nic_cluster_reaches_its_expectation(real_nccl):
     """nccl-tests issue 119: the maintainer's target for 4 x 200 Gb/s NICs is 96 GB/s."""
     test = nccl_tests.parse_file(real_nccl / "nccltests_NVIDIA-nccl-tests_119.txt")["tests"][0]
     topo = ne.topology_from_flags(inter="ib_hdr", nics_per_node=4, nodes=2)
-    verdict = ne.interpret(test, topo)
+    verdict = _judge(test, topo)
     assert verdict["expected_busbw_gbps"] == pytest.approx(96.0)
     measured = sorted(max(r["out_of_place"]["busbw_gbps"], r["in_place"]["busbw_gbps"]) for r in test["rows"])
     assert verdict["measured_busbw_gbps"] == pytest.approx((measured[2] + measured[3]) / 2)
@@ -63,7 +69,7 @@ def test_collapse_at_large_messages_is_flagged_below_50(real_nccl):
     """nccl issue 1453: busbw falls from ~29 GB/s to ~5 GB/s from 64 MiB on."""
     test = nccl_tests.parse_file(real_nccl / "nccltests_NVIDIA-nccl_1453.txt")["tests"][0]
     topo = ne.topology_from_flags(inter="ib_hdr", nics_per_node=1, nodes=2)
-    verdict = ne.interpret(test, topo)
+    verdict = _judge(test, topo)
     large = [max(r["out_of_place"]["busbw_gbps"], r["in_place"]["busbw_gbps"])
              for r in test["rows"] if r["size_bytes"] >= 64 << 20]
     assert len(large) == 4
@@ -78,7 +84,7 @@ def test_socket_fallback_sentence_from_a_real_nccl_log(real_nccl):
     assert from_log["transport"] == "socket" and from_log["nodes"] == 2
     topo = ne.merge_topology(from_log, ne.topology_from_flags(inter="ib_hdr", nics_per_node=1))
     expected = 25.0 * 0.96
-    verdict = ne.interpret(_test_with_busbw(0.11 * expected), topo)
+    verdict = _judge(_test_with_busbw(0.11 * expected), topo)
     assert verdict["diagnosis"] == "inter-node traffic fell back to TCP sockets: 11% of the expected bus bandwidth"
     assert "below_50" in verdict["flags"]
 
@@ -93,12 +99,27 @@ def test_flags_at_80_and_50_percent():
     topo = ne.topology_from_flags(intra="nvlink3", gpus_per_node=8, nodes=1)
     expected = 300 * 0.8
     for pct, flags in ((95, []), (70, ["below_80"]), (30, ["below_50"]), (140, ["above_expected"])):
-        v = ne.interpret(_test_with_busbw(expected * pct / 100, world=8, hosts=1), topo)
+        v = _judge(_test_with_busbw(expected * pct / 100, world=8, hosts=1), topo)
         assert v["flags"] == flags
         assert v["pct_of_expected"] == pytest.approx(pct)
         assert v["diagnosis"].startswith(f"{pct}% of the expected bus bandwidth")
-    single = ne.interpret(_test_with_busbw(0.0, world=1, hosts=1), topo)
+    single = _judge(_test_with_busbw(0.0, world=1, hosts=1), topo)
     assert single["pct_of_expected"] is None and "single rank" in single["diagnosis"]
+
+
+def test_bandwidth_thresholds_are_the_tree_s():
+    """Each threshold moves the judgement from its own side: 70% is below a healthy 80%, and
+    healthy once busbw_healthy is 60%; 40% is bad under 50% and only low under 30%."""
+    topo = ne.topology_from_flags(intra="nvlink3", gpus_per_node=8, nodes=1)
+    expected = 300 * 0.8
+
+    def flags(pct, **overrides):
+        return _judge(_test_with_busbw(expected * pct / 100, world=8, hosts=1), topo,
+                      load_tree(overrides=overrides))["flags"]
+
+    assert flags(70) == ["below_80"] and flags(70, busbw_healthy=0.6) == []
+    assert flags(40) == ["below_50"] and flags(40, busbw_bad=0.3) == ["below_80"]
+    assert flags(120) == ["above_expected"] and flags(120, busbw_above=1.3) == []
 
 
 def test_nvidia_smi_topology_matrix():

@@ -7,7 +7,8 @@ import copy
 import pytest
 
 from diag.analyzers.diagnosis import decision_tree as dt
-from diag.analyzers.diagnosis.borderline import borderline, noise
+from diag.analyzers.diagnosis.borderline import borderline
+from diag.analyzers.diagnosis.steady import robust_sigma as noise
 from diag.analyzers.diagnosis.verdict import job_verdict
 from diag.analyzers.job import waits
 

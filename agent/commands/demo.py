@@ -33,9 +33,8 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from diag.demo import run_demo
-
     from diag.analyzers.diagnosis import decision_tree
+    from diag.demo import run_demo
 
     try:
         thresholds = decision_tree.parse_overrides(args.threshold)

@@ -157,9 +157,13 @@ def _topology(args, tests: list[dict] | None = None) -> dict:
 
 
 def interpret_doc(doc: dict, topo: dict) -> None:
-    """Add expected_busbw_gbps, pct_of_expected, flags and diagnosis to every test."""
+    """Add expected_busbw_gbps, pct_of_expected, flags and diagnosis to every test: the
+    diagnosis layer's judgement of each test's bandwidth facts."""
+    from diag.analyzers.diagnosis import bandwidth
+    from diag.analyzers.diagnosis.decision_tree import load_tree
     from diag.analyzers.nccl import expected as ne
 
+    tree = load_tree()
     doc["topology"] = topo
     for test in doc.get("tests") or []:
         if test.get("skipped"):
@@ -167,7 +171,7 @@ def interpret_doc(doc: dict, topo: dict) -> None:
         view = test
         if not (test.get("hosts") or test.get("devices")) and doc.get("hosts"):
             view = {**test, "hosts": doc["hosts"]}
-        result = ne.interpret(view, topo)
+        result = bandwidth.judge(ne.bandwidth_facts(view, topo), tree)
         test["interpretation"] = result
         for key in ("expected_busbw_gbps", "pct_of_expected", "diagnosis", "flags"):
             test[key] = result[key]

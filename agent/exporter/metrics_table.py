@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from diag.analyzers.diagnosis.throttle import CLOCK_EVENTS
+
 PREFIX = "diag_"
 
 # Set once per rank's endpoint from the agent's identity (contract E).
@@ -30,19 +32,7 @@ CLASSES = ("data", "host", "comm", "wait", "memory", "compute")
 PHASES = CLASSES + ("unattributed",)
 # NVML clock event (throttle) reasons, named as the NVML sampler names them in samples
 # (contract D). Unknown reason bits are exported as reason="other".
-CLOCK_EVENT_REASONS = (
-    "gpu_idle",
-    "applications_clocks_setting",
-    "sw_power_cap",
-    "hw_slowdown",
-    "sync_boost",
-    "sw_thermal",
-    "hw_thermal",
-    "hw_power_brake",
-    "display_clock_setting",
-    "board_limit",
-    "reliability",
-)
+CLOCK_EVENT_REASONS = tuple(CLOCK_EVENTS)
 DIRECTIONS_NET = ("rx", "tx")
 DIRECTIONS_DISK = ("read", "write")
 OBSERVATION_KINDS = ("step", "sample", "window", "nccl", "event", "diagnosis")

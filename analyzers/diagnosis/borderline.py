@@ -4,9 +4,8 @@ A verdict rests on means over steps, but the steps themselves scatter: two ranks
 cores disturb each other, a GC pause lengthens one step. When a node of the decision
 path sits closer to its threshold than that scatter, the other branch is as plausible
 as the one taken, and picking one would be chance. The noise is taken from the run: the
-robust spread (1.4826 x the median absolute deviation, the standard deviation of a
-normal sample, unmoved by a few outlier steps) of the node's measurement over the
-rank-steps the verdict rests on. No fixed margin.
+robust spread of the node's measurement over the rank-steps the verdict rests on
+(`steady.robust_sigma`, the one noise estimate of the diagnosis). No fixed margin.
 
 Pure: plain data in and out.
 """
@@ -14,12 +13,9 @@ Pure: plain data in and out.
 from __future__ import annotations
 
 import math
-import statistics
 
 from diag.analyzers.diagnosis.decision_tree import BOUNDS, CLASSES, PEER, derive, evaluate, share_ratios
-
-MAD_TO_SIGMA = 1.4826
-MIN_STEPS = 3  # fewer steps give no spread worth the name
+from diag.analyzers.diagnosis.steady import robust_sigma
 
 
 def step_values(rank: dict, skip: int) -> list[dict]:
@@ -39,14 +35,6 @@ def step_values(rank: dict, skip: int) -> list[dict]:
     return out
 
 
-def noise(values: list[float]) -> float | None:
-    vals = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
-    if len(vals) < MIN_STEPS:
-        return None
-    med = statistics.median(vals)
-    return MAD_TO_SIGMA * statistics.median(abs(v - med) for v in vals)
-
-
 def borderline(measurements: dict, path: list[dict], steps: list[dict], tree, bound: str | None,
                force: dict | None = None) -> dict | None:
     """The first node of `path` whose value lies within the steps' noise of its threshold
@@ -59,7 +47,7 @@ def borderline(measurements: dict, path: list[dict], steps: list[dict], tree, bo
             continue
         if not math.isfinite(value):
             continue
-        band = noise([s.get(node["metric"]) for s in steps])
+        band = robust_sigma([s.get(node["metric"]) for s in steps])
         if band is None or band <= 0 or abs(value - threshold) > band:
             continue
         other = "no" if node["answer"] == "yes" else "yes"

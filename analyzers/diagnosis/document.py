@@ -96,7 +96,7 @@ def _judge(job: dict, ranks: dict, run: dict, tree) -> dict:
     bound = job.get("bound") if job.get("bound") in PHASES else None
     path = _decision_path(job, ranks, bound)
     stragglers = _stragglers(job)
-    nccl = nccl_facts(run)
+    nccl = nccl_facts(run, tree)
     findings = merged_findings(job, ranks)
     basis = mset["basis"] if mset else f"{int(steps.has_shares.sum())} step(s) of {len(ranks)} rank(s)"
     ev = evidence(ranks, allt, steps, job_shares, basis, stragglers, nccl, findings)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from diag.analyzers.diagnosis import bandwidth
 from diag.analyzers.diagnosis.inputs import PHASE_LABELS, PHASES, Steps, describe, mean, num, pct
 
 
@@ -106,7 +107,7 @@ def _cap(text: str, limit: int = 600) -> str:
     return text[:limit].rsplit(" ", 1)[0] + f" ... ({len(text) - limit} more characters in the analysis JSON)"
 
 
-def nccl_facts(run: dict) -> dict:
+def nccl_facts(run: dict, tree) -> dict:
     """What the NCCL log and the bus-bandwidth measurement say, as the verdict quotes them."""
     out: dict = {}
     log = run.get("nccl_log") if isinstance(run.get("nccl_log"), dict) else None
@@ -127,7 +128,7 @@ def nccl_facts(run: dict) -> dict:
     if isinstance(run.get("nccl_log_summary"), list):
         out["log_sentences"] = [str(x) for x in run["nccl_log_summary"] if x][:5]
     if bench:
-        interp = [i for i in run.get("nccl_interpretation") or [] if isinstance(i, dict)]
+        interp = [bandwidth.judge(i, tree) for i in run.get("nccl_bandwidth") or [] if isinstance(i, dict)]
         # The headline figure: all_reduce first (what data-parallel training uses), else the first test.
         rated = [i for i in interp if num(i.get("pct_of_expected")) is not None]
         rated.sort(key=lambda i: i.get("collective") != "all_reduce")

@@ -86,3 +86,24 @@ def scaling_efficiency(run_a_doc: dict, run_b_doc: dict, tree=None) -> dict:
         "speedup": round(eff * ideal, 4),
         "findings": findings,
     }
+
+
+def scaling_from_rates(world_a: int, rate_a: float, world_b: int, rate_b: float, unit: str, tree=None) -> dict:
+    """Scaling efficiency from two runs' per-rank throughput (samples, tokens or steps per
+    second per rank), when their analysis documents cannot give it; the same shape as
+    `scaling_efficiency`."""
+    tree = tree or load_tree()
+    (ws, rs), (wl, rl) = sorted(((world_a, rate_a), (world_b, rate_b)))
+    eff = rl / rs
+    findings = [f for f in advise({"scaling_efficiency": eff}, tree) if f["id"] == "low_scaling_efficiency"]
+    return {
+        "efficiency": eff,
+        "unit": unit,
+        "basis": f"{unit} per second per rank" + (" (assumes the same per-rank batch in both runs)"
+                                                   if unit == "steps" else ""),
+        "smaller": {"world_size": ws, "throughput_per_rank": rs, "unit": unit},
+        "larger": {"world_size": wl, "throughput_per_rank": rl, "unit": unit},
+        "ideal_speedup": wl / ws,
+        "speedup": eff * wl / ws,
+        "findings": findings,
+    }

@@ -18,9 +18,9 @@ from __future__ import annotations
 import statistics
 
 from diag.analyzers.diagnosis.inputs import num, rank_shares
+from diag.analyzers.diagnosis.throttle import throttle_reasons
 
 MIN_EXCESS = 0.05  # of the median step: smaller differences are step-to-step noise
-THROTTLE_EVENTS = frozenset({"sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"})
 THROTTLE_SAMPLE_FRACTION = 0.2  # a slowdown reason in at least this share of the samples
 CLOCK_DEFICIT = 0.10  # SM clock at least this much below the peers' median
 BUSY_CPU = 0.90  # host CPU use at or above this is saturated
@@ -71,14 +71,14 @@ def likely_cause(straggler: dict, peers: list[dict]) -> dict:
     more = f"{excess[where]:.1f} ms per step more than its peers"
     if where == "device":
         events = [e for e in _gpu(straggler, "clock_events") if isinstance(e, list)]
-        slowed = sum(1 for e in events if THROTTLE_EVENTS & set(e))
+        slowed = sum(1 for e in events if throttle_reasons(e))
         clock = _median(_gpu(straggler, "sm_clock_hz"))
         peer_clock = _median(c for r in peers for c in _gpu(r, "sm_clock_hz"))
         ev.update(slowdown_samples=slowed, samples_with_clock_events=len(events), sm_clock_hz=clock,
                   peers_sm_clock_hz=peer_clock)
         if (events and slowed >= THROTTLE_SAMPLE_FRACTION * len(events)) or (
                 clock and peer_clock and clock <= (1 - CLOCK_DEFICIT) * peer_clock):
-            reasons = sorted({x for e in events for x in e} & THROTTLE_EVENTS)
+            reasons = sorted({x for e in events for x in throttle_reasons(e)})
             return {"cause": "throttling", "evidence": ev,
                     "text": f"a throttled device: its kernels take {more}"
                             + (f", with {', '.join(reasons)} in {slowed} of {len(events)} samples" if reasons else "")

@@ -29,6 +29,7 @@ from diag.analyzers.diagnosis.decision_tree import (
     share_ratios,
     verdict_from,
 )
+from diag.analyzers.diagnosis.steady import warmup_steps
 from diag.analyzers.job import waits
 from diag.analyzers.job.cross_rank import analyze_job
 from diag.analyzers.job.sampled import (
@@ -130,14 +131,12 @@ def _dedupe_findings(findings: list[dict]) -> list[dict]:
     return out
 
 
-def _warmup_cut(steps: list[dict], windows: list[dict]) -> int:
-    """First step number that counts for the rank's verdict (start-up steps are atypical)."""
+def _warmup_cut(steps: list[dict], windows: list[dict], tree) -> int:
+    """First step number that counts for the rank's verdict (start-up steps are atypical):
+    the first profiler window's, else the diagnosis's one warm-up rule."""
     if windows:
         return min(int(w.get("first_step", 0)) for w in windows)
-    n = len(steps)
-    if n < 5:
-        return 0
-    return steps[0]["step"] + max(1, n // 10)
+    return steps[0]["step"] + warmup_steps(len(steps), tree.thresholds) if steps else 0
 
 
 def _unsummarised_windows(rd: rundir.RunDir, rank: int, windows: list[dict], tree, errors: list,
@@ -256,7 +255,7 @@ def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None
                           "shares": t.get("shares"), "path": t.get("path") or [], "evidence": "trace"})
     steps_out.sort(key=lambda s: s["step"])
 
-    cut = _warmup_cut(steps_out, analysed)
+    cut = _warmup_cut(steps_out, analysed, tree)
     counted = [s for s in steps_out if s["step"] >= cut] or steps_out
     acc, tot = dict.fromkeys(CLASSES, 0.0), 0.0
     a_data = a_host = a_comm = a_wait = a_memory = a_compute = 0.0  # summed step by step, in step order

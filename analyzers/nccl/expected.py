@@ -1,4 +1,4 @@
-"""What bus bandwidth a topology should reach, and what a measured table says against it.
+"""What bus bandwidth a topology should reach, and what a measured table reached.
 
 nccl-tests' busbw is normalised so that, for every collective, it can be compared with
 the bandwidth of the slowest link a rank uses: the GPU's NVLink or PCIe link inside a
@@ -8,8 +8,9 @@ node, the node's network interfaces between nodes. This module holds:
   that raw speed NCCL's large messages reach on a healthy system (`efficiency`);
 - topology readers: from a `diag.nccl_log/1` document (transports, hosts, ranks), from
   `nvidia-smi topo -m` text, and from explicit flags; `merge_topology` combines them;
-- `expected_busbw(topology)` and `interpret(test, topology)`: "x% of expected", flags
-  below 80% and below 50%, and a one-sentence diagnosis.
+- `expected_busbw(topology)`, `network_busbw(topology)` and `bandwidth_facts(test,
+  topology)`: the measured large-message figure beside the expected one. Whether that is
+  healthy is the diagnosis layer's judgement (`diag.analyzers.diagnosis.bandwidth`).
 
 Everything here is a pure function of its arguments.
 """
@@ -22,11 +23,6 @@ from dataclasses import dataclass
 
 # Message sizes from which busbw is on its plateau (the "large-message" figure).
 LARGE_MESSAGE_BYTES = 64 << 20
-WARN_PCT = 80.0
-BAD_PCT = 50.0
-# Above this, the measurement beats what the links allow: the topology given is wrong, or
-# the network reduces in place (SHARP, NVLS), which busbw does not model.
-ABOVE_PCT = 115.0
 
 
 @dataclass(frozen=True)
@@ -374,74 +370,26 @@ def large_message_busbw(test: dict) -> tuple[float | None, int | None]:
     return median, largest
 
 
-def interpret(test: dict, topo: dict | None = None) -> dict:
-    """Expected busbw, "x% of expected", flags and one sentence for one test of diag.nccl_bench/1."""
+def bandwidth_facts(test: dict, topo: dict | None = None) -> dict:
+    """What one test of diag.nccl_bench/1 measured and what its topology should reach, with
+    the topology facts the judgement names (diag.analyzers.diagnosis.bandwidth judges them)."""
     topo = topo or empty_topology()
     measured, largest = large_message_busbw(test)
     nodes, gpn = _nodes_and_gpus(test, topo)
     exp = expected_busbw(topo, nodes, gpn)
-    out = {
+    inter, intra = LINKS.get(topo.get("inter") or ""), LINKS.get(topo.get("intra") or "")
+    return {
         "measured_busbw_gbps": measured,
         "largest_size_bytes": largest,
         "expected_busbw_gbps": exp["expected_busbw_gbps"],
         "expected_basis": exp["basis"],
-        "pct_of_expected": None,
-        "flags": [],
-        "diagnosis": None,
         "nodes": nodes,
         "gpus_per_node": gpn,
+        "world_size": test.get("world_size"),
+        "backend": test.get("backend"),
+        "inter_kind": inter.kind if inter else None,
+        "intra_kind": intra.kind if intra else None,
+        "transport": topo.get("transport"),
+        "intra_transport": topo.get("intra_transport"),
+        "gdrdma": topo.get("gdrdma"),
     }
-    world = test.get("world_size")
-    if world == 1:
-        out["diagnosis"] = ("a single rank: bus bandwidth is 0 by definition (busbw = algbw x (n-1)/n); "
-                            "run across two or more GPUs")
-        return out
-    if measured is None:
-        out["diagnosis"] = "no measured rows to compare"
-        return out
-    if test.get("backend") == "gloo" and exp["expected_busbw_gbps"] is None:
-        out["diagnosis"] = ("no expected figure: the gloo backend on CPU measures host memory and loopback "
-                            "sockets, not GPU links")
-        return out
-    expected = exp["expected_busbw_gbps"]
-    if expected is None:
-        out["diagnosis"] = f"no expected figure: {exp['basis']}"
-        return out
-    pct = 100.0 * measured / expected
-    out["pct_of_expected"] = pct
-    if largest is not None and largest < 16 << 20:
-        out["flags"].append("small_messages")
-    if pct < BAD_PCT:
-        out["flags"].append("below_50")
-    elif pct < WARN_PCT:
-        out["flags"].append("below_80")
-    elif pct > ABOVE_PCT:
-        out["flags"].append("above_expected")
-    out["diagnosis"] = _diagnose(pct, topo, nodes, largest)
-    return out
-
-
-def _diagnose(pct: float, topo: dict, nodes: int | None, largest: int | None) -> str:
-    of = f"{pct:.0f}% of the expected bus bandwidth"
-    multi = nodes is not None and nodes > 1
-    inter = LINKS.get(topo.get("inter") or "")
-    if multi and topo.get("transport") == "socket" and (inter is None or inter.kind in ("ib", "roce")):
-        return f"inter-node traffic fell back to TCP sockets: {of}"
-    if multi and topo.get("transport") == "ib" and topo.get("gdrdma") is False and pct < WARN_PCT:
-        return f"inter-node traffic uses InfiniBand without GPUDirect RDMA (staged through host memory): {of}"
-    intra = LINKS.get(topo.get("intra") or "")
-    if topo.get("intra_transport") == "shm" and intra is not None and intra.kind == "nvlink" and pct < WARN_PCT:
-        return f"GPUs exchange data through host shared memory instead of NVLink (P2P disabled?): {of}"
-    small = largest is not None and largest < 16 << 20
-    if pct < BAD_PCT:
-        hint = ("messages up to only "
-                f"{largest} bytes are too small to reach the link bandwidth" if small
-                else "a misconfiguration or congestion: check the transports in NCCL_DEBUG=INFO, "
-                     "GPU/NIC affinity and link errors")
-        return f"{of}: {hint}"
-    if pct < WARN_PCT:
-        return f"{of}: below the 80% a healthy system reaches"
-    if pct > ABOVE_PCT:
-        return (f"{of}: more than the links allow; the topology given is probably wrong, or in-network "
-                "reduction (SHARP, NVLS) is at work")
-    return f"{of}: healthy"

@@ -36,6 +36,7 @@ from diag.analyzers.diagnosis.inputs import (
     num,
     rank_shares,
 )
+from diag.analyzers.diagnosis.throttle import throttle_reasons
 from diag.errors import DiagInputError
 
 MODEL_SCHEMA = "diag.report/1"
@@ -50,10 +51,8 @@ RUN_KEYS = {
     "nccl_log": "diag.nccl_log/1 document or None",
     "nccl_log_summary": "diag.analyzers.nccl.log.summarize_for_diagnosis(doc): sentences, most severe first",
     "nccl_bench": "diag.nccl_bench/1 document or None",
-    "nccl_interpretation": "[{'collective', **diag.analyzers.nccl.expected.interpret(test, topology)}]",
+    "nccl_bandwidth": "[{'collective', **diag.analyzers.nccl.expected.bandwidth_facts(test, topology)}]",
 }
-# Clock-event reasons that are not throttling: the GPU is idle or clocks were set on purpose.
-BENIGN_CLOCK_EVENTS = {"gpu_idle", "applications_clocks_setting", "none", "display_clock_setting"}
 
 
 @dataclass(frozen=True)
@@ -145,7 +144,7 @@ def _busbw_chart(run: dict) -> dict | None:
                 "collective": str(t.get("collective", "")),
                 "x": xs, "y": ys, "status": str(t.get("status", "ok")),
             })
-    for i in run.get("nccl_interpretation") or []:
+    for i in run.get("nccl_bandwidth") or []:
         e = num(i.get("expected_busbw_gbps")) if isinstance(i, dict) else None
         if e and not any(x["busbw_gbps"] == e for x in chart["expected"]):
             chart["expected"].append({"collective": str(i.get("collective", "")), "busbw_gbps": e,
@@ -318,11 +317,9 @@ def _sample_matrix(samples: list) -> tuple[np.ndarray, np.ndarray, list]:
         h = s.get("host") if type(s.get("host")) is dict else {}
         ts.append(t)
         rows.append([as_float((g if sec == "gpu" else h).get(field)) * k for _, _, _, sec, field, k in TIMELINE_METRICS])
-        ce = g.get("clock_events")
-        if type(ce) is list and ce:
-            bad = sorted({str(x) for x in ce} - BENIGN_CLOCK_EVENTS)
-            if bad:
-                throttle.append((t, ",".join(bad)))
+        bad = throttle_reasons(g.get("clock_events"))
+        if bad:
+            throttle.append((t, ",".join(bad)))
     if not ts:
         return np.empty(0), np.empty((0, len(TIMELINE_METRICS))), throttle
     vals = np.array(rows, dtype=np.float64)

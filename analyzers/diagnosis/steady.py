@@ -1,0 +1,52 @@
+"""A run's steady state: which steps are warm-up, and how much the rest scatter.
+
+One warm-up rule and one noise estimate serve every judgement that needs them: the rank's
+measurement set, borderline verdicts, and whether a change between two runs is real.
+
+- Warm-up: the steps before a rank's first profiler window (the profiler's own schedule
+  skips start-up); without windows, the first `warmup_fraction` of the steps, at least one
+  and at most `warmup_max_steps`, none in a run shorter than `warmup_min_run_steps`.
+- Noise: the robust spread of the steps themselves (1.4826 x the median absolute
+  deviation: a normal sample's standard deviation, unmoved by a few outlier steps), and
+  from it the interval of a median (its standard error is about 1.2533 sigma / sqrt(n)).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+MAD_TO_SIGMA = 1.4826
+MEDIAN_SE = 1.2533  # standard error of a median, in sigma / sqrt(n), for a normal sample
+MIN_STEPS = 3  # fewer steps give no spread worth the name
+Z_95 = 1.959964
+
+
+def warmup_steps(n_steps: int, thresholds: dict) -> int:
+    """How many of a run's first steps are warm-up when no profiler window says where it ends."""
+    if n_steps < thresholds["warmup_min_run_steps"]:
+        return 0
+    return int(min(thresholds["warmup_max_steps"], max(1, n_steps * thresholds["warmup_fraction"])))
+
+
+def robust_sigma(values) -> float | None:
+    """1.4826 x MAD of the finite values; None for fewer than MIN_STEPS of them."""
+    vals = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    if len(vals) < MIN_STEPS:
+        return None
+    med = statistics.median(vals)
+    return MAD_TO_SIGMA * statistics.median(abs(v - med) for v in vals)
+
+
+def median_ratio_interval(before, after, z: float = Z_95) -> tuple[float, float, float]:
+    """(median(after) / median(before), low, high): the interval from both medians' standard
+    errors, combined on the log scale (the ratio's relative errors add in quadrature)."""
+    mb, ma = statistics.median(before), statistics.median(after)
+    ratio = ma / mb
+    rel = math.hypot(_relative_se(before, mb), _relative_se(after, ma))
+    return ratio, ratio * math.exp(-z * rel), ratio * math.exp(z * rel)
+
+
+def _relative_se(values, median: float) -> float:
+    sigma = robust_sigma(values) or 0.0
+    return MEDIAN_SE * sigma / math.sqrt(len(values)) / median if median > 0 else 0.0
