@@ -145,3 +145,30 @@ def test_forced_answer_is_recorded(tree):
     node = next(p for p in v["path"] if p["node"] == "peer_wait")
     assert node["answer"] == "no" and node["forced"] == "ranks wait for each other in turn"
     assert node["value"] == 0.30  # the measurement is still shown
+
+
+def test_one_step_and_many_steps_take_the_same_walk(tree):
+    """evaluate (one step, the agent's loop) and Walker.walk (a run's steps at once) are the
+    same evaluator: on random measurements, some missing, they give the same path and verdict."""
+    import numpy as np
+
+    from diag.analyzers.diagnosis.decision_tree import Walker, derive, evaluate
+
+    rng = np.random.default_rng(7)
+    metrics = ["data_share", "wait_share", "busy_share", "data_fraction_of_idle", "comm_share",
+               "memory_to_compute", "achieved_bw_frac"]
+    n = 500
+    cols = {k: rng.uniform(0, 1.5 if k == "memory_to_compute" else 1, n) for k in metrics}
+    for k in metrics:
+        cols[k][rng.uniform(size=n) < 0.2] = np.nan  # unmeasured in some steps
+    walker = Walker(tree)
+    sig, verdict = walker.walk(cols, n)
+    for i in range(n):
+        m = {k: float(cols[k][i]) for k in metrics if not np.isnan(cols[k][i])}
+        assert derive(m) == m  # nothing derived: both walks see the same numbers
+        one = evaluate(m, tree)
+        assert one["bound"] == verdict[i]
+        assert [(p["node"], p["answer"]) for p in one["path"]] == list(walker.sigs[int(sig[i])])
+    forced = {"data_wait": ("no", "test")}
+    sig_f, verdict_f = walker.walk(cols, n, forced)
+    assert all(walker.sigs[int(s)][0] == ("data_wait", "no") for s in sig_f.tolist())

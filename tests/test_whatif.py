@@ -17,6 +17,7 @@ import pytest
 from conftest import FIXTURES
 
 from diag.analyzers.diagnosis import decision_tree as dt
+from diag.analyzers.diagnosis.stragglers import straggler_what_if
 from diag.analyzers.trace.analysis import analyze_trace
 from diag.analyzers.whatif.job import job_what_if
 
@@ -183,12 +184,11 @@ def test_config_file_adds_a_change_and_rejects_a_bad_one(tmp_path):
 
 
 def test_prediction_check_in_compare():
-    from diag.analyzers.views.compare_model import prediction_check
+    from diag.analyzers.diagnosis.change import prediction_check
 
     def model(base, pred=None):
-        ch = [{"change": "no_data_wait", "description": "d", "baseline_step_ms": base, "fixes": "data",
-               "predicted_step_ms": pred, "speedup": base / pred if pred else None}]
-        return {"what_if": {"changes": ch}}
+        return [{"change": "no_data_wait", "description": "d", "baseline_step_ms": base, "fixes": "data",
+                 "predicted_step_ms": pred, "speedup": base / pred if pred else None}]
 
     phases = [{"phase": "data", "delta_ms": -40.0}, {"phase": "compute", "delta_ms": 2.0}]
     c = prediction_check(model(100.0, 60.0), model(64.0), phases, None)
@@ -226,6 +226,23 @@ def test_ranks_trading_places_are_noise_not_a_straggler():
                           "what_if_ms": {}})
         return {"rank": r, "steps": steps}
 
-    changes = [c for c in dt.load_tree().what_if if c["id"] == "no_straggler"]
-    _, (e,) = job_what_if([rank(0), rank(1)], changes)
+    tree = dt.load_tree()
+    changes = [c for c in tree.what_if if c["id"] == "no_straggler"]
+    _, entries = job_what_if([rank(0), rank(1)], changes)
+    (e,) = straggler_what_if(entries, tree)
     assert e["predicted_step_ms"] is None and "within the run's own step-to-step noise" in e["note"]
+    assert "pace_lag_ms_by_step" in entries[0]  # the facts are left as they were
+
+
+def test_a_steady_lag_beyond_the_noise_is_a_straggler():
+    """The same job with rank 1 10 ms slower in every step: its lag is clear of the noise."""
+    def rank(r):
+        steps = [{"step": k, "duration_ms": 100.0, "replayed_ms": 100.0, "present_classes": ["compute"],
+                  "shares": {"wait": 0.1 if r == 0 else 0.0}, "critical_path": {"by_class_ms": {}},
+                  "what_if_ms": {}} for k in range(8)]
+        return {"rank": r, "steps": steps}
+
+    tree = dt.load_tree()
+    _, entries = job_what_if([rank(0), rank(1)], [c for c in tree.what_if if c["id"] == "no_straggler"])
+    (e,) = straggler_what_if(entries, tree)
+    assert e["predicted_step_ms"] == pytest.approx(90.0) and "pace_lag_ms_by_step" not in e

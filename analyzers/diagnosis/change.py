@@ -27,13 +27,13 @@ def step_time_change(before_s: list[float], after_s: list[float], tree) -> dict 
     if len(before_s) < MIN_STEPS or len(after_s) < MIN_STEPS:
         return None
     th = tree.thresholds
-    ratio, lo, hi = median_ratio_interval(before_s, after_s, th["change_interval_z"])
+    ratio, lo, hi = median_ratio_interval(before_s, after_s, th["noise_interval_z"])
     kind = verdict_of_change(ratio, lo, hi, th["change_min_effect"])
     return {
         "ratio": ratio, "ci_low": lo, "ci_high": hi, "change": ratio - 1, "result": kind,
         "statement": statement(kind, ratio, lo, hi, len(before_s), len(after_s)),
         "method": f"ratio of median step times with the interval of both medians' robust standard errors "
-                  f"(z = {th['change_interval_z']:g}); changes under {th['change_min_effect']:.0%} are not "
+                  f"(z = {th['noise_interval_z']:g}); changes under {th['change_min_effect']:.0%} are not "
                   "called wins",
     }
 

@@ -13,6 +13,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 BOUNDS = ("data", "host", "comm", "memory", "compute")
 # The classes a step's time is split into: the five bounds plus waiting for other ranks
 # (only measured when collectives are matched across ranks). A verdict is never "wait":
@@ -53,6 +55,14 @@ class Tree:
     verdicts: dict
     advisories: list = field(default_factory=list)
     what_if: tuple = ()  # the what-if changes: the standard ones, then the config file's
+    # The tree's Walker for single steps, made once: its path signatures are as many as the
+    # tree has distinct paths, so it stays small however many steps it walks.
+    _walker: list = field(default_factory=list, compare=False, repr=False)
+
+    def walker(self) -> Walker:
+        if not self._walker:
+            self._walker.append(Walker(self))
+        return self._walker[0]
 
     def threshold(self, ref) -> float:
         if isinstance(ref, (int, float)):
@@ -218,56 +228,121 @@ def _nan(v) -> bool:
     return isinstance(v, float) and math.isnan(v)
 
 
+class Walker:
+    """The one evaluator of the tree: its walk over columns of measurements, one row per step.
+    Rows that answer alike move together, so a run of many steps costs a few array
+    comparisons per node; one step (`walk_one`, in the agent's step loop) takes the same
+    nodes, answers and branches without arrays. Each row ends with a path signature, a tuple
+    of (node, answer) kept once per distinct path, and the verdict its leaf names."""
+
+    def __init__(self, tree: Tree):
+        self.tree = tree
+        self._ids: dict[tuple, int] = {(): 0}
+        self.sigs: list[tuple] = [()]
+
+    def _child(self, pid: int, node: str, answer: str) -> int:
+        key = (*self.sigs[pid], (node, answer))
+        sid = self._ids.get(key)
+        if sid is None:
+            sid = self._ids[key] = len(self.sigs)
+            self.sigs.append(key)
+        return sid
+
+    def guessed(self, sid: int) -> bool:
+        """Whether the path went through an unknown core measurement (its verdict is a guess)."""
+        return any(a == "unknown" and self.tree.nodes[nd]["metric"] in CORE_METRICS for nd, a in self.sigs[sid])
+
+    def walk_one(self, m: dict, force: dict | None = None) -> tuple[int, str]:
+        """(path signature id, verdict) of one set of measurements, as `walk` gives a row."""
+        tree = self.tree
+        sid, node_id = 0, tree.start
+        for _ in range(len(tree.nodes) + 1):
+            node = tree.nodes[node_id]
+            forced = (force or {}).get(node_id)
+            if forced is not None:
+                answer = branch = forced[0]
+            else:
+                value = m.get(node["metric"])
+                if value is None or value != value:  # unmeasured, or NaN
+                    answer, branch = "unknown", "no"
+                else:
+                    answer = branch = "yes" if _OPS[node["op"]](value, tree.threshold(node["threshold"])) else "no"
+            sid = self._child(sid, node_id, answer)
+            target = node[branch]
+            if target.startswith("verdict:"):
+                return sid, target.split(":", 1)[1]
+            node_id = target
+        raise TreeError("decision tree has a cycle")
+
+    def walk(self, cols: dict, n: int, force: dict | None = None) -> tuple[np.ndarray, list]:
+        """(path signature id per row, verdict per row). A column missing, or NaN in a row,
+        answers "unknown" and takes the "no" branch; `force` sets a node's answer for every row."""
+        tree = self.tree
+        sig = np.zeros(n, dtype=np.int64)
+        verdict: list = [None] * n
+        groups = [(tree.start, 0, np.arange(n))]
+        for _ in range(len(tree.nodes) + 1):
+            nxt_groups = []
+            for node_id, pid, rows in groups:
+                node = tree.nodes[node_id]
+                forced = (force or {}).get(node_id)
+                if forced is not None:
+                    branches = [(forced[0], np.ones(len(rows), dtype=bool), forced[0])]
+                else:
+                    threshold = tree.threshold(node["threshold"])
+                    col = cols.get(node["metric"])
+                    values = col[rows] if col is not None else np.full(len(rows), np.nan)
+                    known = ~np.isnan(values)
+                    hit = np.zeros(len(rows), dtype=bool)
+                    hit[known] = _OPS[node["op"]](values[known], threshold)
+                    branches = [("unknown", ~known, "no"), ("yes", known & hit, "yes"), ("no", known & ~hit, "no")]
+                for answer, mask, branch in branches:
+                    sub = rows[mask]
+                    if not len(sub):
+                        continue
+                    child = self._child(pid, node_id, answer)
+                    target = node[branch]
+                    if target.startswith("verdict:"):
+                        sig[sub] = child
+                        b = target.split(":", 1)[1]
+                        for r in sub.tolist():
+                            verdict[r] = b
+                    else:
+                        nxt_groups.append((target, child, sub))
+            groups = nxt_groups
+            if not groups:
+                return sig, verdict
+        raise TreeError("decision tree has a cycle")
+
+
 def evaluate(measurements: dict, tree: Tree, force: dict | None = None) -> dict:
-    """Walk the tree. An unmeasured metric answers 'unknown' and takes the 'no' branch.
+    """Walk the tree for one set of measurements (the Walker on one row). An unmeasured metric
+    answers 'unknown' and takes the 'no' branch.
 
     force: node id -> (answer "yes"/"no", reason) for nodes whose answer is set from
     outside the measurements (the other side of a borderline node, a wait that cannot be
     handed to a peer); the path records the reason.
     """
     m = derive(measurements)
+    walker = tree.walker()
+    sid, bound = walker.walk_one(m, force)
     path = []
-    node_id = tree.start
-    for _ in range(len(tree.nodes) + 1):
+    for node_id, answer in walker.sigs[sid]:
         node = tree.nodes[node_id]
         threshold = tree.threshold(node["threshold"])
-        value = m.get(node["metric"])
-        forced = (force or {}).get(node_id)
-        if forced is not None:
-            answer = forced[0]
-            nxt = node[answer]
-        elif value is None:
-            answer = "unknown"
-            nxt = node["no"]
-        else:
-            hit = _OPS[node["op"]](value, threshold)
-            answer = "yes" if hit else "no"
-            nxt = node["yes" if hit else "no"]
-        path.append(
-            {
-                "node": node_id,
-                "question": node["question"].format(threshold=threshold),
-                "metric": node["metric"],
-                "value": value,
-                "op": node["op"],
-                "threshold": threshold,
-                "answer": answer,
-            }
-        )
-        if forced is not None:
-            path[-1]["forced"] = forced[1]
-        if nxt.startswith("verdict:"):
-            bound = nxt.split(":", 1)[1]
-            verdict = tree.verdicts[bound]
-            return {
-                "bound": bound,
-                "title": verdict["title"],
-                "summary": verdict["summary"],
-                "path": path,
-                "fixes": list(verdict["fixes"]),
-            }
-        node_id = nxt
-    raise TreeError("decision tree has a cycle")
+        path.append({
+            "node": node_id,
+            "question": node["question"].format(threshold=threshold),
+            "metric": node["metric"],
+            "value": m.get(node["metric"]),
+            "op": node["op"],
+            "threshold": threshold,
+            "answer": answer,
+        })
+        if force and node_id in force:
+            path[-1]["forced"] = force[node_id][1]
+    v = tree.verdicts[bound]
+    return {"bound": bound, "title": v["title"], "summary": v["summary"], "path": path, "fixes": list(v["fixes"])}
 
 
 # A tree answer of "unknown" on one of these means the verdict would be a guess.

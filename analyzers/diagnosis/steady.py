@@ -38,6 +38,13 @@ def robust_sigma(values) -> float | None:
     return MAD_TO_SIGMA * statistics.median(abs(v - med) for v in vals)
 
 
+def median_half_width(values, z: float = Z_95) -> float | None:
+    """Half the width of the interval of the values' median (z standard errors); None for
+    fewer than MIN_STEPS values."""
+    sigma = robust_sigma(values)
+    return None if sigma is None else z * MEDIAN_SE * sigma / math.sqrt(len(values))
+
+
 def median_ratio_interval(before, after, z: float = Z_95) -> tuple[float, float, float]:
     """(median(after) / median(before), low, high): the interval from both medians' standard
     errors, combined on the log scale (the ratio's relative errors add in quadrature)."""

@@ -10,9 +10,12 @@ Every threshold is a name in `decision_tree.toml`. Pure: new values, the facts u
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
+
+from diag.analyzers.diagnosis.steady import median_half_width
 
 # What `judge` adds to the job block.
 JUDGED_KEYS = ("stragglers", "rank_waits", "comm_explanation", "straggler_finding")
@@ -280,3 +283,27 @@ def _r3(x: float | None) -> float | None:
 def _median(values) -> float | None:
     values = [v for v in values if v is not None]
     return float(statistics.median(values)) if values else None
+
+
+def straggler_what_if(entries: list, tree) -> list:
+    """The job's what-if entries, with a straggler change's prediction withdrawn where the
+    slowest rank's lag behind the median rank is within the run's own step-to-step noise
+    (the interval of its median, `steady`): two ranks trading places are noise, not a
+    straggler. New entries; the facts' per-step lags are not carried on."""
+    out = []
+    for e in entries or []:
+        if not isinstance(e, dict) or "pace_lag_ms_by_step" not in e:
+            out.append(e)
+            continue
+        e = dict(e)
+        lags = [float(x) for x in e.pop("pace_lag_ms_by_step") or []
+                if isinstance(x, (int, float)) and math.isfinite(x)]
+        lag = statistics.median(lags) if lags else 0.0
+        band = median_half_width(lags, tree.thresholds["noise_interval_z"]) or 0.0
+        if lag <= band:
+            e.update(predicted_step_ms=None, speedup=None,
+                     note=(f"the slowest rank's pace is {lag:.1f} ms behind the median rank's, within the run's "
+                           f"own step-to-step noise (±{band:.1f} ms): no straggler to remove, no prediction"))
+        out.append(e)
+    return out
+

@@ -235,6 +235,7 @@ def job_verdict(ranks: list[dict], cross: dict | None, tree) -> dict:
         findings.append(candidates["straggler_finding"])
     return {
         **cross,
+        "what_if": stragglers.straggler_what_if(cross.get("what_if"), tree),
         "bound": bound,
         "cause": cause,
         "path": path,

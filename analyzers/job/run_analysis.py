@@ -24,6 +24,7 @@ import numpy as np
 from diag import rundir
 from diag.analyzers.diagnosis.decision_tree import (
     CLASSES,
+    Walker,
     advise,
     load_tree,
     share_ratios,
@@ -34,7 +35,6 @@ from diag.analyzers.job import waits
 from diag.analyzers.job.cross_rank import analyze_job
 from diag.analyzers.job.sampled import (
     NO_SAMPLE,
-    Walker,
     nearest_samples,
     sample_utilization,
     sampled_batch,

@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from diag.analyzers.diagnosis.decision_tree import _OPS, CLASSES, CORE_METRICS, share_ratios, verdict_from
+from diag.analyzers.diagnosis.decision_tree import CLASSES, Walker, share_ratios, verdict_from
 
 # The classes of a step's non-data time, and of its busy time (a collective waiting for a
 # peer occupies the device or gloo's thread as its transfer does).
@@ -148,60 +148,6 @@ def nearest_samples(times: np.ndarray, mids: np.ndarray) -> np.ndarray:
     return np.where(np.abs(times[best] - mids) <= SAMPLE_MATCH_S, best, NO_SAMPLE)
 
 
-class Walker:
-    """The tree's walk (as `evaluate`) over columns of measurements: per row, a path and a bound."""
-
-    def __init__(self, tree):
-        self.tree = tree
-        self._ids: dict[tuple, int] = {(): 0}
-        self.sigs: list[tuple] = [()]
-
-    def _child(self, pid: int, node: str, answer: str) -> int:
-        key = (*self.sigs[pid], (node, answer))
-        sid = self._ids.get(key)
-        if sid is None:
-            sid = self._ids[key] = len(self.sigs)
-            self.sigs.append(key)
-        return sid
-
-    def walk(self, cols: dict[str, np.ndarray], n: int) -> tuple[np.ndarray, list]:
-        """(path id per row, bound per row, guessed per row folded in: None when guessed)."""
-        tree = self.tree
-        sig = np.zeros(n, dtype=np.int64)
-        bound: list = [None] * n
-        groups = [(tree.start, 0, np.arange(n))]
-        for _ in range(len(tree.nodes) + 1):
-            nxt_groups = []
-            for node_id, pid, rows in groups:
-                node = tree.nodes[node_id]
-                threshold = tree.threshold(node["threshold"])
-                col = cols.get(node["metric"])
-                values = col[rows] if col is not None else np.full(len(rows), np.nan)
-                known = ~np.isnan(values)
-                hit = np.zeros(len(rows), dtype=bool)
-                hit[known] = _OPS[node["op"]](values[known], threshold)
-                for answer, mask, branch in (("unknown", ~known, "no"), ("yes", known & hit, "yes"),
-                                             ("no", known & ~hit, "no")):
-                    sub = rows[mask]
-                    if not len(sub):
-                        continue
-                    child = self._child(pid, node_id, answer)
-                    target = node[branch]
-                    if target.startswith("verdict:"):
-                        sig[sub] = child
-                        b = target.split(":", 1)[1]
-                        guessed = any(a == "unknown" and tree.nodes[nd]["metric"] in CORE_METRICS
-                                      for nd, a in self.sigs[child])
-                        for r in sub.tolist():
-                            bound[r] = None if guessed else b
-                    else:
-                        nxt_groups.append((target, child, sub))
-            groups = nxt_groups
-            if not groups:
-                return sig, bound
-        raise ValueError("decision tree has a cycle")
-
-
 def sampled_batch(recs: list[dict], comp_of: list, util: np.ndarray, tree, walker: Walker) -> list:
     """Per record: (bound, shares, sig) for the records the vectorised path covers, else None."""
     n = len(recs)
@@ -278,7 +224,8 @@ def sampled_batch(recs: list[dict], comp_of: list, util: np.ndarray, tree, walke
         cols["data_fraction_of_idle"] = np.where(idle > 0, ds / np.where(idle > 0, idle, 1.0), 0.0)
     cols["data_fraction_of_idle"][np.isnan(idle)] = np.nan
 
-    sig, bound = walker.walk(cols, m)
+    sig, verdict = walker.walk(cols, m)
+    bound = [None if walker.guessed(int(k)) else b for k, b in zip(sig.tolist(), verdict)]
     empty = ~(has_dw | has_u | has_shares)  # no measurement at all: no verdict, empty path
     share_rows = np.column_stack([shares[b] for b in CLASSES]).tolist()
     sig_l, empty_l, has_sh_l = sig.tolist(), empty.tolist(), has_shares.tolist()

@@ -31,7 +31,6 @@ from diag.analyzers.whatif import rank as what_if
 from diag.errors import DiagInputError
 
 TOP_N = 10
-SAMPLED_COVERAGE = 0.5
 _DTYPE_SIZE = {"float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "double": 8, "float64": 8,
                "int": 4, "int32": 4, "long": 8, "int64": 8, "byte": 1, "uint8": 1, "char": 1, "int8": 1,
                "bool": 1, "short": 2, "int16": 2}
@@ -102,7 +101,7 @@ def analyze_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: d
     bw_bytes, bw_time = _bandwidth_in_windows(trace, classes, op_info, win) if on_device else (None, None)
 
     # A trace with most of its host events missing was sampled or filtered after recording.
-    sampled = trace.op_coverage is not None and trace.op_coverage < SAMPLED_COVERAGE
+    sampled = trace.op_coverage is not None and trace.op_coverage < tree.thresholds["sampled_trace_coverage"]
     steps = []
     totals = {b: 0.0 for b in BOUNDS}
     for k, (num, lo, hi) in enumerate(windows):
@@ -160,7 +159,7 @@ def analyze_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: d
         })
 
     backlog = (critical_path or {}).get("device_backlog_ms") or 0.0
-    if critical_path and backlog > 0.05 * critical_path["measured_ms"]:
+    if critical_path and backlog > tree.thresholds["device_backlog_share"] * critical_path["measured_ms"]:
         findings.append({
             "id": "device_behind_host", "severity": "info",
             "message": f"The device's own work of a profiled step outlasts the step by {backlog:.1f} ms "
