@@ -47,7 +47,7 @@ from diag.analyzers.diagnosis.inputs import (
 )
 from diag.analyzers.diagnosis.memory import memory_section
 from diag.analyzers.diagnosis.recommendations import recommendations
-from diag.analyzers.diagnosis.straggler_cause import annotate
+from diag.analyzers.diagnosis.straggler_cause import with_likely_causes
 from diag.analyzers.diagnosis.verdict import has_all_shares, job_verdict, rank_measurements
 
 SCHEMA = "diag.diagnosis/1"
@@ -63,8 +63,7 @@ def build_diagnosis(doc: dict | None, run: dict | None = None, tree=None) -> dic
 
 def diagnose_ranks(doc: dict, ranks: dict, run: dict, tree) -> dict:
     """`build_diagnosis` on ranks already merged with `inputs.merge_ranks` (the report merges them once)."""
-    job = diagnose_job(doc, ranks, tree)
-    annotate(job, ranks)
+    job = with_likely_causes(diagnose_job(doc, ranks, tree), ranks, tree)
     job_missing = {r for r in job.get("missing_ranks") or [] if isinstance(r, int)}
     run = {**run, "missing_ranks": sorted((set(run.get("missing_ranks") or []) | job_missing) - set(ranks)),
            "stopped_ranks": sorted(job_missing & set(ranks))}

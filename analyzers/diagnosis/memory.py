@@ -23,8 +23,6 @@ import numpy as np
 from diag.analyzers.diagnosis.inputs import num, pct, size
 from diag.analyzers.plan.memory import activations_per_layer
 
-TARGET_USE = 0.85  # "raise the batch" aims at this share of capacity: headroom for spikes and fragmentation
-
 
 def recompute_keeps() -> float:
     """Share of a layer's activations that full recomputation keeps (2/34, from the formulas)."""
@@ -140,12 +138,12 @@ def memory_section(ranks: dict, tree, world: int | None = None) -> dict:
     hi, lo = max(fracs), min(fracs)
     out["used_fraction_max"] = hi
     out["used_fraction_min"] = lo
-    limit = tree.thresholds.get("memory_capacity", 0.8)
+    limit = tree.thresholds["memory_capacity"]
     out["text"] = (f"Peak device memory is {size(out['peak_bytes'])} of {size(out['capacity_bytes'])} "
                    f"({pct(hi)} on the fullest rank, {pct(lo)} on the emptiest)." + states)
     if hi < limit:
-        out["advice"] = _raise_batch(hi, limit, out, b, samples)
-    elif hi >= 0.95:
+        out["advice"] = _raise_batch(hi, limit, tree.thresholds["memory_target_use"], out, b, samples)
+    elif hi >= tree.thresholds["memory_nearly_full"]:
         freeing = sorted((x for x in out["levers"] if x["bytes"] > 0), key=lambda x: -x["bytes"])
         actions = [f"{x['change']}: frees about {size(x['bytes'])} per GPU." for x in freeing[:3]] or [
             "Enable activation checkpointing on the largest blocks, or shard optimizer state (ZeRO/FSDP)."]
@@ -162,19 +160,20 @@ def memory_section(ranks: dict, tree, world: int | None = None) -> dict:
     return out
 
 
-def _raise_batch(hi: float, limit: float, out: dict, b: dict | None, samples: float | None) -> dict:
-    """The capacity advice, with how far the batch can grow where the activations per sample are known."""
-    room = TARGET_USE * out["capacity_bytes"] - out["peak_bytes"]
+def _raise_batch(hi: float, limit: float, target: float, out: dict, b: dict | None, samples: float | None) -> dict:
+    """The capacity advice, with how far the batch can grow (to `target` of capacity) where the
+    activations per sample are known."""
+    room = target * out["capacity_bytes"] - out["peak_bytes"]
     per = (b or {}).get("activations_per_sample_bytes")
     if per and samples and room > 0:
         extra = math.floor(room / per)
         first = (f"Raise the per-device batch from {samples:.0f} to about {samples + extra:.0f} samples: each sample's "
-                 f"activations take {size(per)}, and {size(room)} is free below {pct(TARGET_USE)} of capacity "
+                 f"activations take {size(per)}, and {size(room)} is free below {pct(target)} of capacity "
                  f"(today the fullest rank uses {pct(hi)}).")
         out["batch_headroom"] = {"samples_now": samples, "samples_max": samples + extra, "free_bytes": room,
-                                 "per_sample_bytes": per, "target_use": TARGET_USE}
+                                 "per_sample_bytes": per, "target_use": target}
     else:
-        first = (f"Raise the per-device batch (or micro-batch) until peak memory nears {pct(TARGET_USE)} of capacity: "
+        first = (f"Raise the per-device batch (or micro-batch) until peak memory nears {pct(target)} of capacity: "
                  f"{size(max(room, 0.0))} is free below that (today the fullest rank uses {pct(hi)}).")
     return {
         "title": "Use the free device memory: raise the batch size",

@@ -26,7 +26,7 @@ def recommendations(bound, job_shares, tree, job: dict, findings: list[dict], st
         order += [p for p in sorted(PHASES, key=lambda p: -job_shares[p]) if p != bound]
         for p in order:
             share = job_shares[p]
-            if p != bound and share < 0.10:
+            if p != bound and share < tree.thresholds["recommendation_min_share"]:
                 continue
             if p == "compute" and p != bound:
                 continue  # compute time is the work itself; only advise on it when it bounds the step
@@ -69,7 +69,8 @@ def recommendations(bound, job_shares, tree, job: dict, findings: list[dict], st
             "primary": False,
         })
     frac = nccl.get("busbw_fraction")
-    if frac is not None and frac < 0.8 and job_shares and job_shares["comm"] > 0.02:
+    if frac is not None and frac < tree.thresholds["busbw_healthy"] and job_shares \
+            and job_shares["comm"] > tree.thresholds["recommendation_min_comm_share"]:
         recs.append({
             "id": "nccl-bandwidth",
             "title": "Bring collective bandwidth up to what the network can do",

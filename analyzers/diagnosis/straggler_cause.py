@@ -8,7 +8,7 @@ it. Each step the straggler spends longer than its peers somewhere, and where de
 - waiting for the DataLoader longer: a slow input pipeline on this rank;
 - host time longer (device idle, not waiting for data): a busy CPU when the host reads
   nearly saturated, else work outside the profiled steps (Python, I/O, logging).
-Differences under MIN_EXCESS of a step are noise, and then the cause is left open.
+Differences under `straggler_cause_min_excess` of a step are noise, and then the cause is left open.
 
 Pure: reads the merged ranks of `inputs.merge_ranks`, returns plain data.
 """
@@ -19,11 +19,6 @@ import statistics
 
 from diag.analyzers.diagnosis.inputs import num, rank_shares
 from diag.analyzers.diagnosis.throttle import throttle_reasons
-
-MIN_EXCESS = 0.05  # of the median step: smaller differences are step-to-step noise
-THROTTLE_SAMPLE_FRACTION = 0.2  # a slowdown reason in at least this share of the samples
-CLOCK_DEFICIT = 0.10  # SM clock at least this much below the peers' median
-BUSY_CPU = 0.90  # host CPU use at or above this is saturated
 
 
 def _step_ms(r: dict) -> float | None:
@@ -50,8 +45,10 @@ def _median(values) -> float | None:
     return float(statistics.median(vals)) if vals else None
 
 
-def likely_cause(straggler: dict, peers: list[dict]) -> dict:
-    """{"cause", "text", "evidence"} for a straggler (merged rank) against its peers."""
+def likely_cause(straggler: dict, peers: list[dict], tree) -> dict:
+    """{"cause", "text", "evidence"} for a straggler (merged rank) against its peers, by the
+    tree's straggler_cause_min_excess, throttle_sample_fraction, clock_deficit and busy_cpu."""
+    th = tree.thresholds
     own = _parts_ms(straggler)
     others = [p for p in (_parts_ms(r) for r in peers) if p]
     ev: dict = {}
@@ -64,7 +61,7 @@ def likely_cause(straggler: dict, peers: list[dict]) -> dict:
     ev.update({f"{k}_ms_per_step": round(own[k], 3) for k in own})
     ev.update({f"peers_{k}_ms_per_step": round(peer[k], 3) for k in peer})
     where = max(excess, key=lambda k: excess[k])
-    if excess[where] < MIN_EXCESS * step:
+    if excess[where] < th["straggler_cause_min_excess"] * step:
         return {"cause": "undetermined", "evidence": ev,
                 "text": "its data, host and device time per step are within noise of its peers'; look at "
                         "the collectives it reaches last"}
@@ -76,8 +73,8 @@ def likely_cause(straggler: dict, peers: list[dict]) -> dict:
         peer_clock = _median(c for r in peers for c in _gpu(r, "sm_clock_hz"))
         ev.update(slowdown_samples=slowed, samples_with_clock_events=len(events), sm_clock_hz=clock,
                   peers_sm_clock_hz=peer_clock)
-        if (events and slowed >= THROTTLE_SAMPLE_FRACTION * len(events)) or (
-                clock and peer_clock and clock <= (1 - CLOCK_DEFICIT) * peer_clock):
+        if (events and slowed >= th["throttle_sample_fraction"] * len(events)) or (
+                clock and peer_clock and clock <= (1 - th["clock_deficit"]) * peer_clock):
             reasons = sorted({x for e in events for x in throttle_reasons(e)})
             return {"cause": "throttling", "evidence": ev,
                     "text": f"a throttled device: its kernels take {more}"
@@ -93,7 +90,7 @@ def likely_cause(straggler: dict, peers: list[dict]) -> dict:
     cpu = _median(s["host"].get("cpu_ratio") for s in straggler.get("samples") or []
                   if isinstance(s.get("host"), dict))
     ev["host_cpu_ratio"] = cpu
-    if cpu is not None and cpu >= BUSY_CPU:
+    if cpu is not None and cpu >= th["busy_cpu"]:
         return {"cause": "busy_cpu", "evidence": ev,
                 "text": f"a busy CPU: its host time is {more} and its host's CPUs are {cpu:.0%} busy"}
     return {"cause": "host_work", "evidence": ev,
@@ -101,19 +98,21 @@ def likely_cause(straggler: dict, peers: list[dict]) -> dict:
                     "synchronisation outside the profiled kernels"}
 
 
-def annotate(job: dict, ranks: dict) -> None:
-    """Add each named straggler's likely cause, and say it in the straggler findings."""
-    late = [s for s in job.get("stragglers") or [] if isinstance(s, dict) and s.get("rank") in ranks]
-    if not late:
-        return
-    names = {s["rank"] for s in late}
+def with_likely_causes(job: dict, ranks: dict, tree) -> dict:
+    """A new job block: each named straggler with its likely cause, said in the straggler findings too."""
+    names = {s["rank"] for s in job.get("stragglers") or [] if isinstance(s, dict) and s.get("rank") in ranks}
+    if not names:
+        return job
     peers = [r for k, r in ranks.items() if k not in names]
-    for s in late:
-        if "likely_cause" not in s:
-            s["likely_cause"] = likely_cause(ranks[s["rank"]], peers)
-    first = late[0]["likely_cause"]
+    stragglers = [{**s, "likely_cause": s.get("likely_cause") or likely_cause(ranks[s["rank"]], peers, tree)}
+                  if isinstance(s, dict) and s.get("rank") in names else s for s in job["stragglers"]]
+    first = next(s for s in stragglers if isinstance(s, dict) and s.get("rank") in names)
+    cause = first["likely_cause"]
+    findings = []
     for f in job.get("findings") or []:
         if isinstance(f, dict) and f.get("id") in ("straggler", "straggler_induced_comm") \
                 and "likely_cause" not in (f.get("evidence") or {}):
-            f["message"] = f"{f['message'].rstrip('.')}. Likely cause on rank {late[0]['rank']}: {first['text']}."
-            f["evidence"] = {**(f.get("evidence") or {}), "likely_cause": first["cause"]}
+            f = {**f, "message": f"{f['message'].rstrip('.')}. Likely cause on rank {first['rank']}: {cause['text']}.",
+                 "evidence": {**(f.get("evidence") or {}), "likely_cause": cause["cause"]}}
+        findings.append(f)
+    return {**job, "stragglers": stragglers, "findings": findings}
