@@ -247,12 +247,6 @@ class Agent:
         """Windows whose background analysis finished: first_step, last_step, bound."""
         return list(self._windows_meta)
 
-    def trigger_profile(self, first_step: int | None = None) -> int | None:
-        """Profile a window starting at `first_step` (default: a few steps ahead) on this rank."""
-        if self.windows is None or not self.windows.enabled:
-            return None
-        return self.windows.request(first_step)
-
     # -- start-up ---------------------------------------------------------------------------
 
     def _start(self) -> None:

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PHASES = ("data", "host", "comm", "memory", "compute")
+CLASSES = ("data", "host", "comm", "memory", "compute")
 
 
 def build_run(root: Path, ranks: int, steps: int, step_s: float = 0.1, late_rank: int = 7) -> None:

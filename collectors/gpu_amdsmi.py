@@ -19,7 +19,7 @@ import os
 from collections.abc import Mapping
 
 from diag.collectors import device_map
-from diag.collectors.metric_table import Log, Metric, MetricSet, NotAvailable, describe_error
+from diag.collectors.metric_set import Log, Metric, MetricSet, NotAvailable, describe_error
 
 MIB = 1024 * 1024
 KFD = "/dev/kfd"  # present wherever ROCm can run compute work (also inside containers)

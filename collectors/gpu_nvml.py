@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping
 
 from diag.collectors import device_map
-from diag.collectors.metric_table import Log, Metric, MetricSet, describe_error
+from diag.collectors.metric_set import Log, Metric, MetricSet, describe_error
 
 # Clock-event ("throttle") reason bits of nvmlDeviceGetCurrentClocksEventReasons, by the
 # pynvml constant suffix, with the names used in samples and the exporter's label values.

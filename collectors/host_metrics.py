@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 
 import psutil
 
-from diag.collectors.metric_table import Log, Metric, MetricSet, NotAvailable, describe_error
+from diag.collectors.metric_set import Log, Metric, MetricSet, NotAvailable, describe_error
 
 # Command-line markers of multiprocessing's own helper processes (not data workers).
 _HELPER_MARKERS = ("resource_tracker", "semaphore_tracker", "forkserver", "multiprocessing.popen_forkserver")

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 
-from diag.collectors.metric_table import describe_error
+from diag.collectors.metric_set import describe_error
 
 Log = Callable[[str], None]
 

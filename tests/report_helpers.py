@@ -11,13 +11,13 @@ from pathlib import Path
 
 from diag import rundir
 
-PHASES = ("data", "host", "comm", "memory", "compute")
+CLASSES = ("data", "host", "comm", "memory", "compute")
 
 
 def shares_for(bound: str, strength: float = 0.5) -> dict:
     """Five shares summing to 1 with `bound` holding `strength` of the step."""
     rest = (1 - strength) / 4
-    return {p: (strength if p == bound else rest) for p in PHASES}
+    return {p: (strength if p == bound else rest) for p in CLASSES}
 
 
 def write_run(

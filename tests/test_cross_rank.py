@@ -35,7 +35,7 @@ gen = _load_generator()
 # CPU contention of a shared machine) before three all-reduces. In the "straggler" phase
 # rank 1 sleeps 40 ms more; the "balanced" phase is the same job with equal work.
 DELAY_S = 0.04
-PHASES = [
+CLASSES = [
     gen.GlooPhase("balanced", numel=1 << 16, grads=3, compute=64, work_s=0.03),
     gen.GlooPhase("straggler", numel=1 << 16, grads=3, compute=64, work_s=0.03, late_rank=1, delay_s=DELAY_S),
 ]
@@ -45,7 +45,7 @@ PHASES = [
 def gloo_job(tmp_path_factory):
     """One real 2-process gloo job under torch.profiler, two profiled phases."""
     out = tmp_path_factory.mktemp("gloo")
-    return gen.run_gloo_job(out, PHASES, world=2, timeout=120, start_method="fork")
+    return gen.run_gloo_job(out, CLASSES, world=2, timeout=120, start_method="fork")
 
 
 def _ranks(paths):
@@ -113,7 +113,7 @@ def test_balanced_job_names_no_straggler(gloo_job):
     assert job["stragglers"] == [], job["stragglers"]
     assert _finding(job, "straggler_induced_comm") is None and _finding(job, "straggler") is None
     # Every all-reduce of the three profiled steps is matched on both ranks.
-    assert job["collectives"]["matched"] >= (gen.ACTIVE) * PHASES[0].grads
+    assert job["collectives"]["matched"] >= (gen.ACTIVE) * CLASSES[0].grads
 
 
 def _shift_trace(src: Path, dst: Path, offset_us: float) -> None:

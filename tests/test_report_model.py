@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from report_helpers import PHASES, analysis_rank, shares_for, write_run
+from report_helpers import CLASSES, analysis_rank, shares_for, write_run
 
 from diag import rundir
 from diag.analyzers.analyze import with_diagnosis
@@ -337,7 +337,7 @@ def test_big_run_is_aggregated_and_says_so():
 
 def test_shares_are_renormalised_and_garbage_ignored():
     bad = analysis_rank(0, 1, "data", 0.5, steps=range(4))
-    bad["steps"][0]["shares"] = {p: 2.0 for p in PHASES}  # sums to 10: renormalised to 0.2 each
+    bad["steps"][0]["shares"] = {p: 2.0 for p in CLASSES}  # sums to 10: renormalised to 0.2 each
     bad["steps"][1]["shares"] = {"data": "x"}  # garbage: ignored
     bad["steps"][2]["duration_ms"] = float("nan")
     m = _model({"ranks": [bad], "job": {}})

@@ -1,5 +1,5 @@
 """One module per `diag` subcommand.
 
-Each module defines `NAME`, `HELP`, `add_arguments(parser)` and `run(args) -> int`.
+Each module defines `HELP`, `add_arguments(parser)` and `run(args) -> int`.
 `diag.cli` imports a module only when its subcommand runs, so `diag --help` stays fast.
 """

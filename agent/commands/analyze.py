@@ -7,7 +7,6 @@ import sys
 
 from diag.errors import DiagInputError
 
-NAME = "analyze"
 HELP = "classify every step of torch.profiler traces or a run directory"
 
 _BAR = {"data": "data", "host": "host", "comm": "comm", "memory": "mem", "compute": "comp"}

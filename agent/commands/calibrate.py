@@ -7,7 +7,6 @@ import sys
 
 from diag.errors import DiagInputError
 
-NAME = "calibrate"
 HELP = "measure this host's CPU peak FLOP/s and memory bandwidth"
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-NAME = "compare"
 HELP = "compare two runs: step time, phase shares, verdicts, throughput, scaling"
 
 

@@ -12,7 +12,6 @@ import sys
 
 from diag.errors import DiagInputError
 
-NAME = "config"
 HELP = "show the agent's effective configuration and where each value comes from"
 
 

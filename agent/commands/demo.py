@@ -7,7 +7,6 @@ import sys
 
 from diag.errors import DiagInputError
 
-NAME = "demo"
 HELP = "run a small CPU training job under the agent and report on it"
 
 

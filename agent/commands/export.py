@@ -22,7 +22,6 @@ from diag.exporter.server import MetricsServer
 from diag.report import SUMMARY_JSON, diagnosis_in
 from diag.rundir import RunDir, is_run_dir, read_json, read_segment
 
-NAME = "export"
 HELP = "serve a run directory's metrics to Prometheus"
 
 

@@ -43,7 +43,6 @@ from pathlib import Path
 
 from diag.errors import DiagInputError
 
-NAME = "nccl"
 HELP = "measure collective bus bandwidth like nccl-tests, or parse its output"
 EPILOG = """\
 examples:

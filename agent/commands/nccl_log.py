@@ -14,7 +14,6 @@ from pathlib import Path
 
 from diag.errors import DiagInputError
 
-NAME = "nccl-log"
 HELP = "parse NCCL_DEBUG=INFO logs and PyTorch NCCL errors into findings"
 
 

@@ -8,7 +8,6 @@ import sys
 
 from diag.errors import DiagInputError
 
-NAME = "plan"
 HELP = "plan memory and parallelism: per-GPU memory, fit, communication and step time of a layout"
 GIB = 2**30
 

@@ -19,7 +19,6 @@ from diag.errors import DiagInputError
 from diag.exporter.runtime import DEFAULT_PORT_BASE
 from diag.rundir import atomic_write_text
 
-NAME = "prometheus-config"
 HELP = "write Prometheus scrape configuration for a job"
 
 # A hostname, an IPv4 address, or an IPv6 address in brackets.

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 
-NAME = "report"
 HELP = "write the HTML/Markdown/JSON bottleneck report for a run directory"
 
 

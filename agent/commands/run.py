@@ -19,7 +19,6 @@ from pathlib import Path
 
 from diag.errors import DiagInputError
 
-NAME = "run"
 HELP = "run a launcher command with NCCL logging routed into a run directory"
 
 

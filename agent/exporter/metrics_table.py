@@ -29,7 +29,8 @@ BOUNDS = ("data", "host", "comm", "memory", "compute")
 # analysis has matched collectives across ranks. A step whose record has no shares still
 # has its data wait; the rest of it is "unattributed" rather than guessed.
 CLASSES = ("data", "host", "comm", "wait", "memory", "compute")
-PHASES = CLASSES + ("unattributed",)
+# Where a step's time goes in the exporter: the six classes, and what a step without shares leaves.
+STEP_PHASES = CLASSES + ("unattributed",)
 # NVML clock event (throttle) reasons, named as the NVML sampler names them in samples
 # (contract D). Unknown reason bits are exported as reason="other".
 CLOCK_EVENT_REASONS = tuple(CLOCK_EVENTS)
@@ -96,7 +97,7 @@ METRICS: tuple[Metric, ...] = (
     M("diag_step_phase_seconds_total", "counter", "seconds",
       "Step time attributed to each phase by the decision tree's shares; without shares, the "
       "data wait goes to data and the rest to unattributed.", "step",
-      labels=("phase",), label_values=PHASES),
+      labels=("phase",), label_values=STEP_PHASES),
     M("diag_step_bound_total", "counter", "",
       "Steps by verdict (the bound class), from trace or sampled evidence.", "step",
       labels=("bound",), label_values=BOUNDS),

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from diag import rundir
-from diag.analyzers.diagnosis.inputs import PHASE_LABELS, PHASES
+from diag.analyzers.diagnosis.inputs import CLASSES, PHASE_LABELS
 from diag.report.html import COLORS, _asset, chart_text, esc, plotly_js, script_json
 from diag.report.markdown import md_text
 
@@ -164,4 +164,4 @@ def write_compare(c: dict, out_dir) -> dict:
     return {k: os.fspath(v) for k, v in paths.items()}
 
 
-assert set(PHASES) == set(COLORS)
+assert set(CLASSES) == set(COLORS)

@@ -20,7 +20,7 @@ from functools import lru_cache
 from importlib import resources
 
 from diag import __version__
-from diag.analyzers.diagnosis.inputs import PHASE_LABELS, PHASES
+from diag.analyzers.diagnosis.inputs import CLASSES, PHASE_LABELS
 from diag.report.markdown import MEMORY_ROWS, signed_size, size_cell
 
 OPS = {">=": "≥", "<=": "≤", ">": ">", "<": "<"}
@@ -122,7 +122,7 @@ def figures(model: dict) -> list[dict]:
             "data": [{"type": "bar", "name": chart_text(PHASE_LABELS[p]), "x": ph["x"],
                       "y": [round(v * 100, 2) for v in ph["y"][p]], "marker": {"color": COLORS[p]},
                       "hovertemplate": "step %{x}: %{y:.1f}%<extra>" + chart_text(p) + "</extra>"}
-                     for p in PHASES],
+                     for p in CLASSES],
             "layout": _layout("Where each step's time goes (% of step)", barmode="stack", bargap=0,
                               legend={"orientation": "h", "y": -0.22, "traceorder": "normal"},
                               xaxis=_step_axis(ph["x"]),
@@ -341,7 +341,7 @@ def _verdict(model: dict) -> str:
         basis = h.get("basis")
         over = f" over {basis}" if basis else ""
         inner.append(f"<p class=\"note\">Step time split{esc(over)}: " + esc(", ".join(
-            f"{PHASE_LABELS[p]} {pct(shares[p])}" for p in PHASES)) + ".</p>")
+            f"{PHASE_LABELS[p]} {pct(shares[p])}" for p in CLASSES)) + ".</p>")
     return _section("verdict", "What bounds the training", "\n".join(inner), f"verdict b-{esc(bound)}")
 
 
@@ -463,7 +463,7 @@ def _ranks(model: dict, ids: set) -> str:
     if rows:
         t = ["<h3>Per rank</h3><table><tr><th>rank</th><th>host</th><th>device</th><th>verdict</th>"
              "<th class=\"num\">steps</th><th class=\"num\">median step (ms)</th>"
-             + "".join(f"<th class=\"num\">{esc(p)}</th>" for p in PHASES)
+             + "".join(f"<th class=\"num\">{esc(p)}</th>" for p in CLASSES)
              + "<th class=\"num\">traced steps</th><th class=\"num\">samples</th></tr>"]
         for r in rows:
             sh = r.get("shares") or {}
@@ -473,7 +473,7 @@ def _ranks(model: dict, ids: set) -> str:
                 f"<td>{esc(r['device'] or '')}</td><td>{esc(r['bound'] or 'n/a')}"
                 + (f" (waits for rank {esc(r['bound_via'])})" if r.get("bound_via") is not None else "") + "</td>"
                 f"<td class=\"num\">{r['steps']}</td><td class=\"num\">{num(r['median_step_ms'], '{:.1f}')}</td>"
-                + "".join(f"<td class=\"num\">{pct(sh.get(p))}</td>" for p in PHASES)
+                + "".join(f"<td class=\"num\">{pct(sh.get(p))}</td>" for p in CLASSES)
                 + f"<td class=\"num\">{r['trace_steps']}</td><td class=\"num\">{r['samples']}</td></tr>"
             )
         t.append("</table>")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import html
 
-from diag.analyzers.diagnosis.inputs import PHASE_LABELS, PHASES, size
+from diag.analyzers.diagnosis.inputs import CLASSES, PHASE_LABELS, size
 
 
 def md_text(value) -> str:
@@ -66,7 +66,7 @@ def render(model: dict) -> str:
         if h.get("basis"):
             out += [f"Step time split over {md_text(h['basis'])}:", ""]
         out += ["| phase | share of step time |", "|---|---:|"]
-        out += [f"| {PHASE_LABELS[p]} | {pct(shares[p], 1)} |" for p in PHASES]
+        out += [f"| {PHASE_LABELS[p]} | {pct(shares[p], 1)} |" for p in CLASSES]
         out.append("")
     st = model.get("step_stats")
     thr = model.get("throughput") or {}

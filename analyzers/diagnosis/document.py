@@ -29,9 +29,9 @@ from diag.analyzers.diagnosis import decision_tree
 from diag.analyzers.diagnosis.evidence import evidence, merged_findings, metric_text, nccl_facts
 from diag.analyzers.diagnosis.inputs import (
     BOUND_CODE,
+    CLASSES,
     PHASE_LABELS,
     PHASE_PHRASES,
-    PHASES,
     Steps,
     concat,
     describe,
@@ -79,7 +79,7 @@ def diagnose_job(doc: dict, ranks: dict, tree) -> dict:
     rank_docs = []
     for r in ranks.values():
         a = r["analysis"]
-        if not has_all_shares(rank_measurements(a)) and (tw := tw_shares(r["t"])) is not None:
+        if not has_all_shares(rank_measurements(a)) and (tw := tw_shares(r["step_table"])) is not None:
             a = {**a, "rank": r["rank"], "shares": tw}  # the shares of its step records
         rank_docs.append(a if a else {"rank": r["rank"]})
     return job_verdict(rank_docs, job, tree)
@@ -92,7 +92,7 @@ def _judge(job: dict, ranks: dict, run: dict, tree) -> dict:
     steps = job_steps(ranks)
     mset = job.get("measurements") if isinstance(job.get("measurements"), dict) else None
     job_shares = (mset or {}).get("shares") or tw_shares(allt)
-    bound = job.get("bound") if job.get("bound") in PHASES else None
+    bound = job.get("bound") if job.get("bound") in CLASSES else None
     path = _decision_path(job, ranks, bound)
     stragglers = _stragglers(job)
     nccl = nccl_facts(run, tree)
@@ -110,7 +110,7 @@ def _judge(job: dict, ranks: dict, run: dict, tree) -> dict:
         "bound": bound,
         "headline": headline,
         "measurements": mset,
-        "phase_shares": {p: job_shares.get(p) for p in PHASES} if job_shares else None,
+        "phase_shares": {p: job_shares.get(p) for p in CLASSES} if job_shares else None,
         "decision_path": path,
         "confidence": confidence,
         "stragglers": stragglers,
@@ -193,7 +193,7 @@ def _headline(bound, ranks, allt, world, job_shares, tree, nccl, stragglers, job
     measured = set(mset["ranks"]) if mset else set(ranks)
     agree = [r for r in ranks.values() if r["analysis"].get("bound") == bound]
     if not agree:
-        agree = [r for r in ranks.values() if mode_bound(r["t"].bound) == bound]
+        agree = [r for r in ranks.values() if mode_bound(r["step_table"].bound) == bound]
     n_agree, n_ranks = len(agree), len(ranks)
     if n_ranks == 0:
         where = ""

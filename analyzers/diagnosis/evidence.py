@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from diag.analyzers.diagnosis import bandwidth
-from diag.analyzers.diagnosis.inputs import PHASE_LABELS, PHASES, Steps, describe, mean, num, pct
+from diag.analyzers.diagnosis.inputs import CLASSES, PHASE_LABELS, Steps, describe, mean, num, pct
 
 
 def metric_text(metric: str, v: float) -> str:
@@ -24,7 +24,7 @@ def evidence(ranks, allt: Steps, steps: Steps, job_shares, basis, stragglers, nc
         ev.append({
             "id": "ev-shares",
             "label": "Phase shares",
-            "text": f"Over {basis}: " + ", ".join(f"{PHASE_LABELS[p]} {pct(job_shares[p])}" for p in PHASES) + ".",
+            "text": f"Over {basis}: " + ", ".join(f"{PHASE_LABELS[p]} {pct(job_shares[p])}" for p in CLASSES) + ".",
         })
     n_trace = int((steps.ev == 2).sum())
     n_windows = sum(len(r["windows"]) for r in ranks.values())

@@ -15,7 +15,6 @@ import numpy as np
 from diag.analyzers.diagnosis.decision_tree import CLASSES
 
 # The classes of a step's time: the five bounds and waiting for peers.
-PHASES = CLASSES
 
 
 PHASE_LABELS = {
@@ -45,7 +44,7 @@ def num(v) -> float | None:
     return None if math.isnan(v) or math.isinf(v) else float(v)
 
 
-BOUND_CODE = {p: i for i, p in enumerate(PHASES)}
+BOUND_CODE = {p: i for i, p in enumerate(CLASSES)}
 
 
 EVIDENCE_CODE = {"sampled": 1, "trace": 2}
@@ -84,7 +83,7 @@ class Steps:
         self.step = np.zeros(n, dtype=np.int64)
         for f in self.FIELDS:
             setattr(self, f, np.full(n, np.nan))
-        self.shares = np.full((n, len(PHASES)), np.nan)
+        self.shares = np.full((n, len(CLASSES)), np.nan)
         self.bound = np.full(n, -1, dtype=np.int8)
         self.ev = np.zeros(n, dtype=np.int8)
 
@@ -186,7 +185,7 @@ def merge_ranks(doc: dict, run: dict) -> dict[int, dict]:
             "device": _device_name(info, analysis),
             # The run analysis already carries every step record's timings in its steps; the raw
             # records are only read for ranks it does not cover (halves the work on big runs).
-            "t": _rank_steps([] if _covers_records(analysis) else raw.get("steps") or [],
+            "step_table": _rank_steps([] if _covers_records(analysis) else raw.get("steps") or [],
                              analysis.get("steps") or []),
             "samples": [s for s in raw.get("samples") or [] if isinstance(s, dict)],
             "windows": [w for w in raw.get("windows") or [] if isinstance(w, dict)],
@@ -234,7 +233,7 @@ def tw_shares(t: Steps) -> dict | None:
         return None
     w = np.where(np.isnan(t.dur[ok]), 1.0, t.dur[ok])
     v = (t.shares[ok] * w[:, None]).sum(axis=0) / w.sum()
-    return {p: float(v[i]) for i, p in enumerate(PHASES)}
+    return {p: float(v[i]) for i, p in enumerate(CLASSES)}
 
 
 def rank_shares(r: dict) -> dict | None:
@@ -242,13 +241,13 @@ def rank_shares(r: dict) -> dict | None:
     so these match the decision path), else time-weighted over its steps."""
     sh = share_row(r["analysis"].get("shares"))
     if sh is not None and all(math.isfinite(x) and x >= 0 for x in sh) and sum(sh) > 0:
-        return {p: sh[i] / sum(sh) for i, p in enumerate(PHASES)}
-    return tw_shares(r["t"])
+        return {p: sh[i] / sum(sh) for i, p in enumerate(CLASSES)}
+    return tw_shares(r["step_table"])
 
 
 def concat(ranks: dict) -> Steps:
     """All ranks' steps in one table (for counts and distributions)."""
-    parts = [r["t"] for r in ranks.values()]
+    parts = [r["step_table"] for r in ranks.values()]
     t = Steps(0)
     if not parts:
         return t
@@ -290,12 +289,12 @@ def job_steps(ranks: dict) -> Steps:
             np.add.at(cnt, pos[m], 1)
             setattr(job, f, np.where(cnt > 0, acc / np.maximum(cnt, 1), np.nan))
         m = allt.has_shares
-        acc, cnt = np.zeros((len(steps), len(PHASES))), np.zeros(len(steps))
+        acc, cnt = np.zeros((len(steps), len(CLASSES))), np.zeros(len(steps))
         np.add.at(acc, pos[m], allt.shares[m])
         np.add.at(cnt, pos[m], 1)
         job.shares = np.where(cnt[:, None] > 0, acc / np.maximum(cnt, 1)[:, None], np.nan)
         m = allt.bound >= 0
-        votes = np.zeros((len(steps), len(PHASES)))
+        votes = np.zeros((len(steps), len(CLASSES)))
         np.add.at(votes, (pos[m], allt.bound[m]), 1)
         job.bound = np.where(votes.sum(axis=1) > 0, np.argmax(votes, axis=1), -1).astype(np.int8)
         np.maximum.at(job.ev, pos, allt.ev)
@@ -311,7 +310,7 @@ def mode_bound(codes: np.ndarray) -> str | None:
     codes = codes[codes >= 0]
     if not len(codes):
         return None
-    return PHASES[int(np.argmax(np.bincount(codes, minlength=len(PHASES))))]
+    return CLASSES[int(np.argmax(np.bincount(codes, minlength=len(CLASSES))))]
 
 
 def describe(ev) -> str:

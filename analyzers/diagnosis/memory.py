@@ -33,7 +33,7 @@ def recompute_keeps() -> float:
 def _rank_peak_and_capacity(r: dict) -> tuple[float | None, float | None]:
     # The larger of torch's peak allocation and NVML's memory in use (which includes the
     # caching allocator's reserve): what the device really had to hold.
-    p = r["t"].peak[~np.isnan(r["t"].peak)]
+    p = r["step_table"].peak[~np.isnan(r["step_table"].peak)]
     peak = float(p.max()) if len(p) else None
     gpus = [s.get("gpu") for s in r["samples"] if isinstance(s.get("gpu"), dict)]
     caps = [c for c in (num(g.get("memory_total_bytes")) for g in gpus) if c]
@@ -115,7 +115,7 @@ def memory_section(ranks: dict, tree, world: int | None = None) -> dict:
         facts = next((f for f in (_facts(x) for x in ranks.values()) if f), None)
     samples = None
     if r is not None:
-        s = r["t"].samples[~np.isnan(r["t"].samples)]
+        s = r["step_table"].samples[~np.isnan(r["step_table"].samples)]
         samples = float(np.median(s)) if len(s) else None
     b = breakdown(facts, peak.get(fullest) if fullest is not None else None, samples)
     dp = max(int(world or 1), 1)

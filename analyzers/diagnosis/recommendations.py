@@ -10,7 +10,7 @@ The gain of a recommendation is read here from the job's what-if entries, and no
 
 from __future__ import annotations
 
-from diag.analyzers.diagnosis.inputs import PHASE_LABELS, PHASES, num, pct
+from diag.analyzers.diagnosis.inputs import CLASSES, PHASE_LABELS, num, pct
 
 
 def recommendations(bound, job_shares, tree, job: dict, findings: list[dict], stragglers, nccl, memory,
@@ -23,7 +23,7 @@ def recommendations(bound, job_shares, tree, job: dict, findings: list[dict], st
     if job_shares:
         # The verdict's phase first, then other phases large enough to matter (>= 10% of the step).
         order = [bound] if bound else []
-        order += [p for p in sorted(PHASES, key=lambda p: -job_shares[p]) if p != bound]
+        order += [p for p in sorted(CLASSES, key=lambda p: -job_shares[p]) if p != bound]
         for p in order:
             share = job_shares[p]
             if p != bound and share < tree.thresholds["recommendation_min_share"]:

@@ -22,7 +22,7 @@ from diag.analyzers.diagnosis.throttle import throttle_reasons
 
 
 def _step_ms(r: dict) -> float | None:
-    d = r["t"].dur
+    d = r["step_table"].dur
     d = d[d == d]
     return float(statistics.median(d.tolist())) * 1000 if len(d) else None
 

@@ -140,8 +140,6 @@ COMM_FAMILIES: tuple[CommFamily, ...] = (
 # In table order: the first family that matches wins (a leftmost-match alternation would let
 # `^flashinfer::` beat `::moeAllToAllKernel$`).
 _FAMILY_RES = tuple((f, re.compile(f.pattern)) for f in COMM_FAMILIES)
-# Kept for callers of the original single rule: the NCCL family's expression.
-COMM_KERNEL_RE = re.compile(COMM_FAMILIES[0].pattern)
 # A GEMM fused with a collective (GEMM + reduce-scatter/all-reduce in one kernel) spends its time
 # in the GEMM: it stays compute even when a library's communication namespace holds it.
 FUSED_COMPUTE_RE = re.compile(r"(?i:gemm|matmul)")
@@ -321,16 +319,8 @@ def cpu_op_class(name: str) -> str:
     return CPU_HOST
 
 
-def is_host_comm(name: str) -> bool:
-    return bool(HOST_COMM_RE.match(name))
-
-
 def is_data_annotation(name: str) -> bool:
     return bool(DATA_RE.search(name))
-
-
-def is_host_sync(name: str) -> bool:
-    return bool(HOST_SYNC_RE.match(name))
 
 
 # Collective names: kernel fragments and c10d / gloo / record_param_comms names -> contract B names.

@@ -29,13 +29,10 @@ _CAT_CODE = {
     "gpu_user_annotation": _C_GPU_ANN, "cpu_instant_event": _C_INSTANT, "": _C_INSTANT,
 }
 # Event classes of the loader (column groups).
-DEVICE_KINDS = {"kernel": 0, "Kernel": 0, "gpu_memcpy": 1, "Memcpy": 1, "gpu_memset": 2, "Memset": 2,
-                "cuda_sync": 3}
 KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET, KIND_SYNC = 0, 1, 2, 3
 RUNTIME_CATS = {"cuda_runtime", "Runtime", "cuda_driver", "Driver"}
 # CPU-side events: value is the op kind (0 op, 1 annotation, 2 python function).
 CPU_CATS = {"cpu_op": 0, "Operator": 0, "user_annotation": 1, "python_function": 2}
-FLOW_CATS = {"ac2g", "fwdbwd", "async", "flow"}
 
 _STEP_RE = re.compile(r"ProfilerStep\s*#\s*(\d+)")
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from diag.analyzers.diagnosis import change
 from diag.analyzers.diagnosis.decision_tree import load_tree
-from diag.analyzers.diagnosis.inputs import PHASES
+from diag.analyzers.diagnosis.inputs import CLASSES
 from diag.analyzers.diagnosis.scaling import scaling_efficiency, scaling_from_rates
 from diag.errors import DiagInputError
 
@@ -72,7 +72,7 @@ def _phase_changes(a: dict, b: dict) -> list[dict] | None:
     if not sa or not sb:
         return None
     rows = []
-    for p in PHASES:
+    for p in CLASSES:
         # A run analysed before the wait split has no "wait": its waiting is inside comm.
         before, after = sa.get(p) or 0.0, sb.get(p) or 0.0
         row = {"phase": p, "before": before, "after": after, "delta": after - before}

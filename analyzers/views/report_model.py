@@ -25,7 +25,7 @@ import numpy as np
 
 from diag.analyzers.diagnosis.document import SCHEMA as DIAGNOSIS_SCHEMA
 from diag.analyzers.diagnosis.inputs import (
-    PHASES,
+    CLASSES,
     Steps,
     as_float,
     concat,
@@ -204,7 +204,7 @@ def _phase_series(steps: Steps, limits, notes) -> dict | None:
                      "(each bar is the mean of its bucket).")
     means = _bucket_mean(sh, starts)
     trace = np.maximum.reduceat(ev, starts) == 2
-    return {"x": st[starts].tolist(), "y": {p: _list(means[:, i]) for i, p in enumerate(PHASES)},
+    return {"x": st[starts].tolist(), "y": {p: _list(means[:, i]) for i, p in enumerate(CLASSES)},
             "evidence": ["trace" if t else "sampled" for t in trace.tolist()], "bucketed": len(starts) < len(st)}
 
 
@@ -237,14 +237,14 @@ def _throughput_series(ranks, steps: Steps, limits, notes) -> dict | None:
 
 
 def _step_heatmap(ranks, limits, notes) -> dict | None:
-    rows = [r for r in ranks.values() if (~np.isnan(r["t"].dur)).any()]
+    rows = [r for r in ranks.values() if (~np.isnan(r["step_table"].dur)).any()]
     if not rows:
         return None
-    all_steps = np.unique(np.concatenate([r["t"].step[~np.isnan(r["t"].dur)] for r in rows]))
+    all_steps = np.unique(np.concatenate([r["step_table"].step[~np.isnan(r["step_table"].dur)] for r in rows]))
     grid = np.full((len(rows), len(all_steps)), np.nan)
     for i, r in enumerate(rows):
-        m = ~np.isnan(r["t"].dur)
-        grid[i, np.searchsorted(all_steps, r["t"].step[m])] = r["t"].dur[m] * 1000
+        m = ~np.isnan(r["step_table"].dur)
+        grid[i, np.searchsorted(all_steps, r["step_table"].step[m])] = r["step_table"].dur[m] * 1000
     starts = _edges(len(all_steps), limits.heatmap_columns)
     if len(starts) < len(all_steps):
         notes.append(f"Step-time heatmap: {len(all_steps)} steps per rank are shown as {len(starts)} columns "
@@ -436,17 +436,17 @@ def _rank_rows(ranks, stragglers, limits, notes) -> list[dict]:
     late = {s["rank"] for s in stragglers}
     rows = []
     for r in ranks.values():
-        durs = r["t"].dur[~np.isnan(r["t"].dur)]
+        durs = r["step_table"].dur[~np.isnan(r["step_table"].dur)]
         sh = rank_shares(r)
         if sh is not None and not (r["analysis"].get("wait_split") or {}).get("measured"):
             sh = {**sh, "wait": None}  # not measured (no peers matched), which is not zero
-        bound = r["analysis"].get("bound") if r["analysis"].get("bound") in PHASES else mode_bound(r["t"].bound)
+        bound = r["analysis"].get("bound") if r["analysis"].get("bound") in CLASSES else mode_bound(r["step_table"].bound)
         rows.append({
             "rank": r["rank"], "host": r["host"], "device": r["device"], "bound": bound,
-            "steps": len(r["t"]),
+            "steps": len(r["step_table"]),
             "median_step_ms": float(np.median(durs)) * 1000 if len(durs) else None,
             "shares": sh,
-            "trace_steps": int((r["t"].ev == 2).sum()),
+            "trace_steps": int((r["step_table"].ev == 2).sum()),
             "windows": len(r["windows"]), "samples": len(r["samples"]),
             "straggler": r["rank"] in late,
             "bound_via": r["analysis"].get("bound_via"),
