@@ -172,3 +172,15 @@ def test_one_step_and_many_steps_take_the_same_walk(tree):
     forced = {"data_wait": ("no", "test")}
     sig_f, verdict_f = walker.walk(cols, n, forced)
     assert all(walker.sigs[int(s)][0] == ("data_wait", "no") for s in sig_f.tolist())
+
+
+def test_the_tree_asks_only_about_registered_measurements():
+    """Every node and advisory names a measurement of the registry, whose unit every view prints by."""
+    from diag.analyzers.diagnosis import decision_tree as dt
+
+    tree = dt.load_tree()
+    assert {n["metric"] for n in tree.nodes.values()} | {a["metric"] for a in tree.advisories} <= set(dt.MEASUREMENTS)
+    with pytest.raises(dt.TreeError, match="not a registered measurement"):
+        dt._check_metrics({"nodes": {"odd": {"metric": "vibes_share"}}, "advisories": []})
+    assert dt.metric_text("memory_to_compute", 0.19) == "0.19x" and dt.metric_text("data_share", 0.2, True) == "20%"
+    assert dt.metric_text("data_share", 0.1234) == "12.3%" and dt.metric_text("mfu", None) == "unknown"

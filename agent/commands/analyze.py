@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
+from diag.analyzers.diagnosis.decision_tree import metric_text
 from diag.errors import DiagInputError
 
 HELP = "classify every step of torch.profiler traces or a run directory"
@@ -105,29 +106,12 @@ def _pct(x) -> str:
     return "  n/a" if x is None else f"{100 * x:5.1f}%"
 
 
-# Decision-tree metrics that are ratios of two times (printed as "0.19x"); every other
-# metric is a share or fraction of something (printed as a percentage).
-_RATIO_METRICS = frozenset({"memory_to_compute"})
-
-
-def _fmt_metric(metric: str | None, v, threshold: bool = False) -> str:
-    if v is None:
-        return "unknown"
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return str(v)
-    if metric in _RATIO_METRICS:
-        if v == float("inf"):
-            return "inf"
-        return f"{v:g}x" if threshold else f"{v:.2f}x"
-    return f"{100 * v:g}%" if threshold else f"{100 * v:.1f}%"
-
-
 def _fmt_value(node: dict) -> str:
-    return _fmt_metric(node.get("metric"), node.get("value"))
+    return metric_text(node.get("metric"), node.get("value"))
 
 
 def _fmt_threshold(node: dict) -> str:
-    return _fmt_metric(node.get("metric"), node.get("threshold"), threshold=True)
+    return metric_text(node.get("metric"), node.get("threshold"), threshold=True)
 
 
 def format_summary(doc: dict) -> str:

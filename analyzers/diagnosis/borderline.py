@@ -14,7 +14,15 @@ from __future__ import annotations
 
 import math
 
-from diag.analyzers.diagnosis.decision_tree import BOUNDS, CLASSES, PEER, derive, evaluate, share_ratios
+from diag.analyzers.diagnosis.decision_tree import (
+    BOUNDS,
+    CLASSES,
+    PEER,
+    derive,
+    evaluate,
+    metric_text,
+    share_ratios,
+)
 from diag.analyzers.diagnosis.steady import robust_sigma
 
 
@@ -62,12 +70,10 @@ def borderline(measurements: dict, path: list[dict], steps: list[dict], tree, bo
             "threshold": threshold,
             "noise": band,
             "steps": sum(1 for s in steps if isinstance(s.get(node["metric"]), (int, float))),
-            "text": (f"borderline {bound}/{alt['bound']}: {node['metric']} = {_fmt(node['metric'], value)} is "
-                     f"within the steps' own scatter (±{_fmt(node['metric'], band)}) of its threshold "
-                     f"{_fmt(node['metric'], threshold)}, so {alt['bound']}-bound is as plausible"),
+            "text": (f"borderline {bound}/{alt['bound']}: {node['metric']} = {metric_text(node['metric'], value)} is "
+                     f"within the steps' own scatter (±{metric_text(node['metric'], band)}) of its threshold "
+                     f"{metric_text(node['metric'], threshold, threshold=True)}, so {alt['bound']}-bound is as "
+                     "plausible"),
         }
     return None
 
-
-def _fmt(metric: str, v: float) -> str:
-    return f"{v:.0%}" if metric.endswith(("_share", "_frac", "_of_idle")) else f"{v:.2f}"

@@ -23,22 +23,50 @@ CLASSES = ("data", "host", "comm", "wait", "memory", "compute")
 PEER = "peer"
 DEFAULT_TREE = Path(__file__).with_name("decision_tree.toml")
 
-# What each measurement means; the analyzers and the agent fill these in.
+@dataclass(frozen=True)
+class Measurement:
+    """One quantity the tree can ask about: a fraction (shown as a percentage) or a ratio of
+    two times (shown as "0.19x"), what it is, and whether `derive` makes it from others."""
+    unit: str  # "fraction" | "ratio"
+    meaning: str
+    derived: bool = False
+
+    def text(self, value: float, threshold: bool = False) -> str:
+        if self.unit == "ratio":
+            if value == math.inf:
+                return "inf"
+            return f"{value:g}x" if threshold else f"{value:.2f}x"
+        return f"{100 * value:g}%" if threshold else f"{100 * value:.1f}%"
+
+
+# The measurement registry: every metric a node or an advisory of a tree may name (load_tree
+# refuses others), with its unit for every view that prints it. The analyzers fill them in.
 MEASUREMENTS = {
-    "data_share": "DataLoader wait / step time",
-    "host_share": "device idle, not waiting for data / step time",
-    "comm_share": "exposed communication transfer (not waiting for peers) / step time",
-    "wait_share": "waiting in collectives for the last peer to arrive / step time (matched ranks only)",
-    "memory_share": "bandwidth-bound kernel time (exclusive) / step time",
-    "compute_share": "compute-bound kernel time (exclusive) / step time",
-    "busy_share": "device busy / step time (derived: comm + wait + memory + compute)",
-    "data_fraction_of_idle": "data wait / (data wait + host idle) (derived)",
-    "memory_to_compute": "bandwidth-bound device time / compute-bound device time",
-    "achieved_bw_frac": "achieved memory bandwidth / device peak",
-    "memory_used_frac": "peak device memory used / capacity",
-    "mfu": "model FLOPs utilisation, achieved FLOP/s / peak",
-    "scaling_efficiency": "per-rank throughput at larger world size / at smaller",
+    "data_share": Measurement("fraction", "DataLoader wait / step time"),
+    "host_share": Measurement("fraction", "device idle, not waiting for data / step time"),
+    "comm_share": Measurement("fraction", "exposed communication transfer (not waiting for peers) / step time"),
+    "wait_share": Measurement("fraction", "waiting in collectives for the last peer to arrive / step time "
+                                          "(matched ranks only)"),
+    "memory_share": Measurement("fraction", "bandwidth-bound kernel time (exclusive) / step time"),
+    "compute_share": Measurement("fraction", "compute-bound kernel time (exclusive) / step time"),
+    "busy_share": Measurement("fraction", "device busy / step time (comm + wait + memory + compute)", derived=True),
+    "data_fraction_of_idle": Measurement("fraction", "data wait / (data wait + host idle)", derived=True),
+    "memory_to_compute": Measurement("ratio", "bandwidth-bound device time / compute-bound device time"),
+    "achieved_bw_frac": Measurement("fraction", "achieved memory bandwidth / device peak"),
+    "memory_used_frac": Measurement("fraction", "peak device memory used / capacity"),
+    "mfu": Measurement("fraction", "model FLOPs utilisation, achieved FLOP/s / peak"),
+    "scaling_efficiency": Measurement("fraction", "per-rank throughput at larger world size / at smaller"),
 }
+
+
+def metric_text(metric: str, value, threshold: bool = False) -> str:
+    """A measurement's value (or threshold) as every view prints it, by its registered unit."""
+    if value is None:
+        return "unknown"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    m = MEASUREMENTS.get(metric)
+    return m.text(value, threshold) if m else f"{value:.3g}"
 
 _OPS = {">=": operator.ge, ">": operator.gt, "<": operator.lt, "<=": operator.le}
 
@@ -99,6 +127,7 @@ def load_tree(path: str | Path | None = None, overrides: dict | None = None, rec
         if name not in thresholds:
             raise TreeError(f"unknown threshold {name!r}; known: {', '.join(sorted(thresholds))}")
         thresholds[name] = float(value)
+    _check_metrics(doc)
     return Tree(
         start=doc["start"],
         thresholds=thresholds,
@@ -128,6 +157,14 @@ def _with_recorded(thresholds: dict, what_if: list, recorded: dict) -> tuple[dic
         c = check_change(entry, "the run's recorded decision-tree settings")
         changes[c["id"]] = c
     return out, list(changes.values())
+
+
+def _check_metrics(doc: dict) -> None:
+    for where, items in (("node", doc["nodes"].items()), ("advisory", ((a.get("id"), a) for a in doc.get("advisories", [])))):
+        for name, item in items:
+            if item.get("metric") not in MEASUREMENTS:
+                raise TreeError(f"{where} {name!r} asks about {item.get('metric')!r}, which is not a registered "
+                                f"measurement (decision_tree.MEASUREMENTS)")
 
 
 def read_config(path: Path) -> dict:

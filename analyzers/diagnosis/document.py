@@ -26,7 +26,8 @@ import math
 import numpy as np
 
 from diag.analyzers.diagnosis import decision_tree
-from diag.analyzers.diagnosis.evidence import evidence, merged_findings, metric_text, nccl_facts
+from diag.analyzers.diagnosis.decision_tree import metric_text
+from diag.analyzers.diagnosis.evidence import evidence, merged_findings, nccl_facts
 from diag.analyzers.diagnosis.inputs import (
     BOUND_CODE,
     CLASSES,
@@ -319,7 +320,7 @@ def _confidence(bound, allt: Steps, path, run, world, edge=None) -> dict:
         v, t = last["value"], last["threshold"]
         if v is not None and t not in (None, 0) and not math.isinf(v):
             margin = abs(v - t) / abs(t)
-            vs, ts = metric_text(last["metric"], v), metric_text(last["metric"], t)
+            vs, ts = metric_text(last["metric"], v), metric_text(last["metric"], t, threshold=True)
             if margin < 0.15:
                 factor *= 0.75
                 reasons.append(

@@ -11,12 +11,6 @@ from diag.analyzers.diagnosis import bandwidth
 from diag.analyzers.diagnosis.inputs import CLASSES, PHASE_LABELS, Steps, describe, mean, num, pct
 
 
-def metric_text(metric: str, v: float) -> str:
-    if metric.endswith(("_share", "_frac", "_of_idle")) or metric in ("mfu", "scaling_efficiency"):
-        return pct(v, 1)
-    return f"{v:.3g}"
-
-
 def evidence(ranks, allt: Steps, steps: Steps, job_shares, basis, stragglers, nccl, findings) -> list[dict]:
     """Numbered facts the verdict and the recommendations point to (anchors on the page)."""
     ev = []
