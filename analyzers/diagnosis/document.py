@@ -26,6 +26,7 @@ import math
 import numpy as np
 
 from diag.analyzers.diagnosis import decision_tree
+from diag.analyzers.diagnosis.context import JobContext
 from diag.analyzers.diagnosis.decision_tree import metric_text
 from diag.analyzers.diagnosis.evidence import evidence, merged_findings, nccl_facts
 from diag.analyzers.diagnosis.inputs import (
@@ -88,22 +89,23 @@ def diagnose_job(doc: dict, ranks: dict, tree) -> dict:
 
 def _judge(job: dict, ranks: dict, run: dict, tree) -> dict:
     """Everything but the job verdict, which `job` already holds."""
-    world = world_size({"job": job}, run, ranks)
     allt = concat(ranks)
-    steps = job_steps(ranks)
     mset = job.get("measurements") if isinstance(job.get("measurements"), dict) else None
-    job_shares = (mset or {}).get("shares") or tw_shares(allt)
-    bound = job.get("bound") if job.get("bound") in CLASSES else None
+    ctx = JobContext(
+        job=job, ranks=ranks, run=run, tree=tree, world=world_size({"job": job}, run, ranks), all_steps=allt,
+        job_steps=job_steps(ranks), mset=mset, shares=(mset or {}).get("shares") or tw_shares(allt),
+        bound=job.get("bound") if job.get("bound") in CLASSES else None, stragglers=_stragglers(job),
+        nccl=nccl_facts(run, tree),
+    )
+    bound, world, steps, job_shares, stragglers = ctx.bound, ctx.world, ctx.job_steps, ctx.shares, ctx.stragglers
     path = _decision_path(job, ranks, bound)
-    stragglers = _stragglers(job)
-    nccl = nccl_facts(run, tree)
     findings = merged_findings(job, ranks)
     basis = mset["basis"] if mset else f"{int(steps.has_shares.sum())} step(s) of {len(ranks)} rank(s)"
-    ev = evidence(ranks, allt, steps, job_shares, basis, stragglers, nccl, findings)
-    headline = _headline(bound, ranks, allt, world, job_shares, tree, nccl, stragglers, job, mset)
+    ev = evidence(ranks, allt, steps, job_shares, basis, stragglers, ctx.nccl, findings)
+    headline = _headline(ctx)
     confidence = _confidence(bound, _measured(allt, mset), path, run, world, job.get("borderline"))
     memory = memory_section(ranks, tree, world)
-    recs = recommendations(bound, job_shares, tree, job, findings, stragglers, nccl, memory, ev)
+    recs = recommendations(ctx, findings, memory, ev)
     headline["note"] = _order_note(bound, recs, job_shares)
     return {
         "schema": SCHEMA,
@@ -122,7 +124,7 @@ def _judge(job: dict, ranks: dict, run: dict, tree) -> dict:
         "what_if": {"critical_path": job.get("critical_path"),
                     "changes": [e for e in job.get("what_if") or [] if isinstance(e, dict)]},
         "memory": memory,
-        "nccl": nccl,
+        "nccl": ctx.nccl,
         "world_size": world,
         "missing_ranks": list(run.get("missing_ranks") or []),
         "stopped_ranks": list(run.get("stopped_ranks") or []),
@@ -179,7 +181,9 @@ def _rank_share(r: dict, phase: str) -> float | None:
     return sh[phase] if sh else None
 
 
-def _headline(bound, ranks, allt, world, job_shares, tree, nccl, stragglers, job, mset) -> dict:
+def _headline(ctx: JobContext) -> dict:
+    bound, ranks, allt, world, job_shares = ctx.bound, ctx.ranks, ctx.all_steps, ctx.world, ctx.shares
+    tree, nccl, stragglers, job, mset = ctx.tree, ctx.nccl, ctx.stragglers, ctx.job, ctx.mset
     if bound is None:
         n_steps = len(allt)
         if not ranks:

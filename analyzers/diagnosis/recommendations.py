@@ -10,12 +10,13 @@ The gain of a recommendation is read here from the job's what-if entries, and no
 
 from __future__ import annotations
 
+from diag.analyzers.diagnosis.context import JobContext
 from diag.analyzers.diagnosis.inputs import CLASSES, PHASE_LABELS, num, pct
 
 
-def recommendations(bound, job_shares, tree, job: dict, findings: list[dict], stragglers, nccl, memory,
-                    evidence) -> list[dict]:
+def recommendations(ctx: JobContext, findings: list[dict], memory: dict, evidence: list[dict]) -> list[dict]:
     """What to change, ranked by predicted gain, each linked to the evidence behind it."""
+    bound, job_shares, tree, job, stragglers, nccl = ctx.bound, ctx.shares, ctx.tree, ctx.job, ctx.stragglers, ctx.nccl
     ev_ids = {e["id"] for e in evidence}
     recs = []
     seen_phases = set()

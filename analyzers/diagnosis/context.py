@@ -1,0 +1,25 @@
+"""What the parts of one diagnosis read: the job block with its verdict, the merged ranks,
+the run's records and the tree, and what is derived from them once (the steps, the
+measurement set and its shares, the stragglers, what NCCL says)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from diag.analyzers.diagnosis.inputs import Steps
+
+
+@dataclass(frozen=True)
+class JobContext:
+    job: dict  # the job block, with its verdict and cross-rank judgements
+    ranks: dict  # rank -> merged rank (inputs.merge_ranks)
+    run: dict  # the run's records (run_records), {} for plain traces
+    tree: object  # decision_tree.Tree
+    world: int  # world size
+    all_steps: Steps  # every rank's steps
+    job_steps: Steps  # per step, the job's (the slowest rank's)
+    mset: dict | None  # the measurement set the verdict rests on
+    shares: dict | None  # its phase shares (or the steps' time-weighted shares)
+    bound: str | None  # the verdict
+    stragglers: list  # the named stragglers, with their evidence in words
+    nccl: dict  # what the NCCL log and the bus-bandwidth measurement say
