@@ -33,6 +33,31 @@ LAYERS = {
     "analyzers/analyze.py": ("diag.errors", "diag.rundir", _ANALYZERS),
     "analyzers/run_records.py": ("diag.errors", "diag.rundir", f"{_ANALYZERS}.nccl"),
     "collectors": ("diag.collectors", "diag.rundir", "diag.__version__"),
+    # agent/, the package `diag` itself. Leaves every side imports without a cycle (the package's
+    # __init__ resolves its attributes lazily):
+    "agent/rundir.py": (),
+    "agent/errors.py": (),
+    "agent/__init__.py": (),
+    # The views render the diagnosis: they read the facade's document, never a trace or a log.
+    "agent/report": ("diag.__version__", "diag.errors", "diag.rundir", "diag.report", f"{_ANALYZERS}.analyze",
+                     f"{_ANALYZERS}.views", f"{_ANALYZERS}.diagnosis"),
+    "agent/exporter": ("diag.__version__", "diag.exporter", f"{_ANALYZERS}.diagnosis"),
+    # In the training process: the collectors, and the tree for the live verdicts.
+    "agent/agent.py": ("diag.collectors", "diag.config", "diag.errors", "diag.exporter", "diag.report", "diag.rundir",
+                       "diag.window_analysis", "diag.calibrate", f"{_ANALYZERS}.diagnosis", f"{_ANALYZERS}.job.sampled",
+                       f"{_ANALYZERS}.trace.devices", f"{_ANALYZERS}.nccl.log"),
+    "agent/window_analysis.py": ("diag.rundir",),
+    "agent/window_worker.py": ("diag.rundir", f"{_ANALYZERS}.diagnosis.decision_tree", f"{_ANALYZERS}.trace.analysis"),
+    "agent/config.py": ("diag.errors", "diag.collectors", f"{_ANALYZERS}.diagnosis.decision_tree"),
+    "agent/calibrate.py": ("diag.rundir", f"{_ANALYZERS}.trace.devices"),
+    "agent/integrations.py": ("diag.agent",),
+    "agent/ray_pool.py": ("diag.errors",),
+    "agent/nccl_table.py": ("diag.errors",),
+    "agent/cli.py": ("diag.__version__", "diag.errors"),
+    "agent/__main__.py": ("diag.cli",),
+    # The demo trains under the agent and reads the report it wrote; the commands tie every part together.
+    "agent/demo.py": ("diag",),
+    "agent/commands": ("diag",),
 }
 
 
@@ -66,9 +91,10 @@ def test_layering(part):
     assert not bad, "\n".join(bad)
 
 
-def test_every_analyzer_module_has_a_layer():
+@pytest.mark.parametrize("folder", ["analyzers", "agent"])
+def test_every_module_has_a_layer(folder):
     covered = [REPO / p for p in LAYERS]
-    for path in (REPO / "analyzers").rglob("*.py"):
+    for path in (REPO / folder).rglob("*.py"):
         if path.name == "__init__.py" and path.parent == REPO / "analyzers":
             continue
         assert any(path == c or c in path.parents for c in covered), f"{path.relative_to(REPO)} has no layer"
