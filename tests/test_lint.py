@@ -98,3 +98,42 @@ def test_every_module_has_a_layer(folder):
         if path.name == "__init__.py" and path.parent == REPO / "analyzers":
             continue
         assert any(path == c or c in path.parents for c in covered), f"{path.relative_to(REPO)} has no layer"
+
+
+# The judgements of the diagnosis layer, by the names that make them. Outside analyzers/diagnosis/
+# only these modules call one, each on its own measurements: the per-step and per-rank tree
+# verdicts still made where the measurements are (ARCHITECTURE.md, "Judgements").
+JUDGEMENT_CALLS = {"evaluate", "verdict_from", "advise", "Walker", "judge", "straggler_what_if", "likely_cause",
+                   "step_time_change", "scaling_rating", "with_likely_causes"}
+RANK_VERDICTS_NOT_YET_IN_THE_DIAGNOSIS = {
+    "analyzers/trace/analysis.py", "analyzers/job/waits.py", "analyzers/job/sampled.py", "analyzers/job/run_analysis.py",
+}
+
+
+def test_judgements_are_made_in_the_diagnosis_layer():
+    """No module of the analysis side (trace, job, nccl, whatif) calls a judgement of the diagnosis
+    layer but the four that still walk the tree for their own steps, and none holds a threshold
+    table of its own (the tree's [thresholds] are the one table)."""
+    callers = set()
+    for path in list((REPO / "analyzers").rglob("*.py")) + list((REPO / "agent").rglob("*.py")):
+        rel = path.relative_to(REPO).as_posix()
+        if rel.startswith("analyzers/diagnosis/"):
+            continue
+        tree = ast.parse(path.read_text())
+        imported = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                    and (n.module or "").startswith("diag.analyzers.diagnosis") for a in n.names}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                f = node.func
+                name = f.attr if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in (
+                    "dt", "decision_tree", "stragglers", "bandwidth", "change") else f.id if isinstance(f, ast.Name) \
+                    and f.id in imported else None
+                if name in JUDGEMENT_CALLS:
+                    callers.add(rel)
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id in ("DEFAULTS", "THRESHOLDS")
+                                                    for t in node.targets):
+                callers.add(f"{rel} (a threshold table)")
+    # The analysis (facts) side; views and commands may ask the diagnosis for a judgement it makes.
+    analysis_side = {c for c in callers if c.startswith(("analyzers/trace/", "analyzers/job/", "analyzers/nccl/",
+                                                         "analyzers/whatif/"))}
+    assert analysis_side <= RANK_VERDICTS_NOT_YET_IN_THE_DIAGNOSIS, analysis_side - RANK_VERDICTS_NOT_YET_IN_THE_DIAGNOSIS
