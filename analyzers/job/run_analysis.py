@@ -170,14 +170,78 @@ def rank_windows(rd: rundir.RunDir, rank: int, tree, errors: list, host_peaks: d
 
 def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None = None,
                  errors: list | None = None, windows: list[dict] | None = None) -> dict:
+    """One rank of a run directory: its step records with the verdicts of their profiler
+    windows or of the sampled measurements, and the rank's measurements over its counted steps."""
     info = rd.rank_info(rank) or {}
     records = sorted((r for r in rd.steps(rank) if isinstance(r.get("step"), int)), key=lambda r: r["step"])
     if windows is None:
         windows = rank_windows(rd, rank, tree, errors if errors is not None else [])
     analysed = [w for w in windows if isinstance(w.get("analysis"), dict)]
     samples = sorted((s for s in rd.samples(rank) if _finite(s.get("t"))), key=lambda s: s["t"])
-    sample_t = [s["t"] for s in samples]
+    trace_steps, comps = _window_steps(analysed)
+    steps_out = _rank_steps(records, trace_steps, comps, samples, tree)
+    cut = _warmup_cut(steps_out, analysed, tree)
+    counted = [s for s in steps_out if s["step"] >= cut] or steps_out
+    shares = _time_weighted_shares(counted)
+    split = [w["analysis"].get("wait_split") or {} for w in analysed]
+    measurements = _rank_measurements(counted, shares, any(x.get("measured") for x in split), comps, analysed,
+                                      samples, info)
+    if measurements:
+        v = verdict_from(measurements, tree)
+        bound, path, fixes = v["bound"], v["path"], v["fixes"]
+    else:
+        bound, path, fixes = None, [], []
+    critical_path, what_if_entries = what_if.summarize([s for s in counted if s["evidence"] == "trace"],
+                                                       getattr(tree, "what_if", ()))
+    dev = info.get("device") if isinstance(info.get("device"), dict) else {}
+    device = dev.get("name") or next((w["analysis"].get("device") for w in reversed(analysed)
+                                      if w["analysis"].get("device")), None)
+    model = info.get("model")
+    return {
+        "rank": rank,
+        "source": str(rd.rank_path(rank)),
+        "device": device,
+        "world_size": info.get("world_size"),
+        "host": info.get("host"),
+        "status": status_override or info.get("status"),
+        "bound": bound,
+        "steps": steps_out,
+        "gpu_time": _merge_gpu_time(analysed),
+        "findings": _rank_findings(measurements, bound, tree, windows, analysed, len(steps_out)),
+        "top_kernels": _merge_table(analysed, "top_kernels"),
+        "top_ops": _merge_table(analysed, "top_ops"),
+        "collectives": [c for w in analysed for c in w["analysis"].get("collectives") or []],
+        "mfu": measurements.get("mfu"),
+        "fixes": fixes,
+        "path": path,
+        "shares": {b: measurements.get(f"{b}_share", 0.0) for b in CLASSES} if shares else None,
+        "measurements": measurements,
+        "wait_split": next((x for x in split if x.get("measured")), split[0] if split else
+                           {"measured": False, "reason": "no profiler window analysed"}),
+        "waits_for": _most_common(w["analysis"].get("waits_for") for w in analysed),
+        "wait_share": measurements.get("wait_share"),
+        "evidence": {
+            "trace_steps": sum(1 for s in steps_out if s["evidence"] == "trace"),
+            "sampled_steps": sum(1 for s in steps_out if s["evidence"] == "sampled"),
+            "windows": [{"first_step": w.get("first_step"), "last_step": w.get("last_step"),
+                         "trace": w.get("trace"), "bound": (w.get("analysis") or {}).get("bound")}
+                        for w in windows],
+            "samples": len(samples),
+            "warmup_steps_excluded": sum(1 for s in steps_out if s["step"] < cut),
+        },
+        **_step_time_and_throughput(counted),
+        # What the live model and optimizer held (diag.collectors.model_facts), and the rates measured.
+        "model": model if isinstance(model, dict) else None,
+        "critical_path": critical_path,
+        "what_if": what_if_entries,
+        "rates": measured_rates([trace_steps[n] for n in sorted(trace_steps)], {r["step"]: r for r in records},
+                                [s["duration_ms"] for s in counted if s["evidence"] == "sampled"]),
+    }
 
+
+def _window_steps(analysed: list[dict]) -> tuple[dict[int, dict], list[tuple[int, dict]]]:
+    """The profiled steps of a rank's analysed windows by number, and each window's composition
+    (how its steps split their non-data time) by its first step."""
     trace_steps: dict[int, dict] = {}
     comps: list[tuple[int, dict]] = []
     for w in analysed:
@@ -187,13 +251,17 @@ def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None
         c = window_composition(w["analysis"])
         if c is not None:
             comps.append((int(w.get("first_step", 0)), c))
-    comp_starts = [c[0] for c in comps]
+    return trace_steps, comps
 
-    # The sampled steps' verdicts, all at once (see sampled_batch).
+
+def _rank_steps(records: list[dict], trace_steps: dict, comps: list, samples: list[dict], tree) -> list[dict]:
+    """Every step of the rank: a profiled step as its window gave it, any other with the verdict
+    of its sampled measurements (all at once, see sampled_batch), in step order."""
+    comp_starts = [c[0] for c in comps]
     sampled_recs = [r for r in records if r["step"] not in trace_steps]
     mids = np.array([float(r.get("start_unix") or 0.0) + float(r.get("duration_s") or 0.0) / 2
                      for r in sampled_recs])
-    nearest = nearest_samples(np.array(sample_t, dtype=float), mids).tolist()
+    nearest = nearest_samples(np.array([s["t"] for s in samples], dtype=float), mids).tolist()
     sample_util = sample_utilization(samples)
     util = np.array([sample_util[k] if k != NO_SAMPLE else np.nan for k in nearest])
     comp_of = []
@@ -208,16 +276,7 @@ def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None
     for rec in records:
         n = rec["step"]
         if n in trace_steps:
-            t = trace_steps[n]
-            entry = {
-                "step": n,
-                "duration_ms": t.get("duration_ms"),
-                "bound": t.get("bound"),
-                "shares": t.get("shares"),
-                "path": t.get("path") or [],
-                "evidence": "trace",
-                **{k: t[k] for k in what_if.STEP_KEYS if k in t},
-            }
+            entry = _profiled_step(trace_steps[n])
         else:
             j += 1
             fast = batch[j]
@@ -254,10 +313,17 @@ def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None
         steps_out.append({"step": n, "duration_ms": t.get("duration_ms"), "bound": t.get("bound"),
                           "shares": t.get("shares"), "path": t.get("path") or [], "evidence": "trace"})
     steps_out.sort(key=lambda s: s["step"])
+    return steps_out
 
-    cut = _warmup_cut(steps_out, analysed, tree)
-    counted = [s for s in steps_out if s["step"] >= cut] or steps_out
-    acc, tot = dict.fromkeys(CLASSES, 0.0), 0.0
+
+def _profiled_step(t: dict) -> dict:
+    return {"step": t["step"], "duration_ms": t.get("duration_ms"), "bound": t.get("bound"), "shares": t.get("shares"),
+            "path": t.get("path") or [], "evidence": "trace", **{k: t[k] for k in what_if.STEP_KEYS if k in t}}
+
+
+def _time_weighted_shares(counted: list[dict]) -> dict | None:
+    """The counted steps' class shares, weighted by their durations (None without shares)."""
+    tot = 0.0
     a_data = a_host = a_comm = a_wait = a_memory = a_compute = 0.0  # summed step by step, in step order
     for s in counted:
         sh, d = s["shares"], s["duration_ms"]
@@ -270,16 +336,19 @@ def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None
             a_wait += float(g("wait") or 0.0) * d
             a_memory += float(g("memory") or 0.0) * d
             a_compute += float(g("compute") or 0.0) * d
-    acc.update(data=a_data, host=a_host, comm=a_comm, wait=a_wait, memory=a_memory, compute=a_compute)
-    critical_path, what_if_entries = what_if.summarize([s for s in counted if s["evidence"] == "trace"],
-                                                       getattr(tree, "what_if", ()))
+    if tot <= 0:
+        return None
+    acc = {"data": a_data, "host": a_host, "comm": a_comm, "wait": a_wait, "memory": a_memory, "compute": a_compute}
+    return {b: acc[b] / tot for b in CLASSES}
+
+
+def _rank_measurements(counted: list[dict], shares: dict | None, wait_measured: bool, comps: list,
+                       analysed: list[dict], samples: list[dict], info: dict) -> dict:
+    """The tree's measurements of a rank over its counted steps."""
     measurements: dict = {}
-    split = [w["analysis"].get("wait_split") or {} for w in analysed]
-    wait_measured = any(x.get("measured") for x in split)
-    if tot > 0:
-        mean = {b: acc[b] / tot for b in CLASSES}
-        measurements = {f"{b}_share": v for b, v in mean.items() if b != "wait" or wait_measured}
-        measurements.update(share_ratios(mean))
+    if shares:
+        measurements = {f"{b}_share": v for b, v in shares.items() if b != "wait" or wait_measured}
+        measurements.update(share_ratios(shares))
         bw = next((c["achieved_bw_frac"] for _, c in reversed(comps) if c.get("achieved_bw_frac") is not None), None)
         if bw is not None:
             measurements["achieved_bw_frac"] = bw
@@ -296,13 +365,11 @@ def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None
     mem_frac = _memory_used_frac(samples, info)
     if mem_frac is not None:
         measurements["memory_used_frac"] = mem_frac
+    return measurements
 
-    if measurements:
-        v = verdict_from(measurements, tree)
-        bound, path, fixes = v["bound"], v["path"], v["fixes"]
-    else:
-        bound, path, fixes = None, [], []
 
+def _rank_findings(measurements: dict, bound, tree, windows: list[dict], analysed: list[dict], n_steps: int
+                   ) -> list[dict]:
     findings = advise(measurements, tree, bound=bound) if measurements else []
     for w in analysed:
         findings.extend(f for f in w["analysis"].get("findings") or [] if isinstance(f, dict))
@@ -313,7 +380,7 @@ def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None
             "message": "No profiler window was recorded on this rank: verdicts rest on sampled evidence only.",
             "advice": "Run long enough to pass the profiler's skip_first steps, or touch RUN_DIR/profile.trigger "
                       "(or send SIGUSR2) to profile a window on demand.",
-            "evidence": {"steps": len(steps_out)},
+            "evidence": {"steps": n_steps},
         })
     failed_windows = [w for w in windows if not isinstance(w.get("analysis"), dict)]
     if failed_windows:
@@ -324,50 +391,15 @@ def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None
             "evidence": {"windows": [{"first_step": w.get("first_step"), "error": w.get("error")}
                                      for w in failed_windows][:20]},
         })
+    return findings
 
-    dev = info.get("device") if isinstance(info.get("device"), dict) else {}
-    device = dev.get("name") or next((w["analysis"].get("device") for w in reversed(analysed)
-                                      if w["analysis"].get("device")), None)
+
+def _step_time_and_throughput(counted: list[dict]) -> dict:
     durations = [s["duration_ms"] for s in counted if _finite(s.get("duration_ms"))]
     wall_s = sum(durations) / 1000.0
     samples_total = sum(float(s.get("samples") or 0) for s in counted)
     tokens_total = sum(float(s.get("tokens") or 0) for s in counted)
-    collectives = []
-    for w in analysed:
-        collectives.extend(w["analysis"].get("collectives") or [])
-    model = info.get("model")
     return {
-        "rank": rank,
-        "source": str(rd.rank_path(rank)),
-        "device": device,
-        "world_size": info.get("world_size"),
-        "host": info.get("host"),
-        "status": status_override or info.get("status"),
-        "bound": bound,
-        "steps": steps_out,
-        "gpu_time": _merge_gpu_time(analysed),
-        "findings": findings,
-        "top_kernels": _merge_table(analysed, "top_kernels"),
-        "top_ops": _merge_table(analysed, "top_ops"),
-        "collectives": collectives,
-        "mfu": mfu,
-        "fixes": fixes,
-        "path": path,
-        "shares": {b: measurements.get(f"{b}_share", 0.0) for b in CLASSES} if tot > 0 else None,
-        "measurements": measurements,
-        "wait_split": next((x for x in split if x.get("measured")), split[0] if split else
-                           {"measured": False, "reason": "no profiler window analysed"}),
-        "waits_for": _most_common(w["analysis"].get("waits_for") for w in analysed),
-        "wait_share": measurements.get("wait_share"),
-        "evidence": {
-            "trace_steps": sum(1 for s in steps_out if s["evidence"] == "trace"),
-            "sampled_steps": sum(1 for s in steps_out if s["evidence"] == "sampled"),
-            "windows": [{"first_step": w.get("first_step"), "last_step": w.get("last_step"),
-                         "trace": w.get("trace"), "bound": (w.get("analysis") or {}).get("bound")}
-                        for w in windows],
-            "samples": len(samples),
-            "warmup_steps_excluded": sum(1 for s in steps_out if s["step"] < cut),
-        },
         # durations are all finite already: no second filtering pass
         "step_time_ms": {"p50": statistics.median(durations) if durations else None,
                          "p95": _sorted_quantile(sorted(durations), 0.95),
@@ -376,12 +408,6 @@ def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None
             "samples_per_s": samples_total / wall_s if wall_s > 0 and samples_total else None,
             "tokens_per_s": tokens_total / wall_s if wall_s > 0 and tokens_total else None,
         },
-        # What the live model and optimizer held (diag.collectors.model_facts), and the rates measured.
-        "model": model if isinstance(model, dict) else None,
-        "critical_path": critical_path,
-        "what_if": what_if_entries,
-        "rates": measured_rates([trace_steps[n] for n in sorted(trace_steps)], {r["step"]: r for r in records},
-                                [s["duration_ms"] for s in counted if s["evidence"] == "sampled"]),
     }
 
 
