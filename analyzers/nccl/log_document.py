@@ -26,6 +26,15 @@ class LogDocument:
         o._close_chains()
         o._flush_colls()
         self._flush_colls()
+        self._merge_counts(o)
+        self._merge_topology(o)
+        self._merge_collectives(o)
+        self._merge_failures(o)
+        self._merge_inspector(o)
+        self._merge_signals(o)
+
+    def _merge_counts(self, o: LogDocument) -> None:
+        """Line counts, versions, transports and the library's own facts."""
         self.lines += o.lines
         self.nccl_lines += o.nccl_lines
         self.bad_lines += o.bad_lines
@@ -40,6 +49,9 @@ class LogDocument:
             self.backend = o.backend or self.backend
         self.rccl.update(o.rccl)
         self.cuda_driver = self.cuda_driver or o.cuda_driver
+
+    def _merge_topology(self, o: LogDocument) -> None:
+        """Hosts, ranks, communicators, rings, trees, peers, NICs and the environment."""
         for mine, theirs in ((self.hosts, o.hosts), (self.processes, o.processes), (self.ips, o.ips),
                              (self.nvls["available"], o.nvls["available"]),
                              (self.nvls["unavailable"], o.nvls["unavailable"]),
@@ -85,6 +97,9 @@ class LogDocument:
             if n not in self.nics and len(self.nics) < 256:
                 self.nics.append(n)
         self.env.update(o.env)
+
+    def _merge_collectives(self, o: LogDocument) -> None:
+        """Collective calls, operation counts and the tuner's choices."""
         for op, a in o.colls.items():
             mine = self.colls.get(op)
             if mine is None:
@@ -114,6 +129,9 @@ class LogDocument:
                 mine["channels"] = max(mine["channels"] or 0, c["channels"])
         for name, row in o.tune_table.items():
             self.tune_table.setdefault(name, row)
+
+    def _merge_failures(self, o: LogDocument) -> None:
+        """Warnings, error chains, watchdog timeouts, desync reports and the flight recorder."""
         for k, w in o.warn_kinds.items():
             mine = self.warn_kinds.get(k)
             if mine is None:
@@ -156,6 +174,9 @@ class LogDocument:
             fr.setdefault(k, v)
         if "max_seq" in ofr:
             fr["max_seq"] = max(fr.get("max_seq", -1), ofr["max_seq"])
+
+    def _merge_inspector(self, o: LogDocument) -> None:
+        """The Inspector plugin's records."""
         ins, oins = self.inspector, o.inspector
         ins["records"] += oins["records"]
         for k in ("n_ranks", "nnodes", "format"):
@@ -172,6 +193,9 @@ class LogDocument:
             mine["max_msg_size_bytes"] = max(mine["max_msg_size_bytes"], a["max_msg_size_bytes"])
             if a["busbw_max"] is not None:
                 mine["busbw_max"] = a["busbw_max"] if mine["busbw_max"] is None else max(mine["busbw_max"], a["busbw_max"])
+
+    def _merge_signals(self, o: LogDocument) -> None:
+        """The signals the finding rules read."""
         for name, b in o.signals.items():
             mine = self.signals.get(name)
             if mine is None:
