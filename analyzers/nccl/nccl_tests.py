@@ -442,186 +442,231 @@ def _finish(test: _Test, source: str | None) -> dict:
 
 def parse_text(text: str, source: str | None = None) -> list[dict]:
     """Every nccl-tests run found in `text`, as test dicts of diag.nccl_bench/1."""
-    tests: list[_Test] = []
-    backend = "rccl" if _RCCL_TEXT.search(text) else None
-    cur: _Test | None = None
-    pending_binary: str | None = None
-    pending_errors: list[str] = []
-    pending_warn: list[str] = []
-    pending_version = None
-    cmd_world = None
+    return _TextParser(text).parse(source)
 
-    def new_test() -> _Test:
-        nonlocal cur, pending_binary, pending_errors, pending_warn
-        t = _Test(backend)
-        if pending_binary:
-            t.binary = pending_binary
-            t.collective = _collective_from_binary(pending_binary)
-        t.cmd_world = cmd_world
-        t.nccl_version = pending_version
-        for e in pending_errors:
+
+class _TextParser:
+    """nccl-tests output, line by line: each kind of line is read by one method, which says
+    whether the line was its kind. State carried between lines: the test being read, and what
+    was seen before its header (binary, errors, warnings, library version, world size)."""
+
+    def __init__(self, text: str):
+        self.text = text
+        self.tests: list[_Test] = []
+        self.backend = "rccl" if _RCCL_TEXT.search(text) else None
+        self.cur: _Test | None = None
+        self.pending_binary: str | None = None
+        self.pending_errors: list[str] = []
+        self.pending_warn: list[str] = []
+        self.pending_version = None
+        self.cmd_world = None
+
+    def parse(self, source: str | None) -> list[dict]:
+        kinds = (self._diag_backend, self._version, self._json, self._concluded, self._params, self._rank,
+                 self._columns, self._avg, self._oob)
+        lines = [strip_prefix(x) for x in self.text.splitlines()]
+        extra = shared_prefix(lines)
+        for line in lines:
+            if extra is not None:
+                line = extra.sub("", line, count=1)
+            s = line.strip()
+            if not s or s.startswith("# source:"):
+                continue
+            body = s.lstrip("#").strip()
+            if any(kind(s, body, line) for kind in kinds) or s.startswith("#"):
+                continue
+            if self._row(s, line) or self._warning(s) or self._failure(s) or "NCCL INFO" in s:
+                continue
+            self._command(s)
+        if self.pending_errors:
+            self._new_test()
+        docs = []
+        for t in self.tests:
+            if t.has_content or t.errors:
+                if t.failed:
+                    for w in t.warnings:
+                        _add_line(t.errors, w)
+                docs.append(_finish(t, source))
+        return docs
+
+    def _new_test(self) -> _Test:
+        t = _Test(self.backend)
+        if self.pending_binary:
+            t.binary = self.pending_binary
+            t.collective = _collective_from_binary(self.pending_binary)
+        t.cmd_world = self.cmd_world
+        t.nccl_version = self.pending_version
+        for e in self.pending_errors:
             _add_line(t.errors, e)
-        t.failed = bool(pending_errors)
-        for w in pending_warn:
+        t.failed = bool(self.pending_errors)
+        for w in self.pending_warn:
             _add_line(t.warnings, w)
-        pending_binary, pending_errors, pending_warn = None, [], []
-        tests.append(t)
-        cur = t
+        self.pending_binary, self.pending_errors, self.pending_warn = None, [], []
+        self.tests.append(t)
+        self.cur = t
         return t
 
-    def current(fresh_header: bool = False) -> _Test:
+    def _current(self, fresh_header: bool = False) -> _Test:
         # A header after rows or a footer starts the next test.
+        cur = self.cur
         if cur is None or (fresh_header and (cur.rows or cur.done)):
-            return new_test()
+            return self._new_test()
         return cur
 
-    lines = [strip_prefix(x) for x in text.splitlines()]
-    extra = shared_prefix(lines)
-    for line in lines:
-        if extra is not None:
-            line = extra.sub("", line, count=1)
-        s = line.strip()
-        if not s or s.startswith("# source:"):
-            continue
-        body = s.lstrip("#").strip()
-
+    def _diag_backend(self, s: str, body: str, line: str) -> bool:
         m = _DIAG_BACKEND.match(s)
         if m:  # diag's own table: the backend it measured (gloo, nccl, rccl)
-            backend = m.group(1)
-            if cur is not None and not cur.rows and not cur.done:
-                cur.backend = backend
-            continue
+            self.backend = m.group(1)
+            if self.cur is not None and not self.cur.rows and not self.cur.done:
+                self.cur.backend = self.backend
+        return bool(m)
+
+    def _version(self, s: str, body: str, line: str) -> bool:
         m = _VERSION.search(s)
         if m:
-            pending_version = m.group(2)
+            self.pending_version = m.group(2)
             if m.group(1) == "RCCL":
-                backend = "rccl"
-            if cur is not None and cur.nccl_version is None:
-                cur.nccl_version = m.group(2)
-            continue
+                self.backend = "rccl"
+            if self.cur is not None and self.cur.nccl_version is None:
+                self.cur.nccl_version = m.group(2)
+        return bool(m)
+
+    def _json(self, s: str, body: str, line: str) -> bool:
         if s.startswith("{") and ('"benchmark"' in s or '"identifier"' in s):
-            _parse_json_line(s, current(fresh_header=True))
-            continue
+            _parse_json_line(s, self._current(fresh_header=True))
+            return True
+        return False
+
+    def _concluded(self, s: str, body: str, line: str) -> bool:
         m = _CONCLUDED.match(s)
         if m:
             stem = _BINARY.search(" " + m.group(2))
             stem = stem.group(1) if stem else m.group(2)
             if m.group(1) == "starting":
-                pending_binary = stem
-                if cur is not None and (cur.rows or cur.done):
-                    cur = None
-            elif cur is not None:
-                cur.binary = cur.binary or stem
-                cur.collective = cur.collective or _collective_from_binary(stem)
-            continue
-        if body.startswith("nThread"):
-            t = current(fresh_header=True)
-            if t.headers and not t.rows and not t.done:
-                t.headers += 1  # the same header again: another process of a non-MPI build
-            else:
-                t.headers = max(t.headers, 1)
-            t.params = _typed_params(_PARAM.findall(body))
-            continue
-        if body.startswith("Rank") and "Pid" in body:
-            m = _RANK.match(body)
-            if m:
-                t = current()
-                t.devices.append({"rank": int(m.group(1)), "group": int(m.group(2)) if m.group(2) else 0,
-                                  "pid": int(m.group(3)), "host": m.group(4), "device": int(m.group(5)),
-                                  "bus_id": _bus_number(m.group(6)), "pci_id": m.group(6),
-                                  "name": m.group(7) or None})
-            continue
-        if body.startswith("size") and "time" in body and ("algbw" in body or "busbw" in body):
-            t = current(fresh_header=True)
-            names = body.split()
-            first = names.index("time")
-            t.columns = names[:first]
-            t.error_column = "#wrong" if "#wrong" in names else ("error" if "error" in names else None)
-            m = _TYPE_WIDTH_HEADER.search(line)
-            if m:
-                t.type_width = len(m.group(1)) + 2  # "count" + spaces + "type": %Ns with N = spaces + 4 - 2
-            continue
+                self.pending_binary = stem
+                if self.cur is not None and (self.cur.rows or self.cur.done):
+                    self.cur = None
+            elif self.cur is not None:
+                self.cur.binary = self.cur.binary or stem
+                self.cur.collective = self.cur.collective or _collective_from_binary(stem)
+        return bool(m)
+
+    def _params(self, s: str, body: str, line: str) -> bool:
+        if not body.startswith("nThread"):
+            return False
+        t = self._current(fresh_header=True)
+        if t.headers and not t.rows and not t.done:
+            t.headers += 1  # the same header again: another process of a non-MPI build
+        else:
+            t.headers = max(t.headers, 1)
+        t.params = _typed_params(_PARAM.findall(body))
+        return True
+
+    def _rank(self, s: str, body: str, line: str) -> bool:
+        if not (body.startswith("Rank") and "Pid" in body):
+            return False
+        m = _RANK.match(body)
+        if m:
+            self._current().devices.append({
+                "rank": int(m.group(1)), "group": int(m.group(2)) if m.group(2) else 0, "pid": int(m.group(3)),
+                "host": m.group(4), "device": int(m.group(5)), "bus_id": _bus_number(m.group(6)),
+                "pci_id": m.group(6), "name": m.group(7) or None})
+        return True
+
+    def _columns(self, s: str, body: str, line: str) -> bool:
+        if not (body.startswith("size") and "time" in body and ("algbw" in body or "busbw" in body)):
+            return False
+        t = self._current(fresh_header=True)
+        names = body.split()
+        t.columns = names[:names.index("time")]
+        t.error_column = "#wrong" if "#wrong" in names else ("error" if "error" in names else None)
+        m = _TYPE_WIDTH_HEADER.search(line)
+        if m:
+            t.type_width = len(m.group(1)) + 2  # "count" + spaces + "type": %Ns with N = spaces + 4 - 2
+        return True
+
+    def _avg(self, s: str, body: str, line: str) -> bool:
         m = _AVG.match(s)
         if m:
-            t = current()  # a second footer without new rows: another process's copy (see _finish)
+            t = self._current()  # a second footer without new rows: another process's copy (see _finish)
             try:
                 t.avg.append(float(m.group(1)))
             except ValueError:
                 pass
             t.done = True
-            continue
+        return bool(m)
+
+    def _oob(self, s: str, body: str, line: str) -> bool:
         m = _OOB.match(s)
         if m:
-            t = current()
+            t = self._current()
             t.oob = int(m.group(1))
             if m.group(2).upper() != "OK":
                 t.oob_failed = True
                 _add_line(t.errors, s)
-            continue
-        if s.startswith("#"):
-            continue
-        tokens = _TAG.sub(" ", s).split() if "[" in s else s.split()
-        if tokens and tokens[0].isdigit():
-            t_probe = cur if cur is not None and not cur.done else None
-            probe = t_probe or _Test(backend)
-            row = _parse_row(tokens, probe)
-            if row is not None:
-                t = t_probe or new_test()
-                if t is not probe:
-                    t.columns = t.columns or probe.columns
-                t.rows.append(row)
-                if t.type_width is None:
-                    m = _TYPE_WIDTH_ROW.match(line)
-                    if m:
-                        t.type_width = len(m.group(1)) + len(m.group(2)) - 2  # "  %Ns" after the count
-                continue
-        if _WARN.search(s):
-            if cur is not None:
-                _add_line(cur.warnings, s)
-            else:
-                pending_warn.append(s)
-            continue
-        if _FAILURE.search(s):
-            if cur is not None:
-                cur.failed = True
-                for w in cur.warnings:
-                    _add_line(cur.errors, w)
-                _add_line(cur.errors, s)
-            else:
-                _add_line(pending_errors, s)
-            continue
-        if "NCCL INFO" in s:
-            continue
-        m = _BINARY.search(s)
-        if m and not s.startswith("=") and (m.group(1) in COLLECTIVES):
-            # a command line starts the next test
-            pending_binary = m.group(1)
-            # world size from the command: launcher options before the binary, -g/-t after it
-            launcher, bench_args = s[:m.start()], s[m.end():]
-            args = {k: int(v) for k, v in _CMD_ARG.findall(bench_args) if k in ("-g", "--ngpus", "-t", "--nthreads")}
-            procs = {k: int(v) for k, v in _CMD_ARG.findall(launcher) if k in ("-np", "--np", "-n")}
-            cw = 1
-            for v in args.values():
-                cw *= v
-            if procs and re.search(r"\b(mpirun|mpiexec|srun|orterun)\b", launcher):
-                cw *= next(iter(procs.values()))
-            cmd_world = cw if (args or procs) else None
-            if cur is not None and (cur.rows or cur.done or cur.errors):
-                cur = None
-            elif cur is not None and not cur.has_content:
-                cur.binary, cur.collective = pending_binary, _collective_from_binary(pending_binary)
-            continue
+        return bool(m)
 
-    if pending_errors:
-        t = new_test()
-    docs = []
-    for t in tests:
-        if t.has_content or t.errors:
-            if t.failed:
-                for w in t.warnings:
-                    _add_line(t.errors, w)
-            docs.append(_finish(t, source))
-    return docs
+    def _row(self, s: str, line: str) -> bool:
+        tokens = _TAG.sub(" ", s).split() if "[" in s else s.split()
+        if not (tokens and tokens[0].isdigit()):
+            return False
+        t_probe = self.cur if self.cur is not None and not self.cur.done else None
+        probe = t_probe or _Test(self.backend)
+        row = _parse_row(tokens, probe)
+        if row is None:
+            return False
+        t = t_probe or self._new_test()
+        if t is not probe:
+            t.columns = t.columns or probe.columns
+        t.rows.append(row)
+        if t.type_width is None:
+            m = _TYPE_WIDTH_ROW.match(line)
+            if m:
+                t.type_width = len(m.group(1)) + len(m.group(2)) - 2  # "  %Ns" after the count
+        return True
+
+    def _warning(self, s: str) -> bool:
+        if not _WARN.search(s):
+            return False
+        if self.cur is not None:
+            _add_line(self.cur.warnings, s)
+        else:
+            self.pending_warn.append(s)
+        return True
+
+    def _failure(self, s: str) -> bool:
+        if not _FAILURE.search(s):
+            return False
+        if self.cur is not None:
+            self.cur.failed = True
+            for w in self.cur.warnings:
+                _add_line(self.cur.errors, w)
+            _add_line(self.cur.errors, s)
+        else:
+            _add_line(self.pending_errors, s)
+        return True
+
+    def _command(self, s: str) -> None:
+        """A command line (mpirun ... all_reduce_perf -g 8) starts the next test."""
+        m = _BINARY.search(s)
+        if not (m and not s.startswith("=") and (m.group(1) in COLLECTIVES)):
+            return
+        self.pending_binary = m.group(1)
+        # world size from the command: launcher options before the binary, -g/-t after it
+        launcher, bench_args = s[:m.start()], s[m.end():]
+        args = {k: int(v) for k, v in _CMD_ARG.findall(bench_args) if k in ("-g", "--ngpus", "-t", "--nthreads")}
+        procs = {k: int(v) for k, v in _CMD_ARG.findall(launcher) if k in ("-np", "--np", "-n")}
+        cw = 1
+        for v in args.values():
+            cw *= v
+        if procs and re.search(r"\b(mpirun|mpiexec|srun|orterun)\b", launcher):
+            cw *= next(iter(procs.values()))
+        self.cmd_world = cw if (args or procs) else None
+        cur = self.cur
+        if cur is not None and (cur.rows or cur.done or cur.errors):
+            self.cur = None
+        elif cur is not None and not cur.has_content:
+            cur.binary, cur.collective = self.pending_binary, _collective_from_binary(self.pending_binary)
 
 
 def _read_text(path: Path) -> str:
