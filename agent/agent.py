@@ -32,13 +32,12 @@ from diag.collectors.run_writer import RunWriter
 from diag.collectors.step_timer import StepTimer
 from diag.config import FLAT, AgentConfig
 from diag.errors import DiagInputError
+from diag.live_verdict import LiveVerdicts
+from diag.nccl_watch import NcclWatch
 from diag.window_analysis import WindowAnalysis
 
 _DATA_WAIT_NAME = "enumerate(DataLoader)#diag.Agent.loader"
 _EXCEPTION_TEXT = re.compile(r"([A-Za-z_][\w.]*)(?:: (.*))?\Z", re.S)  # "OutOfMemoryError: CUDA out of memory"
-NCCL_BENCH_FILE = "nccl_bench.json"  # written by `diag nccl --run-dir` (contract C)
-NCCL_LOG_PARSE_MAX = 16 << 20  # bytes; larger NCCL logs are parsed by `diag report`, not live
-NCCL_LOG_SETTLE_S = 3.0  # a NCCL log is parsed live once it has not changed for this long
 
 
 class Agent:
@@ -105,6 +104,7 @@ class Agent:
         self.sampler = None
         self.exporter = None
         self.tree = None
+        self.verdicts = LiveVerdicts(None, self._log)  # each step's live verdict, once the tree is loaded
         self.host_peaks: dict | None = None  # the host's calibration, on CPU runs that have one
         self.timer: StepTimer | None = None
         self.report_paths: dict | None = None
@@ -118,15 +118,11 @@ class Agent:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._analysis: WindowAnalysis | None = None  # one analysis process for the whole run
-        self._composition: dict | None = None
         self._windows_meta: list[dict] = []
-        self._latest_sample: dict | None = None
-        self._last_path_sig = None
         self._steps_done = 0
         self._last_step: int | None = None
         self._loader_used = False
-        self._nccl_seen: dict[str, tuple[float, int]] = {}  # NCCL file -> (mtime, size) last handed on
-        self._nccl_log_changed: float | None = None  # when this rank's NCCL log last changed, until parsed
+        self._nccl_watch: NcclWatch | None = None  # this rank's NCCL log and `diag nccl` results, live
         self._dist_recorded = False
         self._exception: tuple[str, str] | None = None  # (type, text) of what the training loop raised
         self._watch: tuple | None = None  # (model, optimizer) to describe after the next step
@@ -273,6 +269,7 @@ class Agent:
 
             self.tree = load_tree(self.config.config_file, self.config.thresholds or None)
             tree_settings = settings(self.tree)
+            self.verdicts = LiveVerdicts(self.tree, self._log)
         except Exception as exc:
             self._log(f"agent: decision tree unavailable ({type(exc).__name__}: {exc}); steps get no live verdict")
         if tree_settings is not None and writable:
@@ -400,7 +397,7 @@ class Agent:
             "sampler": self.sampler is not None,
             "exporter": self.exporter is not None,
             "exporter_port": getattr(self.exporter, "port", None),
-            "verdicts": self.tree is not None,
+            "verdicts": self.verdicts.on,
         }
 
     # -- logging ----------------------------------------------------------------------------
@@ -432,7 +429,7 @@ class Agent:
     # -- callbacks from other threads ---------------------------------------------------------
 
     def _on_sample(self, sample: dict) -> None:
-        self._latest_sample = sample
+        self.verdicts.latest_sample = sample
         if self.writer is not None:
             self.writer.write_record("samples", sample)
         if self.exporter is not None:
@@ -499,44 +496,9 @@ class Agent:
         """Hand `diag nccl` results and this rank's parsed NCCL log to the exporter when they change."""
         if self.exporter is None or self.writer is None:
             return
-        bench = self.writer.path / NCCL_BENCH_FILE
-        changed = self._nccl_changed(bench)
-        if changed:
-            doc = rundir.read_json(bench)
-            if isinstance(doc, dict) and str(doc.get("schema") or "").startswith("diag.nccl_bench/"):
-                self.exporter.observe_nccl(doc)
-        log_dir = self.writer.rank_path / rundir.NCCL
-        try:
-            logs = [log_dir / n for n in os.listdir(log_dir)] if log_dir.is_dir() else []
-        except OSError:
-            logs = []
-        now = time.monotonic()
-        if any([self._nccl_changed(p) for p in logs]):
-            self._nccl_log_changed = now
-        # NCCL writes its log while communicators start, then (without COLL tracing) stays
-        # quiet: parse once a change has settled for a few seconds. A log that keeps
-        # growing (COLL tracing) is left to `diag report`, as is a very large one.
-        if self._nccl_log_changed is None or now - self._nccl_log_changed < NCCL_LOG_SETTLE_S:
-            return
-        self._nccl_log_changed = None
-        sized = [p for p in logs if p.is_file() and p.stat().st_size <= NCCL_LOG_PARSE_MAX]
-        if len(sized) < len(logs):
-            self._log(f"nccl: a log over {NCCL_LOG_PARSE_MAX >> 20} MB is left to `diag report`")
-        if sized:
-            from diag.analyzers.nccl.log import parse_files
-
-            self.exporter.observe_nccl(parse_files([str(p) for p in sized]))
-
-    def _nccl_changed(self, path: Path) -> bool:
-        try:
-            st = path.stat()
-        except OSError:
-            return False
-        sig = (st.st_mtime, st.st_size)
-        if self._nccl_seen.get(str(path)) == sig:
-            return False
-        self._nccl_seen[str(path)] = sig
-        return True
+        if self._nccl_watch is None:
+            self._nccl_watch = NcclWatch(self.writer.path, self.writer.rank_path, self.exporter, self._log)
+        self._nccl_watch.poll()
 
     def _drain(self) -> None:
         q = self._queue
@@ -571,19 +533,7 @@ class Agent:
                 flops = self.config.report.flops_per_sample * t.samples
             if flops:
                 rec["mfu"] = flops / t.duration_s / self.peak_flops
-        if self.tree is not None:
-            try:
-                from diag.analyzers.job.sampled import sampled_verdict
-
-                v = sampled_verdict(rec, self._latest_sample, self._composition, self.tree)
-                rec["bound"], rec["shares"] = v["bound"], v["shares"]
-                sig = tuple((p["node"], p["answer"]) for p in v["path"])
-                if sig != self._last_path_sig:
-                    rec["path"] = v["path"]
-                    self._last_path_sig = sig
-            except Exception as exc:
-                self.tree = None
-                self._log(f"agent: live verdicts off ({type(exc).__name__}: {exc})")
+        self.verdicts.judge(rec)
         return rec
 
     # -- window analysis in a background process (diag.window_analysis) ------------------------
@@ -603,14 +553,7 @@ class Agent:
             self._analysis.finish(timeout_s)
 
     def _window_done(self, first: int, last: int, analysis: dict) -> None:
-        try:
-            from diag.analyzers.job.sampled import window_composition
-
-            comp = window_composition(analysis)
-            if comp is not None:
-                self._composition = comp
-        except Exception as exc:
-            self._log(f"agent: window composition failed ({type(exc).__name__}: {exc})")
+        self.verdicts.window_done(analysis)
         self._windows_meta.append({"first_step": first, "last_step": last, "bound": analysis.get("bound")})
         self._event("profiler", f"window {first}-{last} analysed: {analysis.get('bound')}-bound")
         if self.exporter is not None:

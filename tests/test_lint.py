@@ -44,8 +44,10 @@ LAYERS = {
     "agent/exporter": ("diag.__version__", "diag.exporter", f"{_ANALYZERS}.diagnosis"),
     # In the training process: the collectors, and the tree for the live verdicts.
     "agent/agent.py": ("diag.collectors", "diag.config", "diag.errors", "diag.exporter", "diag.report", "diag.rundir",
-                       "diag.window_analysis", "diag.calibrate", f"{_ANALYZERS}.diagnosis", f"{_ANALYZERS}.job.sampled",
-                       f"{_ANALYZERS}.trace.devices", f"{_ANALYZERS}.nccl.log"),
+                       "diag.window_analysis", "diag.calibrate", "diag.live_verdict", "diag.nccl_watch",
+                       f"{_ANALYZERS}.diagnosis", f"{_ANALYZERS}.trace.devices"),
+    "agent/live_verdict.py": (f"{_ANALYZERS}.job.sampled",),
+    "agent/nccl_watch.py": ("diag.rundir", f"{_ANALYZERS}.nccl.log"),
     "agent/window_analysis.py": ("diag.rundir",),
     "agent/window_worker.py": ("diag.rundir", f"{_ANALYZERS}.diagnosis.decision_tree", f"{_ANALYZERS}.trace.analysis"),
     "agent/config.py": ("diag.errors", "diag.collectors", f"{_ANALYZERS}.diagnosis.decision_tree"),
