@@ -47,6 +47,10 @@ LAYERS = {
                        "diag.window_analysis", "diag.calibrate", "diag.live_verdict", "diag.nccl_watch",
                        f"{_ANALYZERS}.diagnosis", f"{_ANALYZERS}.trace.devices"),
     "agent/live_verdict.py": (f"{_ANALYZERS}.job.sampled",),
+    # diag nccl: its output (the judgement of each test is the diagnosis's) and its measuring mode.
+    "agent/nccl_output.py": ("diag.errors", "diag.rundir", f"{_ANALYZERS}.diagnosis", f"{_ANALYZERS}.nccl"),
+    "agent/nccl_measure.py": ("diag.errors", "diag.rundir", "diag.nccl_output", "diag.nccl_table", "diag.collectors",
+                              f"{_ANALYZERS}.nccl"),
     "agent/nccl_watch.py": ("diag.rundir", f"{_ANALYZERS}.nccl.log"),
     "agent/window_analysis.py": ("diag.rundir",),
     "agent/window_worker.py": ("diag.rundir", f"{_ANALYZERS}.diagnosis.decision_tree", f"{_ANALYZERS}.trace.analysis"),

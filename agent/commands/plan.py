@@ -182,7 +182,7 @@ def run(args) -> int:
     if args.run:
         from pathlib import Path
 
-        from diag.commands.nccl import RUN_DIR_FILE
+        from diag.nccl_output import RUN_DIR_FILE
 
         bench = Path(args.run) / RUN_DIR_FILE  # `diag nccl --run-dir` wrote it: a measurement on these nodes
         if bench.is_file():
