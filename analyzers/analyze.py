@@ -34,7 +34,7 @@ _PER_JSON_BYTE = 0.6
 
 def analyze_paths(paths, tree: dt.Tree | None = None, jobs: int | None = None, progress=None, pool=None,
                   host_peaks: dict | None = None) -> dict:
-    """Analyse traces and run directories; returns the document of contract A.
+    """Analyse traces and run directories; returns the diag.analysis/1 document.
 
     progress: optional callable(done, total, source) called as each trace finishes.
     pool: optional executor of the per-trace analyses (diag.ray_pool.RayPool) in place of

@@ -1,6 +1,6 @@
 """Run directories and analysis documents for the report tests, written the way the agent does.
 
-They are inputs (contract C through diag.rundir, contract A documents), never expected outputs:
+They are inputs (run directories (diag.run/1) through diag.rundir, diag.analysis/1 documents), never expected outputs:
 the tests compute what the report must say from the numbers put in here.
 """
 
@@ -94,7 +94,7 @@ def write_run(
 def analysis_rank(rank: int, world: int, bound: str, strength: float = 0.5, kernel_name: str = "aten::mm",
                   steps=range(3), step_s: float = 0.05, collectives: list | None = None, host: str | None = None,
                   durations: dict | None = None):
-    """One rank dict of contract A; a trace of the same steps measures the same durations."""
+    """One rank of a diag.analysis/1 document; a trace of the same steps measures the same durations."""
     sh = shares_for(bound, strength)
     durations = durations or {}
     d = {

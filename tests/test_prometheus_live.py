@@ -6,7 +6,7 @@ and dashboards/alerts.yml as its rule file. Its targets:
 
 - the two ranks of a live `diag demo` run (gloo DDP on CPU under the real agent), scraped
   while it trains and kept serving after it by `--linger`;
-- one more endpoint in this process, fed GPU-shaped samples (contract D), profiler window
+- one more endpoint in this process, fed GPU-shaped samples (the sample record: diag.collectors.sampler), profiler window
   summaries, NCCL documents (parsed from the real nccl-tests outputs and NCCL logs where
   the data exists) and an out-of-memory event, because this machine has no GPU and the
   demo runs no `diag nccl`.

@@ -1,6 +1,6 @@
 """The report's data model: verdict sentence, confidence, ranked recommendations, what was missing.
 
-Inputs are run directories written with diag.rundir and analysis documents of contract A;
+Inputs are run directories written with diag.rundir and analysis documents (diag.analysis/1);
 every expected figure is computed here from the numbers put into them.
 """
 

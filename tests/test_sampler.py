@@ -14,7 +14,7 @@ from diag.collectors import gpu_amdsmi
 from diag.collectors import sampler as sampler_mod
 from diag.collectors.sampler import Sampler
 
-# Contract D of the brief: the keys a sample may hold.
+# The keys a sample record may hold (diag.collectors.sampler).
 GPU_KEYS = {
     "index", "uuid", "name", "utilization_ratio", "memory_used_bytes", "memory_total_bytes", "sm_clock_hz",
     "power_watts", "energy_joules_total", "temperature_celsius", "clock_events", "pcie_tx_bytes_per_second",

@@ -19,7 +19,7 @@ from diag.analyzers.diagnosis.throttle import CLOCK_EVENTS
 
 PREFIX = "diag_"
 
-# Set once per rank's endpoint from the agent's identity (contract E).
+# Set once per rank's endpoint from the agent's identity (its metric table: diag.exporter.metrics_table).
 IDENTITY_LABELS = ("run", "rank", "local_rank", "host", "gpu")
 
 # Fixed label values, exported from the start (as 0) so series counts are stable and
@@ -32,7 +32,7 @@ CLASSES = ("data", "host", "comm", "wait", "memory", "compute")
 # Where a step's time goes in the exporter: the six classes, and what a step without shares leaves.
 STEP_PHASES = CLASSES + ("unattributed",)
 # NVML clock event (throttle) reasons, named as the NVML sampler names them in samples
-# (contract D). Unknown reason bits are exported as reason="other".
+# (the sample record: diag.collectors.sampler). Unknown reason bits are exported as reason="other".
 CLOCK_EVENT_REASONS = tuple(CLOCK_EVENTS)
 DIRECTIONS_NET = ("rx", "tx")
 DIRECTIONS_DISK = ("read", "write")

@@ -1,4 +1,4 @@
-"""The exporter inside a training process: one Prometheus endpoint per rank (contract E).
+"""The exporter inside a training process: one Prometheus endpoint per rank (its metric table: diag.exporter.metrics_table).
 
     handle = start({"run": ..., "rank": 0, "local_rank": 0, "host": ..., "gpu": "0"})
     handle.observe_step(step_record)      # from the agent's step path
@@ -223,7 +223,7 @@ class Handle:
                     getattr(s, method)(name, value, labels)
 
     def _window(self, doc: dict) -> None:
-        # A window summary file (contract C) wraps the rank dict under "analysis".
+        # A window summary file of the run directory (diag.run/1) wraps the rank dict under "analysis".
         rank = doc.get("analysis") if isinstance(doc.get("analysis"), dict) else doc
         mfu = _num(rank.get("mfu"))
         gpu_time = rank.get("gpu_time") if isinstance(rank.get("gpu_time"), dict) else {}

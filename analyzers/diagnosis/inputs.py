@@ -96,7 +96,7 @@ class Steps:
 
 
 def _rank_steps(records: list, doc_steps: list) -> Steps:
-    """Step records (contract C) merged with analysed steps (contract A); the analysis wins
+    """Step records of the run directory (diag.run/1) merged with analysed steps (diag.analysis/1); the analysis wins
     for shares, verdict and evidence, the records for timings."""
     rows: dict[int, list] = {}
     for rec in records:

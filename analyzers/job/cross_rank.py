@@ -73,7 +73,7 @@ def _source_kind(by_rank: dict[int, list[dict]]) -> str | None:
 def match_collectives(by_rank: dict[int, list[dict]]) -> dict:
     """Group the collective records of several ranks into matched collectives.
 
-    `by_rank` maps rank -> collective records (contract B). Returns
+    `by_rank` maps rank -> collective records (trace.analysis.collectives). Returns
     {"source", "matched_by", "groups": [{"key","name","pg","seq","step","dur_us": {rank: us},
     "ts_us": {rank: us}, "bytes"}], "unmatched": int, "count_mismatch": [...]}; groups
     seen on fewer than two ranks are counted as unmatched.

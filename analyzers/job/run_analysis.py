@@ -522,7 +522,7 @@ def _missing_finding(lost: list[dict], world: int | None) -> dict:
 
 
 def analyze_run(run_dir, tree=None, host_peaks: dict | None = None) -> dict:
-    """The analysis document (contract A) of a run directory; `host_peaks` calibrates the CPU
+    """The analysis document (diag.analysis/1) of a run directory; `host_peaks` calibrates the CPU
     traces of ranks whose agent recorded no calibration."""
     tree = tree or load_tree()
     rd = rundir.RunDir(run_dir)

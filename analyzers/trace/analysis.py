@@ -4,7 +4,7 @@
 (`event_classes`, `roofline`), attributes every step's wall time to data / host / comm /
 memory / compute (`attribution`), walks the decision tree per step and for the rank
 (`decision_tree`), and adds HTA's GPU-time breakdown (`gpu_time`), MFU, top kernels and
-ops, and the rank's collectives (contract B) for cross-rank matching.
+ops, and the rank's collective records (`collectives`) for cross-rank matching.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ _DTYPE_SIZE = {"float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2,
 
 def analyze_trace(path, tree: dt.Tree | None = None, rank: int | None = None, workers: int | None = 1,
                   host_peaks: dict | None = None) -> dict:
-    """The rank dict of contract A from one Kineto trace file.
+    """One rank of the diag.analysis/1 document from one Kineto trace file.
 
     workers: decoding processes for a large file (1: serial, the default; None: by file
     size and idle CPUs, as `diag analyze` does).
@@ -494,7 +494,7 @@ def _top_ops(trace: Trace) -> list[dict]:
     return out
 
 
-# --- collectives (contract B) ------------------------------------------------------------
+# --- collective records: {name, pg, seq, step, ts_us, dur_us, bytes, on} ------------------------------------------------------------
 
 
 def _bytes_of(args: dict) -> int | None:
@@ -557,7 +557,7 @@ def _exposed(records: list[dict], comm: np.ndarray | None) -> list[dict]:
 
 
 def collectives(trace: Trace, cls: np.ndarray | None) -> list[dict]:
-    """Contract B records in trace order: device NCCL/RCCL kernels, else host gloo spans."""
+    """Collective records in trace order: device NCCL/RCCL kernels, else host gloo spans."""
     out = []
     if cls is not None and np.any(cls == ec.COMM):
         # Host-side parameters (record_param_comms, nccl:* annotations), by External id.

@@ -323,7 +323,7 @@ def is_data_annotation(name: str) -> bool:
     return bool(DATA_RE.search(name))
 
 
-# Collective names: kernel fragments and c10d / gloo / record_param_comms names -> contract B names.
+# Collective names: kernel fragments and c10d / gloo / record_param_comms names -> the collective names of collective records.
 _COLL_WORDS = [
     ("reduce_scatter", r"reduce_?scatter|reducescatter"),
     ("all_gather", r"all_?gather|allgather"),
@@ -344,7 +344,7 @@ _COLL_RES = [(n, re.compile(p, re.IGNORECASE)) for n, p in _COLL_WORDS]
 
 @lru_cache(maxsize=4096)  # a trace repeats a handful of collective names thousands of times
 def collective_name(text: str | None) -> str | None:
-    """Contract B collective name of a kernel name, host op name or collective argument."""
+    """The collective name (as collective records give it) of a kernel name, host op name or collective argument."""
     if not text:
         return None
     kind = kernel_collective(text)
