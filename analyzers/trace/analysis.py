@@ -494,7 +494,7 @@ def _top_ops(trace: Trace) -> list[dict]:
     return out
 
 
-# --- collective records: {name, pg, seq, step, ts_us, dur_us, bytes, on} ------------------------------------------------------------
+# --- collective records: {name, pg, seq, step, ts_us, dur_us, bytes, on} -------------------
 
 
 def _bytes_of(args: dict) -> int | None:
