@@ -276,13 +276,20 @@ class Walker:
         self.tree = tree
         self._ids: dict[tuple, int] = {(): 0}
         self.sigs: list[tuple] = [()]
+        self._steps: dict[tuple, int] = {}  # (parent id, node, answer) -> child id
+        # Each node's comparison, resolved once.
+        self._test = {nid: (n["metric"], _OPS[n["op"]], tree.threshold(n["threshold"])) for nid, n in tree.nodes.items()}
 
     def _child(self, pid: int, node: str, answer: str) -> int:
-        key = (*self.sigs[pid], (node, answer))
-        sid = self._ids.get(key)
+        step = (pid, node, answer)
+        sid = self._steps.get(step)
         if sid is None:
-            sid = self._ids[key] = len(self.sigs)
-            self.sigs.append(key)
+            key = (*self.sigs[pid], (node, answer))
+            sid = self._ids.get(key)
+            if sid is None:
+                sid = self._ids[key] = len(self.sigs)
+                self.sigs.append(key)
+            self._steps[step] = sid
         return sid
 
     def guessed(self, sid: int) -> bool:
@@ -299,11 +306,12 @@ class Walker:
             if forced is not None:
                 answer = branch = forced[0]
             else:
-                value = m.get(node["metric"])
+                metric, op, threshold = self._test[node_id]
+                value = m.get(metric)
                 if value is None or value != value:  # unmeasured, or NaN
                     answer, branch = "unknown", "no"
                 else:
-                    answer = branch = "yes" if _OPS[node["op"]](value, tree.threshold(node["threshold"])) else "no"
+                    answer = branch = "yes" if op(value, threshold) else "no"
             sid = self._child(sid, node_id, answer)
             target = node[branch]
             if target.startswith("verdict:"):
@@ -366,7 +374,7 @@ def evaluate(measurements: dict, tree: Tree, force: dict | None = None) -> dict:
     path = []
     for node_id, answer in walker.sigs[sid]:
         node = tree.nodes[node_id]
-        threshold = tree.threshold(node["threshold"])
+        threshold = walker._test[node_id][2]
         path.append({
             "node": node_id,
             "question": node["question"].format(threshold=threshold),
