@@ -67,3 +67,33 @@ def artifacts_dir() -> Path:
     d = REPO / "tests" / "artifacts"
     d.mkdir(parents=True, exist_ok=True)
     return d
+
+
+def free_port_pair() -> int:
+    """A port p on loopback with p + 1 free too: the endpoints of a 2-rank job (9870 + local rank)."""
+    import socket
+
+    for _ in range(50):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            p = a.getsockname()[1]
+            if p >= 65535:
+                continue
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", p + 1))
+                except OSError:
+                    continue
+        return p
+    raise RuntimeError("no two adjacent free ports")
+
+
+def wait_for_line(lines: list, text: str, proc, timeout_s: float = 200.0) -> None:
+    """Until a line a reader thread appends to `lines` holds `text`; fails if `proc` ends first."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not any(text in line for line in lines):
+        assert proc.poll() is None, "".join(lines)[-3000:]
+        assert time.monotonic() < deadline, "".join(lines)[-3000:]
+        time.sleep(0.2)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import free_port_pair, wait_for_line
 
 from diag.demo import BOTTLENECKS, schedule
 
@@ -95,24 +96,6 @@ def _assert_one_set_of_numbers(summary: dict, doc: dict) -> None:
     assert summary["measurements"]["values"] == pytest.approx(doc["job"]["measurements"]["values"])
 
 
-def _free_pair() -> int:
-    import socket
-
-    for _ in range(50):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            p = a.getsockname()[1]
-            if p >= 65535:
-                continue
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", p + 1))
-                except OSError:
-                    continue
-        return p
-    raise RuntimeError("no two adjacent free ports")
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGINT"])
 def test_demo_linger_serves_the_finished_run_until_stopped(tmp_path, how):
@@ -123,7 +106,7 @@ def test_demo_linger_serves_the_finished_run_until_stopped(tmp_path, how):
     import time
     import urllib.request
 
-    base = _free_pair()
+    base = free_port_pair()
     env = dict(os.environ, DIAG_EXPORTER_BIND="127.0.0.1")
     env.pop("DIAG_EXPORTER", None)
     proc = subprocess.Popen([sys.executable, "-m", "diag", "demo", "--steps", "8", "--linger", "300",
@@ -136,11 +119,7 @@ def test_demo_linger_serves_the_finished_run_until_stopped(tmp_path, how):
     for t in readers:
         t.start()
     try:
-        deadline = time.monotonic() + 200
-        while not any("Serving Prometheus metrics" in line for line in err):
-            assert proc.poll() is None, "".join(err)[-3000:]
-            assert time.monotonic() < deadline, "".join(err)[-3000:]
-            time.sleep(0.2)
+        wait_for_line(err, "Serving Prometheus metrics", proc)
         # The verdict and the report are out before the linger starts.
         assert any(line.startswith("Verdict: ") for line in out), "".join(out)
         assert (tmp_path / "run" / "report.html").exists()

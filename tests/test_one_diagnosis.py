@@ -11,11 +11,11 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import free_port_pair, wait_for_line
 from report_helpers import write_run
 
 from diag import rundir
@@ -70,24 +70,6 @@ def _scrape(port: int) -> str:
         return r.read().decode()
 
 
-def _free_pair() -> int:
-    import socket
-
-    for _ in range(50):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            p = a.getsockname()[1]
-            if p >= 65535:
-                continue
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", p + 1))
-                except OSError:
-                    continue
-        return p
-    raise RuntimeError("no two adjacent free ports")
-
-
 @pytest.mark.slow
 def test_thresholds_set_on_the_agent_reach_every_view(tmp_path):
     """A data-bound demo whose agent was given thresholds under which it is not data-bound:
@@ -95,7 +77,7 @@ def test_thresholds_set_on_the_agent_reach_every_view(tmp_path):
 
     The demo's data wait is about 96% of the step, so data_wait = 0.99 answers "no"; the
     device is then idle, and data_of_idle = 1.0 hands the idle time to the host."""
-    base = _free_pair()
+    base = free_port_pair()
     env = dict(os.environ, DIAG_EXPORTER_BIND="127.0.0.1")
     env.pop("DIAG_EXPORTER", None)
     run = tmp_path / "run"
@@ -107,11 +89,7 @@ def test_thresholds_set_on_the_agent_reach_every_view(tmp_path):
     err: list[str] = []
     threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True).start()
     try:
-        deadline = time.monotonic() + 200
-        while not any("Serving Prometheus metrics" in line for line in err):
-            assert proc.poll() is None, "".join(err)[-3000:]
-            assert time.monotonic() < deadline, "".join(err)[-3000:]
-            time.sleep(0.2)
+        wait_for_line(err, "Serving Prometheus metrics", proc)
         live = _scrape(base)
     finally:
         os.killpg(proc.pid, signal.SIGINT)

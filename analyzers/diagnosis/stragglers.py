@@ -76,7 +76,7 @@ def _rank_waits(facts, lateness: dict) -> list[dict]:
             p = lateness.get(rid, _Lateness())
             row.update(late_fraction=round(p.late / row["collectives"], 4),
                        blame_share=round(p.imposed_us / total_imposed, 4) if total_imposed > 0 else 0.0,
-                       imposed_wait_ms_per_step=_ms(p.imposed_us / facts.n_steps[rid]))
+                       imposed_wait_ms_per_step=_rounded(p.imposed_us / facts.n_steps[rid], 1000.0))
         out.append(row)
     return out
 
@@ -145,12 +145,12 @@ def _by_collectives(facts, lateness, late_by_group, imposed_by_group, th) -> lis
             "imposed_wait_share_of_step": round(share, 4),
             "own_median_collective_ms": round(coll_median.get(rid, 0.0), 3),
             "peers_median_collective_ms": round(peers_coll, 3) if peers_coll is not None else None,
-            "step_ms": _r3(step_ms),
-            "median_step_ms": _r3(median_step),
-            "work_ms": _r3(work_ms),
-            "median_work_ms": _r3(facts.median_work),
-            "arrival_gap_ms": _ms(gap) if gap is not None else None,
-            "median_arrival_gap_ms": _ms(facts.median_gap) if facts.median_gap is not None else None,
+            "step_ms": _rounded(step_ms),
+            "median_step_ms": _rounded(median_step),
+            "work_ms": _rounded(work_ms),
+            "median_work_ms": _rounded(facts.median_work),
+            "arrival_gap_ms": _rounded(gap, 1000.0),
+            "median_arrival_gap_ms": _rounded(facts.median_gap, 1000.0),
         }
         msg = (
             f"Rank {rid} is late: its peers wait a median {peers_wait:.1f} ms per step in collectives "
@@ -178,8 +178,8 @@ def _by_step_time(facts, excess: float) -> list[dict]:
                 "message": f"Rank {rid} works {w:.1f} ms per step outside communication against a median "
                 f"of {median_work:.1f} ms ({w / median_work - 1:.0%} more); no collectives were recorded "
                 "to confirm that its peers wait for it.",
-                "evidence": {"basis": "step_time", "work_ms": _r3(w), "median_work_ms": _r3(median_work),
-                             "step_ms": _r3(facts.step_ms.get(rid)), "median_step_ms": _r3(facts.median_step)},
+                "evidence": {"basis": "step_time", "work_ms": _rounded(w), "median_work_ms": _rounded(median_work),
+                             "step_ms": _rounded(facts.step_ms.get(rid)), "median_step_ms": _rounded(facts.median_step)},
             })
     return out
 
@@ -251,7 +251,8 @@ def _slow_collectives_finding(facts, tree) -> dict:
     share = facts.transfer_share
     ev: dict = {"transfer_fraction_of_comm": round(share, 4) if share is not None else None}
     if facts.groups:
-        ev["median_collective_ms"] = _ms(statistics.median(min(g["dur_us"].values()) for g in facts.groups))
+        ev["median_collective_ms"] = _rounded(statistics.median(min(g["dur_us"].values()) for g in facts.groups),
+                                              1000.0)
         ev["matched_collectives"] = len(facts.groups)
         if facts.busbw:
             ev["median_busbw_gbps"] = facts.busbw["median_gbps"]
@@ -272,12 +273,9 @@ def _finding(fid, severity, message, advice, evidence) -> dict:
     return {"id": fid, "severity": severity, "message": message, "advice": advice, "evidence": evidence}
 
 
-def _ms(us: float) -> float:
-    return round(us / 1000.0, 3)
-
-
-def _r3(x: float | None) -> float | None:
-    return round(x, 3) if x is not None else None
+def _rounded(x: float | None, per: float = 1.0) -> float | None:
+    """x / per to three decimals (microseconds to milliseconds with per=1000)."""
+    return round(x / per, 3) if x is not None else None
 
 
 def _median(values) -> float | None:
