@@ -250,9 +250,9 @@ def read_json(path: str | os.PathLike, problems: list | None = None) -> dict | N
         return obj if isinstance(obj, dict) else None
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested deeper than json can follow
         if problems is not None:
-            problems.append(f"{path}: unreadable JSON ({exc})")
+            problems.append(f"{path}: unreadable JSON ({type(exc).__name__ if isinstance(exc, RecursionError) else exc})")
         return None
 
 

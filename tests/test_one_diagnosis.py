@@ -160,3 +160,13 @@ def test_a_run_is_analysed_with_the_calibration_its_agent_recorded(tmp_path):
     elsewhere = dict(os.environ, DIAG_EXPORTER="off", XDG_CACHE_HOME=str(tmp_path / "empty"))
     analysed = json.loads(_diag("analyze", str(run), "--json", env=elsewhere).stdout)
     assert [r["device"] for r in analysed["ranks"]] == ["test CPU", "test CPU"]
+
+
+@pytest.mark.parametrize("content", ["[" * 100_000, '{"schema": "diag.tree_settings/1", "thresholds": {"data_wait": "x"}}',
+                                     '{"schema": "something else"}'])
+def test_damaged_recorded_thresholds_are_one_error_line(tmp_path, content):
+    run = write_run(tmp_path / "run", ranks=1, steps=10, bound="data")
+    (run / rundir.TREE_SETTINGS).write_text(content)
+    proc = _diag("analyze", str(run), "--json")
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert proc.stderr.count("diag: error:") == 1 and rundir.TREE_SETTINGS in proc.stderr, proc.stderr
