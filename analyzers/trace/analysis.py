@@ -51,6 +51,71 @@ def analyze_trace(path, tree: dt.Tree | None = None, rank: int | None = None, wo
     return analyze_loaded(trace, tree, rank=rank, host=devices.host_device(host_peaks) if host_peaks else None)
 
 
+def _what_if(trace: Trace, tree, steps: list[dict], windows, classes, layers, att, on_device: bool):
+    """(critical path, what-if entries, the error that stopped them or None), each step updated with its own."""
+    changes = getattr(tree, "what_if", ())
+    what_if_error = None
+    try:
+        if on_device:
+            per_step = what_if.rank_steps(changes, windows, trace=trace, dev_classes=classes,
+                                          data_spans=layers["data"])
+        else:
+            per_step = what_if.rank_steps(changes, windows, att=att, layers=layers)
+    except Exception as exc:  # a graph this trace cannot give must not cost its analysis
+        per_step, what_if_error = {}, f"{type(exc).__name__}: {exc}"
+    for k, extra in per_step.items():
+        steps[k].update(extra)
+    critical_path, entries = what_if.summarize(steps, changes)
+    return critical_path, entries, what_if_error
+
+
+def _rank_findings(trace: Trace, tree, rank_m: dict, bound, sampled: bool, critical_path, what_if_error) -> list[dict]:
+    findings = dt.advise(rank_m, tree, bound=bound, source="trace")
+    if sampled:
+        findings.insert(0, {
+            "id": "sampled_trace",
+            "severity": "warning",
+            "message": f"Only {trace.op_coverage:.1%} of the host events the profiler numbered are in this trace "
+                       "(it was sampled or filtered): idle and host time are over-stated, so the verdict is indicative.",
+            "advice": "Analyse the unfiltered trace for a firm verdict.",
+            "evidence": {"op_coverage": trace.op_coverage, "source": "trace"},
+        })
+
+    backlog = (critical_path or {}).get("device_backlog_ms") or 0.0
+    if critical_path and backlog > tree.thresholds["device_backlog_share"] * critical_path["measured_ms"]:
+        findings.append({
+            "id": "device_behind_host", "severity": "info",
+            "message": f"The device's own work of a profiled step outlasts the step by {backlog:.1f} ms "
+                       f"({backlog / critical_path['measured_ms']:.0%}): the host ran ahead of the device, so "
+                       "the window shows the host's pace, and a steady iteration would be that much longer.",
+            "advice": "Profile more consecutive steps (active=3 or more) so that a window reaches the steady "
+                      "state; the what-if predictions of device-side changes are conservative until then.",
+            "evidence": {"device_backlog_ms": backlog, "step_ms": critical_path["measured_ms"], "source": "trace"},
+        })
+    if what_if_error:
+        findings.append({
+            "id": "what_if_failed", "severity": "info",
+            "message": f"No what-if predictions for this trace: its dependency graph could not be built "
+                       f"({what_if_error}).",
+            "advice": "The rest of the analysis stands; recommendations for this rank carry no predicted gain.",
+            "evidence": {"error": what_if_error, "source": "trace"},
+        })
+
+    if trace.repairs:
+        rep = trace.repairs
+        findings.insert(0, {
+            "id": "repaired_trace",
+            "severity": "warning",
+            "message": f"The trace had damaged or oddly typed data: {rep['fields']} field(s) were converted or "
+                       f"ignored and {rep['events']} event(s) skipped; the rest is analysed as usual "
+                       f"(e.g. {'; '.join(rep['examples'][:2])}).",
+            "advice": "Check what wrote or copied the trace; a profiler version mismatch or a truncated copy "
+                      "are the usual causes.",
+            "evidence": {**rep, "source": "trace"},
+        })
+    return findings
+
+
 def rank_from_name(path: str) -> int | None:
     """Rank from a file name such as rank-3.json.gz, rank3.pt.trace.json, worker_3.pt.trace.json."""
     base = os.path.basename(str(path))
@@ -64,7 +129,8 @@ def rank_from_name(path: str) -> int | None:
     return None
 
 
-def analyze_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: devices.Device | None = None) -> dict:
+def _rank_of(trace: Trace, rank: int | None) -> tuple[int | None, str | None, dict]:
+    """(rank, where it came from, the trace's distributedInfo)."""
     meta = trace.meta
     dist = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
     rank_from = "argument" if rank is not None else None
@@ -73,6 +139,13 @@ def analyze_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: d
     if rank is None:
         rank = rank_from_name(trace.source)
         rank_from = "file name" if rank is not None else None
+    return rank, rank_from, dist
+
+
+def analyze_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: devices.Device | None = None) -> dict:
+    """One rank of the diag.analysis/1 document from a loaded trace."""
+    meta = trace.meta
+    rank, rank_from, dist = _rank_of(trace, rank)
     props = meta.get("deviceProperties") or []
     props = props[0] if isinstance(props, list) and props and isinstance(props[0], dict) else None
     on_device = trace.has_device
@@ -125,19 +198,8 @@ def analyze_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: d
         })
 
     # Each step's critical path and its duration under each what-if change.
-    changes = getattr(tree, "what_if", ())
-    what_if_error = None
-    try:
-        if on_device:
-            per_step = what_if.rank_steps(changes, windows, trace=trace, dev_classes=classes,
-                                          data_spans=layers["data"])
-        else:
-            per_step = what_if.rank_steps(changes, windows, att=att, layers=layers)
-    except Exception as exc:  # a graph this trace cannot give must not cost its analysis
-        per_step, what_if_error = {}, f"{type(exc).__name__}: {exc}"
-    for k, extra in per_step.items():
-        steps[k].update(extra)
-    critical_path, what_if_entries = what_if.summarize(steps, changes)
+    critical_path, what_if_entries, what_if_error = _what_if(trace, tree, steps, windows, classes, layers, att,
+                                                             on_device)
 
     total_time = float(np.sum(win[:, 1] - win[:, 0]))
     rank_shares = normalize_shares(totals, total_time)
@@ -147,49 +209,7 @@ def analyze_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: d
     if mem_frac is not None:
         rank_m["memory_used_frac"] = mem_frac
     verdict = dt.evaluate(rank_m, tree)
-    findings = dt.advise(rank_m, tree, bound=verdict["bound"], source="trace")
-    if sampled:
-        findings.insert(0, {
-            "id": "sampled_trace",
-            "severity": "warning",
-            "message": f"Only {trace.op_coverage:.1%} of the host events the profiler numbered are in this trace "
-                       "(it was sampled or filtered): idle and host time are over-stated, so the verdict is indicative.",
-            "advice": "Analyse the unfiltered trace for a firm verdict.",
-            "evidence": {"op_coverage": trace.op_coverage, "source": "trace"},
-        })
-
-    backlog = (critical_path or {}).get("device_backlog_ms") or 0.0
-    if critical_path and backlog > tree.thresholds["device_backlog_share"] * critical_path["measured_ms"]:
-        findings.append({
-            "id": "device_behind_host", "severity": "info",
-            "message": f"The device's own work of a profiled step outlasts the step by {backlog:.1f} ms "
-                       f"({backlog / critical_path['measured_ms']:.0%}): the host ran ahead of the device, so "
-                       "the window shows the host's pace, and a steady iteration would be that much longer.",
-            "advice": "Profile more consecutive steps (active=3 or more) so that a window reaches the steady "
-                      "state; the what-if predictions of device-side changes are conservative until then.",
-            "evidence": {"device_backlog_ms": backlog, "step_ms": critical_path["measured_ms"], "source": "trace"},
-        })
-    if what_if_error:
-        findings.append({
-            "id": "what_if_failed", "severity": "info",
-            "message": f"No what-if predictions for this trace: its dependency graph could not be built "
-                       f"({what_if_error}).",
-            "advice": "The rest of the analysis stands; recommendations for this rank carry no predicted gain.",
-            "evidence": {"error": what_if_error, "source": "trace"},
-        })
-
-    if trace.repairs:
-        rep = trace.repairs
-        findings.insert(0, {
-            "id": "repaired_trace",
-            "severity": "warning",
-            "message": f"The trace had damaged or oddly typed data: {rep['fields']} field(s) were converted or "
-                       f"ignored and {rep['events']} event(s) skipped; the rest is analysed as usual "
-                       f"(e.g. {'; '.join(rep['examples'][:2])}).",
-            "advice": "Check what wrote or copied the trace; a profiler version mismatch or a truncated copy "
-                      "are the usual causes.",
-            "evidence": {**rep, "source": "trace"},
-        })
+    findings = _rank_findings(trace, tree, rank_m, verdict["bound"], sampled, critical_path, what_if_error)
 
     gt = gpu_time.breakdown(trace) if on_device else None
     dev_info = _device_info(props, device, on_device)
