@@ -111,10 +111,9 @@ def _step_axis(xs: list, title: str = "step") -> dict:
     return axis
 
 
-def figures(model: dict) -> list[dict]:
-    """(div id, plotly data, layout) for every chart that has data."""
-    ch = model.get("charts") or {}
-    out = []
+def _phase_figures(model: dict, ch: dict) -> list[dict]:
+    """Each step's phase shares, stacked."""
+    out: list[dict] = []
     ph = ch.get("phases")
     if ph:
         out.append({
@@ -128,6 +127,12 @@ def figures(model: dict) -> list[dict]:
                               xaxis=_step_axis(ph["x"]),
                               yaxis={"title": {"text": "% of step time"}, "range": [0, 100]}),
         })
+    return out
+
+
+def _what_if_figures(model: dict, ch: dict) -> list[dict]:
+    """The predicted step time under each what-if change."""
+    out: list[dict] = []
     wi = [e for e in (model.get("what_if") or {}).get("changes") or [] if e.get("predicted_step_ms") is not None]
     if wi:
         base = wi[0]["baseline_step_ms"]
@@ -142,6 +147,12 @@ def figures(model: dict) -> list[dict]:
                               xaxis={"title": {"text": "step time (ms)"}, "rangemode": "tozero"},
                               yaxis={"automargin": True, "autorange": "reversed"}),
         })
+    return out
+
+
+def _throughput_figures(model: dict, ch: dict) -> list[dict]:
+    """Step time and throughput over the run, and MFU."""
+    out: list[dict] = []
     tp = ch.get("throughput")
     if tp:
         data = [{"type": "scatter", "mode": "lines", "name": "step time (ms)", "x": tp["x"], "y": tp["step_ms"],
@@ -171,6 +182,12 @@ def figures(model: dict) -> list[dict]:
                                   xaxis=_step_axis(mx),
                                   yaxis={"title": {"text": "MFU (%)"}, "rangemode": "tozero"}),
             })
+    return out
+
+
+def _heatmap_figures(model: dict, ch: dict) -> list[dict]:
+    """Step time and waiting at collectives per rank."""
+    out: list[dict] = []
     for key, fid, title, xlab in (
         ("heatmap_step", "fig-heat-step", "Step time per rank (ms)", "step"),
         ("heatmap_wait", "fig-heat-wait", "Waiting time at collectives per rank (ms)", "collective (in order)"),
@@ -190,6 +207,12 @@ def figures(model: dict) -> list[dict]:
                               yaxis={"autorange": "reversed", "type": "category"},
                               margin={"l": 90, "r": 20, "t": 40, "b": 45}),
         })
+    return out
+
+
+def _timeline_figures(model: dict, ch: dict) -> list[dict]:
+    """The device and host metrics over time, with throttle events on the clock chart."""
+    out: list[dict] = []
     tl = ch.get("timelines")
     if tl:
         clock_key = "gpu_clock" if any(m["key"] == "gpu_clock" for m in tl["metrics"]) else None
@@ -224,6 +247,12 @@ def figures(model: dict) -> list[dict]:
                                   margin={"l": 55, "r": 15, "t": 35, "b": 40},
                                   showlegend=not tl["band"] and len(m.get("lines") or []) > 1),
             })
+    return out
+
+
+def _busbw_figures(model: dict, ch: dict) -> list[dict]:
+    """Bus bandwidth against message size, with the expected line."""
+    out: list[dict] = []
     nb = ch.get("nccl_busbw")
     if nb:
         data = []
@@ -242,6 +271,15 @@ def figures(model: dict) -> list[dict]:
                                                                          "type": "log"},
                               yaxis={"title": {"text": "bus bandwidth (GB/s)"}, "rangemode": "tozero"}),
         })
+    return out
+
+
+def figures(model: dict) -> list[dict]:
+    """(div id, plotly data, layout) for every chart that has data."""
+    ch = model.get("charts") or {}
+    out = []
+    for part in (_phase_figures, _what_if_figures, _throughput_figures, _heatmap_figures, _timeline_figures, _busbw_figures):
+        out.extend(part(model, ch))
     return [_clean(f) for f in out]
 
 
