@@ -12,8 +12,6 @@ from pathlib import Path
 
 from diag.errors import DiagInputError
 
-RUN_DIR_FILE = "nccl_bench.json"  # `diag nccl --run-dir`: where the document goes in a run directory
-
 # ---------------------------------------------------------------- interpretation and output
 
 
@@ -111,7 +109,7 @@ def csv_text(doc: dict) -> str:
 
 
 def write_outputs(doc: dict, args) -> None:
-    from diag.rundir import atomic_write_json, atomic_write_text
+    from diag.rundir import NCCL_BENCH, atomic_write_json, atomic_write_text
 
     if args.json and args.json != "-":
         atomic_write_json(args.json, doc)
@@ -120,7 +118,7 @@ def write_outputs(doc: dict, args) -> None:
     if args.csv:
         atomic_write_text(args.csv, csv_text(doc))
     if args.run_dir:
-        atomic_write_json(Path(args.run_dir) / RUN_DIR_FILE, doc)
+        atomic_write_json(Path(args.run_dir) / NCCL_BENCH, doc)
 
 
 def exit_code(doc: dict) -> int:

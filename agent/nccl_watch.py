@@ -16,14 +16,13 @@ from pathlib import Path
 from diag import rundir
 from diag.analyzers.nccl.log import parse_files
 
-NCCL_BENCH_FILE = "nccl_bench.json"  # written by `diag nccl --run-dir`
 NCCL_LOG_PARSE_MAX = 16 << 20  # bytes; larger NCCL logs are parsed by `diag report`, not live
 NCCL_LOG_SETTLE_S = 3.0  # a NCCL log is parsed live once it has not changed for this long
 
 
 class NcclWatch:
     def __init__(self, run_path: Path, rank_path: Path, exporter, log: Callable[[str], None]):
-        self.bench = run_path / NCCL_BENCH_FILE
+        self.bench = run_path / rundir.NCCL_BENCH
         self.log_dir = rank_path / rundir.NCCL
         self.exporter = exporter
         self.log = log

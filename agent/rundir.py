@@ -15,6 +15,8 @@ Layout (schema "diag.run/1"):
         windows/window-000120.json  analysis summary of the profiler window starting at step 120
         traces/*.pt.trace.json.gz   Kineto traces of profiler windows, within a size budget
         nccl/                       NCCL_DEBUG_FILE output
+      nccl_bench.json               `diag nccl --run-dir` results (NCCL_BENCH)
+      nccl_log.json                 the job's NCCL logs parsed by `diag run` (NCCL_LOG_DOC)
       rank-00001/ ...
 
 Every file is written whole to a temporary name and renamed into place, so a reader
@@ -46,6 +48,10 @@ NCCL = "nccl"
 # The decision-tree settings (thresholds, what-if changes) the agent resolved; every later
 # analysis of the run judges by them unless told otherwise (diag.tree_settings/1).
 TREE_SETTINGS = "decision_tree.json"
+# `diag nccl --run-dir`'s measured bus bandwidth (diag.nccl_bench/1), and the NCCL logs of a
+# `diag run` job parsed into one document (diag.nccl_log/1).
+NCCL_BENCH = "nccl_bench.json"
+NCCL_LOG_DOC = "nccl_log.json"
 
 # Keys of one steps record. Optional values are null when not measured.
 STEP_FIELDS = {

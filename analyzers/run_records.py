@@ -16,9 +16,6 @@ from diag.analyzers.nccl import expected as nccl_expected
 from diag.analyzers.nccl import log as nccl_log
 from diag.errors import DiagInputError
 
-NCCL_BENCH_FILE = "nccl_bench.json"
-NCCL_LOG_FILE = "nccl_log.json"  # written by `diag run`
-
 
 def read_records(path, doc: dict, progress=None) -> dict:
     """The records of run directory `path`; step records only for the ranks whose steps the
@@ -53,12 +50,12 @@ def _progress(items, progress, desc):
 
 
 def _read_nccl(rd: rundir.RunDir, run: dict) -> None:
-    bench = rundir.read_json(rd.path / NCCL_BENCH_FILE, run["problems"])
+    bench = rundir.read_json(rd.path / rundir.NCCL_BENCH, run["problems"])
     if bench is not None:
         if bench.get("schema") == "diag.nccl_bench/1":
             run["nccl_bench"] = bench
         else:
-            run["problems"].append(f"{rd.path / NCCL_BENCH_FILE}: not a diag.nccl_bench/1 document")
+            run["problems"].append(f"{rd.path / rundir.NCCL_BENCH}: not a diag.nccl_bench/1 document")
     logs = [p for r in run["ranks"] for p in rd.nccl_logs(r)]
     # `diag run -- <launcher>` routes every rank's log into RUN_DIR/nccl/ and parses them
     # into RUN_DIR/nccl_log.json; the raw logs are parsed again when present (a newer parser
@@ -71,19 +68,19 @@ def _read_nccl(rd: rundir.RunDir, run: dict) -> None:
             run["nccl_log"] = nccl_log.parse_files([os.fspath(p) for p in logs])
         except DiagInputError as exc:
             run["problems"].append(str(exc))
-    elif (rd.path / NCCL_LOG_FILE).exists():
-        saved = rundir.read_json(rd.path / NCCL_LOG_FILE, run["problems"])
+    elif (rd.path / rundir.NCCL_LOG_DOC).exists():
+        saved = rundir.read_json(rd.path / rundir.NCCL_LOG_DOC, run["problems"])
         if saved is not None and str(saved.get("schema", "")).startswith("diag.nccl_log/"):
             run["nccl_log"] = saved
         elif saved is not None:
-            run["problems"].append(f"{rd.path / NCCL_LOG_FILE}: not a diag.nccl_log/1 document")
+            run["problems"].append(f"{rd.path / rundir.NCCL_LOG_DOC}: not a diag.nccl_log/1 document")
     if run.get("nccl_log") is not None:
         run["nccl_log_summary"] = nccl_log.summarize_for_diagnosis(run["nccl_log"])
     if run.get("nccl_bench"):
         try:
             run["nccl_bandwidth"] = bench_bandwidth(run["nccl_bench"], run.get("nccl_log"))
         except (TypeError, ValueError, KeyError, AttributeError) as exc:  # an edited or damaged file
-            run["problems"].append(f"{rd.path / NCCL_BENCH_FILE}: cannot be read as benchmark results ({exc})")
+            run["problems"].append(f"{rd.path / rundir.NCCL_BENCH}: cannot be read as benchmark results ({exc})")
 
 
 def bench_bandwidth(bench: dict, log: dict | None) -> list[dict]:

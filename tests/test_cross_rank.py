@@ -330,3 +330,11 @@ def test_the_straggler_finding_names_the_likely_cause(gloo_job):
     finding = next(f for f in doc["job"]["findings"] if f["id"] == "straggler")
     assert "Likely cause on rank 1: host-side work" in finding["message"]
     assert doc["job"]["bound"] == next(r["bound"] for r in doc["ranks"] if r["rank"] == 1)
+
+
+def test_the_collective_facts_travel_under_one_key():
+    """job/ and diagnosis/ may not import each other: the key that carries the facts is spelled twice."""
+    from diag.analyzers.diagnosis import verdict
+    from diag.analyzers.job import cross_rank
+
+    assert cross_rank.FACTS_KEY == verdict.FACTS_KEY

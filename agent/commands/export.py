@@ -20,7 +20,7 @@ from diag.exporter.registry import render_text
 from diag.exporter.runtime import DEFAULT_PORT_BASE, Handle
 from diag.exporter.server import MetricsServer
 from diag.report import SUMMARY_JSON, diagnosis_in
-from diag.rundir import RunDir, is_run_dir, read_json, read_segment
+from diag.rundir import NCCL_BENCH, RunDir, is_run_dir, read_json, read_segment
 
 HELP = "serve a run directory's metrics to Prometheus"
 
@@ -93,7 +93,7 @@ class RunDirExport:
     def _feed_nccl(self) -> None:
         """The job's files: bus bandwidth for every rank; the job verdict from the report
         summary (the diagnosis) on the lowest rank, where rank 0's agent would serve it."""
-        doc = self._changed("nccl_bench.json")
+        doc = self._changed(NCCL_BENCH)
         if doc:
             for h in self.handles.values():
                 h.observe_nccl(doc)

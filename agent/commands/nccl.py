@@ -36,10 +36,10 @@ import sys
 import threading
 import time
 
+from diag import rundir
 from diag.errors import DiagInputError
 from diag.nccl_measure import bench_mode
 from diag.nccl_output import (
-    RUN_DIR_FILE,
     exit_code,
     interpret_doc,
     interpretation_lines,
@@ -97,7 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--json", nargs="?", const="-", metavar="FILE",
                      help="write the diag.nccl_bench/1 document to FILE (no FILE or '-': standard output)")
     out.add_argument("--csv", metavar="FILE", help="write the rows as CSV")
-    out.add_argument("--run-dir", metavar="DIR", help=f"also write DIR/{RUN_DIR_FILE}")
+    out.add_argument("--run-dir", metavar="DIR", help=f"also write DIR/{rundir.NCCL_BENCH}")
     out.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     launch = parser.add_argument_group("self-launching (outside torchrun/srun/mpirun)")

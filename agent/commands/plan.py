@@ -182,9 +182,9 @@ def run(args) -> int:
     if args.run:
         from pathlib import Path
 
-        from diag.nccl_output import RUN_DIR_FILE
+        from diag import rundir
 
-        bench = Path(args.run) / RUN_DIR_FILE  # `diag nccl --run-dir` wrote it: a measurement on these nodes
+        bench = Path(args.run) / rundir.NCCL_BENCH  # `diag nccl --run-dir` wrote it: a measurement on these nodes
         if bench.is_file():
             args.nccl = [*(args.nccl or []), str(bench)]
     model = _model(args)

@@ -35,7 +35,7 @@ def _parse_logs(run_dir: Path, logs: list[Path]) -> dict | None:
 
     doc = parse_files([str(p) for p in logs])
     try:
-        rundir.atomic_write_json(run_dir / "nccl_log.json", doc)
+        rundir.atomic_write_json(run_dir / rundir.NCCL_LOG_DOC, doc)
     except OSError as exc:
         print(f"diag run: {run_dir / 'nccl_log.json'}: cannot write ({exc.strerror or exc})", file=sys.stderr)
     return doc
