@@ -284,7 +284,7 @@ def _measured(allt: Steps, mset: dict | None) -> Steps:
     out.step = allt.step[keep]
     for f in Steps.FIELDS:
         setattr(out, f, getattr(allt, f)[keep])
-    out.shares, out.bound, out.ev = allt.shares[keep], allt.bound[keep], allt.ev[keep]
+    out.shares, out.bound, out.evidence = allt.shares[keep], allt.bound[keep], allt.evidence[keep]
     return out
 
 
@@ -293,7 +293,7 @@ def _confidence(bound, allt: Steps, path, run, world, edge=None) -> dict:
     if bound is None:
         return {"level": "none", "score": 0.0, "reasons": ["There is no verdict to be sure of."]}
     reasons = []
-    n_trace = int((allt.ev == 2).sum())
+    n_trace = int(allt.traced.sum())
     n_all = int((allt.bound >= 0).sum())
     if n_trace:
         base = 0.9

@@ -20,7 +20,7 @@ def evidence(ranks, allt: Steps, steps: Steps, job_shares, basis, stragglers, nc
             "label": "Phase shares",
             "text": f"Over {basis}: " + ", ".join(f"{PHASE_LABELS[p]} {pct(job_shares[p])}" for p in CLASSES) + ".",
         })
-    n_trace = int((steps.ev == 2).sum())
+    n_trace = int(steps.traced.sum())
     n_windows = sum(len(r["windows"]) for r in ranks.values())
     ev.append({
         "id": "ev-sources",

@@ -85,10 +85,15 @@ class Steps:
             setattr(self, f, np.full(n, np.nan))
         self.shares = np.full((n, len(CLASSES)), np.nan)
         self.bound = np.full(n, -1, dtype=np.int8)
-        self.ev = np.zeros(n, dtype=np.int8)
+        self.evidence = np.zeros(n, dtype=np.int8)  # what each step's shares rest on: EVIDENCE_CODE
 
     def __len__(self) -> int:
         return len(self.step)
+
+    @property
+    def traced(self) -> np.ndarray:
+        """Steps whose shares rest on a profiler trace."""
+        return self.evidence == EVIDENCE_CODE["trace"]
 
     @property
     def has_shares(self) -> np.ndarray:
@@ -151,7 +156,7 @@ def _rank_steps(records: list, doc_steps: list) -> Steps:
         sh[~ok] = np.nan
         t.shares[have] = sh
     t.bound[:] = [r[8] for r in table]
-    t.ev[:] = [r[9] for r in table]
+    t.evidence[:] = [r[9] for r in table]
     # Steps with shares but no verdict: the largest share stands in.
     fill = (t.bound < 0) & t.has_shares
     if fill.any():
@@ -256,7 +261,7 @@ def concat(ranks: dict) -> Steps:
         setattr(t, f, np.concatenate([getattr(p, f) for p in parts]))
     t.shares = np.concatenate([p.shares for p in parts])
     t.bound = np.concatenate([p.bound for p in parts])
-    t.ev = np.concatenate([p.ev for p in parts])
+    t.evidence = np.concatenate([p.evidence for p in parts])
     return t
 
 
@@ -297,7 +302,7 @@ def job_steps(ranks: dict) -> Steps:
         votes = np.zeros((len(steps), len(CLASSES)))
         np.add.at(votes, (pos[m], allt.bound[m]), 1)
         job.bound = np.where(votes.sum(axis=1) > 0, np.argmax(votes, axis=1), -1).astype(np.int8)
-        np.maximum.at(job.ev, pos, allt.ev)
+        np.maximum.at(job.evidence, pos, allt.evidence)
     return job
 
 

@@ -197,13 +197,13 @@ def _phase_series(steps: Steps, limits, notes) -> dict | None:
     m = steps.has_shares
     if not m.any():
         return None
-    st, sh, ev = steps.step[m], steps.shares[m], steps.ev[m]
+    st, sh, traced = steps.step[m], steps.shares[m], steps.traced[m]
     starts = _edges(len(st), limits.series_points)
     if len(starts) < len(st):
         notes.append(f"Phase shares: {len(st)} steps are shown as {len(starts)} buckets of consecutive steps "
                      "(each bar is the mean of its bucket).")
     means = _bucket_mean(sh, starts)
-    trace = np.maximum.reduceat(ev, starts) == 2
+    trace = np.logical_or.reduceat(traced, starts)  # a bucket with any traced step is shown as traced
     return {"x": st[starts].tolist(), "y": {p: _list(means[:, i]) for i, p in enumerate(CLASSES)},
             "evidence": ["trace" if t else "sampled" for t in trace.tolist()], "bucketed": len(starts) < len(st)}
 
@@ -446,7 +446,7 @@ def _rank_rows(ranks, stragglers, limits, notes) -> list[dict]:
             "steps": len(r["step_table"]),
             "median_step_ms": float(np.median(durs)) * 1000 if len(durs) else None,
             "shares": sh,
-            "trace_steps": int((r["step_table"].ev == 2).sum()),
+            "trace_steps": int(r["step_table"].traced.sum()),
             "windows": len(r["windows"]), "samples": len(r["samples"]),
             "straggler": r["rank"] in late,
             "bound_via": r["analysis"].get("bound_via"),
@@ -592,7 +592,7 @@ def _missing(run, ranks, allt: Steps, world, nccl, busbw) -> list[dict]:
             "how": "Analyse the traces of all ranks of the same steps together (`diag analyze` on the folder, or "
                    "the agent's run directory), so each collective is seen from every rank.",
         })
-    has_trace = bool((allt.ev == 2).any()) or any(r["windows"] for r in ranks.values())
+    has_trace = bool(allt.traced.any()) or any(r["windows"] for r in ranks.values())
     if not has_trace and run.get("ranks"):
         out.append({
             "what": "No profiler window was captured or analysed.",
