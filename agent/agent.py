@@ -27,7 +27,7 @@ from pathlib import Path
 
 from diag import calibrate, rundir
 from diag.collectors import launch_env, nccl_env
-from diag.collectors.profiler_windows import ProfilerWindows
+from diag.collectors.profiler_windows import ProfilerWindows, WindowSettings
 from diag.collectors.run_writer import RunWriter
 from diag.collectors.step_timer import StepTimer
 from diag.config import FLAT, AgentConfig
@@ -305,10 +305,9 @@ class Agent:
             try:
                 self.windows = ProfilerWindows(
                     rank_path / rundir.TRACES,
-                    skip_first=s.skip_first, warmup=s.warmup, active=s.active, every=s.every,
-                    record_shapes=self.config.profiler.record_shapes, with_flops=self.config.profiler.with_flops,
-                    profile_memory=self.config.profiler.profile_memory,
-                    budget_bytes=self.config.profiler.trace_budget_bytes,
+                    WindowSettings(skip_first=s.skip_first, warmup=s.warmup, active=s.active, every=s.every,
+                                   record_shapes=s.record_shapes, with_flops=s.with_flops,
+                                   profile_memory=s.profile_memory, budget_bytes=s.trace_budget_bytes),
                     trigger_dir=self.writer.path, on_trace=self._on_trace, log=self._log,
                     in_use=self._analysis.in_use,
                 )

@@ -24,6 +24,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from diag import rundir
@@ -56,6 +57,22 @@ def default_activities():
 SKIP_FIRST, WARMUP, ACTIVE, EVERY = 10, 1, 3, 1000
 
 
+@dataclass(frozen=True)
+class WindowSettings:
+    """When windows record (torch.profiler's schedule, in steps), what they record, and how
+    much trace the rank keeps."""
+    skip_first: int = SKIP_FIRST
+    warmup: int = WARMUP
+    active: int = ACTIVE
+    every: int = EVERY
+    record_shapes: bool = True
+    with_flops: bool = True
+    profile_memory: bool = False
+    with_stack: bool = False
+    budget_bytes: int = 1 << 30  # traces kept on disk per rank
+    lead_steps: int = 5  # an on-demand window starts this many steps after the request
+
+
 class ProfilerWindows:
     """Drives torch.profiler from the agent's step boundaries.
 
@@ -66,24 +83,17 @@ class ProfilerWindows:
     def __init__(
         self,
         trace_dir: str | os.PathLike,
+        settings: WindowSettings = WindowSettings(),
         *,
-        skip_first: int = SKIP_FIRST,
-        warmup: int = WARMUP,
-        active: int = ACTIVE,
-        every: int = EVERY,
-        record_shapes: bool = True,
-        with_flops: bool = True,
-        profile_memory: bool = False,
-        with_stack: bool = False,
-        budget_bytes: int = 1 << 30,
         trigger_dir: str | os.PathLike | None = None,
-        lead_steps: int = 5,
         on_trace: Callable[[int, int, Path], None] | None = None,
         log: Callable[[str], None] | None = None,
         activities=None,
         scheduled: bool = True,
         in_use: Callable[[], set[Path]] | None = None,
     ):
+        s = settings
+        skip_first, warmup, active = s.skip_first, s.warmup, s.active
         if active < 1 or warmup < 0 or skip_first < 0:
             raise ValueError("profiler schedule: active >= 1, warmup >= 0, skip_first >= 0")
         self.trace_dir = Path(trace_dir)
@@ -93,14 +103,14 @@ class ProfilerWindows:
         self.skip_first = skip_first
         self.warmup = warmup
         self.active = active
-        self.every = max(every, warmup + active + 1)
-        self.record_shapes = record_shapes
-        self.with_flops = with_flops
-        self.profile_memory = profile_memory
-        self.with_stack = with_stack
-        self.budget_bytes = budget_bytes
+        self.every = max(s.every, warmup + active + 1)
+        self.record_shapes = s.record_shapes
+        self.with_flops = s.with_flops
+        self.profile_memory = s.profile_memory
+        self.with_stack = s.with_stack
+        self.budget_bytes = s.budget_bytes
         self.trigger_dir = Path(trigger_dir) if trigger_dir else None
-        self.lead_steps = max(lead_steps, warmup + 1)
+        self.lead_steps = max(s.lead_steps, warmup + 1)
         self.on_trace = on_trace
         self._log = log or (lambda msg: None)
         self._activities = activities
