@@ -675,13 +675,12 @@ class Agent:
         w.write_manifest(job_status, peers)
         if not self.config.report.enabled or not w.enabled:
             return
-        from diag.report import diagnosis_in, write_report
+        from diag.report import read_diagnosis, write_report
 
         self.report_paths = write_report(w.path, w.path)
         if self.exporter is not None and self.report_paths:
             # The job verdict as the report's diagnosis gives it, for the lingering endpoint.
-            summary = rundir.read_json(Path(self.report_paths["summary"]))
-            diagnosis = diagnosis_in(summary) if summary else None
+            diagnosis = read_diagnosis(self.report_paths["summary"])
             if diagnosis:
                 self.exporter.observe_diagnosis(diagnosis)
         html = (self.report_paths or {}).get("html")

@@ -263,6 +263,7 @@ def run_demo(
     import torch.multiprocessing as mp
 
     from diag.collectors.run_writer import resolve_run_dir
+    from diag.report import SUMMARY_JSON, read_diagnosis
 
     t0 = time.monotonic()
     run_id = uuid.uuid4().hex[:12]
@@ -299,7 +300,7 @@ def run_demo(
         report = path / "report.html"
         result = {
             "run_dir": path,
-            "diagnosis": _written_diagnosis(path),
+            "diagnosis": read_diagnosis(path / SUMMARY_JSON),
             "report": report if report.exists() else None,
             "elapsed_s": time.monotonic() - t0,
             "endpoints": _endpoints(path, ranks) if cfg["linger_s"] > 0 else [],
@@ -344,14 +345,6 @@ def _endpoints(path: Path, ranks: int) -> list[str]:
         if port:
             out.append(f"{info.get('host') or 'localhost'}:{port}")
     return out
-
-
-def _written_diagnosis(path: Path) -> dict | None:
-    from diag import rundir
-    from diag.report import SUMMARY_JSON, diagnosis_in
-
-    summary = rundir.read_json(path / SUMMARY_JSON)
-    return diagnosis_in(summary) if summary else None
 
 
 def headline(diagnosis: dict | None) -> str:

@@ -19,8 +19,6 @@ from diag.nccl_output import (
     write_outputs,
 )
 
-# ---------------------------------------------------------------- measuring
-
 
 def _config(args):
     from diag.collectors import nccl_bench as nb

@@ -12,8 +12,6 @@ from pathlib import Path
 
 from diag.errors import DiagInputError
 
-# ---------------------------------------------------------------- interpretation and output
-
 
 def topology_from_args(args, tests: list[dict] | None = None) -> dict:
     from diag.analyzers.nccl import expected as ne

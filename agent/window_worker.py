@@ -2,11 +2,12 @@
 
     python -m diag.window_worker --serve      # one JSON job per line on stdin
 
-Each job names a raw trace, where its summary goes, the rank and window's steps, and the
-decision-tree settings the agent resolved ("tree", diag.tree_settings/1). It compresses the raw trace (gzip, atomically; the raw file is removed), analyses it
-with the trace analyzer, and writes the small window summary of the run-directory
-format: {"first_step", "last_step", "trace", "analysis": <rank dict>}. The training
-process keeps only that summary; the big trace never enters its memory.
+Each job names a raw trace, where its summary goes, the rank and window's steps, the
+decision-tree settings the agent resolved ("tree", diag.tree_settings/1) and the host's
+calibration ("host_peaks"). It compresses the raw trace (gzip, atomically; the raw file is
+removed), analyses it with the trace analyzer, and writes the small window summary of the
+run-directory format: {"first_step", "last_step", "trace", "analysis": <rank dict>}. The
+training process keeps only that summary; the big trace never enters its memory.
 """
 
 from __future__ import annotations

@@ -124,3 +124,12 @@ def test_compare_command_writes_html_and_markdown(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "diag", "compare", str(a), str(tmp_path / "none")],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.startswith("diag: error:")
+
+
+def test_a_saved_analysis_nested_too_deep_is_one_error_line(tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000)
+    proc = subprocess.run([sys.executable, "-m", "diag", "compare", str(deep), str(deep), "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert proc.stderr.count("diag: error:") == 1 and "not a readable JSON file" in proc.stderr, proc.stderr

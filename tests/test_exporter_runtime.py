@@ -1,4 +1,4 @@
-"""The per-rank endpoint (its metric table: diag.exporter.metrics_table): real HTTP servers on loopback, real scrapes, real promtool."""
+"""The per-rank endpoint: real HTTP servers on loopback, real scrapes, real promtool."""
 
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ def _parse_logs(run_dir: Path, logs: list[Path]) -> dict | None:
     try:
         rundir.atomic_write_json(run_dir / rundir.NCCL_LOG_DOC, doc)
     except OSError as exc:
-        print(f"diag run: {run_dir / 'nccl_log.json'}: cannot write ({exc.strerror or exc})", file=sys.stderr)
+        print(f"diag run: {run_dir / rundir.NCCL_LOG_DOC}: cannot write ({exc.strerror or exc})", file=sys.stderr)
     return doc
 
 

@@ -19,7 +19,7 @@ from diag.analyzers.diagnosis.throttle import CLOCK_EVENTS
 
 PREFIX = "diag_"
 
-# Set once per rank's endpoint from the agent's identity (its metric table: diag.exporter.metrics_table).
+# Set once per rank's endpoint from the agent's identity.
 IDENTITY_LABELS = ("run", "rank", "local_rank", "host", "gpu")
 
 # Fixed label values, exported from the start (as 0) so series counts are stable and

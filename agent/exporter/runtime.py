@@ -1,4 +1,5 @@
-"""The exporter inside a training process: one Prometheus endpoint per rank (its metric table: diag.exporter.metrics_table).
+"""The exporter inside a training process: one Prometheus endpoint per rank, serving the metrics of
+diag.exporter.metrics_table.
 
     handle = start({"run": ..., "rank": 0, "local_rank": 0, "host": ..., "gpu": "0"})
     handle.observe_step(step_record)      # from the agent's step path

@@ -21,7 +21,7 @@ SUMMARY_JSON = "summary.json"
 SUMMARY_SCHEMA = "diag.report_summary/2"
 
 __all__ = ["REPORT_HTML", "REPORT_MD", "SUMMARY_JSON", "analyse_and_model", "build_run_model", "diagnosis_in",
-           "summary", "write_model", "write_report", "write_report_from_analysis"]
+           "read_diagnosis", "summary", "write_model", "write_report", "write_report_from_analysis"]
 
 
 def build_run_model(run_dir, tree=None, progress=None) -> dict:
@@ -62,6 +62,12 @@ def summary(model: dict) -> dict:
     out = {"schema": SUMMARY_SCHEMA, "model_schema": model.get("schema"), "diagnosis": model["diagnosis"]}
     out.update({k: model.get(k) for k in keep})
     return out
+
+
+def read_diagnosis(summary_path) -> dict | None:
+    """The diagnosis of a written summary.json, or None when there is none to read."""
+    summary = rundir.read_json(summary_path)
+    return diagnosis_in(summary) if summary else None
 
 
 def diagnosis_in(summary: dict) -> dict | None:

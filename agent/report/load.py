@@ -19,8 +19,9 @@ def load_analysis_json(path) -> dict:
     try:
         with open(path, "rb") as f:
             doc = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise DiagInputError(f"not a readable JSON file ({exc})", source=str(path)) from None
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested deeper than json follows
+        raise DiagInputError(f"not a readable JSON file ({type(exc).__name__ if isinstance(exc, RecursionError) else exc})",
+                             source=str(path)) from None
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         raise DiagInputError(f"not a {SCHEMA} document (expected the output of diag analyze --json)",
                              source=str(path))

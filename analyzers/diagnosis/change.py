@@ -10,7 +10,7 @@ it is a "fragile" win or loss; otherwise "no clear change".
 
 from __future__ import annotations
 
-from diag.analyzers.diagnosis.steady import median_ratio_interval, warmup_steps
+from diag.analyzers.diagnosis.steady import interval_level, median_ratio_interval, warmup_steps
 
 RESULTS = ("helped", "hurt", "fragile_win", "fragile_loss", "no_change")
 MIN_STEPS = 3  # after warm-up, in each run
@@ -31,7 +31,8 @@ def step_time_change(before_s: list[float], after_s: list[float], tree) -> dict 
     kind = verdict_of_change(ratio, lo, hi, th["change_min_effect"])
     return {
         "ratio": ratio, "ci_low": lo, "ci_high": hi, "change": ratio - 1, "result": kind,
-        "statement": statement(kind, ratio, lo, hi, len(before_s), len(after_s)),
+        "statement": statement(kind, ratio, lo, hi, len(before_s), len(after_s),
+                               interval_level(th["noise_interval_z"])),
         "method": f"ratio of median step times with the interval of both medians' robust standard errors "
                   f"(z = {th['noise_interval_z']:g}); changes under {th['change_min_effect']:.0%} are not "
                   "called wins",
@@ -54,10 +55,10 @@ def _pct(x: float, signed: bool = False) -> str:
     return f"{x * 100:+.1f}%" if signed else f"{x * 100:.1f}%"
 
 
-def statement(kind: str, ratio: float, lo: float, hi: float, n_a: int, n_b: int) -> str:
-    """The plain sentence a reader takes away."""
+def statement(kind: str, ratio: float, lo: float, hi: float, n_a: int, n_b: int, level: float = 0.95) -> str:
+    """The plain sentence a reader takes away; `level` is the interval's (0.95: 95%)."""
     change = ratio - 1
-    band = f"95% interval of the step-time change: {_pct(lo - 1, True)} to {_pct(hi - 1, True)}"
+    band = f"{level:.0%} interval of the step-time change: {_pct(lo - 1, True)} to {_pct(hi - 1, True)}"
     basis = f"median of {n_b} steps after against {n_a} before, warm-up steps left out"
     if kind == "helped":
         return (f"The change helped: steps are {_pct(-change)} faster ({1 / ratio:.2f}x), "

@@ -11,6 +11,7 @@ import math
 import operator
 import tomllib
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -26,10 +27,9 @@ DEFAULT_TREE = Path(__file__).with_name("decision_tree.toml")
 @dataclass(frozen=True)
 class Measurement:
     """One quantity the tree can ask about: a fraction (shown as a percentage) or a ratio of
-    two times (shown as "0.19x"), what it is, and whether `derive` makes it from others."""
+    two times (shown as "0.19x"), and what it is."""
     unit: str  # "fraction" | "ratio"
     meaning: str
-    derived: bool = False
 
     def text(self, value: float, threshold: bool = False) -> str:
         if self.unit == "ratio":
@@ -49,8 +49,8 @@ MEASUREMENTS = {
                                           "(matched ranks only)"),
     "memory_share": Measurement("fraction", "bandwidth-bound kernel time (exclusive) / step time"),
     "compute_share": Measurement("fraction", "compute-bound kernel time (exclusive) / step time"),
-    "busy_share": Measurement("fraction", "device busy / step time (comm + wait + memory + compute)", derived=True),
-    "data_fraction_of_idle": Measurement("fraction", "data wait / (data wait + host idle)", derived=True),
+    "busy_share": Measurement("fraction", "device busy / step time (derived: comm + wait + memory + compute)"),
+    "data_fraction_of_idle": Measurement("fraction", "data wait / (data wait + host idle) (derived)"),
     "memory_to_compute": Measurement("ratio", "bandwidth-bound device time / compute-bound device time"),
     "achieved_bw_frac": Measurement("fraction", "achieved memory bandwidth / device peak"),
     "memory_used_frac": Measurement("fraction", "peak device memory used / capacity"),
@@ -68,6 +68,7 @@ def metric_text(metric: str, value, threshold: bool = False) -> str:
     m = MEASUREMENTS.get(metric)
     return m.text(value, threshold) if m else f"{value:.3g}"
 
+
 _OPS = {">=": operator.ge, ">": operator.gt, "<": operator.lt, "<=": operator.le}
 
 
@@ -83,14 +84,12 @@ class Tree:
     verdicts: dict
     advisories: list = field(default_factory=list)
     what_if: tuple = ()  # the what-if changes: the standard ones, then the config file's
-    # The tree's Walker for single steps, made once: its path signatures are as many as the
-    # tree has distinct paths, so it stays small however many steps it walks.
-    _walker: list = field(default_factory=list, compare=False, repr=False)
 
+    @cached_property
     def walker(self) -> Walker:
-        if not self._walker:
-            self._walker.append(Walker(self))
-        return self._walker[0]
+        """The tree's Walker for single steps, made once: its path signatures are as many as
+        the tree has distinct paths, so it stays small however many steps it walks."""
+        return Walker(self)
 
     def threshold(self, ref) -> float:
         if isinstance(ref, (int, float)):
@@ -334,12 +333,12 @@ class Walker:
                 if forced is not None:
                     branches = [(forced[0], np.ones(len(rows), dtype=bool), forced[0])]
                 else:
-                    threshold = tree.threshold(node["threshold"])
-                    col = cols.get(node["metric"])
+                    metric, op, threshold = self._test[node_id]
+                    col = cols.get(metric)
                     values = col[rows] if col is not None else np.full(len(rows), np.nan)
                     known = ~np.isnan(values)
                     hit = np.zeros(len(rows), dtype=bool)
-                    hit[known] = _OPS[node["op"]](values[known], threshold)
+                    hit[known] = op(values[known], threshold)
                     branches = [("unknown", ~known, "no"), ("yes", known & hit, "yes"), ("no", known & ~hit, "no")]
                 for answer, mask, branch in branches:
                     sub = rows[mask]
@@ -369,7 +368,7 @@ def evaluate(measurements: dict, tree: Tree, force: dict | None = None) -> dict:
     handed to a peer); the path records the reason.
     """
     m = derive(measurements)
-    walker = tree.walker()
+    walker = tree.walker
     sid, bound = walker.walk_one(m, force)
     path = []
     for node_id, answer in walker.sigs[sid]:

@@ -14,9 +14,6 @@ import numpy as np
 
 from diag.analyzers.diagnosis.decision_tree import CLASSES
 
-# The classes of a step's time: the five bounds and waiting for peers.
-
-
 PHASE_LABELS = {
     "data": "waiting for data",
     "host": "host overhead (device idle)",
@@ -191,7 +188,7 @@ def merge_ranks(doc: dict, run: dict) -> dict[int, dict]:
             # The run analysis already carries every step record's timings in its steps; the raw
             # records are only read for ranks it does not cover (halves the work on big runs).
             "step_table": _rank_steps([] if _covers_records(analysis) else raw.get("steps") or [],
-                             analysis.get("steps") or []),
+                                      analysis.get("steps") or []),
             "samples": [s for s in raw.get("samples") or [] if isinstance(s, dict)],
             "windows": [w for w in raw.get("windows") or [] if isinstance(w, dict)],
             "traces": raw.get("traces") or 0,

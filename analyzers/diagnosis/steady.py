@@ -29,20 +29,35 @@ def warmup_steps(n_steps: int, thresholds: dict) -> int:
     return int(min(thresholds["warmup_max_steps"], max(1, n_steps * thresholds["warmup_fraction"])))
 
 
+def _finite(values) -> list[float]:
+    return [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+
+
 def robust_sigma(values) -> float | None:
     """1.4826 x MAD of the finite values; None for fewer than MIN_STEPS of them."""
-    vals = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    vals = _finite(values)
     if len(vals) < MIN_STEPS:
         return None
     med = statistics.median(vals)
     return MAD_TO_SIGMA * statistics.median(abs(v - med) for v in vals)
 
 
+def median_standard_error(values) -> float | None:
+    """The standard error of the finite values' median; None for fewer than MIN_STEPS of them."""
+    vals = _finite(values)
+    sigma = robust_sigma(vals)
+    return None if sigma is None else MEDIAN_SE * sigma / math.sqrt(len(vals))
+
+
 def median_half_width(values, z: float = Z_95) -> float | None:
-    """Half the width of the interval of the values' median (z standard errors); None for
-    fewer than MIN_STEPS values."""
-    sigma = robust_sigma(values)
-    return None if sigma is None else z * MEDIAN_SE * sigma / math.sqrt(len(values))
+    """Half the width of the interval of the values' median (z standard errors)."""
+    se = median_standard_error(values)
+    return None if se is None else z * se
+
+
+def interval_level(z: float) -> float:
+    """The share of a normal distribution within z standard errors (0.95 for 1.96)."""
+    return math.erf(z / math.sqrt(2.0))
 
 
 def median_ratio_interval(before, after, z: float = Z_95) -> tuple[float, float, float]:
@@ -55,5 +70,4 @@ def median_ratio_interval(before, after, z: float = Z_95) -> tuple[float, float,
 
 
 def _relative_se(values, median: float) -> float:
-    sigma = robust_sigma(values) or 0.0
-    return MEDIAN_SE * sigma / math.sqrt(len(values)) / median if median > 0 else 0.0
+    return (median_standard_error(values) or 0.0) / median if median > 0 else 0.0

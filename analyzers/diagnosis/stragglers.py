@@ -13,27 +13,22 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from diag.analyzers.diagnosis.steady import median_half_width
-
-# What `judge` adds to the job block.
-JUDGED_KEYS = ("stragglers", "rank_waits", "comm_explanation", "straggler_finding")
 
 
 @dataclass
 class _Lateness:
     """One rank's lateness over the matched collectives, judged with the tolerance."""
     late: int = 0  # collectives it reached (nearly) last
+    imposing: int = 0  # of those, the ones where some peer arrived earlier and waited
     imposed_us: float = 0.0  # the peers' median wait in those, summed
-    imposed: list = field(default_factory=list)
 
 
 def judge(facts, tree) -> dict:
-    """{"stragglers", "rank_waits", "comm_explanation", "straggler_finding"} of a job's
-    collective facts (None: no ranks)."""
-    if facts is None:
-        return {"stragglers": [], "rank_waits": [], "comm_explanation": None, "straggler_finding": None}
+    """{"stragglers", "rank_waits", "comm_explanation", "straggler_finding"}: what the job
+    block gains from its collective facts."""
     th = tree.thresholds
     lateness, late_by_group, imposed_by_group = _lateness(facts.groups, th["straggler_late_tolerance"])
     rank_waits = _rank_waits(facts, lateness)
@@ -63,7 +58,7 @@ def _lateness(groups: list[dict], tol: float) -> tuple[dict[int, _Lateness], lis
             p.late += 1
             if early:
                 p.imposed_us += peer_wait
-                p.imposed.append(peer_wait)
+                p.imposing += 1
     return per, late_by_group, imposed_by_group
 
 
@@ -105,7 +100,7 @@ def _by_collectives(facts, lateness, late_by_group, imposed_by_group, th) -> lis
     out = []
     for rid, q in per.items():
         p = lateness.get(rid, _Lateness())
-        if not q.n or not p.imposed or total_imposed <= 0:
+        if not q.n or not p.imposing or total_imposed <= 0:
             continue
         blame = p.imposed_us / total_imposed
         imposed_ms = p.imposed_us / facts.n_steps[rid] / 1000.0

@@ -225,10 +225,12 @@ def sampled_batch(recs: list[dict], comp_of: list, util: np.ndarray, tree, walke
     cols["data_fraction_of_idle"][np.isnan(idle)] = np.nan
 
     sig, verdict = walker.walk(cols, m)
-    bound = [None if walker.guessed(int(k)) else b for k, b in zip(sig.tolist(), verdict)]
+    sig_l = sig.tolist()
+    guessed = {k: walker.guessed(k) for k in set(sig_l)}  # once per distinct path, not per step
+    bound = [None if guessed[k] else b for k, b in zip(sig_l, verdict)]
     empty = ~(has_dw | has_u | has_shares)  # no measurement at all: no verdict, empty path
     share_rows = np.column_stack([shares[b] for b in CLASSES]).tolist()
-    sig_l, empty_l, has_sh_l = sig.tolist(), empty.tolist(), has_shares.tolist()
+    empty_l, has_sh_l = empty.tolist(), has_shares.tolist()
     for j, i in enumerate(ok):
         if empty_l[j]:
             out[i] = (None, None, ())

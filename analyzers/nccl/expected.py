@@ -312,26 +312,26 @@ def expected_busbw(topo: dict, nodes: int | None = None, gpus_per_node: int | No
         parts.append(_gpu_link_part(topo))
     if nodes is not None and nodes > 1:
         if topo.get("inter") not in LINKS:
-            return _UNKNOWN_NETWORK
+            return _expected(None, _NO_NETWORK, None)
         parts.append(_network_part(topo))
     if not parts:
-        return {"expected_busbw_gbps": None, "basis": "the link between GPUs is unknown (pass --intra or --topo)",
-                "bottleneck": None}
-    value, basis, bottleneck = min(parts, key=lambda p: p[0])
-    return {"expected_busbw_gbps": value, "basis": basis, "bottleneck": bottleneck}
+        return _expected(None, "the link between GPUs is unknown (pass --intra or --topo)", None)
+    return _expected(*min(parts, key=lambda p: p[0]))
 
 
 def network_busbw(topo: dict) -> dict:
     """The large-message busbw of the network between nodes alone, whatever the GPUs' own links:
     what a hierarchical collective's inter-node stage gets (`diag plan`'s inter-node rate)."""
     if topo.get("inter") not in LINKS:
-        return _UNKNOWN_NETWORK
-    value, basis, bottleneck = _network_part(topo)
+        return _expected(None, _NO_NETWORK, None)
+    return _expected(*_network_part(topo))
+
+
+_NO_NETWORK = "the network between nodes is unknown (pass --inter)"
+
+
+def _expected(value: float | None, basis: str, bottleneck: str | None) -> dict:
     return {"expected_busbw_gbps": value, "basis": basis, "bottleneck": bottleneck}
-
-
-_UNKNOWN_NETWORK = {"expected_busbw_gbps": None, "basis": "the network between nodes is unknown (pass --inter)",
-                    "bottleneck": None}
 
 
 def _gpu_link_part(topo: dict) -> tuple[float, str, str]:

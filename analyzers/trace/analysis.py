@@ -48,7 +48,7 @@ def analyze_trace(path, tree: dt.Tree | None = None, rank: int | None = None, wo
     """
     tree = tree or dt.load_tree()
     trace = load_trace(path, workers=workers)
-    return analyze_loaded(trace, tree, rank=rank, host=devices.host_device(host_peaks) if host_peaks else None)
+    return analyze_loaded(trace, tree, rank=rank, host=devices.host_device(host_peaks))
 
 
 def _what_if(trace: Trace, tree, steps: list[dict], windows, classes, layers, att, on_device: bool):
