@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from diag.analyzers.job.sampled import sampled_verdict, window_composition
+from diag.analyzers.diagnosis.decision_tree import verdict_from
+from diag.analyzers.job.sampled import step_measurements, window_composition
 
 
 class LiveVerdicts:
@@ -30,8 +31,9 @@ class LiveVerdicts:
         if self.tree is None:
             return
         try:
-            v = sampled_verdict(rec, self.latest_sample, self._composition, self.tree)
-            rec["bound"], rec["shares"] = v["bound"], v["shares"]
+            shares, m = step_measurements(rec, self.latest_sample, self._composition)
+            v = verdict_from(m, self.tree) if m else {"bound": None, "path": []}
+            rec["bound"], rec["shares"] = v["bound"], shares
             sig = tuple((p["node"], p["answer"]) for p in v["path"])
             if sig != self._last_path_sig:
                 rec["path"] = v["path"]

@@ -6,7 +6,8 @@ Each job names a raw trace, where its summary goes, the rank and window's steps,
 decision-tree settings the agent resolved ("tree", diag.tree_settings/1) and the host's
 calibration ("host_peaks"). It compresses the raw trace (gzip, atomically; the raw file is
 removed), analyses it with the trace analyzer, and writes the small window summary of the
-run-directory format: {"first_step", "last_step", "trace", "analysis": <rank dict>}. The
+run-directory format: {"first_step", "last_step", "trace", "analysis": <rank dict>}, whose
+verdicts the run's analysis gives again once the ranks' waits are split. The
 training process keeps only that summary; the big trace never enters its memory.
 """
 
@@ -22,8 +23,8 @@ import time
 from pathlib import Path
 
 from diag import rundir
+from diag.analyzers.analyze import analyze_trace
 from diag.analyzers.diagnosis.decision_tree import load_tree
-from diag.analyzers.trace.analysis import analyze_trace
 
 
 def compress(raw: Path) -> Path:

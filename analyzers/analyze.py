@@ -1,13 +1,18 @@
 """The facade: the whole analysis document (schema diag.analysis/1) from files, trace
 directories and run directories, with its diagnosis.
 
-`analyze_paths` expands directories into per-rank trace files, analyses the traces in
-parallel worker processes (as many as memory allows), delegates run directories to
-`diag.analyzers.job.run_analysis.analyze_run`, adds the cross-rank facts from
-`diag.analyzers.job.cross_rank.analyze_job`, and then the diagnosis
-(`diag.analyzers.diagnosis.document.build_diagnosis`): the job block's verdict is the
-diagnosis's, and the whole diagnosis document is under "diagnosis". A bad file becomes an
-entry in "errors"; the others are still analysed. Pure: nothing is printed or written.
+`analyze_paths` expands directories into per-rank trace files and runs the stages in
+their order:
+1. facts: the traces in parallel worker processes (as many as memory allows,
+   `trace.analysis.trace_facts`), run directories by `job.run_analysis.analyze_run`, and
+   waiting for peers apart from transfer (`job.waits`);
+2. each rank's and step's verdicts (`diagnosis.rank`), then ranks bound by their peer
+   resolved across the job (`diagnosis.peers`);
+3. the cross-rank facts (`job.cross_rank.analyze_job`) of the judged ranks;
+4. the diagnosis (`diagnosis.document.build_diagnosis`): the job block's verdict is the
+   diagnosis's, and the whole diagnosis document is under "diagnosis".
+A bad file becomes an entry in "errors"; the others are still analysed. Pure: nothing is
+printed or written.
 """
 
 from __future__ import annotations
@@ -18,9 +23,14 @@ from pathlib import Path
 
 from diag import rundir
 from diag.analyzers.diagnosis import decision_tree as dt
+from diag.analyzers.diagnosis import peers
 from diag.analyzers.diagnosis.document import build_diagnosis
+from diag.analyzers.diagnosis.rank import judge_run_rank, judge_trace
+from diag.analyzers.job import waits
+from diag.analyzers.job.cross_rank import analyze_job
 from diag.analyzers.job.run_analysis import analyze_run
 from diag.analyzers.run_records import ranks_from_windows, read_records
+from diag.analyzers.trace.analysis import trace_facts
 from diag.errors import DiagInputError
 
 SCHEMA = "diag.analysis/1"
@@ -46,13 +56,13 @@ def analyze_paths(paths, tree: dt.Tree | None = None, jobs: int | None = None, p
     errors: list[dict] = []
     warnings: list[dict] = []
     files: list[str] = []
-    run_docs: list[tuple[dict, dict]] = []  # (analysis, records) of each run directory
+    run_docs: list[tuple[dict, dict]] = []  # (analysis with its ranks judged, records) of each run directory
     for p in paths:
         p = os.fspath(p)
         if os.path.isdir(p):
             if rundir.is_run_dir(p):
                 try:
-                    run_docs.append(analyze_run_facts(p, tree, host_peaks=host_peaks))
+                    run_docs.append(analyze_run_ranks(p, tree, host_peaks=host_peaks))
                 except DiagInputError as exc:
                     errors.append({"source": exc.source or p, "error": _msg(exc)})
                 continue
@@ -65,21 +75,54 @@ def analyze_paths(paths, tree: dt.Tree | None = None, jobs: int | None = None, p
         else:
             errors.append({"source": p, "error": "no such file or directory"})
 
-    ranks = _analyze_files(files, tree, jobs, progress, errors, pool, host_peaks)
+    trace_ranks = _analyze_files(files, tree, jobs, progress, errors, pool, host_peaks)
+    run_ranks = [r for doc, _ in run_docs for r in doc.get("ranks") or []]
     for doc, _ in run_docs:
-        ranks.extend(doc.get("ranks") or [])
         errors.extend(doc.get("errors") or [])
         warnings.extend(doc.get("warnings") or [])
-    _settle_ranks(ranks, warnings)
+    _settle_ranks(trace_ranks + run_ranks, warnings)
+    ranks = judged_ranks(trace_ranks, tree, run_ranks)
     ranks.sort(key=lambda r: (r["rank"] is None, r["rank"] if r["rank"] is not None else 0))
-    records = None
+    records, run_job = None, None
     if len(run_docs) == 1 and not files:
         # One run directory: its own job facts, and its records for the diagnosis.
-        cross, records = run_docs[0][0].get("job") or cross_rank_facts(ranks, tree), run_docs[0][1]
-    else:
-        cross = cross_rank_facts(ranks, tree)
-    doc = {"schema": SCHEMA, "ranks": ranks, "job": cross, "errors": errors, "warnings": warnings}
+        run_job, records = run_docs[0][0].get("job"), run_docs[0][1]
+    doc = {"schema": SCHEMA, "ranks": ranks, "job": job_facts(ranks, tree, run_job), "errors": errors,
+           "warnings": warnings}
     return with_diagnosis(doc, tree, records)
+
+
+def analyze_trace(path, tree: dt.Tree | None = None, rank: int | None = None, workers: int | None = 1,
+                  host_peaks: dict | None = None) -> dict:
+    """One trace file's rank dict of the diag.analysis/1 document, facts and verdicts."""
+    tree = tree or dt.load_tree()
+    return judge_trace(trace_facts(path, tree, rank=rank, workers=workers, host_peaks=host_peaks), tree)
+
+
+def judged_ranks(trace_ranks: list[dict], tree, run_ranks: list[dict] = ()) -> list[dict]:
+    """The ranks of one job with their verdicts: the traces' facts with their waits split
+    across the ranks and then judged, beside a run directory's ranks (judged already), and
+    every rank bound by its peer resolved."""
+    judged = []
+    if trace_ranks:
+        by_rank: dict = {}
+        for r in trace_ranks:
+            by_rank.setdefault(r["rank"], []).append(r)
+        split, _ = waits.split_waits(by_rank)
+        judged = [judge_trace(r, tree) for docs in split.values() for r in docs]
+    return peers.resolve(judged + list(run_ranks), tree)
+
+
+def job_facts(ranks: list[dict], tree, run_job: dict | None = None) -> dict:
+    """The cross-rank facts of judged ranks (the diagnosis adds the verdict), with a run
+    directory's own: the ranks missing from it and its world size."""
+    job = analyze_job(ranks, tree) if ranks else {"stragglers": [], "findings": [], "world_size": None}
+    if run_job is None:
+        return job
+    return {**job, "missing_ranks": run_job.get("missing_ranks") or [],
+            "findings": list(run_job.get("findings") or []) + [f for f in job.get("findings") or []
+                                                              if f.get("id") != "missing_ranks"],
+            "world_size": run_job.get("world_size") or job.get("world_size")}
 
 
 def analyze_run_dir(path, tree: dt.Tree | None = None, progress=None) -> dict:
@@ -92,8 +135,10 @@ def analyze_run_with_records(path, tree: dt.Tree | None = None, progress=None) -
     report draws its charts from the same records the diagnosis was built on. Without a
     tree, the run's own recorded settings decide."""
     tree = tree or tree_for_run(path)
-    doc, records = analyze_run_facts(path, tree, progress)
-    return with_diagnosis(doc, tree, records), records
+    doc, records = analyze_run_ranks(path, tree, progress)
+    ranks = peers.resolve(doc["ranks"], tree)
+    return with_diagnosis({**doc, "ranks": ranks, "job": job_facts(ranks, tree, doc.get("job"))}, tree,
+                          records), records
 
 
 def tree_for_run(path, config=None, overrides: dict | None = None) -> dt.Tree:
@@ -118,8 +163,9 @@ def recorded_tree_settings(path) -> dict | None:
     return settings
 
 
-def analyze_run_facts(path, tree, progress=None, host_peaks: dict | None = None) -> tuple[dict, dict]:
-    """(analysis document without a diagnosis, records) of one run directory."""
+def analyze_run_ranks(path, tree, progress=None, host_peaks: dict | None = None) -> tuple[dict, dict]:
+    """(analysis document of one run directory, its ranks judged each on its own and its job
+    block the run's own facts; its records)."""
     path = Path(path)
     if not path.exists():
         raise DiagInputError("no such run directory", source=str(path))
@@ -128,13 +174,15 @@ def analyze_run_facts(path, tree, progress=None, host_peaks: dict | None = None)
                              source=str(path))
     problems: list[str] = []
     try:
-        doc = analyze_run(path, tree=tree, host_peaks=host_peaks)
+        doc, inputs = analyze_run(path, tree=tree, host_peaks=host_peaks)
+        doc = {**doc, "ranks": [judge_run_rank(r, inputs[r["rank"]].windows, inputs[r["rank"]].sampled, tree)
+                                for r in doc["ranks"]]}
     except Exception as exc:  # noqa: BLE001 - a bug in the run analysis costs the precise verdict, not the report
         problems.append(f"{path}: run analysis failed ({type(exc).__name__}: {exc})")
         doc = {"schema": SCHEMA, "ranks": [], "job": {}, "errors": []}
     records = read_records(path, doc, progress)
     if not doc["ranks"]:
-        doc = {**doc, "ranks": ranks_from_windows(records["ranks"])}
+        doc = {**doc, "ranks": [judge_trace(r, tree) for r in ranks_from_windows(records["ranks"])]}
     records["problems"] = list(dict.fromkeys(problems + records["problems"]))
     return doc, records
 
@@ -191,10 +239,8 @@ def _estimate_bytes(path: str) -> float:
 
 def _analyze_one(path: str, tree, decode_workers: int | None = None, host_peaks: dict | None = None
                  ) -> tuple[str, object]:
-    from diag.analyzers.trace.analysis import analyze_trace
-
     try:
-        return "ok", analyze_trace(path, tree=tree, workers=decode_workers, host_peaks=host_peaks)
+        return "ok", trace_facts(path, tree=tree, workers=decode_workers, host_peaks=host_peaks)
     except DiagInputError as exc:
         return "error", _msg(exc)
     except MemoryError:
@@ -267,24 +313,6 @@ def _settle_ranks(ranks: list[dict], warnings: list) -> None:
     sizes = {r.get("world_size") for r in ranks if r.get("world_size")}
     if len(sizes) > 1:
         warnings.append({"source": None, "warning": f"traces disagree on world size: {sorted(sizes)}"})
-
-
-def cross_rank_facts(ranks: list[dict], tree) -> dict:
-    """The cross-rank facts of the ranks analysed (the diagnosis adds the verdict)."""
-    if not ranks:
-        return {"stragglers": [], "findings": [], "world_size": None}
-    from diag.analyzers.job import waits
-    from diag.analyzers.job.cross_rank import analyze_job
-
-    # Waiting for peers apart from transfer first: the facts below read the split shares.
-    fresh = [r for r in ranks if isinstance(r.get("rank"), int) and "wait_split" not in r]
-    if fresh:
-        by_rank: dict[int, list[dict]] = {}
-        for r in fresh:
-            by_rank.setdefault(r["rank"], []).append(r)
-        waits.split_waits(by_rank, tree)
-        waits.resolve_peer_verdicts(ranks, tree)
-    return analyze_job(ranks, tree)
 
 
 def json_safe(obj):

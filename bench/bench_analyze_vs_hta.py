@@ -273,8 +273,9 @@ def breakdown(path: Path, cli_wall_s: float) -> dict:
     inflating, decoding the JSON text (msgspec), building the columns, the analysis, and
     what the command adds around them (interpreter start-up, imports, the JSON output)."""
     from diag.analyzers.diagnosis import decision_tree as dt
+    from diag.analyzers.diagnosis.rank import judge_trace
     from diag.analyzers.trace import load
-    from diag.analyzers.trace.analysis import analyze_loaded
+    from diag.analyzers.trace.analysis import facts_of_loaded
     from diag.analyzers.trace.columns import _Builder
 
     t = time.perf_counter()
@@ -300,7 +301,8 @@ def breakdown(path: Path, cli_wall_s: float) -> dict:
     columns = time.perf_counter() - t
     del decoded
     t = time.perf_counter()
-    analyze_loaded(trace, dt.load_tree())
+    tree = dt.load_tree()
+    judge_trace(facts_of_loaded(trace, tree), tree)
     analysis = time.perf_counter() - t
     t = time.perf_counter()
     load.load_trace(path, workers=None)

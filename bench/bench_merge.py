@@ -12,7 +12,8 @@ by diag. Each simulated rank gets:
 A few ranks, drawn at random, are stragglers: they reach every collective `--delay` of a
 step late. Each collective ends when its last rank arrives plus its own transfer time, so
 the others' records show the wait. The merge is then timed:
-- cross-rank matching, waits and stragglers (`cross_rank_facts`);
+- waits split, verdicts given and peers resolved (`judged_ranks`), then cross-rank matching and
+  stragglers (`job_facts`);
 - the diagnosis (`with_diagnosis`).
 It is timed once plainly, and once under tracemalloc for the peak memory it allocates. The
 check is that exactly the injected stragglers are named.
@@ -34,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _template() -> tuple[dict, str]:
-    from diag.analyzers.trace.analysis import analyze_trace
+    from diag.analyzers.analyze import analyze_trace
 
     data = Path(os.environ.get("DIAG_REAL_DATA") or REPO.parent / "shared" / "data")
     real = data / "traces" / "a100_2rank_nccl.json.gz"
@@ -69,12 +70,13 @@ def simulate(template: dict, n: int, stragglers: set[int], delay: float, rng: ra
 
 
 def merge(ranks: list[dict]) -> dict:
-    from diag.analyzers.analyze import cross_rank_facts, with_diagnosis
+    from diag.analyzers.analyze import job_facts, judged_ranks, with_diagnosis
     from diag.analyzers.diagnosis import decision_tree as dt
 
     tree = dt.load_tree()
-    job = cross_rank_facts(ranks, tree)
-    return with_diagnosis({"schema": "diag.analysis/1", "ranks": ranks, "job": job, "errors": []}, tree)
+    ranks = judged_ranks(ranks, tree)
+    return with_diagnosis({"schema": "diag.analysis/1", "ranks": ranks, "job": job_facts(ranks, tree), "errors": []},
+                          tree)
 
 
 def main() -> int:

@@ -27,8 +27,8 @@ def main(argv=None) -> int:
     ap.add_argument("--events", type=int, default=2_000_000)
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args(argv)
+    from diag.analyzers.analyze import analyze_trace
     from diag.analyzers.diagnosis import decision_tree as dt
-    from diag.analyzers.trace.analysis import analyze_trace
 
     tmp = Path(tempfile.mkdtemp(prefix="diag-bench-whatif-"))
     try:

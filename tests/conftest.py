@@ -33,6 +33,19 @@ def real_data_dir() -> Path | None:
 
 
 @pytest.fixture(scope="session")
+def demo_run_dir(tmp_path_factory) -> Path:
+    """A real 2-rank demo run (24 steps, profiler windows, samples), made once per session."""
+    import subprocess
+    import sys
+
+    run = tmp_path_factory.mktemp("demo") / "run"
+    proc = subprocess.run([sys.executable, "-m", "diag", "demo", "--steps", "24", "--run-dir", str(run), "--no-export"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run
+
+
+@pytest.fixture(scope="session")
 def real_data() -> Path:
     d = real_data_dir()
     if d is None:

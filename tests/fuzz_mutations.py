@@ -153,7 +153,7 @@ def run_one(kind: str, path: str) -> tuple[str, str]:
 
     try:
         if kind == "trace":
-            from diag.analyzers.trace.analysis import analyze_trace
+            from diag.analyzers.analyze import analyze_trace
 
             analyze_trace(path)
         elif kind == "nccl_tests":

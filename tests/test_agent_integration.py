@@ -18,9 +18,10 @@ import torch
 
 import diag
 from diag import rundir
-from diag.analyzers.diagnosis.decision_tree import load_tree
+from diag.analyzers.diagnosis.decision_tree import load_tree, verdict_from
+from diag.analyzers.diagnosis.rank import judge_run_rank
 from diag.analyzers.job.run_analysis import analyze_rank
-from diag.analyzers.job.sampled import sampled_verdict, window_composition
+from diag.analyzers.job.sampled import step_measurements, window_composition
 from diag.commands.analyze import format_summary
 from diag.exporter.registry import render_text
 
@@ -246,9 +247,10 @@ def _reference_steps(rd, rank, tree) -> list[tuple]:
             j = bisect.bisect_left(times, mid)
             best = min((k for k in (j - 1, j) if 0 <= k < len(times)), key=lambda k: abs(times[k] - mid))
             sample = samples[best] if abs(times[best] - mid) <= 5.0 else None
-        v = sampled_verdict(rec, sample, comp, tree)
+        shares, m = step_measurements(rec, sample, comp)
+        v = verdict_from(m, tree) if m else {"bound": None, "path": []}
         sig = tuple((p["node"], p["answer"]) for p in v["path"])
-        out.append((rec["step"], v["bound"], v["shares"], v["path"] if sig != last else []))
+        out.append((rec["step"], v["bound"], shares, v["path"] if sig != last else []))
         last = sig
     return out
 
@@ -293,7 +295,7 @@ def _varied_run(root, seed: int):
         analysis = {"rank": 0, "bound": "compute", "findings": [], "collectives": [],
                     "steps": [{"step": k, "duration_ms": 100.0, "bound": "compute", "shares": sh, "path": [],
                                "evidence": "trace"} for k in range(first, first + 3)],
-                    "path": [{"metric": "achieved_bw_frac", "value": bw}] if bw is not None else []}
+                    "measurements": {"achieved_bw_frac": bw} if bw is not None else {}}
         rundir.atomic_write_json(rp / rundir.WINDOWS / f"window-{first:06d}.json",
                                  {"first_step": first, "last_step": first + 2, "trace": "x", "analysis": analysis})
 
@@ -303,7 +305,8 @@ def test_batched_sampled_verdicts_equal_the_per_step_ones(tmp_path, seed):
     _varied_run(tmp_path, seed)
     tree = load_tree()
     rd = rundir.RunDir(tmp_path)
-    got = analyze_rank(rd, 0, tree)
+    facts, inputs = analyze_rank(rd, 0, tree)
+    got = judge_run_rank(facts, inputs.windows, inputs.sampled, tree)
     sampled = [(s["step"], s["bound"], s["shares"], s["path"]) for s in got["steps"] if s["evidence"] == "sampled"]
     expected = _reference_steps(rd, 0, tree)
     assert len(sampled) == 594

@@ -16,8 +16,8 @@ from fake_gpu_libs import FakeNvidiaGpu, FakeNvml
 
 import diag
 from diag import rundir
+from diag.analyzers.analyze import analyze_run_dir as analyze_run
 from diag.analyzers.diagnosis.decision_tree import BOUNDS
-from diag.analyzers.job.run_analysis import analyze_run
 
 
 def _train(agent, steps, use_loader=True, sleep_s=0.0, width=128, on_step=None):

@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 from diag import rundir
-from diag.analyzers.job.run_analysis import analyze_run
+from diag.analyzers.analyze import analyze_run_dir as analyze_run
 
 SCRIPT = textwrap.dedent(
     """

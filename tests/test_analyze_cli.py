@@ -10,8 +10,8 @@ import time
 
 import pytest
 
+from diag.analyzers.analyze import analyze_trace
 from diag.analyzers.diagnosis.decision_tree import BOUNDS
-from diag.analyzers.trace.analysis import analyze_trace
 
 RANK_KEYS = {"rank", "source", "device", "world_size", "bound", "steps", "gpu_time", "findings", "top_kernels",
              "top_ops", "collectives", "mfu", "fixes", "path"}

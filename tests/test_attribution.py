@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
+from diag.analyzers.analyze import analyze_trace
 from diag.analyzers.intervals import normalize
-from diag.analyzers.trace.analysis import analyze_trace
 from diag.analyzers.trace.attribution import BOUNDS, CLASSES, attribute, normalize_shares
 
 

@@ -14,8 +14,8 @@ import sys
 import pytest
 from conftest import FIXTURES
 
+from diag.analyzers.analyze import analyze_trace
 from diag.analyzers.diagnosis.decision_tree import CLASSES
-from diag.analyzers.trace.analysis import analyze_trace
 
 CASES = [
     ("data", 0),

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES
 
-from diag.analyzers.analyze import cross_rank_facts
+from diag.analyzers.analyze import analyze_trace, job_facts, judged_ranks
 from diag.analyzers.diagnosis.decision_tree import load_tree
 from diag.analyzers.diagnosis.scaling import scaling_efficiency
 from diag.analyzers.diagnosis.verdict import job_verdict
 from diag.analyzers.job.cross_rank import SYMMETRIC, match_collectives
-from diag.analyzers.trace.analysis import analyze_trace
+from diag.analyzers.trace.analysis import trace_facts
 from diag.errors import DiagInputError
 
 
@@ -49,14 +49,14 @@ def gloo_job(tmp_path_factory):
 
 
 def _ranks(paths):
-    return [analyze_trace(str(p)) for p in paths]
+    """The ranks as the facade gives them: waits split from transfer, then each judged."""
+    return judged_ranks([trace_facts(str(p)) for p in paths], load_tree())
 
 
 def _job(ranks):
-    """The job block as the facade gives it: waits split from transfer, cross-rank facts, then
-    the diagnosis's verdict. The rank dicts are updated in place, as the facade does."""
+    """The job block as the facade gives it: cross-rank facts, then the diagnosis's verdict."""
     tree = load_tree()
-    return job_verdict(ranks, cross_rank_facts(ranks, tree), tree)
+    return job_verdict(ranks, job_facts(ranks, tree), tree)
 
 
 def _finding(job, fid):
@@ -211,7 +211,7 @@ def test_job128_two_real_ranks(real_traces):
         lo = min(g["dur_us"].values())
         for rk, d in g["dur_us"].items():
             raw_wait_ms[rk] += (d - lo) / 1000
-    single = _ranks([real_traces / "job128_rank0_sampled.json.gz", real_traces / "job128_rank1_sampled.json.gz"])
+    single = [trace_facts(str(real_traces / f"job128_rank{r}_sampled.json.gz")) for r in (0, 1)]
     for before, after in zip(single, ranks):
         for sb, sa in zip(before["steps"], after["steps"]):
             assert sb["shares"]["wait"] == 0.0

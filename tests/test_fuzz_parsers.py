@@ -13,8 +13,7 @@ import pytest
 from conftest import FIXTURES
 from fuzz_mutations import fuzz, run_one, seeds
 
-from diag.analyzers.analyze import analyze_paths
-from diag.analyzers.trace.analysis import analyze_trace
+from diag.analyzers.analyze import analyze_paths, analyze_trace
 from diag.analyzers.trace.load import load_trace
 
 

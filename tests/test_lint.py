@@ -18,14 +18,15 @@ def test_ruff_clean():
 _ANALYZERS = "diag.analyzers"
 LAYERS = {
     "analyzers/intervals.py": (),
-    "analyzers/trace": ("diag.errors", f"{_ANALYZERS}.intervals", f"{_ANALYZERS}.trace",
+    "analyzers/analysis_types.py": (),
+    "analyzers/trace": ("diag.errors", f"{_ANALYZERS}.analysis_types", f"{_ANALYZERS}.intervals", f"{_ANALYZERS}.trace",
                         f"{_ANALYZERS}.diagnosis.decision_tree", f"{_ANALYZERS}.whatif.rank"),
     "analyzers/whatif": ("diag.errors", f"{_ANALYZERS}.intervals", f"{_ANALYZERS}.trace.event_classes",
                          f"{_ANALYZERS}.whatif"),
     "analyzers/nccl": ("diag.errors", f"{_ANALYZERS}.nccl"),
-    "analyzers/job": ("diag.errors", "diag.rundir", f"{_ANALYZERS}.intervals", f"{_ANALYZERS}.trace", f"{_ANALYZERS}.job",
+    "analyzers/job": ("diag.errors", "diag.rundir", f"{_ANALYZERS}.analysis_types", f"{_ANALYZERS}.intervals", f"{_ANALYZERS}.trace", f"{_ANALYZERS}.job",
                       f"{_ANALYZERS}.diagnosis.decision_tree", f"{_ANALYZERS}.diagnosis.steady", f"{_ANALYZERS}.whatif"),
-    "analyzers/diagnosis": ("diag.errors", f"{_ANALYZERS}.diagnosis", f"{_ANALYZERS}.plan.memory"),
+    "analyzers/diagnosis": ("diag.errors", f"{_ANALYZERS}.analysis_types", f"{_ANALYZERS}.diagnosis", f"{_ANALYZERS}.plan.memory"),
     "analyzers/plan": ("diag.errors", f"{_ANALYZERS}.plan", f"{_ANALYZERS}.trace.devices",
                        f"{_ANALYZERS}.nccl.expected"),
     "analyzers/views": ("diag.errors", f"{_ANALYZERS}.diagnosis", f"{_ANALYZERS}.views",
@@ -46,14 +47,14 @@ LAYERS = {
     "agent/agent.py": ("diag.collectors", "diag.config", "diag.errors", "diag.exporter", "diag.report", "diag.rundir",
                        "diag.window_analysis", "diag.calibrate", "diag.live_verdict", "diag.nccl_watch",
                        f"{_ANALYZERS}.diagnosis", f"{_ANALYZERS}.trace.devices"),
-    "agent/live_verdict.py": (f"{_ANALYZERS}.job.sampled",),
+    "agent/live_verdict.py": (f"{_ANALYZERS}.job.sampled", f"{_ANALYZERS}.diagnosis.decision_tree"),
     # diag nccl: its output (the judgement of each test is the diagnosis's) and its measuring mode.
     "agent/nccl_output.py": ("diag.errors", "diag.rundir", f"{_ANALYZERS}.diagnosis", f"{_ANALYZERS}.nccl"),
     "agent/nccl_measure.py": ("diag.errors", "diag.rundir", "diag.nccl_output", "diag.nccl_table", "diag.collectors",
                               f"{_ANALYZERS}.nccl"),
     "agent/nccl_watch.py": ("diag.rundir", f"{_ANALYZERS}.nccl.log"),
     "agent/window_analysis.py": ("diag.rundir",),
-    "agent/window_worker.py": ("diag.rundir", f"{_ANALYZERS}.diagnosis.decision_tree", f"{_ANALYZERS}.trace.analysis"),
+    "agent/window_worker.py": ("diag.rundir", f"{_ANALYZERS}.diagnosis.decision_tree", f"{_ANALYZERS}.analyze"),
     "agent/config.py": ("diag.errors", "diag.collectors", f"{_ANALYZERS}.diagnosis.decision_tree"),
     "agent/calibrate.py": ("diag.rundir", f"{_ANALYZERS}.trace.devices"),
     "agent/integrations.py": ("diag.agent",),
@@ -106,20 +107,15 @@ def test_every_module_has_a_layer(folder):
         assert any(path == c or c in path.parents for c in covered), f"{path.relative_to(REPO)} has no layer"
 
 
-# The judgements of the diagnosis layer, by the names that make them. Outside analyzers/diagnosis/
-# only these modules call one, each on its own measurements: the per-step and per-rank tree
-# verdicts still made where the measurements are (ARCHITECTURE.md, "Judgements").
-JUDGEMENT_CALLS = {"evaluate", "verdict_from", "advise", "Walker", "judge", "straggler_what_if", "likely_cause",
+# The judgements of the diagnosis layer, by the names that make them (ARCHITECTURE.md, "Judgements").
+JUDGEMENT_CALLS = {"evaluate", "verdict_from", "advise", "Walker", "walk", "walk_one", "judge", "judge_trace",
+                   "judge_run_rank", "sampled_verdicts", "resolve", "own_work", "straggler_what_if", "likely_cause",
                    "step_time_change", "scaling_rating", "with_likely_causes"}
-RANK_VERDICTS_NOT_YET_IN_THE_DIAGNOSIS = {
-    "analyzers/trace/analysis.py", "analyzers/job/waits.py", "analyzers/job/sampled.py", "analyzers/job/run_analysis.py",
-}
 
 
 def test_judgements_are_made_in_the_diagnosis_layer():
     """No module of the analysis side (trace, job, nccl, whatif) calls a judgement of the diagnosis
-    layer but the four that still walk the tree for their own steps, and none holds a threshold
-    table of its own (the tree's [thresholds] are the one table)."""
+    layer, and none holds a threshold table of its own (the tree's [thresholds] are the one table)."""
     callers = set()
     for path in list((REPO / "analyzers").rglob("*.py")) + list((REPO / "agent").rglob("*.py")):
         rel = path.relative_to(REPO).as_posix()
@@ -132,9 +128,10 @@ def test_judgements_are_made_in_the_diagnosis_layer():
             if isinstance(node, ast.Call):
                 f = node.func
                 name = f.attr if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in (
-                    "dt", "decision_tree", "stragglers", "bandwidth", "change") else f.id if isinstance(f, ast.Name) \
-                    and f.id in imported else None
-                if name in JUDGEMENT_CALLS:
+                    "dt", "decision_tree", "stragglers", "bandwidth", "change", "peers") else f.id if isinstance(
+                    f, ast.Name) and f.id in imported else None
+                # The tree's Walker, however it is reached (tree.walker.walk).
+                if name in JUDGEMENT_CALLS or isinstance(f, ast.Attribute) and f.attr in ("walk", "walk_one"):
                     callers.add(rel)
             if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id in ("DEFAULTS", "THRESHOLDS")
                                                     for t in node.targets):
@@ -142,4 +139,4 @@ def test_judgements_are_made_in_the_diagnosis_layer():
     # The analysis (facts) side; views and commands may ask the diagnosis for a judgement it makes.
     analysis_side = {c for c in callers if c.startswith(("analyzers/trace/", "analyzers/job/", "analyzers/nccl/",
                                                          "analyzers/whatif/"))}
-    assert analysis_side <= RANK_VERDICTS_NOT_YET_IN_THE_DIAGNOSIS, analysis_side - RANK_VERDICTS_NOT_YET_IN_THE_DIAGNOSIS
+    assert not analysis_side, analysis_side

@@ -8,7 +8,7 @@ import random
 
 from conftest import FIXTURES, REPO
 
-from diag.analyzers.trace.analysis import analyze_trace
+from diag.analyzers.analyze import analyze_trace
 
 
 def _bench():

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from diag.analyzers.job.run_analysis import analyze_run
+from diag.analyzers.analyze import analyze_run_dir as analyze_run
 
 LAYERS = ((512, 1024), (1024, 1024), (1024, 10))
 BATCH = 512
@@ -29,10 +29,8 @@ def _diag(*args, expect=0):
 
 
 @pytest.fixture(scope="module")
-def demo_run(tmp_path_factory):
-    run = tmp_path_factory.mktemp("plan") / "demo"
-    _diag("demo", "--steps", "24", "--run-dir", str(run), "--no-export")
-    return run
+def demo_run(demo_run_dir):
+    return demo_run_dir
 
 
 def test_the_agent_records_the_model_and_the_profiled_flops(demo_run):

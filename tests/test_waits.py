@@ -7,7 +7,9 @@ import copy
 import pytest
 
 from diag.analyzers.diagnosis import decision_tree as dt
+from diag.analyzers.diagnosis import peers
 from diag.analyzers.diagnosis.borderline import borderline
+from diag.analyzers.diagnosis.rank import judge_trace
 from diag.analyzers.diagnosis.steady import robust_sigma as noise
 from diag.analyzers.diagnosis.verdict import job_verdict
 from diag.analyzers.job import waits
@@ -39,8 +41,11 @@ def test_the_early_rank_waits_at_the_head_of_the_collective(tree):
     # Rank 0's collective [20, 80) is exposed on [40, 80): of its 50 us head only [40, 70) costs time.
     r0 = _rank(0, comm_us=40.0, ts=20.0, dur=60.0, exposed=[[40.0, 80.0]], compute_us=50.0, host_us=10.0)
     r1 = _rank(1, comm_us=10.0, ts=70.0, dur=10.0, exposed=[[70.0, 80.0]], compute_us=80.0, host_us=10.0)
-    facts = waits.split_waits({0: [r0], 1: [r1]}, tree)
+    before = copy.deepcopy([r0, r1])
+    split, facts = waits.split_waits({0: [r0], 1: [r1]})
+    assert [r0, r1] == before  # new values: the inputs are left as they were
     assert facts == {"matched": 1, "waits_for": {0: 1}}
+    r0, r1 = judge_trace(split[0][0], tree), judge_trace(split[1][0], tree)
     s0 = r0["steps"][0]["shares"]
     assert s0["wait"] == pytest.approx(0.30) and s0["comm"] == pytest.approx(0.10)
     assert sum(s0.values()) == 1.0
@@ -49,7 +54,7 @@ def test_the_early_rank_waits_at_the_head_of_the_collective(tree):
     assert r0["wait_split"] == {"measured": True, "matched_collectives": 1}
     # 30% waiting: rank 0 is handed to rank 1, which is compute-bound; nobody is comm-bound.
     assert r0["bound"] == dt.PEER and r1["bound"] == "compute"
-    waits.resolve_peer_verdicts([r0, r1], tree)
+    r0, r1 = peers.resolve([r0, r1], tree)
     assert r0["bound"] == "compute" and r0["bound_via"] == 1
     node = next(n for n in r0["path"] if n["node"] == "peer_wait")
     assert node["peer"] == 1 and "rank 1, which is compute-bound" in node["question"]
@@ -60,7 +65,9 @@ def test_the_early_rank_waits_at_the_head_of_the_collective(tree):
 def test_a_single_trace_keeps_its_attribution_and_says_why(tree):
     r = _rank(0, comm_us=40.0, ts=20.0, dur=60.0, exposed=[[40.0, 80.0]], compute_us=50.0)
     before = copy.deepcopy(r)
-    assert waits.split_waits({0: [r]}, tree) == {"matched": 0, "waits_for": {}}
+    split, facts = waits.split_waits({0: [r]})
+    assert facts == {"matched": 0, "waits_for": {}}
+    r = split[0][0]
     assert r["wait_split"] == {"measured": False, "reason": "a single rank: no peer to match collectives with"}
     assert r["shares"] == before["shares"] and "wait_share" not in r["measurements"]
 
@@ -69,7 +76,7 @@ def test_an_analysis_without_exposure_records_is_not_split(tree):
     r0 = _rank(0, comm_us=40.0, ts=20.0, dur=60.0, exposed=[[40.0, 80.0]], compute_us=50.0)
     r1 = _rank(1, comm_us=10.0, ts=70.0, dur=10.0, exposed=[[70.0, 80.0]], compute_us=80.0)
     del r0["collectives"][0]["exposed"]
-    waits.split_waits({0: [r0], 1: [r1]}, tree)
+    r0 = waits.split_waits({0: [r0], 1: [r1]})[0][0][0]
     assert r0["wait_split"]["measured"] is False and "again" in r0["wait_split"]["reason"]
     assert r0["steps"][0]["shares"]["comm"] == pytest.approx(0.40)
 
@@ -79,7 +86,7 @@ def test_ranks_that_wait_for_each_other_in_turn_keep_their_own_verdict(tree):
          "measurements": {"data_share": 0.0, "host_share": 0.05, "comm_share": 0.05, "wait_share": 0.3,
                           "memory_share": 0.5, "compute_share": 0.1, "memory_to_compute": 5.0}}
     b = {**copy.deepcopy(a), "rank": 1, "waits_for": 0}
-    waits.resolve_peer_verdicts([a, b], tree)
+    a, b = peers.resolve([a, b], tree)
     assert a["bound"] == b["bound"] == "memory"
     node = next(n for n in a["path"] if n["node"] == "peer_wait")
     assert node["answer"] == "no" and "in turn" in node["forced"]

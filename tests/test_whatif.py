@@ -16,9 +16,9 @@ import sys
 import pytest
 from conftest import FIXTURES
 
+from diag.analyzers.analyze import analyze_trace
 from diag.analyzers.diagnosis import decision_tree as dt
 from diag.analyzers.diagnosis.stragglers import straggler_what_if
-from diag.analyzers.trace.analysis import analyze_trace
 from diag.analyzers.whatif.job import job_what_if
 
 REAL_FIXTURES = sorted((FIXTURES / "real").glob("*.json.gz"))

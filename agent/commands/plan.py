@@ -244,7 +244,7 @@ def run(args) -> int:
 def _run_facts(path: str) -> dict:
     from pathlib import Path
 
-    from diag.analyzers.job.run_analysis import analyze_run
+    from diag.analyzers.analyze import analyze_run_dir as analyze_run
     from diag.analyzers.plan.measured import run_facts
     from diag.rundir import MANIFEST, is_run_dir
 

@@ -1,10 +1,12 @@
-"""The analysis document (diag.analysis/1) of a run directory written by the agent.
+"""The facts of the analysis document (diag.analysis/1) of a run directory written by the agent.
 
-Every step gets a verdict labelled with its evidence:
+Every step is measured, labelled with its evidence:
 - "trace": the step was inside a profiler window, and the trace analyzer attributed
   each moment of it (the window summaries in `rank-N/windows/`);
 - "sampled": outside windows, from what the agent always measures and the composition
   of the most recent window (diag.analyzers.job.sampled).
+The verdicts of the steps and ranks are the diagnosis's (`diagnosis.rank.judge_run_rank`),
+on each rank's dict and the `RankInputs` beside it.
 
 Ranks that are absent, or that stopped reporting before the job ended (killed, hung,
 out of memory), are named in the job finding `missing_ranks`.
@@ -17,31 +19,25 @@ import bisect
 import math
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from diag import rundir
-from diag.analyzers.diagnosis.decision_tree import (
-    CLASSES,
-    Walker,
-    advise,
-    load_tree,
-    share_ratios,
-    verdict_from,
-)
+from diag.analyzers.analysis_types import RunRankFacts
+from diag.analyzers.diagnosis.decision_tree import CLASSES, load_tree, share_ratios
 from diag.analyzers.diagnosis.steady import warmup_steps
 from diag.analyzers.job import waits
-from diag.analyzers.job.cross_rank import analyze_job
 from diag.analyzers.job.sampled import (
     NO_SAMPLE,
+    SampledSteps,
     nearest_samples,
     sample_utilization,
-    sampled_batch,
-    sampled_verdict,
+    sampled_steps,
     window_composition,
 )
-from diag.analyzers.trace.analysis import analyze_trace
+from diag.analyzers.trace.analysis import trace_facts
 from diag.analyzers.whatif import rank as what_if
 
 SCHEMA = "diag.analysis/1"
@@ -75,13 +71,11 @@ def _sorted_quantile(vals: list, q: float):
     return vals[min(len(vals) - 1, int(q * (len(vals) - 1) + 0.5))]
 
 
-# -- sampled verdicts of many steps at once -----------------------------------------------
-#
-# A long run has hundreds of thousands of sampled steps. Their shares are computed with
-# numpy over the rank's step arrays, and the tree is walked once per group of steps that
-# reach the same node by the same answers (a handful of groups), not once per step. A
-# step whose path differs from the previous step's is evaluated again by
-# `sampled_verdict`, which gives the full path; so the output is exactly the per-step one.
+@dataclass(frozen=True)
+class RankInputs:
+    """What the diagnosis judges a run directory's rank by, beside its rank dict."""
+    windows: list[dict]  # its profiler windows, their trace analyses' waits split
+    sampled: SampledSteps  # its steps outside windows, as the tree's measurements
 
 
 def _merge_table(windows: list[dict], key: str) -> list[dict]:
@@ -120,17 +114,6 @@ def _merge_gpu_time(windows: list[dict]) -> dict:
     return out
 
 
-def _dedupe_findings(findings: list[dict]) -> list[dict]:
-    seen, out = set(), []
-    for f in findings:
-        key = f.get("id")
-        if key in seen:
-            continue
-        seen.add(key)
-        out.append(f)
-    return out
-
-
 def _warmup_cut(steps: list[dict], windows: list[dict], tree) -> int:
     """First step number that counts for the rank's verdict (start-up steps are atypical):
     the first profiler window's, else the diagnosis's one warm-up rule."""
@@ -151,7 +134,7 @@ def _unsummarised_windows(rd: rundir.RunDir, rank: int, windows: list[dict], tre
         if path.name in named or path.name.startswith("."):
             continue
         try:
-            a = analyze_trace(str(path), tree=tree, rank=rank, host_peaks=host_peaks)
+            a = trace_facts(str(path), tree=tree, rank=rank, host_peaks=host_peaks)
         except Exception as exc:
             errors.append({"source": str(path), "error": f"{type(exc).__name__}: {exc}"})
             continue
@@ -169,9 +152,10 @@ def rank_windows(rd: rundir.RunDir, rank: int, tree, errors: list, host_peaks: d
 
 
 def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None = None,
-                 errors: list | None = None, windows: list[dict] | None = None) -> dict:
-    """One rank of a run directory: its step records with the verdicts of their profiler
-    windows or of the sampled measurements, and the rank's measurements over its counted steps."""
+                 errors: list | None = None, windows: list[dict] | None = None) -> tuple[RunRankFacts, RankInputs]:
+    """One rank of a run directory: (its rank dict, of step records measured by their profiler
+    windows or by the sampled measurements and the rank's measurements over its counted
+    steps; what the diagnosis judges it by besides)."""
     info = rd.rank_info(rank) or {}
     records = sorted((r for r in rd.steps(rank) if isinstance(r.get("step"), int)), key=lambda r: r["step"])
     if windows is None:
@@ -179,41 +163,32 @@ def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None
     analysed = [w for w in windows if isinstance(w.get("analysis"), dict)]
     samples = sorted((s for s in rd.samples(rank) if _finite(s.get("t"))), key=lambda s: s["t"])
     trace_steps, comps = _window_steps(analysed)
-    steps_out = _rank_steps(records, trace_steps, comps, samples, tree)
+    steps_out, sampled = _rank_steps(records, trace_steps, comps, samples)
     cut = _warmup_cut(steps_out, analysed, tree)
     counted = [s for s in steps_out if s["step"] >= cut] or steps_out
     shares = _time_weighted_shares(counted)
     split = [w["analysis"].get("wait_split") or {} for w in analysed]
     measurements = _rank_measurements(counted, shares, any(x.get("measured") for x in split), comps, analysed,
                                       samples, info)
-    if measurements:
-        v = verdict_from(measurements, tree)
-        bound, path, fixes = v["bound"], v["path"], v["fixes"]
-    else:
-        bound, path, fixes = None, [], []
     critical_path, what_if_entries = what_if.summarize([s for s in counted if s["evidence"] == "trace"],
                                                        getattr(tree, "what_if", ()))
     dev = info.get("device") if isinstance(info.get("device"), dict) else {}
     device = dev.get("name") or next((w["analysis"].get("device") for w in reversed(analysed)
                                       if w["analysis"].get("device")), None)
     model = info.get("model")
-    return {
+    doc = {
         "rank": rank,
         "source": str(rd.rank_path(rank)),
         "device": device,
         "world_size": info.get("world_size"),
         "host": info.get("host"),
         "status": status_override or info.get("status"),
-        "bound": bound,
         "steps": steps_out,
         "gpu_time": _merge_gpu_time(analysed),
-        "findings": _rank_findings(measurements, bound, tree, windows, analysed, len(steps_out)),
         "top_kernels": _merge_table(analysed, "top_kernels"),
         "top_ops": _merge_table(analysed, "top_ops"),
         "collectives": [c for w in analysed for c in w["analysis"].get("collectives") or []],
         "mfu": measurements.get("mfu"),
-        "fixes": fixes,
-        "path": path,
         "shares": {b: measurements.get(f"{b}_share", 0.0) for b in CLASSES} if shares else None,
         "measurements": measurements,
         "wait_split": next((x for x in split if x.get("measured")), split[0] if split else
@@ -224,8 +199,7 @@ def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None
             "trace_steps": sum(1 for s in steps_out if s["evidence"] == "trace"),
             "sampled_steps": sum(1 for s in steps_out if s["evidence"] == "sampled"),
             "windows": [{"first_step": w.get("first_step"), "last_step": w.get("last_step"),
-                         "trace": w.get("trace"), "bound": (w.get("analysis") or {}).get("bound")}
-                        for w in windows],
+                         "trace": w.get("trace")} for w in windows],
             "samples": len(samples),
             "warmup_steps_excluded": sum(1 for s in steps_out if s["step"] < cut),
         },
@@ -237,6 +211,7 @@ def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None
         "rates": measured_rates([trace_steps[n] for n in sorted(trace_steps)], {r["step"]: r for r in records},
                                 [s["duration_ms"] for s in counted if s["evidence"] == "sampled"]),
     }
+    return doc, RankInputs(windows, sampled)
 
 
 def _window_steps(analysed: list[dict]) -> tuple[dict[int, dict], list[tuple[int, dict]]]:
@@ -254,9 +229,10 @@ def _window_steps(analysed: list[dict]) -> tuple[dict[int, dict], list[tuple[int
     return trace_steps, comps
 
 
-def _rank_steps(records: list[dict], trace_steps: dict, comps: list, samples: list[dict], tree) -> list[dict]:
-    """Every step of the rank: a profiled step as its window gave it, any other with the verdict
-    of its sampled measurements (all at once, see sampled_batch), in step order."""
+def _rank_steps(records: list[dict], trace_steps: dict, comps: list, samples: list[dict]
+                ) -> tuple[list[dict], SampledSteps]:
+    """(every step of the rank, in step order: a profiled step as its window measured it, any
+    other with the shares of its sampled measurements; the sampled steps' measurements)."""
     comp_starts = [c[0] for c in comps]
     sampled_recs = [r for r in records if r["step"] not in trace_steps]
     mids = np.array([float(r.get("start_unix") or 0.0) + float(r.get("duration_s") or 0.0) / 2
@@ -268,10 +244,9 @@ def _rank_steps(records: list[dict], trace_steps: dict, comps: list, samples: li
     for r in sampled_recs:
         i = bisect.bisect_right(comp_starts, r["step"]) - 1
         comp_of.append(comps[i][1] if i >= 0 else (comps[0][1] if comps else None))
-    batch = sampled_batch(sampled_recs, comp_of, util, tree, Walker(tree)) if sampled_recs else []
+    sampled = sampled_steps(sampled_recs, [samples[k] if k != NO_SAMPLE else None for k in nearest], comp_of, util)
 
     steps_out: list[dict] = []
-    last_path_sig = None
     j = -1  # index among the sampled records
     for rec in records:
         n = rec["step"]
@@ -279,26 +254,8 @@ def _rank_steps(records: list[dict], trace_steps: dict, comps: list, samples: li
             entry = _profiled_step(trace_steps[n])
         else:
             j += 1
-            fast = batch[j]
-            if fast is None or fast[2] != last_path_sig:
-                # A new path (or a record the vectorised path does not cover): the full verdict.
-                k = nearest[j]
-                v = sampled_verdict(rec, samples[k] if k != NO_SAMPLE else None, comp_of[j], tree)
-                bound_, shares_, path_ = v["bound"], v["shares"], v["path"]
-                sig = tuple((p["node"], p["answer"]) for p in path_)
-            else:
-                bound_, shares_, sig = fast
-                path_ = []
-            entry = {
-                "step": n,
-                "duration_ms": 1000.0 * float(rec.get("duration_s") or 0.0),
-                "bound": bound_,
-                "shares": shares_,
-                # The path is repeated only when it changes, so long runs stay small.
-                "path": path_ if sig != last_path_sig else [],
-                "evidence": "sampled",
-            }
-            last_path_sig = sig
+            entry = {"step": n, "duration_ms": 1000.0 * float(rec.get("duration_s") or 0.0),
+                     "shares": sampled.shares[j], "evidence": "sampled"}
         dw = rec.get("data_wait_s")
         entry["data_wait_ms"] = 1000.0 * dw if _finite(dw) else None
         for k in _STEP_EXTRAS:
@@ -310,15 +267,15 @@ def _rank_steps(records: list[dict], trace_steps: dict, comps: list, samples: li
     recorded = {s["step"] for s in steps_out}
     for n in sorted(set(trace_steps) - recorded):
         t = trace_steps[n]
-        steps_out.append({"step": n, "duration_ms": t.get("duration_ms"), "bound": t.get("bound"),
-                          "shares": t.get("shares"), "path": t.get("path") or [], "evidence": "trace"})
+        steps_out.append({"step": n, "duration_ms": t.get("duration_ms"), "shares": t.get("shares"),
+                          "evidence": "trace"})
     steps_out.sort(key=lambda s: s["step"])
-    return steps_out
+    return steps_out, sampled
 
 
 def _profiled_step(t: dict) -> dict:
-    return {"step": t["step"], "duration_ms": t.get("duration_ms"), "bound": t.get("bound"), "shares": t.get("shares"),
-            "path": t.get("path") or [], "evidence": "trace", **{k: t[k] for k in what_if.STEP_KEYS if k in t}}
+    return {"step": t["step"], "duration_ms": t.get("duration_ms"), "shares": t.get("shares"), "evidence": "trace",
+            **{k: t[k] for k in what_if.STEP_KEYS if k in t}}
 
 
 def _time_weighted_shares(counted: list[dict]) -> dict | None:
@@ -366,32 +323,6 @@ def _rank_measurements(counted: list[dict], shares: dict | None, wait_measured: 
     if mem_frac is not None:
         measurements["memory_used_frac"] = mem_frac
     return measurements
-
-
-def _rank_findings(measurements: dict, bound, tree, windows: list[dict], analysed: list[dict], n_steps: int
-                   ) -> list[dict]:
-    findings = advise(measurements, tree, bound=bound) if measurements else []
-    for w in analysed:
-        findings.extend(f for f in w["analysis"].get("findings") or [] if isinstance(f, dict))
-    findings = _dedupe_findings(findings)
-    if not windows:
-        findings.append({
-            "id": "no_profiler_window", "severity": "info",
-            "message": "No profiler window was recorded on this rank: verdicts rest on sampled evidence only.",
-            "advice": "Run long enough to pass the profiler's skip_first steps, or touch RUN_DIR/profile.trigger "
-                      "(or send SIGUSR2) to profile a window on demand.",
-            "evidence": {"steps": n_steps},
-        })
-    failed_windows = [w for w in windows if not isinstance(w.get("analysis"), dict)]
-    if failed_windows:
-        findings.append({
-            "id": "window_analysis_failed", "severity": "info",
-            "message": f"{len(failed_windows)} profiler window(s) could not be analysed.",
-            "advice": "Run `diag analyze` on the traces in the rank's traces/ folder to see the error.",
-            "evidence": {"windows": [{"first_step": w.get("first_step"), "error": w.get("error")}
-                                     for w in failed_windows][:20]},
-        })
-    return findings
 
 
 def _step_time_and_throughput(counted: list[dict]) -> dict:
@@ -521,9 +452,11 @@ def _missing_finding(lost: list[dict], world: int | None) -> dict:
     }
 
 
-def analyze_run(run_dir, tree=None, host_peaks: dict | None = None) -> dict:
-    """The analysis document (diag.analysis/1) of a run directory; `host_peaks` calibrates the CPU
-    traces of ranks whose agent recorded no calibration."""
+def analyze_run(run_dir, tree=None, host_peaks: dict | None = None) -> tuple[dict, dict[int, RankInputs]]:
+    """(the facts of the analysis document (diag.analysis/1) of a run directory, what the
+    diagnosis judges each rank by besides); `host_peaks` calibrates the CPU traces of ranks
+    whose agent recorded no calibration. The job block holds the run's own job facts: the
+    ranks missing and the world size; the cross-rank facts come after the verdicts."""
     tree = tree or load_tree()
     rd = rundir.RunDir(run_dir)
     manifest = rd.manifest()
@@ -531,24 +464,15 @@ def analyze_run(run_dir, tree=None, host_peaks: dict | None = None) -> dict:
     lost_ids = {x["rank"] for x in lost if x["reason"] == "stopped reporting"}
     trace_errors: list[dict] = []
     windows = {r: rank_windows(rd, r, tree, trace_errors, host_peaks) for r in rd.ranks()}
-    # Waiting for peers apart from transfer, in the windows' steps, before the ranks add them up.
-    waits.split_waits({r: [w["analysis"] for w in ws if isinstance(w.get("analysis"), dict)]
-                       for r, ws in windows.items()}, tree)
-    ranks = [analyze_rank(rd, r, tree, status_override="lost" if r in lost_ids else None, errors=trace_errors,
-                          windows=windows[r])
-             for r in rd.ranks()]
-    waits.resolve_peer_verdicts(ranks, tree)
+    windows = _split_window_waits(windows)
+    ranks, inputs = [], {}
+    for r in rd.ranks():
+        doc, inputs[r] = analyze_rank(rd, r, tree, status_override="lost" if r in lost_ids else None,
+                                      errors=trace_errors, windows=windows[r])
+        ranks.append(doc)
     world = rd.expected_world_size()
-    if ranks:
-        job = analyze_job(ranks, tree)
-    else:
-        job = {"bound": None, "path": [], "stragglers": [], "findings": [], "world_size": world}
-    job.setdefault("findings", [])
-    job["findings"] = [f for f in job["findings"] if f.get("id") != "missing_ranks"]
-    job["missing_ranks"] = [x["rank"] for x in lost]
-    if lost:
-        job["findings"].insert(0, _missing_finding(lost, world))
-    job["world_size"] = world or job.get("world_size")
+    job = {"missing_ranks": [x["rank"] for x in lost], "world_size": world,
+           "findings": [_missing_finding(lost, world)] if lost else []}
     errors = [{"source": p.split(": ", 1)[0], "error": p.split(": ", 1)[-1]} for p in rd.problems] + trace_errors
     if not ranks:
         errors.append({"source": str(run_dir), "error": "no rank data in this run directory"})
@@ -567,4 +491,15 @@ def analyze_run(run_dir, tree=None, host_peaks: dict | None = None) -> dict:
         "ranks": ranks,
         "job": job,
         "errors": errors,
-    }
+    }, inputs
+
+
+def _split_window_waits(windows: dict[int, list[dict]]) -> dict[int, list[dict]]:
+    """Waiting for peers apart from transfer, in the windows' steps, before the ranks add them up."""
+    analysed = {r: [w["analysis"] for w in ws if isinstance(w.get("analysis"), dict)] for r, ws in windows.items()}
+    split, _ = waits.split_waits(analysed)
+    out = {}
+    for r, ws in windows.items():
+        it = iter(split[r])
+        out[r] = [{**w, "analysis": next(it)} if isinstance(w.get("analysis"), dict) else w for w in ws]
+    return out

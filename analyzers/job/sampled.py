@@ -1,26 +1,27 @@
-"""Verdicts of the steps outside profiler windows ("sampled" evidence).
+"""What the decision tree asks of the steps outside profiler windows ("sampled" evidence).
 
-Outside windows the decision tree runs on what the agent always measures (data wait
-from `agent.loader()`, step time, device utilisation from NVML/amdsmi) and on the
-composition of the most recent window, which tells how the device's busy time splits
-between communication, bandwidth-bound and compute-bound work.
+Outside windows the tree runs on what the agent always measures (data wait from
+`agent.loader()`, step time, device utilisation from NVML/amdsmi) and on the composition
+of the most recent window, which tells how the device's busy time splits between
+communication, bandwidth-bound and compute-bound work.
 
 The sampled attribution keeps the window's proportions rather than its absolute times,
 because profiled steps run slower than unprofiled ones (the profiler's own cost), and
 absolute times from a window would overstate the device's share of a normal step.
 
-The agent calls `sampled_verdict` live for each step; the run analysis gives a whole
-rank's sampled steps their verdicts at once (`sampled_batch`), which is the same
-decision computed for many steps together.
+The agent measures each step live (`step_measurements`); the run analysis measures a
+whole rank's sampled steps at once, as columns (`sampled_steps`), and the diagnosis walks
+the tree over them (`diagnosis.rank.sampled_verdicts`).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
-from diag.analyzers.diagnosis.decision_tree import CLASSES, Walker, share_ratios, verdict_from
+from diag.analyzers.diagnosis.decision_tree import CLASSES, share_ratios
 
 # The classes of a step's non-data time, and of its busy time (a collective waiting for a
 # peer occupies the device or gloo's thread as its transfer does).
@@ -53,18 +54,15 @@ def window_composition(analysis: dict | None) -> dict | None:
     comp = {
         "non_data": {b: mean[b] / non_data for b in NON_DATA},
         "busy_split": {b: (mean[b] / busy if busy > 0 else 0.0) for b in BUSY},
-        "achieved_bw_frac": _path_value(analysis.get("path"), "achieved_bw_frac"),
+        "achieved_bw_frac": _finite_or_none((analysis.get("measurements") or {}).get("achieved_bw_frac")),
         # Waiting is only known where the window's collectives were matched across ranks.
         "wait_measured": bool((analysis.get("wait_split") or {}).get("measured")),
     }
     return comp
 
 
-def _path_value(path, metric: str):
-    for node in path or []:
-        if isinstance(node, dict) and node.get("metric") == metric and isinstance(node.get("value"), (int, float)):
-            return float(node["value"])
-    return None
+def _finite_or_none(x) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
 
 
 def sampled_shares(
@@ -102,8 +100,9 @@ def sampled_shares(
     return shares, m
 
 
-def sampled_verdict(record: dict, sample: dict | None, composition: dict | None, tree) -> dict:
-    """Verdict of one step record from always-on measurements (evidence "sampled")."""
+def step_measurements(record: dict, sample: dict | None, composition: dict | None) -> tuple[dict | None, dict]:
+    """(the shares or None, the tree measurements) of one step record from always-on
+    measurements (evidence "sampled"); no measurement at all gives ({}, None)."""
     util = None
     gpu = (sample or {}).get("gpu") if isinstance(sample, dict) else None
     if isinstance(gpu, dict) and isinstance(gpu.get("utilization_ratio"), (int, float)):
@@ -111,10 +110,7 @@ def sampled_verdict(record: dict, sample: dict | None, composition: dict | None,
         if not math.isfinite(util):  # a failed reading is no reading
             util = None
     shares, m = sampled_shares(record.get("duration_s"), record.get("data_wait_s"), util, composition)
-    if not m:
-        return {"bound": None, "shares": None, "path": [], "evidence": "sampled"}
-    v = verdict_from(m, tree)
-    return {"bound": v["bound"], "shares": shares, "path": v["path"], "evidence": "sampled"}
+    return (shares, m) if m else (None, m)
 
 
 NO_SAMPLE = -1
@@ -130,7 +126,7 @@ def sample_utilization(samples: list[dict]) -> np.ndarray:
         gpu = s.get("gpu")
         if isinstance(gpu, dict) and isinstance(gpu.get("utilization_ratio"), (int, float)):
             v = float(gpu["utilization_ratio"])
-            if math.isfinite(v):  # as sampled_verdict: a failed reading is no reading
+            if math.isfinite(v):  # as step_measurements: a failed reading is no reading
                 out[i] = v
     return out
 
@@ -148,15 +144,41 @@ def nearest_samples(times: np.ndarray, mids: np.ndarray) -> np.ndarray:
     return np.where(np.abs(times[best] - mids) <= SAMPLE_MATCH_S, best, NO_SAMPLE)
 
 
-def sampled_batch(recs: list[dict], comp_of: list, util: np.ndarray, tree, walker: Walker) -> list:
-    """Per record: (bound, shares, sig) for the records the vectorised path covers, else None."""
-    n = len(recs)
-    out: list = [None] * n
+@dataclass(frozen=True)
+class SampledSteps:
+    """A rank's sampled steps, in step order, as the tree's measurements.
+
+    covered: the indices of the steps whose measurements are plain numbers, described by
+    `columns` (one array per measurement, NaN where unmeasured) and `empty` (no measurement
+    at all); `shares` of every step (None where unknown); `measurements(i)` of any one step,
+    computed alone.
+    """
+    count: int
+    covered: list[int]
+    columns: dict[str, np.ndarray]
+    empty: list[bool]
+    shares: list[dict | None]
+    inputs: list[tuple[dict, dict | None, dict | None]]  # (record, nearest sample, window composition)
+
+    def measurements(self, i: int) -> dict:
+        return step_measurements(*self.inputs[i])[1]
+
+
+def sampled_steps(recs: list[dict], samples_of: list, comp_of: list, util: np.ndarray) -> SampledSteps:
+    """The sampled steps' measurements: records, each one's nearest sample (or None) and
+    window composition (or None), and the samples' utilisation per record (NaN: none)."""
+    inputs = list(zip(recs, samples_of, comp_of))
     ok = [i for i, r in enumerate(recs)
           if _plain_number(r.get("duration_s")) and r["duration_s"] > 0
           and (r.get("data_wait_s") is None or _plain_number(r["data_wait_s"]))]
-    if not ok:
-        return out
+    cols, empty, rows = _columns(recs, ok, comp_of, util) if ok else ({}, [], {})
+    shares = [rows[i] if i in rows else step_measurements(*inputs[i])[0] for i in range(len(recs))]
+    return SampledSteps(len(recs), ok, cols, empty, shares, inputs)
+
+
+def _columns(recs: list[dict], ok: list[int], comp_of: list, util: np.ndarray) -> tuple[dict, list, dict]:
+    """(the tree's measurement columns of the covered records, which have none at all, the
+    shares of each covered record by its index)."""
     idx = np.array(ok, dtype=np.int64)
     dur = np.array([float(recs[i]["duration_s"]) for i in ok])
     dw_raw = [recs[i].get("data_wait_s") for i in ok]
@@ -224,18 +246,8 @@ def sampled_batch(recs: list[dict], comp_of: list, util: np.ndarray, tree, walke
         cols["data_fraction_of_idle"] = np.where(idle > 0, ds / np.where(idle > 0, idle, 1.0), 0.0)
     cols["data_fraction_of_idle"][np.isnan(idle)] = np.nan
 
-    sig, verdict = walker.walk(cols, m)
-    sig_l = sig.tolist()
-    guessed = {k: walker.guessed(k) for k in set(sig_l)}  # once per distinct path, not per step
-    bound = [None if guessed[k] else b for k, b in zip(sig_l, verdict)]
     empty = ~(has_dw | has_u | has_shares)  # no measurement at all: no verdict, empty path
     share_rows = np.column_stack([shares[b] for b in CLASSES]).tolist()
-    empty_l, has_sh_l = empty.tolist(), has_shares.tolist()
-    for j, i in enumerate(ok):
-        if empty_l[j]:
-            out[i] = (None, None, ())
-        elif has_sh_l[j]:
-            out[i] = (bound[j], dict(zip(CLASSES, share_rows[j])), walker.sigs[sig_l[j]])
-        else:
-            out[i] = (bound[j], None, walker.sigs[sig_l[j]])
-    return out
+    has_sh_l = has_shares.tolist()
+    rows = {i: (dict(zip(CLASSES, share_rows[j])) if has_sh_l[j] else None) for j, i in enumerate(ok)}
+    return cols, empty.tolist(), rows

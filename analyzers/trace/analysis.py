@@ -1,10 +1,12 @@
-"""One rank's Kineto trace -> the rank dict of the analysis document (schema diag.analysis/1).
+"""One rank's Kineto trace -> the facts of its rank dict (schema diag.analysis/1).
 
-`analyze_trace(path)` loads the trace (`trace_load`), classifies its events
+`trace_facts(path)` loads the trace (`trace_load`), classifies its events
 (`event_classes`, `roofline`), attributes every step's wall time to data / host / comm /
-memory / compute (`attribution`), walks the decision tree per step and for the rank
-(`decision_tree`), and adds HTA's GPU-time breakdown (`gpu_time`), MFU, top kernels and
-ops, and the rank's collective records (`collectives`) for cross-rank matching.
+memory / compute (`attribution`), measures what the decision tree asks of each step and
+of the rank, replays each step's dependency graph (`whatif`), and adds HTA's GPU-time
+breakdown (`gpu_time`), MFU, top kernels and ops, and the rank's collective records
+(`collectives`) for cross-rank matching. The verdicts and findings are the diagnosis's
+(`diag.analyzers.diagnosis.rank.judge_trace`); the facade's `analyze_trace` does both.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import re
 import numpy as np
 
 from diag.analyzers import intervals as iv
+from diag.analyzers.analysis_types import TraceRankFacts
 from diag.analyzers.diagnosis import decision_tree as dt
 from diag.analyzers.trace import devices, gpu_time, roofline
 from diag.analyzers.trace import event_classes as ec
@@ -36,9 +39,10 @@ _DTYPE_SIZE = {"float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2,
                "bool": 1, "short": 2, "int16": 2}
 
 
-def analyze_trace(path, tree: dt.Tree | None = None, rank: int | None = None, workers: int | None = 1,
-                  host_peaks: dict | None = None) -> dict:
-    """One rank of the diag.analysis/1 document from one Kineto trace file.
+def trace_facts(path, tree: dt.Tree | None = None, rank: int | None = None, workers: int | None = 1,
+                host_peaks: dict | None = None) -> TraceRankFacts:
+    """The facts of one rank of the diag.analysis/1 document from one Kineto trace file; the
+    tree gives the what-if changes to replay.
 
     workers: decoding processes for a large file (1: serial, the default; None: by file
     size and idle CPUs, as `diag analyze` does).
@@ -48,7 +52,7 @@ def analyze_trace(path, tree: dt.Tree | None = None, rank: int | None = None, wo
     """
     tree = tree or dt.load_tree()
     trace = load_trace(path, workers=workers)
-    return analyze_loaded(trace, tree, rank=rank, host=devices.host_device(host_peaks))
+    return facts_of_loaded(trace, tree, rank=rank, host=devices.host_device(host_peaks))
 
 
 def _what_if(trace: Trace, tree, steps: list[dict], windows, classes, layers, att, on_device: bool):
@@ -67,53 +71,6 @@ def _what_if(trace: Trace, tree, steps: list[dict], windows, classes, layers, at
         steps[k].update(extra)
     critical_path, entries = what_if.summarize(steps, changes)
     return critical_path, entries, what_if_error
-
-
-def _rank_findings(trace: Trace, tree, rank_m: dict, bound, sampled: bool, critical_path, what_if_error) -> list[dict]:
-    findings = dt.advise(rank_m, tree, bound=bound, source="trace")
-    if sampled:
-        findings.insert(0, {
-            "id": "sampled_trace",
-            "severity": "warning",
-            "message": f"Only {trace.op_coverage:.1%} of the host events the profiler numbered are in this trace "
-                       "(it was sampled or filtered): idle and host time are over-stated, so the verdict is indicative.",
-            "advice": "Analyse the unfiltered trace for a firm verdict.",
-            "evidence": {"op_coverage": trace.op_coverage, "source": "trace"},
-        })
-
-    backlog = (critical_path or {}).get("device_backlog_ms") or 0.0
-    if critical_path and backlog > tree.thresholds["device_backlog_share"] * critical_path["measured_ms"]:
-        findings.append({
-            "id": "device_behind_host", "severity": "info",
-            "message": f"The device's own work of a profiled step outlasts the step by {backlog:.1f} ms "
-                       f"({backlog / critical_path['measured_ms']:.0%}): the host ran ahead of the device, so "
-                       "the window shows the host's pace, and a steady iteration would be that much longer.",
-            "advice": "Profile more consecutive steps (active=3 or more) so that a window reaches the steady "
-                      "state; the what-if predictions of device-side changes are conservative until then.",
-            "evidence": {"device_backlog_ms": backlog, "step_ms": critical_path["measured_ms"], "source": "trace"},
-        })
-    if what_if_error:
-        findings.append({
-            "id": "what_if_failed", "severity": "info",
-            "message": f"No what-if predictions for this trace: its dependency graph could not be built "
-                       f"({what_if_error}).",
-            "advice": "The rest of the analysis stands; recommendations for this rank carry no predicted gain.",
-            "evidence": {"error": what_if_error, "source": "trace"},
-        })
-
-    if trace.repairs:
-        rep = trace.repairs
-        findings.insert(0, {
-            "id": "repaired_trace",
-            "severity": "warning",
-            "message": f"The trace had damaged or oddly typed data: {rep['fields']} field(s) were converted or "
-                       f"ignored and {rep['events']} event(s) skipped; the rest is analysed as usual "
-                       f"(e.g. {'; '.join(rep['examples'][:2])}).",
-            "advice": "Check what wrote or copied the trace; a profiler version mismatch or a truncated copy "
-                      "are the usual causes.",
-            "evidence": {**rep, "source": "trace"},
-        })
-    return findings
 
 
 def rank_from_name(path: str) -> int | None:
@@ -142,8 +99,9 @@ def _rank_of(trace: Trace, rank: int | None) -> tuple[int | None, str | None, di
     return rank, rank_from, dist
 
 
-def analyze_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: devices.Device | None = None) -> dict:
-    """One rank of the diag.analysis/1 document from a loaded trace."""
+def facts_of_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: devices.Device | None = None
+                    ) -> TraceRankFacts:
+    """The facts of one rank of the diag.analysis/1 document from a loaded trace."""
     meta = trace.meta
     rank, rank_from, dist = _rank_of(trace, rank)
     props = meta.get("deviceProperties") or []
@@ -173,8 +131,6 @@ def analyze_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: d
     flops_w = _flops_in_windows(trace, op_info, win)
     bw_bytes, bw_time = _bandwidth_in_windows(trace, classes, op_info, win) if on_device else (None, None)
 
-    # A trace with most of its host events missing was sampled or filtered after recording.
-    sampled = trace.op_coverage is not None and trace.op_coverage < tree.thresholds["sampled_trace_coverage"]
     steps = []
     totals = {b: 0.0 for b in BOUNDS}
     for k, (num, lo, hi) in enumerate(windows):
@@ -182,17 +138,14 @@ def analyze_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: d
         shares = att["shares"][k]
         for b in BOUNDS:
             totals[b] += att["us"][b][k]
-        m = _measurements(shares, mem_t[k], comp_t[k], dur, peak_frac_w, k, bw_bytes, bw_time, device)
-        verdict = dt.evaluate(m, tree)
         steps.append({
             "step": num,
             "start_us": lo,
             "duration_ms": dur / 1e3,
-            "bound": verdict["bound"],
             "shares": shares,
-            "path": verdict["path"],
-            "evidence": "sampled" if sampled else "trace",
-            "measurements": m,
+            "evidence": "trace",
+            "measurements": _measurements(shares, mem_t[k], comp_t[k], dur, peak_frac_w, k, bw_bytes, bw_time,
+                                          device),
             # Executed FLOPs of the step's ops (from their shapes), for measured rates (diag plan --run).
             "flops": float(flops_w[k]) if flops_w is not None else None,
         })
@@ -208,8 +161,6 @@ def analyze_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: d
     mem_frac = _memory_used_frac(trace, props)
     if mem_frac is not None:
         rank_m["memory_used_frac"] = mem_frac
-    verdict = dt.evaluate(rank_m, tree)
-    findings = _rank_findings(trace, tree, rank_m, verdict["bound"], sampled, critical_path, what_if_error)
 
     gt = gpu_time.breakdown(trace) if on_device else None
     dev_info = _device_info(props, device, on_device)
@@ -223,27 +174,23 @@ def analyze_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: d
         "device_info": dev_info,
         "world_size": dist.get("world_size") if isinstance(dist.get("world_size"), int) else None,
         "backend": dist.get("backend"),
-        "bound": verdict["bound"],
-        "title": verdict["title"],
-        "summary": verdict["summary"],
-        "path": verdict["path"],
-        "fixes": verdict["fixes"],
         "shares": rank_shares,
         "measurements": rank_m,
         "steps": steps,
         "gpu_time": gpu_time_out,
-        "findings": findings,
         "top_kernels": _top_kernels(trace, classes, op_info) if on_device else [],
         "top_ops": _top_ops(trace),
         "collectives": _exposed(_tag_steps(collectives(trace, classes), windows), att["parts"].get("comm")),
         "mfu": rank_m.get("mfu"),
         "timeline": "device" if on_device else "cpu",
-        "sampled": sampled,
+        # The share of the host events the profiler numbered that the trace holds (None: not numbered).
+        "op_coverage": trace.op_coverage,
         "n_events": trace.n_events,
         "repairs": trace.repairs,
         "attribution_order": list(order) + ["host"],
         "critical_path": critical_path,
         "what_if": what_if_entries,
+        "what_if_error": what_if_error,
     }
 
 

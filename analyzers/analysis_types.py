@@ -1,0 +1,172 @@
+"""The parts of the analysis document (schema diag.analysis/1) that pass between the stages,
+declared: what the analysis measures (the facts) and what the diagnosis adds (the verdicts).
+
+The document is JSON, so its parts are dicts; these TypedDicts say which keys each holds
+and in what unit. Each stage returns a new dict of the next type (`trace_facts` gives a
+`TraceRankFacts`, `diagnosis.rank.judge_trace` makes it a `TraceRank`) and never rewrites
+its input. `tests/test_analysis_types.py` checks real outputs against these declarations,
+so a key added or dropped in one stage must be declared here. Shares are fractions of the
+step's wall time; `_us` is microseconds on the trace's clock, `_ms` milliseconds.
+
+Imports nothing from diag: every layer may read it. (No `from __future__ import
+annotations`: TypedDict reads NotRequired from evaluated annotations.)
+"""
+
+from typing import NotRequired, TypedDict
+
+
+class PathNode(TypedDict):
+    """One question of the decision tree as it was answered."""
+    node: str
+    question: str
+    metric: str
+    value: float | None  # the measurement, in the metric's unit (decision_tree.MEASUREMENTS)
+    op: str
+    threshold: float
+    answer: str  # "yes" | "no" | "unknown"
+    forced: NotRequired[str]  # why the answer was set from outside the measurements
+    peer: NotRequired[int]  # a peer-wait node: the rank waited for
+    peer_bound: NotRequired[str]
+
+
+class Finding(TypedDict):
+    id: str
+    severity: str  # "info" | "warning" | "error"
+    message: str
+    advice: str
+    evidence: dict
+
+
+class _StepWhatIf(TypedDict, total=False):
+    """A replayed step (whatif.rank.STEP_KEYS)."""
+    critical_path: dict  # class -> ms on the step's critical path
+    what_if_ms: dict  # change name -> the step's replayed duration under it, ms
+    replayed_ms: float  # the step replayed with no change (equals the measured step within slack)
+    present_classes: list[str]
+
+
+class TraceStepFacts(_StepWhatIf):
+    """One step of a trace, as measured."""
+    step: int
+    start_us: float
+    duration_ms: float
+    shares: dict[str, float]  # class (decision_tree.CLASSES) -> share of the step
+    evidence: str  # "trace" (the diagnosis says "sampled" for a sampled trace)
+    measurements: dict[str, float]  # what the tree asks about, by metric name
+    flops: float | None  # executed FLOPs of the step's ops
+
+
+class Verdict(TypedDict):
+    bound: str | None  # decision_tree.BOUNDS, "peer" before peers are resolved, None if withheld
+    path: list[PathNode]
+
+
+class TraceStep(TraceStepFacts, Verdict):
+    """A trace's step with its verdict."""
+
+
+class _WaitSplit(TypedDict, total=False):
+    """Added by the wait split (job.waits) to every analysis of a job."""
+    wait_split: dict  # {"measured": bool, "matched_collectives" | "reason"}
+    waits_for: int | None  # the rank this one waits for most
+    wait_share: float | None
+
+
+class TraceRankFacts(_WaitSplit):
+    """One rank of a trace, as measured (trace.analysis.trace_facts)."""
+    rank: int | None
+    rank_from: str | None  # "argument" | "distributedInfo" | "file name" | "order"
+    source: str
+    device: str
+    device_info: dict
+    world_size: int | None
+    backend: str | None
+    shares: dict[str, float]
+    measurements: dict[str, float]
+    steps: list[TraceStepFacts]
+    gpu_time: dict  # HolisticTraceAnalysis's GPU-time breakdown, percent
+    top_kernels: list[dict]
+    top_ops: list[dict]
+    collectives: list[dict]  # each collective call, for matching across ranks
+    mfu: float | None
+    timeline: str  # "device" | "cpu"
+    op_coverage: float | None  # share of the host events the profiler numbered that the trace holds
+    n_events: int
+    repairs: dict | None  # what the loader converted or skipped
+    attribution_order: list[str]
+    critical_path: dict | None
+    what_if: list[dict]
+    what_if_error: str | None
+
+
+class _RankVerdict(TypedDict):
+    bound: str | None
+    path: list[PathNode]
+    fixes: list[str]
+    findings: list[Finding]
+
+
+class _Titled(TypedDict):
+    title: str
+    summary: str
+
+
+class TraceRank(TraceRankFacts, _RankVerdict, _Titled):
+    """A trace's rank with its verdicts (diagnosis.rank.judge_trace)."""
+    steps: list[TraceStep]  # type: ignore[misc]
+    sampled: bool  # the trace holds too few of its host events for a firm verdict
+    bound_via: NotRequired[int]  # bound through the rank it waits for (diagnosis.peers)
+
+
+class RunStepFacts(_StepWhatIf):
+    """One step of a run directory's rank, as measured."""
+    step: int
+    duration_ms: float | None
+    shares: dict[str, float] | None
+    evidence: str  # "trace" (inside a profiler window) | "sampled" (always-on measurements)
+    data_wait_ms: NotRequired[float | None]
+    samples: NotRequired[float]
+    tokens: NotRequired[float]
+    peak_mem_bytes: NotRequired[float]
+    mfu: NotRequired[float]
+
+
+class RunStep(RunStepFacts, Verdict):
+    """A run directory's step with its verdict; a sampled step's path is given only where it
+    differs from the previous sampled step's."""
+
+
+class RunRankFacts(TypedDict):
+    """One rank of a run directory, as measured (job.run_analysis.analyze_rank)."""
+    rank: int
+    source: str
+    device: str | None
+    world_size: int | None
+    host: str | None
+    status: str | None
+    steps: list[RunStepFacts]
+    gpu_time: dict
+    top_kernels: list[dict]
+    top_ops: list[dict]
+    collectives: list[dict]
+    mfu: float | None
+    shares: dict[str, float] | None
+    measurements: dict[str, float]  # over the counted steps (after warm-up)
+    wait_split: dict
+    waits_for: int | None
+    wait_share: float | None
+    evidence: dict  # steps by evidence, windows, samples, warm-up steps left out
+    step_time_ms: dict  # p50, p95, mean
+    throughput: dict  # samples_per_s, tokens_per_s
+    model: dict | None  # what the live model and optimizer held
+    critical_path: dict | None
+    what_if: list[dict]
+    rates: dict | None  # FLOPs and the rate of the device work of the profiled steps
+
+
+class RunRank(RunRankFacts, _RankVerdict):
+    """A run directory's rank with its verdicts (diagnosis.rank.judge_run_rank)."""
+    steps: list[RunStep]  # type: ignore[misc]
+    title: NotRequired[str]  # given where its own work decides (diagnosis.peers)
+    summary: NotRequired[str]
+    bound_via: NotRequired[int]

@@ -1,0 +1,211 @@
+"""The verdicts of each rank and of each of its steps, from the facts the analysis measured.
+
+- A trace's rank (`judge_trace`): every step's and the rank's decision-tree verdict from
+  their measurements, and the rank's findings: the tree's advisories, a trace that was
+  sampled or repaired, a device that fell behind its host, what-if predictions that failed.
+- A run directory's rank (`judge_run_rank`): its profiled steps as their windows' traces
+  are judged; its sampled steps all at once (`sampled_verdicts`); the rank's verdict over
+  its counted steps; its findings with its windows'.
+
+Each returns a new rank dict. A rank bound by its peer is resolved afterwards, across the
+job (`peers.resolve`).
+"""
+
+from __future__ import annotations
+
+from diag.analyzers.analysis_types import RunRank, RunRankFacts, TraceRank, TraceRankFacts
+from diag.analyzers.diagnosis.decision_tree import advise, evaluate, verdict_from
+
+
+def with_verdict(doc: dict, v: dict, tree) -> dict:
+    """The rank dict with verdict `v`, and the tree's advisories given again for it."""
+    rules = {r["id"] for r in tree.advisories}
+    kept = [f for f in doc.get("findings") or [] if not (isinstance(f, dict) and f.get("id") in rules)]
+    # A trace's rank (it has a timeline) tags its advisories; a run directory's rank does not.
+    advice = advise(doc.get("measurements") or {}, tree, bound=v["bound"],
+                    source="trace" if "timeline" in doc else None)
+    return {**doc, "bound": v["bound"], "title": v["title"], "summary": v["summary"], "path": v["path"],
+            "fixes": v["fixes"], "findings": kept + advice}
+
+
+def step_measurements(step: dict) -> dict:
+    """What the tree asks of a step: its measurements, else its shares."""
+    m = step.get("measurements")
+    if isinstance(m, dict):
+        return m
+    return {f"{c}_share": v for c, v in (step.get("shares") or {}).items()}
+
+
+# -- a trace's rank ----------------------------------------------------------------------
+
+
+def judge_trace(facts: TraceRankFacts, tree) -> TraceRank:
+    """A trace analysis's rank dict with its verdicts and findings."""
+    coverage = facts.get("op_coverage")
+    # A trace with most of its host events missing was sampled or filtered after recording.
+    sampled = isinstance(coverage, (int, float)) and coverage < tree.thresholds["sampled_trace_coverage"]
+    steps = []
+    for s in facts.get("steps") or []:
+        if isinstance(s, dict):
+            v = evaluate(step_measurements(s), tree)
+            s = {**s, "bound": v["bound"], "path": v["path"], "evidence": "sampled" if sampled else "trace"}
+        steps.append(s)
+    m = facts.get("measurements") or {}
+    v = evaluate(m, tree)
+    findings = (_trace_notes(facts, sampled) + advise(m, tree, bound=v["bound"], source="trace")
+                + _replay_notes(facts, tree))
+    return {**facts, "bound": v["bound"], "title": v["title"], "summary": v["summary"], "path": v["path"],
+            "fixes": v["fixes"], "steps": steps, "sampled": sampled, "findings": findings}
+
+
+def _trace_notes(facts: dict, sampled: bool) -> list[dict]:
+    """What the trace itself lacked: events damaged, or most host events left out."""
+    notes = []
+    rep = facts.get("repairs")
+    if rep:
+        notes.append({
+            "id": "repaired_trace",
+            "severity": "warning",
+            "message": f"The trace had damaged or oddly typed data: {rep['fields']} field(s) were converted or "
+                       f"ignored and {rep['events']} event(s) skipped; the rest is analysed as usual "
+                       f"(e.g. {'; '.join(rep['examples'][:2])}).",
+            "advice": "Check what wrote or copied the trace; a profiler version mismatch or a truncated copy "
+                      "are the usual causes.",
+            "evidence": {**rep, "source": "trace"},
+        })
+    if sampled:
+        notes.append({
+            "id": "sampled_trace",
+            "severity": "warning",
+            "message": f"Only {facts['op_coverage']:.1%} of the host events the profiler numbered are in this trace "
+                       "(it was sampled or filtered): idle and host time are over-stated, so the verdict is indicative.",
+            "advice": "Analyse the unfiltered trace for a firm verdict.",
+            "evidence": {"op_coverage": facts["op_coverage"], "source": "trace"},
+        })
+    return notes
+
+
+def _replay_notes(facts: dict, tree) -> list[dict]:
+    """What the replay of the steps' graphs showed or could not do."""
+    notes = []
+    critical_path = facts.get("critical_path")
+    backlog = (critical_path or {}).get("device_backlog_ms") or 0.0
+    if critical_path and backlog > tree.thresholds["device_backlog_share"] * critical_path["measured_ms"]:
+        notes.append({
+            "id": "device_behind_host", "severity": "info",
+            "message": f"The device's own work of a profiled step outlasts the step by {backlog:.1f} ms "
+                       f"({backlog / critical_path['measured_ms']:.0%}): the host ran ahead of the device, so "
+                       "the window shows the host's pace, and a steady iteration would be that much longer.",
+            "advice": "Profile more consecutive steps (active=3 or more) so that a window reaches the steady "
+                      "state; the what-if predictions of device-side changes are conservative until then.",
+            "evidence": {"device_backlog_ms": backlog, "step_ms": critical_path["measured_ms"], "source": "trace"},
+        })
+    error = facts.get("what_if_error")
+    if error:
+        notes.append({
+            "id": "what_if_failed", "severity": "info",
+            "message": f"No what-if predictions for this trace: its dependency graph could not be built ({error}).",
+            "advice": "The rest of the analysis stands; recommendations for this rank carry no predicted gain.",
+            "evidence": {"error": error, "source": "trace"},
+        })
+    return notes
+
+
+# -- a run directory's rank ----------------------------------------------------------------
+
+
+def sampled_verdicts(sampled, tree) -> list[tuple[str | None, list]]:
+    """(bound, path) of each sampled step of a rank, in step order; the path is given only
+    where it differs from the previous sampled step's, so long runs stay small.
+
+    sampled: the analysis's sampled-step facts (`job.sampled.SampledSteps`). The tree is
+    walked once for all the steps its columns cover (`Walker.walk`); a step whose path
+    differs from the previous one's, or that the columns do not cover, is evaluated alone,
+    which gives the full path. So the result is exactly the per-step one.
+    """
+    walker = tree.walker
+    fast: list = [None] * sampled.count
+    if sampled.covered:
+        sig, verdict = walker.walk(sampled.columns, len(sampled.covered))
+        sig_l = sig.tolist()
+        guessed = {k: walker.guessed(k) for k in set(sig_l)}  # once per distinct path, not per step
+        for j, i in enumerate(sampled.covered):
+            k = sig_l[j]
+            fast[i] = (None, ()) if sampled.empty[j] else (None if guessed[k] else verdict[j], walker.sigs[k])
+    out = []
+    last = None
+    for i, f in enumerate(fast):
+        if f is None or f[1] != last:
+            m = sampled.measurements(i)
+            v = verdict_from(m, tree) if m else {"bound": None, "path": []}
+            bound, path = v["bound"], v["path"]
+            sig = tuple((p["node"], p["answer"]) for p in path)
+        else:
+            (bound, sig), path = f, []
+        out.append((bound, path if sig != last else []))
+        last = sig
+    return out
+
+
+def judge_run_rank(rank: RunRankFacts, windows: list[dict], sampled, tree) -> RunRank:
+    """A run directory's rank dict with its steps' and its own verdicts and findings.
+
+    windows: the rank's profiler windows, their analyses' waits split; sampled: its
+    sampled steps' facts (`job.sampled.SampledSteps`).
+    """
+    windows = [{**w, "analysis": judge_trace(w["analysis"], tree)} if isinstance(w.get("analysis"), dict) else w
+               for w in windows]
+    analysed = [w for w in windows if isinstance(w.get("analysis"), dict)]
+    profiled = {s["step"]: s for w in analysed for s in w["analysis"].get("steps") or []
+                if isinstance(s, dict) and isinstance(s.get("step"), int)}
+    by_sample = iter(sampled_verdicts(sampled, tree))
+    steps = []
+    for s in rank.get("steps") or []:
+        if s.get("evidence") == "trace":
+            t = profiled.get(s["step"]) or {}
+            bound, path = t.get("bound"), t.get("path") or []
+        else:
+            bound, path = next(by_sample)
+        steps.append({**s, "bound": bound, "path": path})
+    m = rank.get("measurements") or {}
+    v = verdict_from(m, tree) if m else {"bound": None, "path": [], "fixes": []}
+    findings = advise(m, tree, bound=v["bound"]) if m else []
+    findings = _first_of_each(findings + [f for w in analysed for f in w["analysis"].get("findings") or []
+                                          if isinstance(f, dict)])
+    evidence = dict(rank.get("evidence") or {})
+    evidence["windows"] = [{**row, "bound": (w.get("analysis") or {}).get("bound")}
+                           for row, w in zip(evidence.get("windows") or [], windows)]
+    return {**rank, "bound": v["bound"], "path": v["path"], "fixes": v["fixes"], "steps": steps,
+            "findings": findings + _window_notes(windows, len(steps)), "evidence": evidence}
+
+
+def _first_of_each(findings: list[dict]) -> list[dict]:
+    seen, out = set(), []
+    for f in findings:
+        if f.get("id") not in seen:
+            seen.add(f.get("id"))
+            out.append(f)
+    return out
+
+
+def _window_notes(windows: list[dict], n_steps: int) -> list[dict]:
+    """What the rank's profiler windows lacked: none recorded, or some not analysed."""
+    notes = []
+    if not windows:
+        notes.append({
+            "id": "no_profiler_window", "severity": "info",
+            "message": "No profiler window was recorded on this rank: verdicts rest on sampled evidence only.",
+            "advice": "Run long enough to pass the profiler's skip_first steps, or touch RUN_DIR/profile.trigger "
+                      "(or send SIGUSR2) to profile a window on demand.",
+            "evidence": {"steps": n_steps},
+        })
+    failed = [w for w in windows if not isinstance(w.get("analysis"), dict)]
+    if failed:
+        notes.append({
+            "id": "window_analysis_failed", "severity": "info",
+            "message": f"{len(failed)} profiler window(s) could not be analysed.",
+            "advice": "Run `diag analyze` on the traces in the rank's traces/ folder to see the error.",
+            "evidence": {"windows": [{"first_step": w.get("first_step"), "error": w.get("error")}
+                                     for w in failed][:20]},
+        })
+    return notes

@@ -1,0 +1,71 @@
+"""The analysis document's parts are what `diag.analyzers.analysis_types` declares, stage by
+stage: the facts the analysis measures, then the same with the diagnosis's verdicts; and no
+stage rewrites the value it was given."""
+
+from __future__ import annotations
+
+import copy
+import typing
+
+import pytest
+from conftest import FIXTURES
+
+from diag import rundir
+from diag.analyzers import analysis_types as types
+from diag.analyzers.analyze import analyze_paths, analyze_run_dir
+from diag.analyzers.diagnosis.decision_tree import load_tree
+from diag.analyzers.diagnosis.rank import judge_run_rank, judge_trace
+from diag.analyzers.job.run_analysis import analyze_rank
+from diag.analyzers.trace.analysis import trace_facts
+
+
+def _conforms(value: dict, declared, where: str) -> None:
+    hints = typing.get_type_hints(declared)
+    keys = set(value)
+    assert declared.__required_keys__ <= keys, f"{where}: lacks {sorted(declared.__required_keys__ - keys)}"
+    assert keys <= set(hints), f"{where}: undeclared {sorted(keys - set(hints))}"
+
+
+def _steps_conform(rank: dict, declared, where: str) -> None:
+    assert rank["steps"], where
+    for s in rank["steps"]:
+        _conforms(s, declared, f"{where} step {s.get('step')}")
+
+
+@pytest.mark.parametrize("name", ["cpu_comm_rank0.pt.trace.json.gz", "cpu_data_rank0.pt.trace.json.gz"])
+def test_a_traces_facts_and_its_verdicts_are_as_declared(name):
+    tree = load_tree()
+    facts = trace_facts(FIXTURES / name, tree)
+    _conforms(facts, types.TraceRankFacts, "facts")
+    _steps_conform(facts, types.TraceStepFacts, "facts")
+    assert "bound" not in facts and not any("bound" in s for s in facts["steps"])  # no verdict among the facts
+    before = copy.deepcopy(facts)
+    judged = judge_trace(facts, tree)
+    assert facts == before  # a new value; the facts are left as they were
+    _conforms(judged, types.TraceRank, "judged")
+    _steps_conform(judged, types.TraceStep, "judged")
+
+
+def test_real_gpu_ranks_of_one_job_are_as_declared(real_traces):
+    doc = analyze_paths([real_traces / "job128_rank0_sampled.json.gz", real_traces / "job128_rank1_sampled.json.gz"],
+                        jobs=1)
+    for r in doc["ranks"]:
+        _conforms(r, types.TraceRank, f"rank {r['rank']}")
+        _steps_conform(r, types.TraceStep, f"rank {r['rank']}")
+        assert r["wait_split"]["measured"]
+
+
+def test_a_real_runs_ranks_are_as_declared(demo_run_dir):
+    tree = load_tree()
+    rd = rundir.RunDir(demo_run_dir)
+    facts, inputs = analyze_rank(rd, 0, tree)
+    _conforms(facts, types.RunRankFacts, "facts")
+    _steps_conform(facts, types.RunStepFacts, "facts")
+    assert {s["evidence"] for s in facts["steps"]} == {"trace", "sampled"}
+    before = copy.deepcopy(facts)
+    judged = judge_run_rank(facts, inputs.windows, inputs.sampled, tree)
+    assert facts == before
+    _conforms(judged, types.RunRank, "judged")
+    _steps_conform(judged, types.RunStep, "judged")
+    for r in analyze_run_dir(demo_run_dir)["ranks"]:
+        _conforms(r, types.RunRank, f"rank {r['rank']}")
