@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 BOTTLENECKS = ("data", "comm", "compute", "memory", "host", "none")
@@ -237,18 +238,21 @@ def default_run_dir() -> Path:
     return Path("runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def run_demo(
-    bottleneck: str = "none",
-    ranks: int = 2,
-    steps: int = DEFAULT_STEPS,
-    run_dir: str | os.PathLike | None = None,
-    export: bool = True,
-    port_base: int | None = None,
-    verbose: bool = False,
-    linger_s: float = 0.0,
-    thresholds: dict | None = None,
-    on_ready=None,
-) -> dict:
+@dataclass(frozen=True)
+class DemoSettings:
+    """What the demo job trains and how it is watched."""
+    bottleneck: str = "none"
+    ranks: int = 2
+    steps: int = DEFAULT_STEPS
+    run_dir: str | os.PathLike | None = None  # None: runs/demo-<time>
+    export: bool = True  # each rank serves Prometheus metrics
+    port_base: int | None = None  # rank r serves on port_base + r (None: free ports)
+    verbose: bool = False
+    linger_s: float = 0.0  # keep the endpoints serving this long after the report
+    thresholds: dict | None = None  # decision-tree thresholds for diag.Agent
+
+
+def run_demo(settings: DemoSettings = DemoSettings(), on_ready=None) -> dict:
     """Run the demo job; returns {"run_dir", "diagnosis", "report", "elapsed_s", "endpoints"}.
 
     The diagnosis is the one rank 0 wrote into summary.json with the report (None when no
@@ -258,6 +262,7 @@ def run_demo(
     training and the report; `on_ready(result)` is called as soon as the report is
     written (before the linger), and SIGINT or SIGTERM ends the linger at once.
     """
+    bottleneck, ranks, export, linger_s = settings.bottleneck, settings.ranks, settings.export, settings.linger_s
     if bottleneck not in BOTTLENECKS:
         raise ValueError(f"unknown bottleneck {bottleneck!r}; choose from {', '.join(BOTTLENECKS)}")
     import torch.multiprocessing as mp
@@ -267,21 +272,21 @@ def run_demo(
 
     t0 = time.monotonic()
     run_id = uuid.uuid4().hex[:12]
-    base = Path(run_dir) if run_dir is not None else default_run_dir()
+    base = Path(settings.run_dir) if settings.run_dir is not None else default_run_dir()
     path = resolve_run_dir(base, f"diag:{run_id}", True, rank=0)
     cfg = {
         "bottleneck": bottleneck,
         "ranks": ranks,
-        "steps": steps,
+        "steps": settings.steps,
         "run_dir": str(path),
         "run_id": run_id,
         "port": free_port(),
         "threads": max(1, (os.cpu_count() or 2) // ranks),
         "export": export,
-        "port_base": port_base,
-        "verbose": verbose,
+        "port_base": settings.port_base,
+        "verbose": settings.verbose,
         "linger_s": max(float(linger_s or 0.0), 0.0) if export else 0.0,
-        "thresholds": dict(thresholds or {}),
+        "thresholds": dict(settings.thresholds or {}),
     }
     # fork is fast (no re-import of torch) and safe here: the parent has run no torch ops.
     method = "fork" if sys.platform.startswith("linux") else "spawn"

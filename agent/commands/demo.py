@@ -33,7 +33,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from diag.analyzers.diagnosis import decision_tree
-    from diag.demo import run_demo
+    from diag.demo import DemoSettings, run_demo
 
     try:
         thresholds = decision_tree.parse_overrides(args.threshold)
@@ -49,9 +49,10 @@ def run(args) -> int:
               file=sys.stderr, flush=True)
     if args.linger < 0:
         raise DiagInputError(f"--linger must be 0 or more seconds, got {args.linger:g}")
-    run_demo(args.bottleneck, ranks=args.ranks, steps=args.steps, run_dir=args.run_dir,
-             export=not args.no_export, port_base=args.port_base, verbose=args.verbose,
-             linger_s=args.linger, thresholds=thresholds, on_ready=lambda result: _show(result, args))
+    settings = DemoSettings(args.bottleneck, ranks=args.ranks, steps=args.steps, run_dir=args.run_dir,
+                            export=not args.no_export, port_base=args.port_base, verbose=args.verbose,
+                            linger_s=args.linger, thresholds=thresholds)
+    run_demo(settings, on_ready=lambda result: _show(result, args))
     return 0
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -75,6 +76,15 @@ def _in_spans(lo: np.ndarray, hi: np.ndarray, spans: np.ndarray) -> np.ndarray:
     return iv.measure_in_windows(spans, np.column_stack([lo, np.maximum(lo, hi)]))
 
 
+class _TraceIndex(NamedTuple):
+    """What every step's graph of one trace looks up."""
+    trace: object
+    blocking: np.ndarray  # per runtime call: it blocks the host
+    corr_index: tuple  # (device rows sorted by correlation id, their sorted ids)
+    dev_classes: np.ndarray
+    data_spans: np.ndarray
+
+
 def step_graphs(trace, dev_classes: np.ndarray, data_spans: np.ndarray, windows) -> list[StepGraph]:
     """The graph of each step window [(step, lo, hi), ...] of a trace with device activity."""
     names = trace.names
@@ -87,17 +97,20 @@ def step_graphs(trace, dev_classes: np.ndarray, data_spans: np.ndarray, windows)
     launches = np.isin(trace.rt_corr, trace.dev_corr)
     blocking = block_name[trace.rt_name] if len(trace.rt_name) else np.zeros(0, bool)
     chain_mask = (keep_name[trace.rt_name] if len(trace.rt_name) else np.zeros(0, bool)) & (launches | blocking)
+    index = _TraceIndex(trace, blocking, (by_corr, corr_sorted), dev_classes, data_spans)
     out = []
     for step, lo, hi in windows:
         sel = np.flatnonzero(chain_mask & (trace.rt_ts >= lo) & (trace.rt_ts < hi))
         sel = sel[np.argsort(trace.rt_ts[sel], kind="stable")]
         wait_all = all_name[trace.rt_name[sel]] if len(sel) else np.zeros(0, bool)
-        out.append(_one_step(trace, step, lo, hi, sel, blocking, wait_all, (by_corr, corr_sorted), dev_classes,
-                             data_spans))
+        out.append(_one_step(index, step, lo, hi, sel, wait_all))
     return out
 
 
-def _one_step(trace, step, lo, hi, sel, blocking, wait_all, corr_index, dev_classes, data_spans) -> StepGraph:
+def _one_step(index: _TraceIndex, step, lo, hi, sel, wait_all) -> StepGraph:
+    """The graph of one step [lo, hi): `sel` its host chain's runtime calls in time order,
+    `wait_all` which of them wait for all device work."""
+    trace, blocking, corr_index, dev_classes, data_spans = index
     h_start = trace.rt_ts[sel].astype(float)
     h_end = np.minimum(h_start + trace.rt_dur[sel], hi)
     prev_end = np.concatenate(([lo], h_end[:-1]))[: len(h_start)]
