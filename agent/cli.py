@@ -8,7 +8,7 @@ import os
 import sys
 
 from diag import __version__
-from diag.errors import DiagInputError
+from diag.errors import DiagInputError, VisibleStream
 
 # (subcommand, module under diag.commands, one-line help). Help text lives here so that
 # `diag --help` does not import every command module (and with them torch and pandas).
@@ -58,16 +58,26 @@ def main(argv: list[str] | None = None) -> int:
     cmd_parser = argparse.ArgumentParser(prog=f"diag {first.command}", description=mod.HELP)
     mod.add_arguments(cmd_parser)
     args = cmd_parser.parse_args(argv[1:])
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = VisibleStream(out), VisibleStream(err)
     try:
         return int(mod.run(args) or 0)
     except DiagInputError as exc:
         print(f"diag: error: {exc}", file=sys.stderr)
+        return 2
+    except RecursionError:  # a reader that follows nesting; each bounds its own, this is the last guard
+        print("diag: error: the input is nested too deeply to read", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print("diag: error: out of memory reading the input", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("diag: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         return 0
+    finally:
+        sys.stdout, sys.stderr = out, err
 
 
 if __name__ == "__main__":

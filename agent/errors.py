@@ -12,3 +12,32 @@ class DiagInputError(Exception):
         self.source = source
         text = f"{source}: {message}" if source else message
         super().__init__(" ".join(text.split()))
+
+
+# Characters a terminal acts on instead of showing: C0 controls but tab, newline and
+# carriage return (progress bars), DEL, C1 controls, and the bidirectional overrides that
+# reorder what a reader sees. Untrusted names (kernels, hosts, file contents) reach
+# messages; on a terminal each of these is shown as its escape instead.
+_HIDDEN = [c for c in range(0x20) if c not in (0x09, 0x0A, 0x0D)] + list(range(0x7F, 0xA0)) \
+    + list(range(0x202A, 0x202F)) + list(range(0x2066, 0x206A))
+_VISIBLE = {c: f"\\u{c:04x}" if c > 0xFF else f"\\x{c:02x}" for c in _HIDDEN}
+
+
+def visible(text: str) -> str:
+    """The text with every character a terminal would act on written as its escape."""
+    return text.translate(_VISIBLE)
+
+
+class VisibleStream:
+    """A text stream that writes `visible` text: what `diag` prints can move no cursor,
+    set no title and hide no text, whatever names it quotes."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(visible(text))
+        return len(text)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)

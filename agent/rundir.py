@@ -224,34 +224,71 @@ def read_records(directory: str | os.PathLike, stream: str, problems: list | Non
         yield from read_segment(seg, problems)
 
 
+# No record the agent writes comes near this; a longer line is damage, skipped unread.
+MAX_RECORD_BYTES = 1 << 20
+
+
 def read_segment(segment: str | os.PathLike, problems: list | None = None) -> Iterator[dict]:
-    """The records of one segment file; unreadable lines are skipped and noted in `problems`."""
+    """The records of one segment file, read line by line; damaged lines (not JSON, invalid
+    UTF-8, nested too deep, longer than MAX_RECORD_BYTES) are skipped and noted in `problems`."""
     try:
-        lines = Path(segment).read_bytes().splitlines()
+        f = open(segment, "rb")  # noqa: SIM115 - closed by the with below; an open error is one problem
     except OSError as exc:
         if problems is not None:
             problems.append(f"{segment}: unreadable ({exc.strerror or exc})")
         return
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = _decode(line)
-        except msgspec.DecodeError:
-            # json writes NaN/Infinity literals, which msgspec rejects; json reads them back.
+    with f:
+        i = 0
+        while True:
             try:
-                rec = json.loads(line)
-            except ValueError:
+                line = f.readline(MAX_RECORD_BYTES + 1)
+            except OSError as exc:
+                if problems is not None:
+                    problems.append(f"{segment}: unreadable after line {i} ({exc.strerror or exc})")
+                return
+            if not line:
+                return
+            i += 1
+            if len(line) > MAX_RECORD_BYTES and not line.endswith(b"\n"):
+                while line and not line.endswith(b"\n"):  # the rest of the overlong line
+                    line = f.readline(MAX_RECORD_BYTES)
+                if problems is not None:
+                    problems.append(f"{segment}:{i}: a line longer than {MAX_RECORD_BYTES >> 20} MiB, skipped")
+                continue
+            rec = _record(line)
+            if rec is _DAMAGED:
                 if problems is not None:
                     problems.append(f"{segment}:{i}: not a JSON record")
-                continue
-        if isinstance(rec, dict):
-            yield rec
+            elif isinstance(rec, dict):
+                yield rec
+
+
+_DAMAGED = object()
+
+
+def _record(line: bytes):
+    if not line.strip():
+        return None
+    try:
+        return _decode(line)
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        pass
+    # json writes NaN/Infinity literals, which msgspec rejects; json reads them back.
+    try:
+        return json.loads(line)
+    except (ValueError, RecursionError):
+        return _DAMAGED
+
+
+# The run directory's JSON documents are a few kB; one this large is not the agent's.
+MAX_JSON_BYTES = 64 << 20
 
 
 def read_json(path: str | os.PathLike, problems: list | None = None) -> dict | None:
     try:
         with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size > MAX_JSON_BYTES:
+                raise ValueError(f"larger than {MAX_JSON_BYTES >> 20} MiB")
             obj = json.load(f)
         return obj if isinstance(obj, dict) else None
     except FileNotFoundError:

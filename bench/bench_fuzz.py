@@ -2,10 +2,12 @@
 
     python bench/bench_fuzz.py [--inputs 5000] [--seed 1] [--workers 2] [--timeout 20] [--whole-traces]
 
-Seeds are the real files in ../shared/data (or $DIAG_REAL_DATA) and the project's
-fixtures; the mutations and the runner are the suite's (tests/fuzz_mutations.py), which
+Seeds are the real files in ../shared/data (or $DIAG_REAL_DATA), the project's fixtures
+and the segments of a run directory written as the agent does (read by `diag report` and
+`diag compare`); the mutations and the runner are the suite's (tests/fuzz_mutations.py), which
 runs a one-minute version of this. Prints the number of inputs, clean results, one-line
-errors, tracebacks and hangs; every traceback or hang is listed with its seed, mutation
+errors, tracebacks, hangs, runs past the memory ceiling (tests/fuzz_mutations.py
+MEMORY_CEILING) and chart text that keeps markup; every traceback or hang is listed with its seed, mutation
 and the kept input file, so it can be reproduced with
 `python -m diag analyze FILE` or `python -m diag nccl parse FILE`.
 `--whole-traces` also mutates the large traces whole (tens of MB) instead of their first
@@ -49,8 +51,10 @@ def main() -> int:
         return 2
     if args.whole_traces:
         fm.TRACE_EVENTS_KEEP = 10**9
-    seeds = fm.seeds(data, REPO / "tests" / "fixtures")
-    kinds = {k: sum(1 for s in seeds if s.kind == k) for k in ("trace", "nccl_tests", "nccl_log")}
+    import tempfile
+
+    seeds = fm.seeds(data, REPO / "tests" / "fixtures") + fm.run_seeds(Path(tempfile.mkdtemp(prefix="diag-fuzz-run-")))
+    kinds = {k: sum(1 for s in seeds if s.kind == k) for k in ("trace", "nccl_tests", "nccl_log", "run")}
     print(f"{len(seeds)} seed files ({', '.join(f'{n} {k}' for k, n in kinds.items())}), "
           f"{args.inputs} mutants, seed {args.seed}, {args.workers} workers, {args.timeout:.0f} s per input")
 
@@ -63,21 +67,23 @@ def main() -> int:
             last[0] = now
             done = c["inputs"] / args.inputs
             bar = "#" * int(30 * done)
-            print(f"\r[{bar:<30}] {c['inputs']}/{args.inputs}  tracebacks {c['traceback']}  hangs {c['hang']}",
+            print(f"\r[{bar:<30}] {c['inputs']}/{args.inputs}  tracebacks {c['traceback']}  hangs {c['hang']}  "
+                  f"over-memory {c['over_memory']}  escaping {c['escaping']}",
                   end="", file=sys.stderr, flush=True)
 
     result = fm.fuzz(seeds, args.inputs, args.seed, workers=args.workers, timeout_s=args.timeout, progress=progress)
     print(file=sys.stderr)
     wall = time.monotonic() - t0
     print(f"inputs {result['inputs']}  ok {result['ok']}  one-line errors {result['error']}  "
-          f"tracebacks {result['traceback']}  hangs {result['hang']}  ({wall:.0f} s)")
+          f"tracebacks {result['traceback']}  hangs {result['hang']}  over-memory {result['over_memory']}  "
+          f"escaping {result['escaping']}  ({wall:.0f} s)")
     for f in result["failures"]:
         print(f"\n{f['status'].upper()}: seed {f['seed']} ({f['kind']}), mutation {f['mutation']}, input {f['input']}")
         print("  " + f["detail"].strip().replace("\n", "\n  ")[-1200:])
     out = REPO / "bench" / "out"
     out.mkdir(exist_ok=True)
     (out / "fuzz.json").write_text(json.dumps({k: v for k, v in result.items()}, indent=1))
-    return 1 if result["traceback"] or result["hang"] else 0
+    return 1 if any(result[k] for k in ("traceback", "hang", "over_memory", "escaping")) else 0
 
 
 if __name__ == "__main__":

@@ -27,9 +27,24 @@ TIMEOUT_S = 20.0
 
 @dataclass
 class Seed:
-    kind: str  # "trace", "nccl_tests" or "nccl_log"
+    kind: str  # "trace", "nccl_tests", "nccl_log" or "run" (a segment of a run directory)
     name: str
     data: bytes  # uncompressed
+    template: str | None = None  # "run": the run directory the mutated segment goes into
+    segment: str | None = None  # "run": the segment's path inside it
+
+
+def run_seeds(root: Path) -> list[Seed]:
+    """Seeds of kind "run": the step, sample and event segments of a 2-rank run directory
+    (written as the agent does, tests/report_helpers.py), for `diag report` and `diag compare`."""
+    from report_helpers import write_run
+
+    run = write_run(root / "template", ranks=2, steps=60, bound="comm", gpu=True, seed=3)
+    out = []
+    for seg in sorted(p for p in run.rglob("*.jsonl") if p.parent.name in ("steps", "samples", "events")):
+        rel = str(seg.relative_to(run))
+        out.append(Seed("run", rel, seg.read_bytes(), template=str(run), segment=rel))
+    return out
 
 
 def seeds(real_data: Path | None, fixtures: Path) -> list[Seed]:
@@ -98,17 +113,23 @@ def _shuffle_lines(r, d):
     return b"\n".join(lines[:i] + part + lines[i + k:])
 
 
+def _replace_some(r, d, pattern, most: int, new_of, scan: int = 1_000_000) -> bytes | None:
+    """d with 1 to `most` of the pattern's matches (in its first `scan` bytes) replaced by
+    new_of(match); None when nothing matches."""
+    found = list(pattern.finditer(d, 0, min(len(d), scan)))
+    if not found:
+        return None
+    out = bytearray(d)
+    for m in sorted(r.sample(found, min(len(found), r.randint(1, most))), key=lambda m: -m.start()):
+        out[m.start():m.end()] = new_of(m)
+    return bytes(out)
+
+
 def _retype(r, d):
     """A number becomes a string, null, a list, an object, a bool or a huge number."""
-    found = list(_NUMBER.finditer(d, 0, min(len(d), 1_000_000)))
-    if not found:
-        return _flip(r, d)
-    out = bytearray(d)
-    for m in sorted(r.sample(found, min(len(found), r.randint(1, 5))), key=lambda m: -m.start()):
-        new = r.choice([b'"' + m.group() + b'"', b"null", b"[" + m.group() + b"]", b'{"v": 1}', b"true",
-                        b"1e309", b'"x"', b"-0"])
-        out[m.start():m.end()] = new
-    return bytes(out)
+    out = _replace_some(r, d, _NUMBER, 5, lambda m: r.choice([
+        b'"' + m.group() + b'"', b"null", b"[" + m.group() + b"]", b'{"v": 1}', b"true", b"1e309", b'"x"', b"-0"]))
+    return out if out is not None else _flip(r, d)
 
 
 def _delete_span(r, d):
@@ -123,43 +144,217 @@ def _empty(r, d):
                      b'{"traceEvents": [{"ph": "X", "cat": "kernel", "ts": "a", "dur": []}]}'])
 
 
+_DEPTHS = (1_000, 100_000, 1_000_000)
+_EVENT_START = re.compile(rb'\{\s*"(?:ph|name|cat|ts|pid)"')
+
+
+def _nest(r, d):
+    """Brackets nested 1e3 to 1e6 deep: at the top level, as an event of traceEvents, or in
+    an event's args (a line of a text input)."""
+    depth = r.choice(_DEPTHS)
+    deep = b"[" * depth + b"]" * depth
+    where = r.choice(["top", "event", "args"])
+    if where == "top":
+        return deep + d if r.random() < 0.5 else deep
+    starts = list(_EVENT_START.finditer(d, 0, min(len(d), 1_000_000)))
+    if not starts:
+        i = r.randrange(len(d) + 1)
+        return d[:i] + b'{"args": ' + deep + b"}\n" + d[i:]
+    i = r.choice(starts).start()
+    if where == "event":
+        return d[:i] + deep + b", " + d[i:]
+    return d[:i] + b'{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 1, "args": {"a": ' + deep + b"}}, " + d[i:]
+
+
+_BIG_INTS = (b"9223372036854775808", b"18446744073709551616", b"1000000000000000000000000000000",
+             b"-9223372036854775809")
+
+
+def _bigint(r, d):
+    """Integers at 2^63, 2^64 and 10^30 (and below -2^63) in numeric fields."""
+    out = _replace_some(r, d, _NUMBER, 20, lambda m: r.choice(_BIG_INTS))
+    return out if out is not None else d + b" " + r.choice(_BIG_INTS)
+
+
+_TIME_FIELD = re.compile(rb'"(ts|dur)":\s*-?[\d.eE+-]+')
+
+
+def _timing(r, d):
+    """Timestamps and durations that are huge, negative, beyond float range or missing."""
+    def new_of(m):
+        key = m.group(1)
+        if r.random() < 0.2:
+            return b'"x' + key + b'": 0'  # the field is missing
+        return b'"' + key + b'": ' + r.choice([b"1e18", b"-1e18", b"1e299", b"1e400", b"-1e400",
+                                               b"31536000000000000000", b"0"])
+
+    out = _replace_some(r, d, _TIME_FIELD, 12, new_of, scan=2_000_000)
+    return out if out is not None else _bigint(r, d)
+
+
+_NAME_FIELD = re.compile(rb'"(name|Process Group Name|hostname|host)":\s*"[^"\\]{0,200}"')
+_HOSTILE = [b"<a href=\\\"javascript:alert(1)\\\">k</a>", b"<b>bold</b><br><sup>2</sup>", b"\\u001b]0;title\\u0007",
+            b"\\u001b[2J\\u001b[31mred", b"\\u202eexe.txt", b"</script><script>alert(1)</script>",
+            b"{{7*7}}${7*7}%{x}", b"\\u0000nul"]
+
+
+def _markup(r, d):
+    """Names that carry markup, terminal escapes, bidi overrides and template syntax."""
+    out = _replace_some(r, d, _NAME_FIELD, 10, lambda m: b'"' + m.group(1) + b'": "' + r.choice(_HOSTILE) + b'"')
+    if out is not None:
+        return out
+    i = r.randrange(len(d) + 1)  # a text input: the raw characters
+    return d[:i] + r.choice(_HOSTILE).replace(b"\\u001b", b"\x1b").replace(b"\\", b"") + d[i:]
+
+
+def _long_string(r, d):
+    """One name of several megabytes (below the readers' ceilings)."""
+    found = list(_NAME_FIELD.finditer(d, 0, min(len(d), 1_000_000)))
+    big = b"x" * r.choice([1 << 20, 8 << 20, 40 << 20])
+    if not found:
+        i = r.randrange(len(d) + 1)
+        return d[:i] + big + d[i:]
+    m = r.choice(found)
+    return d[:m.start()] + b'"' + m.group(1) + b'": "' + big + b'"' + d[m.end():]
+
+
+def _steps(r, d):
+    """Step numbers no loop may count to: huge, negative, or repeated."""
+    return re.sub(rb"ProfilerStep#\d+", lambda m: b"ProfilerStep#" + r.choice(
+        [b"99999999999999999999999", b"9223372036854775807", b"-5", b"0", b"1"]), d, count=r.randint(1, 50))
+
+
 MUTATIONS = {
     "truncate": _truncate, "flip": _flip, "garbage": _insert_garbage, "invalid_utf8": _invalid_utf8,
     "repeat": _repeat, "shuffle_lines": _shuffle_lines, "retype": _retype, "delete": _delete_span,
-    "empty": _empty,
+    "empty": _empty, "nest": _nest, "bigint": _bigint, "timing": _timing, "markup": _markup,
+    "long_string": _long_string, "steps": _steps,
 }
+
+
+def _bomb(r) -> bytes:
+    """A gzip stream that expands a thousandfold: one huge string, or many events."""
+    import zlib
+
+    co = zlib.compressobj(9, zlib.DEFLATED, 31)
+    if r.random() < 0.5:
+        parts = [b'{"traceEvents": [{"ph": "X", "cat": "kernel", "ts": 1, "dur": 1, "name": "', b"A" * (256 << 20),
+                 b'"}]}']
+    else:
+        ev = b'{"ph": "X", "cat": "kernel", "ts": 1, "dur": 1, "name": "k", "args": {"correlation": 1}}, '
+        parts = [b'{"traceEvents": [', ev * (2 << 20), b'{"ph": "X", "cat": "kernel", "ts": 1, "dur": 1}]}']
+    return b"".join([*(co.compress(p) for p in parts), co.flush()])
+
+
+def _damage_gzip(r, gz: bytes) -> tuple[str, bytes]:
+    """A corrupt deflate stream, a truncated member, or trailing garbage."""
+    kind = r.choice(["corrupt", "truncate", "trailing"])
+    if kind == "corrupt" and len(gz) > 40:
+        b = bytearray(gz)
+        i = r.randrange(20, len(b) - 10)
+        for k in range(i, min(len(b) - 8, i + r.randint(1, 64))):
+            b[k] ^= r.randrange(1, 256)
+        return kind, bytes(b)
+    if kind == "truncate":
+        return kind, gz[: r.randrange(max(1, len(gz)))]
+    return "trailing", gz + bytes(r.randrange(256) for _ in range(r.randint(1, 64)))
 
 
 def mutate(seed: Seed, rng: random.Random) -> tuple[str, bytes, bool]:
     """(description, mutated bytes, gzipped?) for one mutant of the seed."""
+    if rng.random() < 0.01:
+        return "gzip_bomb", _bomb(rng), True
     names = rng.sample(sorted(MUTATIONS), rng.choice([1, 1, 2]))
     data = seed.data
     for n in names:
         data = MUTATIONS[n](rng, data)
-    gz = seed.kind == "trace" and rng.random() < 0.5
+    gz = rng.random() < (0.5 if seed.kind == "trace" else 0.2)  # every reader takes gzip
+    desc = "+".join(names)
     if gz:
         data = gzip.compress(data, compresslevel=1)
-        if rng.random() < 0.2:  # damage the compressed stream itself
-            data = rng.choice([_truncate, _flip])(rng, data)
-    return "+".join(names) + ("+gzip" if gz else ""), data, gz
+        desc += "+gzip"
+        if rng.random() < 0.25:  # damage the compressed stream itself
+            how, data = _damage_gzip(rng, data)
+            desc += f"+gzip_{how}"
+    return desc, data, gz
 
 
 # --- running ---------------------------------------------------------------------------
 
 
-def run_one(kind: str, path: str) -> tuple[str, str]:
-    """("ok" | "error" | "traceback", detail) for one input file, through diag's entry points."""
+MEMORY_CEILING = 6 << 30  # address space of a fuzz worker: beyond it is an over-memory run
+
+
+def _limit_memory() -> None:
+    try:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CEILING, MEMORY_CEILING))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
+def _chart_markup(doc: dict) -> str | None:
+    """A string of the report's charts that plotly would draw as markup, or None."""
+    from diag.analyzers.views.report_model import build_model
+    from diag.report.html import figures
+
+    def walk(obj, key=""):
+        if isinstance(obj, str):
+            return obj if "<" in obj and not key.endswith("template") else None
+        items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+        for k, v in items:
+            found = walk(v, k if isinstance(k, str) else key)
+            if found:
+                return found
+        return None
+
+    return walk(figures(build_model(doc, {"path": "fuzz"})))
+
+
+def _run_inputs(seed_template: str, segment: str, path: str) -> None:
+    """A copy of the template run with the mutated segment, reported and compared with itself."""
+    import shutil
+
+    from diag.analyzers.views.compare_model import compare
+    from diag.report import analyse_and_model, write_report
+    from diag.report.compare import write_compare
+
+    run = Path(path + ".run")
+    shutil.copytree(seed_template, run)
+    try:
+        shutil.copyfile(path, run / segment)
+        write_report(run, run / "report")
+        (da, ma) = analyse_and_model(run)
+        (db, mb) = analyse_and_model(seed_template)
+        write_compare(compare(mb, ma, db, da), run / "compare")
+    finally:
+        shutil.rmtree(run, ignore_errors=True)
+
+
+def run_one(kind: str, path: str, template: str | None = None, segment: str | None = None,
+            check_charts: bool = False) -> tuple[str, str]:
+    """("ok" | "error" | "traceback" | "over_memory" | "escaping", detail) for one input file,
+    through diag's entry points."""
     from diag.errors import DiagInputError
 
     try:
         if kind == "trace":
-            from diag.analyzers.analyze import analyze_trace
+            from diag.analyzers.analyze import analyze_paths
 
-            analyze_trace(path)
+            doc = analyze_paths([path], jobs=1)
+            if doc["errors"] and not doc["ranks"]:
+                return "error", doc["errors"][0]["error"]
+            if check_charts:
+                found = _chart_markup(doc)
+                if found:
+                    return "escaping", f"chart text keeps markup: {found[:200]!r}"
         elif kind == "nccl_tests":
             from diag.analyzers.nccl import nccl_tests
 
             nccl_tests.parse_file(path)
+        elif kind == "run":
+            _run_inputs(template, segment, path)
         else:
             from diag.analyzers.nccl import log as nccl_log
 
@@ -168,30 +363,39 @@ def run_one(kind: str, path: str) -> tuple[str, str]:
     except DiagInputError as exc:
         text = str(exc)
         return ("error", text) if "\n" not in text.strip() else ("traceback", "multi-line error: " + text[:300])
+    except MemoryError:
+        return "over_memory", f"MemoryError within {MEMORY_CEILING >> 30} GiB"
     except Exception:
         return "traceback", traceback.format_exc(limit=8)
 
 
+def _args(item, check_every: int) -> tuple:
+    i, s, _, path = item
+    return s.kind, path, s.template, s.segment, check_every > 0 and i % check_every == 0
+
+
 def fuzz(seed_list: list[Seed], n_inputs: int, seed: int, workers: int = 2, timeout_s: float = TIMEOUT_S,
-         progress=None) -> dict:
-    """Run n_inputs mutants; returns counts and the failing cases (with how to reproduce them)."""
+         progress=None, check_every: int = 10) -> dict:
+    """Run n_inputs mutants; returns counts and the failing cases (with how to reproduce them).
+    Every `check_every`-th trace that analyses also has its report's charts checked for markup."""
     rng = random.Random(seed)
-    counts = {"inputs": 0, "ok": 0, "error": 0, "traceback": 0, "hang": 0}
+    counts = {"inputs": 0, "ok": 0, "error": 0, "traceback": 0, "hang": 0, "over_memory": 0, "escaping": 0}
     failures = []
     ctx = mp.get_context("spawn")  # no server process outliving the run (it would look like a child)
-    pool = ctx.Pool(workers)
+    pool = ctx.Pool(workers, initializer=_limit_memory)
     tmp = tempfile.mkdtemp(prefix="diag-fuzz-")
     try:
         pending: list = []
         for i in range(n_inputs):
             s = rng.choice(seed_list)
             desc, data, gz = mutate(s, rng)
-            path = os.path.join(tmp, f"in{i}" + (".json.gz" if gz else ".json" if s.kind == "trace" else ".txt"))
+            suffix = ".json" if s.kind == "trace" else ".jsonl" if s.kind == "run" else ".txt"
+            path = os.path.join(tmp, f"in{i}" + suffix + (".gz" if gz else ""))
             Path(path).write_bytes(data)
             pending.append((i, s, desc, path))
             if len(pending) < 4 * workers and i < n_inputs - 1:
                 continue
-            jobs = [(item, pool.apply_async(run_one, (item[1].kind, item[3]))) for item in pending]
+            jobs = [(item, pool.apply_async(run_one, _args(item, check_every))) for item in pending]
             pending = []
             k = 0
             while k < len(jobs):
@@ -201,13 +405,13 @@ def fuzz(seed_list: list[Seed], n_inputs: int, seed: int, workers: int = 2, time
                 except mp.TimeoutError:
                     status, detail = "hang", f"no result within {timeout_s:.0f} s"
                     pool.terminate()  # the hung worker goes; the inputs after it run again
-                    pool = ctx.Pool(workers)
-                    jobs[k + 1:] = [(item, pool.apply_async(run_one, (item[1].kind, item[3])))
+                    pool = ctx.Pool(workers, initializer=_limit_memory)
+                    jobs[k + 1:] = [(item, pool.apply_async(run_one, _args(item, check_every)))
                                     for item, _ in jobs[k + 1:]]
                 k += 1
                 counts["inputs"] += 1
                 counts[status] += 1
-                if status in ("traceback", "hang"):
+                if status in ("traceback", "hang", "over_memory", "escaping"):
                     kept = p_ + ".keep"
                     os.replace(p_, kept)
                     failures.append({"index": j, "seed": s_.name, "kind": s_.kind, "mutation": d_,

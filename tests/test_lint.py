@@ -19,11 +19,11 @@ _ANALYZERS = "diag.analyzers"
 LAYERS = {
     "analyzers/intervals.py": (),
     "analyzers/analysis_types.py": (),
-    "analyzers/trace": ("diag.errors", f"{_ANALYZERS}.analysis_types", f"{_ANALYZERS}.intervals", f"{_ANALYZERS}.trace",
+    "analyzers/trace": ("diag.errors", "diag.inflate", f"{_ANALYZERS}.analysis_types", f"{_ANALYZERS}.intervals", f"{_ANALYZERS}.trace",
                         f"{_ANALYZERS}.diagnosis.decision_tree", f"{_ANALYZERS}.whatif.rank"),
     "analyzers/whatif": ("diag.errors", f"{_ANALYZERS}.intervals", f"{_ANALYZERS}.trace.event_classes",
                          f"{_ANALYZERS}.whatif"),
-    "analyzers/nccl": ("diag.errors", f"{_ANALYZERS}.nccl"),
+    "analyzers/nccl": ("diag.errors", "diag.inflate", f"{_ANALYZERS}.nccl"),
     "analyzers/job": ("diag.errors", "diag.rundir", f"{_ANALYZERS}.analysis_types", f"{_ANALYZERS}.intervals", f"{_ANALYZERS}.trace", f"{_ANALYZERS}.job",
                       f"{_ANALYZERS}.diagnosis.decision_tree", f"{_ANALYZERS}.diagnosis.steady", f"{_ANALYZERS}.whatif"),
     "analyzers/diagnosis": ("diag.errors", f"{_ANALYZERS}.analysis_types", f"{_ANALYZERS}.diagnosis", f"{_ANALYZERS}.plan.memory"),
@@ -38,6 +38,7 @@ LAYERS = {
     # __init__ resolves its attributes lazily):
     "agent/rundir.py": (),
     "agent/errors.py": (),
+    "agent/inflate.py": ("diag.errors",),
     "agent/__init__.py": (),
     # The views render the diagnosis: they read the facade's document, never a trace or a log.
     "agent/report": ("diag.__version__", "diag.errors", "diag.rundir", "diag.report", f"{_ANALYZERS}.analyze",

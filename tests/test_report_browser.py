@@ -121,3 +121,56 @@ def test_compare_page_renders(browser, tmp_path):
     text = browser.eval("document.body.innerText")
     assert "The change helped" in text and "Scaling efficiency from 2 to 4 ranks" in text
     assert browser.errors() == []
+
+
+# Markup plotly would draw from its HTML subset (links, bold, italics, breaks, superscripts,
+# styled spans), in every name a report or a compare page puts into a chart.
+MARKUP = ('<a href="https://example.com/x">k</a><b>bold</b><i>it</i><br><sup>2</sup>'
+          '<span style="color:red">red</span>')
+MARKUP_ELEMENTS_JS = ("['a', 'b', 'i', 'br', 'sup', 'sub', 'span', 'tspan']"
+                      ".map(t => document.querySelectorAll(t).length)")
+
+
+def _named_run(root, name: str):
+    """A run whose kernel, host, run and collective names are `name` (with a nccl bench)."""
+    from report_helpers import write_run
+
+    from diag import rundir
+
+    run = write_run(root, ranks=2, steps=30, bound="comm", gpu=True, kernel_name=name, hostname=name)
+    manifest = json.loads((run / rundir.MANIFEST).read_text())
+    rundir.atomic_write_json(run / rundir.MANIFEST, {**manifest, "run": name})
+    rows = [{"size_bytes": 1 << k, "out_of_place": {"busbw_gbps": 2.0 * k}} for k in range(10, 24)]
+    rundir.atomic_write_json(run / rundir.NCCL_BENCH, {"schema": "diag.nccl_bench/1", "tests": [
+        {"collective": name, "world_size": 2, "backend": name, "status": "ok", "rows": rows}]})
+    return run
+
+
+def _markup_counts(browser, page, figure_ids=None) -> list:
+    browser.events.clear()
+    browser.open(f"file://{page}", CHARTS_DRAWN_JS, timeout=60)
+    browser.pump(0.3)
+    if figure_ids is not None:
+        assert figure_ids <= {c["id"] for c in browser.eval(CHART_STATE_JS)}
+    assert browser.errors() == []
+    return browser.eval(MARKUP_ELEMENTS_JS)
+
+
+def test_markup_in_names_stays_text_in_the_charts(browser, tmp_path):
+    """A report and a compare page whose names carry plotly's markup have exactly the markup
+    elements of the same pages with plain names: the charts draw the names as text."""
+    from diag.analyzers.views.compare_model import compare
+    from diag.report import analyse_and_model, write_report
+    from diag.report.compare import write_compare
+
+    counts = {}
+    for kind, name in (("plain", "plain_name"), ("hostile", MARKUP)):
+        a, b = _named_run(tmp_path / kind / "a", name), _named_run(tmp_path / kind / "b", name)
+        report = write_report(a)["html"]
+        (da, ma), (db, mb) = analyse_and_model(a), analyse_and_model(b)
+        page = write_compare(compare(ma, mb, da, db), tmp_path / kind / "cmp")["html"]
+        counts[kind] = [_markup_counts(browser, report, {"fig-busbw"})]
+        if kind == "hostile":
+            assert "bold" in browser.eval("document.body.innerText")  # the names are on the page, as text
+        counts[kind].append(_markup_counts(browser, page, {"fig-compare-phases"}))
+    assert counts["hostile"] == counts["plain"]

@@ -153,18 +153,20 @@ def _parse_mode(args, files: list[str]) -> int:
             part = nccl_tests.parse_file(path)
         except DiagInputError as exc:
             doc["errors"].append({"source": path, "error": str(exc)})
-            print(f"diag: error: {exc}", file=sys.stderr)
             continue
         except OSError as exc:
-            doc["errors"].append({"source": path, "error": exc.strerror or str(exc)})
-            print(f"diag: error: {path}: {exc.strerror or exc}", file=sys.stderr)
+            doc["errors"].append({"source": path, "error": f"{path}: {exc.strerror or exc}"})
             continue
         doc["tests"].extend(part["tests"])
     interpret_doc(doc, topo)
+    # One error line for the whole command, however many inputs failed.
+    failed = "; ".join(e["error"] for e in doc["errors"])
     if not doc["tests"]:
         if args.json:
             write_outputs(doc, args)
-        raise DiagInputError("no nccl-tests output could be parsed from " + ", ".join(files))
+        raise DiagInputError(f"no nccl-tests output could be parsed ({failed})" if len(files) > 1 else failed)
+    if failed:
+        print(f"diag: error: {failed}", file=sys.stderr)
     to_stdout_json = args.json == "-"
     if not to_stdout_json:
         for test in doc["tests"]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from diag import rundir
 from diag.analyzers.diagnosis.inputs import CLASSES, PHASE_LABELS
-from diag.report.html import COLORS, _asset, chart_text, esc, plotly_js, script_json
+from diag.report.html import COLORS, _asset, esc, plot_safe, plotly_js, script_json
 from diag.report.markdown import md_text
 
 COMPARE_HTML = "compare.html"
@@ -33,11 +33,11 @@ def _pct(x, signed=False) -> str:
 def figures(c: dict) -> list[dict]:
     figs = []
     if c.get("phases"):
-        names = [chart_text(f"before: {c['before']['name']}"), chart_text(f"after: {c['after']['name']}")]
+        names = [f"before: {c['before']['name']}", f"after: {c['after']['name']}"]
         use_ms = all("before_ms" in r for r in c["phases"])
         figs.append({
             "id": "fig-compare-phases",
-            "data": [{"type": "bar", "orientation": "h", "name": chart_text(PHASE_LABELS[r["phase"]]), "y": names,
+            "data": [{"type": "bar", "orientation": "h", "name": PHASE_LABELS[r["phase"]], "y": names,
                       "x": [r["before_ms"], r["after_ms"]] if use_ms else [r["before"] * 100, r["after"] * 100],
                       "marker": {"color": COLORS[r["phase"]]}} for r in c["phases"]],
             "layout": {"barmode": "stack", "height": 260, "margin": {"l": 160, "r": 20, "t": 40, "b": 60},
@@ -45,7 +45,7 @@ def figures(c: dict) -> list[dict]:
                                  "font": {"size": 14}},
                        "legend": {"orientation": "h", "y": -0.3}, "yaxis": {"autorange": "reversed"}},
         })
-    return figs
+    return [plot_safe(f) for f in figs]
 
 
 def render_html(c: dict) -> str:

@@ -6,8 +6,9 @@ two ways, both escaped:
   * chart data: in a <script type="application/json"> block written by `script_json`,
     which escapes '<', '>' and '&' as \\u003c \\u003e \\u0026, so no '</script>' or
     '<!--' can end or confuse the block; the page parses it with JSON.parse. Labels that
-    plotly draws are additionally entity-escaped (`chart_text`), because plotly reads a
-    few HTML-like tags in labels; entities make it draw them as plain characters.
+    plotly draws are additionally entity-escaped, every string of every figure at once
+    (`plot_safe`), because plotly reads a few HTML-like tags in labels, ticks and hover
+    text; entities make it draw them as plain characters.
 """
 
 from __future__ import annotations
@@ -34,6 +35,18 @@ def esc(value) -> str:
 
 def chart_text(value) -> str:
     return html.escape("" if value is None else str(value), quote=False)
+
+
+def plot_safe(obj):
+    """A figure with every string plotly may draw (names, labels, ticks, hover and axis
+    text) entity-escaped, so markup in it stays text; the templates are ours and stay."""
+    if isinstance(obj, str):
+        return chart_text(obj)
+    if isinstance(obj, dict):
+        return {k: v if k.endswith("template") else plot_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [plot_safe(v) for v in obj]
+    return obj
 
 
 def script_json(obj) -> str:
@@ -86,7 +99,7 @@ def _clean(v):
 
 def _layout(title: str, **kw) -> dict:
     base = {
-        "title": {"text": chart_text(title), "font": {"size": 14}, "x": 0.01, "xanchor": "left"},
+        "title": {"text": title, "font": {"size": 14}, "x": 0.01, "xanchor": "left"},
         "margin": {"l": 60, "r": 20, "t": 40, "b": 45},
         "legend": {"orientation": "h", "y": -0.22},
         "paper_bgcolor": "#ffffff",
@@ -118,9 +131,9 @@ def _phase_figures(model: dict, ch: dict) -> list[dict]:
     if ph:
         out.append({
             "id": "fig-phases",
-            "data": [{"type": "bar", "name": chart_text(PHASE_LABELS[p]), "x": ph["x"],
+            "data": [{"type": "bar", "name": PHASE_LABELS[p], "x": ph["x"],
                       "y": [round(v * 100, 2) for v in ph["y"][p]], "marker": {"color": COLORS[p]},
-                      "hovertemplate": "step %{x}: %{y:.1f}%<extra>" + chart_text(p) + "</extra>"}
+                      "hovertemplate": "step %{x}: %{y:.1f}%<extra>" + p + "</extra>"}
                      for p in CLASSES],
             "layout": _layout("Where each step's time goes (% of step)", barmode="stack", bargap=0,
                               legend={"orientation": "h", "y": -0.22, "traceorder": "normal"},
@@ -139,7 +152,7 @@ def _what_if_figures(model: dict, ch: dict) -> list[dict]:
         out.append({
             "id": "fig-whatif",
             "data": [{"type": "bar", "orientation": "h", "name": "predicted",
-                      "y": ["measured"] + [chart_text(e["change"]) for e in wi],
+                      "y": ["measured"] + [e["change"] for e in wi],
                       "x": [round(base, 3)] + [round(e["predicted_step_ms"], 3) for e in wi],
                       "marker": {"color": ["#444"] + ["#1f77b4"] * len(wi)},
                       "hovertemplate": "%{y}: %{x:.1f} ms<extra></extra>"}],
@@ -236,7 +249,7 @@ def _timeline_figures(model: dict, ch: dict) -> list[dict]:
                 data.append({"type": "scatter", "mode": "markers", "name": "throttle events",
                              "x": [e["t"] for e in tl["throttle"]], "y": [top * 1.02] * len(tl["throttle"]),
                              "marker": {"symbol": "triangle-down", "color": "#d62728", "size": 9},
-                             "text": [chart_text(_throttle_label(e)) for e in tl["throttle"]],
+                             "text": [_throttle_label(e) for e in tl["throttle"]],
                              "hovertemplate": "%{text} at %{x:.0f} s<extra></extra>"})
             out.append({
                 "id": f"fig-tl-{m['key']}",
@@ -257,11 +270,11 @@ def _busbw_figures(model: dict, ch: dict) -> list[dict]:
     if nb:
         data = []
         for s in nb["series"]:
-            data.append({"type": "scatter", "mode": "lines+markers", "name": chart_text(s["name"]),
+            data.append({"type": "scatter", "mode": "lines+markers", "name": s["name"],
                          "x": s["x"], "y": s["y"]})
         xs = [x for s in nb["series"] for x in s["x"]]
         for e in nb.get("expected") or []:
-            data.append({"type": "scatter", "mode": "lines", "name": chart_text(f"expected: {e['label']}"),
+            data.append({"type": "scatter", "mode": "lines", "name": f"expected: {e['label']}",
                          "x": [min(xs), max(xs)], "y": [e["busbw_gbps"]] * 2,
                          "line": {"dash": "dash", "color": "#888"}})
         out.append({
@@ -280,7 +293,7 @@ def figures(model: dict) -> list[dict]:
     out = []
     for part in (_phase_figures, _what_if_figures, _throughput_figures, _heatmap_figures, _timeline_figures, _busbw_figures):
         out.extend(part(model, ch))
-    return [_clean(f) for f in out]
+    return [plot_safe(_clean(f)) for f in out]
 
 
 # ---------------------------------------------------------------------------- page

@@ -25,12 +25,11 @@ Format generations handled (examples in ../shared/data/nccl):
 
 from __future__ import annotations
 
-import gzip
-import io
 import re
 from collections.abc import Iterable
 from pathlib import Path
 
+from diag import inflate
 from diag.analyzers.nccl.log_bulk import BulkLines
 from diag.analyzers.nccl.log_document import LogDocument
 from diag.analyzers.nccl.log_errors import ErrorLines
@@ -623,27 +622,25 @@ def _looks_binary(sample: bytes) -> bool:
     return bad > 0.10 * max(1, len(text))
 
 
-def _open_text(path: Path):
-    """A text stream over a plain or gzipped log; DiagInputError for empty/binary files."""
+def _open_log(path: Path):
+    """(a binary stream over a plain or gzipped log, plain?); DiagInputError for empty or
+    binary files and unreadable gzip."""
     try:
-        with open(path, "rb") as fh:
-            head = fh.read(65536)
+        fh = inflate.open_binary(path)
     except OSError as exc:
         raise DiagInputError(f"cannot read: {exc.strerror or exc}", source=str(path)) from None
-    if head[:2] == b"\x1f\x8b":
-        try:
-            with gzip.open(path, "rb") as fh:
-                head = fh.read(65536)
-        except (OSError, EOFError):
-            raise DiagInputError("not a readable gzip file", source=str(path)) from None
-        opener = gzip.open
-    else:
-        opener = open
+    try:
+        head = fh.peek(65536)[:65536]
+    except DiagInputError:
+        fh.close()
+        raise
     if not head.strip():
+        fh.close()
         raise DiagInputError("empty file", source=str(path))
     if _looks_binary(head):
+        fh.close()
         raise DiagInputError("binary data, not a text log", source=str(path))
-    return opener(path, "rt", encoding="utf-8", errors="replace")
+    return fh, not isinstance(fh.raw, inflate.GzipStream)
 
 
 def parse_lines(lines: Iterable[str], source: str | None = None, max_evidence: int = MAX_EVIDENCE) -> dict:
@@ -673,13 +670,19 @@ def parse_files(paths, max_evidence: int = MAX_EVIDENCE, progress=None, jobs: in
     for path in paths:
         path = Path(path)
         before = (p.nccl_lines, sum(b.count for b in p.signals.values()))
+        damage = None
         try:
-            with _open_text(path) as fh:
-                plain = isinstance(getattr(fh, "buffer", None), io.BufferedReader)  # not gzip
+            fh, plain = _open_log(path)
+            with fh:
                 big = jobs > 1 and plain and path.stat().st_size >= par.MIN_PARALLEL_BYTES
                 if not big:  # undecoded chunks of whole lines (gzip: of the decompressed stream)
-                    for chunk in par.line_chunks(fh.buffer, 0, None):
-                        p.feed_bytes(chunk)
+                    try:
+                        for chunk in par.line_chunks(fh, 0, None):
+                            p.feed_bytes(chunk)
+                    except inflate.InflateError as exc:  # the lines before the damage are kept
+                        if not _recognised(p, before):
+                            raise
+                        damage = str(exc)
             if big:
                 p._close_chains()
                 p.merge(par.parse_large_file(path, max_evidence, jobs))
@@ -695,6 +698,8 @@ def parse_files(paths, max_evidence: int = MAX_EVIDENCE, progress=None, jobs: in
                            "error": f"{path}: no NCCL, RCCL or PyTorch NCCL log lines found (unknown format)"})
             continue
         p.sources.append(str(path))
+        if damage:
+            errors.append({"source": str(path), "error": f"{damage}; the lines before it are parsed"})
         if progress:
             progress(path)
     doc = p.result()

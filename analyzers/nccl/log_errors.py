@@ -40,6 +40,10 @@ from diag.analyzers.nccl.log_grammar import (
     _ranks_list,
 )
 
+# How far from a line's prefix end or message start a source location is looked for
+# ("misc/socket.cc:123" is far shorter).
+_LOC_SPAN = 512
+
 
 class ErrorLines:
     """WARN lines, error chains and PyTorch / flight-recorder / Inspector lines. A part of NcclLogParser (log.py)."""
@@ -85,7 +89,8 @@ class ErrorLines:
         loc = pfx[4]
         if loc is None:
             # location after odd prefixes, or at the start of the message ("[file.cc:12] ...")
-            m = _LOC_END.search(pre) or _LOC_START.match(msg)
+            # (on the ends only: "\S+\." searched along a long run of non-blanks is quadratic)
+            m = _LOC_END.search(pre[-_LOC_SPAN:]) or _LOC_START.match(msg[:_LOC_SPAN])
             loc = m.group(1) if m else None
             if m is not None and m.re is _LOC_START:
                 msg = msg[m.end():]
@@ -294,7 +299,7 @@ class ErrorLines:
         raw = raw.strip().rstrip(",")
         try:
             return json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than json follows
             return raw.strip('"')
 
     def _fr_kv(self, key: str, raw: str, s: str) -> None:
@@ -339,7 +344,7 @@ class ErrorLines:
     def _inspector_json(self, s: str) -> None:
         try:
             obj = json.loads(s)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than json follows
             return
         hdr = obj.get("header", {}) if isinstance(obj, dict) else {}
         meta = obj.get("metadata", {}) if isinstance(obj, dict) else {}

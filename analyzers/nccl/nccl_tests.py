@@ -28,6 +28,7 @@ import math
 import re
 from pathlib import Path
 
+from diag import inflate
 from diag.errors import DiagInputError
 
 SCHEMA = "diag.nccl_bench/1"
@@ -258,12 +259,12 @@ def _parse_json_line(line: str, test: _Test) -> bool:
         obj = json.loads(line)
         entries = obj.get("benchmark", []) if isinstance(obj, dict) else []
         complete = True
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than json follows
         obj, entries, complete = {}, [], False
         for m in re.finditer(r'"(\d+)"\s*:\s*(\{[^{}]*\})', line):
             try:
                 entries.append({m.group(1): json.loads(m.group(2))})
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: nested deeper than json follows
                 complete = False
     if not entries and not line.lstrip().startswith('{"identifier"'):
         return False
@@ -445,6 +446,9 @@ def parse_text(text: str, source: str | None = None) -> list[dict]:
     return _TextParser(text).parse(source)
 
 
+MAX_LINE = 1 << 16
+
+
 class _TextParser:
     """nccl-tests output, line by line: each kind of line is read by one method, which says
     whether the line was its kind. State carried between lines: the test being read, and what
@@ -464,7 +468,9 @@ class _TextParser:
     def parse(self, source: str | None) -> list[dict]:
         kinds = (self._diag_backend, self._version, self._json, self._concluded, self._params, self._rank,
                  self._columns, self._avg, self._oob)
-        lines = [strip_prefix(x) for x in self.text.splitlines()]
+        # Each line up to MAX_LINE characters: nccl-tests writes lines of a few hundred, and
+        # the patterns below must not search megabytes of one damaged line.
+        lines = [strip_prefix(x[:MAX_LINE]) for x in self.text.splitlines()]
         extra = shared_prefix(lines)
         for line in lines:
             if extra is not None:
@@ -671,16 +677,9 @@ class _TextParser:
 
 def _read_text(path: Path) -> str:
     try:
-        data = path.read_bytes()
+        data = inflate.read_all(path)  # gzip by its magic, within the ceiling
     except OSError as exc:
         raise DiagInputError(f"cannot read: {exc.strerror or exc}", source=str(path)) from None
-    if path.suffix == ".gz":
-        import gzip
-
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError):
-            raise DiagInputError("not a readable gzip file", source=str(path)) from None
     if not data.strip():
         raise DiagInputError("empty file", source=str(path))
     sample = data[:65536]

@@ -135,13 +135,13 @@ class _Builder:
         rt_idx = np.flatnonzero(code == _C_RUNTIME)
         cpu_idx = np.flatnonzero((code >= _C_OP) & (code <= _C_PY))
         if len(dev_idx):
-            self._add_device(*_timed(_pick(events, dev_idx), code[dev_idx]))
+            self._add_device(*_timed(_pick(events, dev_idx), code[dev_idx], self.decode.log))
         if len(rt_idx):
-            self._add_runtime(*_timed(_pick(events, rt_idx), None))
+            self._add_runtime(*_timed(_pick(events, rt_idx), None, self.decode.log))
         if len(cpu_idx):
-            self._add_cpu(*_timed(_pick(events, cpu_idx), code[cpu_idx]))
+            self._add_cpu(*_timed(_pick(events, cpu_idx), code[cpu_idx], self.decode.log))
         for e in _pick(events, np.flatnonzero(code == _C_GPU_ANN)):
-            if e.dur >= 0 and "ProfilerStep" in e.name:
+            if 0 <= e.dur <= MAX_EVENT_US and abs(e.ts) <= MAX_ABS_TS_US and "ProfilerStep" in e.name:
                 self.gpu_steps.append(e.ts)
         for e in _pick(events, np.flatnonzero(code == _C_INSTANT)):
             a = e.args
@@ -153,7 +153,7 @@ class _Builder:
         """Name ids; new names are numbered in order of appearance."""
         return _intern(self.names, list(map(_g_name, evs)), n)
 
-    def _add_device(self, evs, code, dur):
+    def _add_device(self, evs, code, dur, ts):
         dev = self.dev
         n = len(evs)
         if not n:
@@ -162,7 +162,7 @@ class _Builder:
         base = self.n_dev
         dev["name"].append(self._ids(evs, n))
         dev["kind"].append(code - _C_KERNEL)
-        dev["ts"].append(np.fromiter(map(_g_ts, evs), np.float64, n))
+        dev["ts"].append(ts)
         dev["dur"].append(dur)
         dev["stream"].append(_int_column(args, n))
         dev["corr"].append(np.fromiter(map(_g_corr, args), np.int64, n))
@@ -172,20 +172,20 @@ class _Builder:
             self.coll[("dev", base + j)] = _coll_args(args[j])
         self.n_dev += n
 
-    def _add_runtime(self, evs, _code, dur):
+    def _add_runtime(self, evs, _code, dur, ts):
         rt = self.rt
         n = len(evs)
         if not n:
             return
         args = list(map(_g_args, evs))
         rt["name"].append(self._ids(evs, n))
-        rt["ts"].append(np.fromiter(map(_g_ts, evs), np.float64, n))
+        rt["ts"].append(ts)
         rt["dur"].append(dur)
         rt["corr"].append(np.fromiter(map(_g_corr, args), np.int64, n))
         # HIP writes the stream as "0x0", which (like HTA) is not read as a device stream.
         rt["stream"].append(_int_column(args, n))
 
-    def _add_cpu(self, evs, code, dur):
+    def _add_cpu(self, evs, code, dur, ts):
         cpu = self.cpu
         n = len(evs)
         if not n:
@@ -195,7 +195,7 @@ class _Builder:
         args = list(map(_g_args, evs))
         cpu["name"].append(ids)
         cpu["kind"].append(code - _C_OP)
-        cpu["ts"].append(np.fromiter(map(_g_ts, evs), np.float64, n))
+        cpu["ts"].append(ts)
         cpu["dur"].append(dur)
         cpu["tid"].append(_raw_tids(evs, n))
         flops = np.fromiter(map(_g_flops, args), np.float64, n)
@@ -224,8 +224,10 @@ class _Builder:
             a = args[j]
             if kind == 1:
                 m = _STEP_RE.match(evs[j].name)
-                if m:
+                if m and len(m.group(1)) < 19:  # a step number within int64
                     self.steps.append((int(m.group(1)), evs[j].ts, float(dur[j])))
+                elif m:
+                    self.decode.log().note(f"{evs[j].name[:40]!r}: a step number beyond int64, not a step")
             if (kind == 3 or not math.isnan(a.flops)) and a.input_dims:
                 self.shapes[base + j] = (bytes(a.input_dims), bytes(a.input_type) if a.input_type else None,
                                          bytes(a.concrete) if a.concrete else None)
@@ -374,16 +376,33 @@ def _tid_ids(parts: list) -> np.ndarray:
     return _intern({}, values, len(values))
 
 
-def _timed(evs: list, code):
-    """The complete ("X") events of a group, their codes and durations: events without a
-    duration (instant, flow) are dropped."""
+# No profiled event lasts this long or lies this far from the epoch: a value beyond them is
+# damage, and a loop or a bin count must never take its size from one.
+MAX_EVENT_US = 1e12  # 11.6 days
+MAX_ABS_TS_US = 1e17  # about 3,170 years
+
+
+def _timed(evs: list, code, log):
+    """The complete ("X") events of a group, their codes, durations and start times: events without a
+    duration (instant, flow) are dropped, and those whose time or duration no profiler
+    writes are dropped and counted in the repairs (`log()`)."""
     n = len(evs)
     dur = np.fromiter(map(_g_dur, evs), np.float64, n)
     keep = dur >= 0
+    odd = dur > MAX_EVENT_US
+    ts = np.fromiter(map(_g_ts, evs), np.float64, n)
+    odd |= np.abs(ts) > MAX_ABS_TS_US
+    odd &= keep
+    if odd.any():
+        for i in np.flatnonzero(odd)[:3].tolist():
+            log().note(f"event {_g_name(evs[i])[:40]!r}: ts {ts[i]:.4g} us, dur {dur[i]:.4g} us is beyond what "
+                       "a profiler records, event ignored", event=True)
+        log().events += max(0, int(odd.sum()) - 3)
+        keep &= ~odd
     if keep.all():
-        return evs, code, dur
+        return evs, code, dur, ts
     idx = np.flatnonzero(keep)
-    return _pick(evs, idx), (code[idx] if code is not None else None), dur[idx]
+    return _pick(evs, idx), (code[idx] if code is not None else None), dur[idx], ts[idx]
 
 
 def _with_collective(args: list, n: int):
@@ -398,8 +417,8 @@ def _int_column(args: list, n: int) -> np.ndarray:
     """Integer stream ids; anything that is not an integer (HIP's "0x0", null) is -1."""
     try:
         return np.fromiter(map(_g_stream, args), np.int64, n)
-    except (TypeError, ValueError):
-        return np.fromiter((v if type(v) is int else _int_or(v) for v in map(_g_stream, args)), np.int64, n)
+    except (TypeError, ValueError, OverflowError):
+        return np.fromiter(map(_int_or, map(_g_stream, args)), np.int64, n)
 
 
 def _ext_column(args: list, n: int) -> np.ndarray:
@@ -412,12 +431,12 @@ def _ext_column(args: list, n: int) -> np.ndarray:
 
 
 def _int_or(v, default: int = -1) -> int:
-    if type(v) is int:
-        return v
+    """v as an int64, else `default` (beyond int64, or not a number)."""
     try:
-        return int(v)
-    except (TypeError, ValueError):
+        x = v if type(v) is int else int(v)
+    except (TypeError, ValueError, OverflowError):
         return default
+    return x if -(2**63) <= x < 2**63 else default
 
 
 def _special_kind(name: str) -> int:

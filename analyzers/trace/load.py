@@ -41,8 +41,9 @@ import zlib
 import msgspec
 import numpy as np
 
+from diag import inflate
 from diag.analyzers.trace.columns import Trace, _Builder
-from diag.analyzers.trace.schema import _decode_any
+from diag.analyzers.trace.schema import TOO_DEEP, _decode_any
 from diag.errors import DiagInputError
 
 try:  # ISA-L's inflate (python-isal) is 2-3x faster than zlib's, with the same interface
@@ -56,53 +57,36 @@ _GzipReader = getattr(_inflate, "_GzipReader", None)
 
 CHUNK_BYTES = 8 << 20
 READ_BYTES = 1 << 20
+# The longest single event (its name and args) read; a string longer than this is damage.
+MAX_EVENT_BYTES = 64 << 20
 
 
 # --- reading --------------------------------------------------------------------------
 
 
 def _blocks(path: str):
-    """Decompressed byte blocks of a .json or .json.gz file (gzip detected by magic)."""
+    """Decompressed byte blocks of a .json or .json.gz file (gzip detected by magic), gzip
+    within the ceiling of `diag.inflate`."""
     with open(path, "rb") as f:
         head = f.read(2)
         f.seek(0)
-        if head != b"\x1f\x8b":
+        if head != inflate.GZIP_MAGIC:
             while True:
                 b = f.read(READ_BYTES)
                 if not b:
                     return
                 yield b
+        limit = inflate.ceiling(os.fstat(f.fileno()).st_size)
         if _GzipReader is not None:
-            yield from _reader_blocks(f, path)
-            return
-        d = _inflate.decompressobj(16 + zlib.MAX_WBITS)
-        while True:
-            b = f.read(READ_BYTES)
-            if not b:
-                break
-            try:
-                out = d.decompress(b)
-                if out:
-                    yield out
-                while d.eof and d.unused_data:  # concatenated gzip members
-                    rest = d.unused_data
-                    d = _inflate.decompressobj(16 + zlib.MAX_WBITS)
-                    out = d.decompress(rest)
-                    if out:
-                        yield out
-            except _INFLATE_ERRORS as exc:
-                raise DiagInputError(f"corrupt gzip data ({exc})", source=path) from None
-        if not d.eof:
-            raise DiagInputError("truncated gzip file (ended before the end-of-stream marker)", source=path)
-        tail = d.flush()
-        if tail:
-            yield tail
+            yield from _reader_blocks(f, path, limit)
+        else:
+            yield from inflate.gzip_blocks(f, path, limit, READ_BYTES, _inflate)
 
 
 _QUEUE_DEPTH = 3
 
 
-def _reader_blocks(f, path: str):
+def _reader_blocks(f, path: str, limit: int):
     """Blocks inflated into a ring of reused buffers. Each block is a memoryview that stays
     valid while the consumer holds it: the reader thread is at most _QUEUE_DEPTH blocks
     ahead of the block in use, and the ring is longer than that."""
@@ -110,7 +94,7 @@ def _reader_blocks(f, path: str):
 
     reader = _GzipReader(f, READ_BYTES)
     ring = [memoryview(bytearray(READ_BYTES * 8)) for _ in range(_QUEUE_DEPTH + 3)]
-    k = 0
+    k = total = 0
     while True:
         out = ring[k % len(ring)]
         k += 1
@@ -118,10 +102,17 @@ def _reader_blocks(f, path: str):
             n = reader.readinto(out)
         except EOFError:
             raise DiagInputError("truncated gzip file (ended before the end-of-stream marker)", source=path) from None
-        except (BadGzipFile, *_INFLATE_ERRORS) as exc:
+        except BadGzipFile as exc:
+            if total and "Not a gzipped file" in str(exc):
+                return  # bytes after the last member that start no other: the data ended there
+            raise DiagInputError(f"corrupt gzip data ({exc})", source=path) from None
+        except _INFLATE_ERRORS as exc:
             raise DiagInputError(f"corrupt gzip data ({exc})", source=path) from None
         if not n:
             return
+        total += n
+        if total > limit:
+            raise inflate.InflateError(inflate.too_large(limit), source=path)
         yield out[:n]
 
 
@@ -311,6 +302,12 @@ def _load(path: str, blocks, b: _Builder, par: _Parallel | None = None) -> Trace
                 del buf[:]
             else:
                 del buf[:consumed]
+                if len(buf) > MAX_EVENT_BYTES + CHUNK_BYTES:
+                    raise DiagInputError(f"an event in traceEvents is longer than {MAX_EVENT_BYTES >> 20} MiB "
+                                         "(no profiler writes one): damaged or hostile data", source=path)
+        if tail is not None and len(tail) > MAX_EVENT_BYTES:
+            raise DiagInputError(f"more than {MAX_EVENT_BYTES >> 20} MiB after traceEvents: not a trace's metadata",
+                                 source=path)
         if eof:
             break
         blk = next(it, None)
@@ -515,6 +512,10 @@ def _misplaced(exc: Exception) -> bool:
     return "truncated" in text or "trailing characters" in text
 
 
+# Around damage, the element before or after an event may be damaged into another value
+# than an object (an array nested too deep): an event ends before it, and starts after it.
+_EVENT_ENDS_RE = re.compile(rb"\}\s*,\s*[{\[]")
+_EVENT_STARTS_RE = re.compile(rb"[}\]]\s*,\s*\{")
 MAX_SKIPPED = 256  # damaged events skipped in one chunk before the rest of it is given up
 
 
@@ -538,14 +539,14 @@ def _salvage(path: str, buf: bytearray, start: int, end: int, b: _Builder) -> No
             if bad is None:
                 raise DiagInputError(f"corrupt JSON in traceEvents after event {b.decode.seen} ({reason})",
                                      source=path) from None
-        before = [m for m in _SEP_RE.finditer(buf, start, max(start, bad))]
+        before = [m for m in _EVENT_ENDS_RE.finditer(buf, start, max(start, bad))]
         if before:
             cut = before[-1].start() + 1
             try:
                 b.add(*b.decode(_framed(buf, start, cut)))
             except (msgspec.ValidationError, msgspec.DecodeError):
                 pass  # the damage reaches further back: these events go with it
-        after = _SEP_RE.search(buf, max(bad, start) + 1, end)
+        after = _EVENT_STARTS_RE.search(buf, max(bad, start) + 1, end)
         b.decode.log().note(f"event {b.decode.seen}: corrupt JSON ({reason}), event skipped", event=True)
         if after is None:
             return
@@ -563,8 +564,24 @@ def _damage_at(buf: bytearray, start: int, end: int, exc: Exception) -> int | No
         except UnicodeDecodeError as u:
             return start + u.start
         return None
+    if TOO_DEEP in str(exc):
+        return _too_deep_at(buf, start, end)
     found = _BYTE_RE.search(str(exc))
     return start + int(found.group(1)) - 1 if found else None  # -1: the '[' framing the chunk
+
+
+# An event nests a few levels (its args); one nested deeper than this holds the damage.
+_EVENT_DEPTH = 64
+
+
+def _too_deep_at(buf: bytearray, start: int, end: int) -> int | None:
+    """Where buf[start:end] (whole events) first nests deeper than any event does. Brackets
+    inside strings count too: that can only place the damage early, inside the same event."""
+    with memoryview(buf)[start:end] as mv:
+        b = np.frombuffer(mv, dtype=np.uint8)
+        step = ((b == 0x5B) | (b == 0x7B)).astype(np.int32) - ((b == 0x5D) | (b == 0x7D))
+    deep = np.flatnonzero(np.cumsum(step) > _EVENT_DEPTH)
+    return start + int(deep[0]) if len(deep) else None
 
 
 def _parse_meta(path: str, head: bytes, tail: bytes, b: _Builder) -> dict:
@@ -580,11 +597,11 @@ def _parse_meta(path: str, head: bytes, tail: bytes, b: _Builder) -> dict:
     parts = [p for p in (body.strip(), t.strip()) if p]
     text = b"{" + b",".join(parts) + b"}"
     try:
-        meta = _decode_any(text)
+        meta = _decoded_any(text)
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         # The events are whole; damaged metadata costs the device and rank details only.
         try:
-            meta = _decode_any(text.decode("utf-8", "replace").encode())
+            meta = _decoded_any(text.decode("utf-8", "replace").encode())
             note = f"metadata: invalid UTF-8 replaced ({exc})"
         except msgspec.DecodeError:
             meta = {}
@@ -595,12 +612,20 @@ def _parse_meta(path: str, head: bytes, tail: bytes, b: _Builder) -> dict:
     return meta
 
 
+def _decoded_any(data: bytes):
+    """Any JSON value; nesting too deep is a DecodeError like other damage."""
+    try:
+        return _decode_any(data)
+    except RecursionError:
+        raise msgspec.DecodeError(TOO_DEEP) from None
+
+
 def _not_a_trace(path: str, data: bytes):
     s = data.lstrip()
     if not s:
         raise DiagInputError("empty file", source=path)
     try:
-        doc = _decode_any(s)
+        doc = _decoded_any(s)
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         msg = str(exc)
         if "truncated" in msg.lower():

@@ -13,7 +13,7 @@ import re
 from functools import reduce
 from itertools import repeat
 from operator import attrgetter, or_
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 import numpy as np
@@ -37,17 +37,23 @@ CPU_CATS = {"cpu_op": 0, "Operator": 0, "user_annotation": 1, "python_function":
 _STEP_RE = re.compile(r"ProfilerStep\s*#\s*(\d+)")
 
 
+# Integers the columns hold (int64): one outside that range is a damaged field, repaired by
+# the tolerant path like any other of the wrong type. Timestamps and durations are finite.
+I64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+Finite = Annotated[float, msgspec.Meta(ge=-1e300, le=1e300)]
+
+
 class Args(msgspec.Struct, forbid_unknown_fields=False, frozen=True, gc=False):
     """The few `args` keys diag reads. Missing numbers default to -1 / NaN, so columns are
     filled by C-level map() calls instead of per-event None checks."""
 
     stream: Any = -1
-    correlation: int = -1
-    external_id: int = msgspec.field(default=-1, name="External id")
-    external_id_old: int = msgspec.field(default=-1, name="external id")
+    correlation: I64 = -1
+    external_id: I64 = msgspec.field(default=-1, name="External id")
+    external_id_old: I64 = msgspec.field(default=-1, name="external id")
     flops: float = math.nan
     bytes: float = math.nan
-    ev_idx: int = msgspec.field(default=-1, name="Ev Idx")
+    ev_idx: I64 = msgspec.field(default=-1, name="Ev Idx")
     input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input type")
     concrete: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Concrete Inputs")
@@ -56,15 +62,15 @@ class Args(msgspec.Struct, forbid_unknown_fields=False, frozen=True, gc=False):
     pg_name: Any = msgspec.field(default=None, name="Process Group Name")
     pg_id: Any = msgspec.field(default=None, name="Process Group ID")
     pg_desc: str | None = msgspec.field(default=None, name="Process Group Description")
-    group_size: int | None = msgspec.field(default=None, name="Group size")
-    in_nelems: int | None = msgspec.field(default=None, name="In msg nelems")
-    out_nelems: int | None = msgspec.field(default=None, name="Out msg nelems")
+    group_size: I64 | None = msgspec.field(default=None, name="Group size")
+    in_nelems: I64 | None = msgspec.field(default=None, name="In msg nelems")
+    out_nelems: I64 | None = msgspec.field(default=None, name="Out msg nelems")
     dtype: str | None = None
     seq: Any = msgspec.field(default=None, name="Seq")
     # Memory instant events.
     total_allocated: float | None = msgspec.field(default=None, name="Total Allocated")
-    device_type: int | None = msgspec.field(default=None, name="Device Type")
-    device_id: int | None = msgspec.field(default=None, name="Device Id")
+    device_type: I64 | None = msgspec.field(default=None, name="Device Type")
+    device_id: I64 | None = msgspec.field(default=None, name="Device Id")
 
 
 NO_ARGS = Args()
@@ -75,8 +81,8 @@ class Event(msgspec.Struct, forbid_unknown_fields=False, gc=False):
     cat: str = ""
     name: str = ""
     tid: Any = 0
-    ts: float = 0.0
-    dur: float = -1.0
+    ts: Finite = 0.0
+    dur: Finite = -1.0
     args: Args = NO_ARGS
 
 
@@ -114,7 +120,7 @@ def _tagged_union():
     }
     group_of = {_C_KERNEL: "dev", _C_MEMCPY: "dev", _C_MEMSET: "dev", _C_SYNC: "dev", _C_RUNTIME: "rt",
                 _C_OP: "cpu", _C_ANN: "cpu", _C_PY: "cpu", _C_GPU_ANN: "gpu_ann", _C_INSTANT: "instant"}
-    defaults = {"name": (str, ""), "tid": (Any, 0), "ts": (float, 0.0), "dur": (float, -1.0)}
+    defaults = {"name": (str, ""), "tid": (Any, 0), "ts": (Finite, 0.0), "dur": (Finite, -1.0)}
     types, code_of = [], {}
     for k, (cat, code) in enumerate(list(_CAT_CODE.items()) + [(c, 0) for c in _SKIP_CATS]):
         fields = []
@@ -136,6 +142,9 @@ _g_stream, _g_corr, _g_ext, _g_ext_old, _g_flops, _g_bytes, _g_ev, _g_coll = (
 
 _decode_events = msgspec.json.Decoder(list[Event]).decode
 _decode_any = msgspec.json.Decoder().decode
+# msgspec decodes nested values recursively: JSON nested deeper than the interpreter's
+# recursion limit (1,000 by default, less the caller's frames) is refused with this.
+TOO_DEEP = "JSON is malformed: nested too deep"
 
 
 class _Decoder:
@@ -167,6 +176,8 @@ class _Decoder:
             return self._decode(data)
         except UnicodeDecodeError:  # a damaged string: the same as any other damage
             raise msgspec.DecodeError("JSON is malformed: invalid UTF-8") from None
+        except RecursionError:  # nesting no event has: damage, like any other
+            raise msgspec.DecodeError(TOO_DEEP) from None
 
     def _decode(self, data) -> tuple[list, np.ndarray]:
         if self.misses < 3:

@@ -18,7 +18,9 @@ is analysed and says so. Well-formed chunks never come here: the fast path stays
 from __future__ import annotations
 
 import math
-from typing import Any
+import re
+from types import UnionType
+from typing import Annotated, Any, Union, get_args, get_origin
 
 import msgspec
 
@@ -54,14 +56,16 @@ class Repairs:
 
 def _kinds(annotation) -> set:
     """The plain Python types a struct field accepts (Any and Raw accept every JSON value)."""
-    text = str(annotation)
-    if annotation is Any or "Any" in text or "Raw" in text:
+    if annotation is Any or annotation is msgspec.Raw:
         return {"any"}
-    out = set()
-    for name, kind in (("float", float), ("int", int), ("str", str), ("None", type(None))):
-        if name in text:
-            out.add(kind)
-    return out
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _kinds(get_args(annotation)[0])
+    if origin in (Union, UnionType):
+        return set().union(*(_kinds(a) for a in get_args(annotation)))
+    if annotation in (int, float, str, type(None)):
+        return {annotation}
+    return {"any"}
 
 
 _EVENT_FIELDS = {f.encode_name: _kinds(f.type) for f in msgspec.structs.fields(Event) if f.name != "args"}
@@ -82,20 +86,36 @@ def _number(v) -> float | None:
     return None
 
 
+# What the columns hold: int64, and floats far from overflowing when added or scaled.
+_INT_RANGE = (-(2**63), 2**63 - 1)
+_FLOAT_BOUND = 1e300
+
+
+def _in_range(x) -> bool:
+    t = type(x)
+    if t is int:
+        return _INT_RANGE[0] <= x <= _INT_RANGE[1]
+    if t is float:
+        return -_FLOAT_BOUND <= x <= _FLOAT_BOUND
+    return True
+
+
 def _fit(value, kinds: set):
     """(value fitted to the kinds, changed?) or (None, True) when it cannot fit (drop it)."""
     if "any" in kinds:
         return value, False
     t = type(value)
-    if t in kinds or (t is int and float in kinds):
-        return value, False
+    if t is int and int not in kinds and float in kinds:  # msgspec reads an int as a float
+        return (value, False) if abs(value) <= _FLOAT_BOUND else (None, True)
+    if t in kinds:
+        return (value, False) if _in_range(value) else (None, True)
     if float in kinds or int in kinds:
         x = _number(value) if t is str else (float(value) if t is float and int in kinds and value.is_integer()
                                               else None)
         if x is not None:
             if int in kinds and float not in kinds:
-                return (int(x), True) if x.is_integer() else (None, True)
-            return x, True
+                return (int(x), True) if x.is_integer() and _in_range(int(x)) else (None, True)
+            return (x, True) if _in_range(x) else (None, True)
     if str in kinds and t in (int, float) and t is not bool:
         return str(value), True
     return None, True
@@ -136,13 +156,23 @@ def repair_event(obj, index: int, repairs: Repairs) -> dict | None:
     return out
 
 
+# A JSON number whose exponent takes it beyond float range (msgspec refuses to read it).
+_OVERFLOWING = re.compile(rb"-?\d+(?:\.\d+)?[eE]\+?0*(?:309|3[1-9]\d|[4-9]\d\d|\d{4,})")
+
+
 def decode_tolerant(data: bytes, first_index: int, repairs: Repairs) -> list:
     """Events of one JSON array (a chunk the typed decoders rejected), repaired field by field.
 
     first_index: the index in the whole trace of the chunk's first event, for the examples.
     Raises msgspec.DecodeError when the chunk is not JSON at all (the caller's business).
     """
-    items = _decode_any(data)
+    try:
+        items = _decode_any(data)
+    except msgspec.ValidationError:  # a number beyond float range (1e400): unreadable, read as null
+        data, n = _OVERFLOWING.subn(b"null", bytes(data))
+        items = _decode_any(data)
+        repairs.note(f"events from {first_index}: {n} number(s) beyond the float range ignored")
+        repairs.fields += n - 1
     if not isinstance(items, list):
         raise msgspec.DecodeError("traceEvents chunk is not a JSON array")
     fixed = []

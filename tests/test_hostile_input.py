@@ -1,0 +1,275 @@
+"""Hostile input, third pass: nesting, integers beyond 64 bits, times no profiler writes,
+decompression bombs, damaged gzip in every reader, damaged run-directory records, and
+names that would act on a terminal. Each is a repaired value, a skipped record or one
+error line; never a traceback, a hang or unbounded memory."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+import zlib
+
+import pytest
+from conftest import FIXTURES
+
+from diag import inflate, rundir
+from diag.analyzers.analyze import analyze_trace
+
+CPU_TRACE = FIXTURES / "cpu_compute_rank0.pt.trace.json.gz"
+
+
+def _diag(*args, env=None, timeout=120):
+    return subprocess.run([sys.executable, "-m", "diag", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def _one_error_line(proc) -> str:
+    assert proc.returncode != 0, proc.stdout[-500:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("diag: error:")]
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+def _trace_text() -> str:
+    return json.dumps(json.loads(gzip.decompress(CPU_TRACE.read_bytes())))
+
+
+def _with_event(text: str, event: str) -> str:
+    """The trace with `event` inserted as an element of traceEvents, in the middle."""
+    mid = text.index("}, {", len(text) // 2) + 3
+    return text[:mid] + event + ", " + text[mid:]
+
+
+# -- nesting --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("depth", [1_000, 100_000, 1_000_000])
+def test_nesting_at_the_top_level_is_one_error_line(tmp_path, depth):
+    path = tmp_path / "deep.json"
+    path.write_text("[" * depth + "]" * depth)
+    assert "nested too deep" in _one_error_line(_diag("analyze", path, "--jobs", "1"))
+
+
+@pytest.mark.parametrize("where", ["event", "args"])
+@pytest.mark.parametrize("depth", [1_000, 100_000, 1_000_000])
+def test_an_event_nested_too_deep_is_skipped_and_counted(tmp_path, where, depth):
+    deep = "[" * depth + "]" * depth
+    event = deep if where == "event" else '{"ph": "X", "cat": "cpu_op", "name": "x", "ts": 1, "dur": 1, ' \
+                                          f'"pid": 1, "tid": 1, "args": {{"a": {deep}}}}}'
+    path = tmp_path / "deep.json"
+    path.write_text(_with_event(_trace_text(), event))
+    clean = analyze_trace(CPU_TRACE)
+    t0 = time.monotonic()
+    doc = analyze_trace(path)
+    assert time.monotonic() - t0 < 30
+    assert doc["repairs"]["events"] == 1 and "nested too deep" in doc["repairs"]["examples"][0]
+    assert doc["n_events"] == clean["n_events"] and doc["bound"] == clean["bound"]
+
+
+# -- numbers ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [2**63, 2**64, 10**30, -(2**63) - 1])
+@pytest.mark.parametrize("field", ["External id", "correlation", "Ev Idx", "Group size"])
+def test_integers_beyond_int64_are_ignored_field_by_field(tmp_path, field, value):
+    doc = json.loads(_trace_text())
+    ops = [e for e in doc["traceEvents"] if e.get("cat") == "cpu_op"][:5]
+    for e in ops:
+        e.setdefault("args", {})[field] = value
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps(doc))
+    rank = analyze_trace(path)
+    assert rank["repairs"]["fields"] == len(ops) and rank["repairs"]["events"] == 0
+    assert f"args.{field} = {value!r}"[:40] in " ".join(rank["repairs"]["examples"])
+
+
+def test_numbers_beyond_float_range_are_ignored(tmp_path):
+    text = _trace_text()
+    doc = json.loads(text)
+    ops = [i for i, e in enumerate(doc["traceEvents"]) if e.get("cat") == "cpu_op"][:4]
+    for i in ops:
+        doc["traceEvents"][i]["dur"] = 123456.0
+    text = json.dumps(doc).replace('"dur": 123456.0', '"dur": 1e400')
+    path = tmp_path / "inf.json"
+    path.write_text(text)
+    rank = analyze_trace(path)
+    assert rank["repairs"]["fields"] >= len(ops)
+    assert any("beyond the float range" in x for x in rank["repairs"]["examples"])
+
+
+@pytest.mark.parametrize("field,value", [("dur", 1e18), ("dur", 1e299), ("ts", 1e18), ("ts", -1e299)])
+def test_times_no_profiler_writes_drop_their_event_quickly(tmp_path, field, value):
+    """A kernel a million years long, or one dated far beyond the epoch, is a repaired
+    event: no loop, bin or allocation takes its size from it."""
+    doc = json.loads(gzip.decompress((FIXTURES / "real").joinpath(
+        sorted(p.name for p in (FIXTURES / "real").glob("*.json.gz"))[0]).read_bytes()))
+    timed = [e for e in doc["traceEvents"] if isinstance(e.get("dur"), (int, float)) and e.get("ph") == "X"]
+    for e in timed[len(timed) // 2: len(timed) // 2 + 7]:
+        e[field] = value
+    path = tmp_path / "odd.json"
+    path.write_text(json.dumps(doc))
+    t0 = time.monotonic()
+    proc = _diag("analyze", path, "--json", "--jobs", "1", "--report", tmp_path / "report")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert time.monotonic() - t0 < 60
+    rank = json.loads(proc.stdout)["ranks"][0]
+    assert rank["repairs"]["events"] == 7
+    assert "beyond what a profiler records" in rank["repairs"]["examples"][0]
+
+
+# -- gzip --------------------------------------------------------------------------------------
+
+
+def _bomb(path, inflated: int = 1 << 30) -> None:
+    """About 1 MB of gzip expanding to `inflated` bytes: one kernel name of that length."""
+    co = zlib.compressobj(9, zlib.DEFLATED, 31)
+    block = b"A" * (16 << 20)
+    parts = [co.compress(b'{"traceEvents": [{"ph": "X", "cat": "kernel", "ts": 1, "dur": 1, "name": "')]
+    parts += [co.compress(block) for _ in range(inflated // len(block))]
+    parts += [co.compress(b'"}]}'), co.flush()]
+    path.write_bytes(b"".join(parts))
+
+
+def test_a_gzip_bomb_is_one_error_line_in_seconds_and_bounded_memory(tmp_path):
+    path = tmp_path / "bomb.json.gz"
+    _bomb(path)
+    assert path.stat().st_size < 1.5e6
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    t0 = time.monotonic()
+    proc = _diag("analyze", path)
+    wall = time.monotonic() - t0
+    line = _one_error_line(proc)
+    assert "MiB" in line and wall < 10
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB, the largest child so far
+    assert peak < 500 << 10 or peak == before
+
+
+def test_the_inflate_ceiling_is_a_ratio_of_the_file_and_can_be_raised(tmp_path):
+    data = b'{"traceEvents": []}' + b" " * (20 << 20)  # 20 MB of blanks: about 1000:1
+    path = tmp_path / "blank.json.gz"
+    path.write_bytes(gzip.compress(data, 9))
+    with pytest.raises(inflate.InflateError, match="DIAG_MAX_INFLATE_RATIO"):
+        inflate.read_all(path)
+    assert inflate.read_all(path, limit=len(data)) == data
+    assert _diag("analyze", path, env={"DIAG_MAX_INFLATE_RATIO": "5000"}).stderr.count("expands beyond") == 0
+
+
+def test_gzip_members_padding_and_trailing_garbage_read_as_gzip_does():
+    data = b"line of text\n" * 50_000
+    g = gzip.compress(data)
+
+    def read(raw):
+        return b"".join(inflate.gzip_blocks(io.BytesIO(raw), "x", 1 << 30))
+
+    assert read(g + g) == data + data
+    assert read(g + b"\0" * 64) == data
+    assert read(g + b"trailing garbage") == data
+    with pytest.raises(inflate.InflateError, match="truncated"):
+        read(g[: len(g) // 2])
+    damaged = bytearray(g)
+    for k in range(len(g) // 2, len(g) // 2 + 32):
+        damaged[k] ^= 0x5A
+    with pytest.raises(inflate.InflateError, match="corrupt gzip"):
+        read(bytes(damaged))
+
+
+@pytest.mark.parametrize("command", ["nccl-log", "nccl parse", "analyze"])
+@pytest.mark.parametrize("damage", ["corrupt", "truncated", "bomb"])
+def test_every_reader_gives_damaged_gzip_one_error_line(real_nccl, tmp_path, command, damage):
+    src = {"nccl-log": real_nccl / "nccllog_NVIDIA-nccl_1193.txt",
+           "nccl parse": sorted(real_nccl.glob("nccltests_*.txt"))[0], "analyze": None}[command]
+    data = src.read_bytes() if src else gzip.decompress(CPU_TRACE.read_bytes())
+    g = gzip.compress(data)
+    if damage == "corrupt":
+        b = bytearray(g)
+        for k in range(20, len(b) - 8):
+            b[k] ^= 0x5A
+        g = bytes(b)
+    elif damage == "truncated":
+        g = g[: len(g) // 2]
+    else:
+        g = gzip.compress(data[:200] + b"A" * (200 << 20), 9)
+    path = tmp_path / "input.gz"
+    path.write_bytes(g)
+    _one_error_line(_diag(*command.split(), path))
+
+
+def test_a_log_with_trailing_garbage_after_its_gzip_is_read(real_nccl, tmp_path):
+    src = real_nccl / "nccllog_NVIDIA-nccl_1193.txt"
+    path = tmp_path / "log.txt.gz"
+    path.write_bytes(gzip.compress(src.read_bytes()) + b"garbage after the member")
+    plain = _diag("nccl-log", src, "--json")
+    proc = _diag("nccl-log", path, "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["hosts"] == json.loads(plain.stdout)["hosts"]
+
+
+# -- run directories ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("line", [b'{"step": 5, "name": "\xff\xfe"}', b"[" * 100_000 + b"]" * 100_000,
+                                  b'{"step": 5, "s": "' + b"x" * (3 << 20) + b'"}', b"\xff\xfe\xfd"])
+def test_a_damaged_record_line_is_skipped_and_noted(tmp_path, line):
+    seg = tmp_path / "steps.jsonl"
+    seg.write_bytes(b'{"step": 1}\n' + line + b'\n{"step": 2}\n')
+    problems = []
+    assert [r["step"] for r in rundir.read_segment(seg, problems)] == [1, 2]
+    assert len(problems) == 1 and ":2:" in problems[0]
+
+
+def test_report_and_compare_read_a_run_with_damaged_segments(tmp_path):
+    from report_helpers import write_run
+
+    run = write_run(tmp_path / "run", ranks=2, steps=40, bound="data")
+    clean = write_run(tmp_path / "clean", ranks=2, steps=40, bound="data")
+    for seg in run.rglob("*.jsonl"):
+        lines = seg.read_bytes().splitlines()
+        lines[len(lines) // 2] = b'{"step": 7, "x": "\xff' + b"[" * 50_000
+        seg.write_bytes(b"\n".join(lines) + b"\n")
+    report = _diag("report", run)
+    assert report.returncode == 0 and "Traceback" not in report.stderr, report.stderr[-2000:]
+    assert (run / "report.html").exists()
+    compared = _diag("compare", clean, run, "--out", tmp_path / "cmp")
+    assert compared.returncode == 0 and "Traceback" not in compared.stderr, compared.stderr[-2000:]
+
+
+# -- what reaches the terminal ---------------------------------------------------------------------
+
+
+def test_names_that_would_act_on_a_terminal_are_shown_as_escapes(tmp_path):
+    doc = json.loads(_trace_text())
+    ops = [e for e in doc["traceEvents"] if e.get("cat") == "cpu_op"]
+    for e in ops:
+        e["name"] = "evil\x1b]0;owned\x07\x1b[2J\u202eexe.txt"
+    path = tmp_path / "evil\x1b[31mname.json"
+    path.write_text(json.dumps(doc))
+    out = _diag("analyze", path, "--jobs", "1")
+    assert out.returncode == 0, out.stderr
+    bad = _diag("analyze", tmp_path / "missing\x1b[2J.json")
+    for text in (out.stdout, out.stderr, bad.stderr):
+        assert "\x1b" not in text and "\x07" not in text and "\u202e" not in text
+    assert "\\x1b[31m" in out.stdout and "\\x1b[2J" in bad.stderr
+
+
+def test_a_saved_analysis_too_large_or_too_deep_for_the_run_directory_is_noted(tmp_path):
+    big = tmp_path / "rank.json"
+    with open(big, "wb") as f:
+        f.truncate(rundir.MAX_JSON_BYTES + 1)
+    problems = []
+    assert rundir.read_json(big, problems) is None and "larger than" in problems[0]
+
+
+def test_one_error_from_nccl_parse_whatever_the_number_of_inputs(tmp_path):
+    empty, binary = tmp_path / "empty.txt", tmp_path / "binary.txt"
+    empty.write_bytes(b"")
+    binary.write_bytes(bytes(range(256)) * 50)
+    for files in ([empty], [binary], [empty, binary]):
+        line = _one_error_line(_diag("nccl", "parse", *files))
+        assert all(str(f) in line for f in files)
