@@ -580,10 +580,10 @@ class _TextParser:
         return True
 
     def _columns(self, s: str, body: str, line: str) -> bool:
-        if not (body.startswith("size") and "time" in body and ("algbw" in body or "busbw" in body)):
+        names = body.split()  # "time" as a column of its own: a damaged header is not a table's
+        if not (body.startswith("size") and "time" in names and ("algbw" in body or "busbw" in body)):
             return False
         t = self._current(fresh_header=True)
-        names = body.split()
         t.columns = names[:names.index("time")]
         t.error_column = "#wrong" if "#wrong" in names else ("error" if "error" in names else None)
         m = _TYPE_WIDTH_HEADER.search(line)
