@@ -11,7 +11,7 @@ tree is walked with that node answered "no".
 from __future__ import annotations
 
 from diag.analyzers.diagnosis.decision_tree import BOUNDS, PEER, evaluate
-from diag.analyzers.diagnosis.rank import with_verdict
+from diag.analyzers.diagnosis.rank import step_measurements, with_verdict
 
 NODE = "peer_wait"  # the tree node that hands a waiting step to its peer
 _CIRCLE = "the ranks wait for each other in turn: this rank's own work decides"
@@ -56,8 +56,7 @@ def _through_peer(r: dict, peer: int, bound: str, tree) -> dict:
 
 def own_work(r: dict, tree) -> dict:
     """The verdict of a rank's (or step's) own work: its waiting is not handed to a peer."""
-    m = r.get("measurements") or {f"{c}_share": v for c, v in (r.get("shares") or {}).items()}
-    return evaluate(m, tree, force={NODE: ("no", _CIRCLE)})
+    return evaluate(step_measurements(r), tree, force={NODE: ("no", _CIRCLE)})
 
 
 def _name_peer(path, peer: int, bound: str) -> list:

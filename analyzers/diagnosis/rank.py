@@ -29,7 +29,7 @@ def with_verdict(doc: dict, v: dict, tree) -> dict:
 
 
 def step_measurements(step: dict) -> dict:
-    """What the tree asks of a step: its measurements, else its shares."""
+    """What the tree asks of a step (or a rank): its measurements, else its shares."""
     m = step.get("measurements")
     if isinstance(m, dict):
         return m
