@@ -71,6 +71,22 @@ _RANK_DIR = re.compile(r"^rank-(\d+)$")
 _decode = msgspec.json.Decoder().decode  # several times faster than json.loads on big runs
 
 
+# Ranks are numbered below this (the largest jobs run some 10^5 GPUs). A rank or world size
+# beyond it, or not an integer, comes from a damaged file: loops over the ranks of a job
+# take their length from these numbers.
+MAX_WORLD_SIZE = 1 << 20
+
+
+def rank_number(v) -> int | None:
+    """v when it can be a rank: an integer in [0, MAX_WORLD_SIZE); else None."""
+    return v if type(v) is int and 0 <= v < MAX_WORLD_SIZE else None
+
+
+def world_size_number(v) -> int | None:
+    """v when it can be a world size: an integer in [1, MAX_WORLD_SIZE]; else None."""
+    return v if type(v) is int and 0 < v <= MAX_WORLD_SIZE else None
+
+
 def rank_dir_name(rank: int) -> str:
     return f"rank-{rank:05d}"
 
@@ -318,12 +334,12 @@ class RunDir:
         if not self.path.is_dir():
             return []
         found = (_RANK_DIR.match(c.name) for c in self.path.iterdir() if c.is_dir())
-        return sorted(int(m.group(1)) for m in found if m)
+        return sorted(r for m in found if m and (r := rank_number(int(m.group(1)))) is not None)
 
     def expected_world_size(self) -> int | None:
         sizes = [self.manifest().get("world_size")]
         sizes += [(self.rank_info(r) or {}).get("world_size") for r in self.ranks()]
-        sizes = [s for s in sizes if isinstance(s, int) and s > 0]
+        sizes = [s for s in map(world_size_number, sizes) if s is not None]
         return max(sizes) if sizes else None
 
     def missing_ranks(self) -> list[int]:

@@ -218,6 +218,23 @@ def _long_string(r, d):
     return d[:m.start()] + b'"' + m.group(1) + b'": "' + big + b'"' + d[m.end():]
 
 
+_RUNS = (b"x", b"1", b" ", b"\t", b"a:", b"0.", b"[0]", b"a=1 ", b"<0>", b"a,", b'\\"1', b"}", b"e9", b"-")
+
+
+def _long_run(r, d):
+    """A long run of one short pattern inside a string value or a line: a regular
+    expression that tries every start of such a run against the rest of it is quadratic."""
+    run = r.choice(_RUNS) * (r.choice([1 << 16, 1 << 19, 1 << 20]) // 2)
+    found = list(_NAME_FIELD.finditer(d, 0, min(len(d), 1_000_000)))
+    if found and r.random() < 0.5:
+        m = r.choice(found)
+        opening = m.start() + m.group().index(b'"', len(m.group(1)) + 2)
+        i = r.randint(opening + 1, m.end() - 1)  # somewhere in the value
+        return d[:i] + run + d[i:]
+    i = r.randrange(len(d) + 1)
+    return d[:i] + run + d[i:]
+
+
 def _steps(r, d):
     """Step numbers no loop may count to: huge, negative, or repeated."""
     return re.sub(rb"ProfilerStep#\d+", lambda m: b"ProfilerStep#" + r.choice(
@@ -228,7 +245,7 @@ MUTATIONS = {
     "truncate": _truncate, "flip": _flip, "garbage": _insert_garbage, "invalid_utf8": _invalid_utf8,
     "repeat": _repeat, "shuffle_lines": _shuffle_lines, "retype": _retype, "delete": _delete_span,
     "empty": _empty, "nest": _nest, "bigint": _bigint, "timing": _timing, "markup": _markup,
-    "long_string": _long_string, "steps": _steps,
+    "long_string": _long_string, "long_run": _long_run, "steps": _steps,
 }
 
 

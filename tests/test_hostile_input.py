@@ -273,3 +273,125 @@ def test_one_error_from_nccl_parse_whatever_the_number_of_inputs(tmp_path):
     for files in ([empty], [binary], [empty, binary]):
         line = _one_error_line(_diag("nccl", "parse", *files))
         assert all(str(f) in line for f in files)
+
+
+# -- values that would set the amount of work ------------------------------------------------
+
+
+def _real_gpu_trace() -> dict:
+    first = sorted((FIXTURES / "real").glob("*.json.gz"))[0]
+    return json.loads(gzip.decompress(first.read_bytes()))
+
+
+def test_a_name_of_megabytes_is_cut_once_and_noted(tmp_path):
+    """Later stages read kernel names character by character (return types, template
+    arguments): a name of megabytes is cut where the trace is read."""
+    from diag.analyzers.trace.columns import MAX_NAME_CHARS
+
+    doc = _real_gpu_trace()
+    kernels = [e for e in doc["traceEvents"] if e.get("cat") == "kernel"]
+    longest = max(kernels, key=lambda e: e["dur"])["name"]
+    long_name = "void " + "x" * (1 << 20) + "<float>(int)"
+    for e in kernels:
+        if e["name"] == longest:
+            e["name"] = long_name
+    path = tmp_path / "long.json"
+    path.write_text(json.dumps(doc))
+    rank = analyze_trace(path)
+    assert rank["repairs"]["fields"] == 1
+    assert f"of {len(long_name):,} characters cut to {MAX_NAME_CHARS:,}" in rank["repairs"]["examples"][0]
+    names = [k["name"] for k in rank["top_kernels"]]
+    assert max(map(len, names)) < MAX_NAME_CHARS + 40
+    assert any(n.endswith(f"...[{len(long_name):,} chars]") for n in names)
+
+
+@pytest.mark.parametrize("world_size,rank", [(2**62, 2**40), (2**31, -1), ("8", 3.0)])
+def test_a_rank_or_world_size_no_job_has_is_left_out(tmp_path, world_size, rank):
+    """The missing ranks of a job are counted over its world size: a damaged one is not
+    a loop of 2^62 steps."""
+    doc = json.loads(_trace_text())
+    doc["distributedInfo"] = {"backend": "gloo", "rank": rank, "world_size": world_size}
+    path = tmp_path / "odd_world.json"
+    path.write_text(json.dumps(doc))
+    proc = _diag("analyze", path, "--json", "--jobs", "1", timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    assert out["ranks"][0]["world_size"] is None and out["ranks"][0]["rank_from"] != "distributedInfo"
+    assert out["job"]["missing_ranks"] in ([], None) or len(out["job"]["missing_ranks"]) < 2
+
+
+def test_a_run_directory_with_an_implausible_world_size_lists_its_ranks(tmp_path):
+    run = tmp_path / "run"
+    (run / rundir.rank_dir_name(0)).mkdir(parents=True)
+    (run / f"rank-{rundir.MAX_WORLD_SIZE + 5}").mkdir()
+    (run / rundir.MANIFEST).write_text(json.dumps({"world_size": 2**62}))
+    rd = rundir.RunDir(run)
+    assert rd.ranks() == [0] and rd.expected_world_size() is None and rd.missing_ranks() == []
+    (run / rundir.MANIFEST).write_text(json.dumps({"world_size": 4}))
+    assert rundir.RunDir(run).missing_ranks() == [1, 2, 3]
+
+
+def _compiled_patterns() -> dict:
+    """Every regular expression compiled at module level in diag, by module.name."""
+    import importlib
+    import pkgutil
+    import re
+
+    import diag
+    import diag.analyzers
+    import diag.collectors
+
+    found = {}
+    # diag.analyzers and diag.collectors install from their own folders, outside diag's.
+    modules = [m for pkg in (diag, diag.analyzers, diag.collectors)
+               for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + ".")]
+    for mod in modules:
+        if mod.name.endswith("__main__"):  # runs the command line
+            continue
+        try:
+            m = importlib.import_module(mod.name)
+        except ImportError:  # an optional extra (ray, lightning) this machine lacks
+            continue
+        for name, value in vars(m).items():
+            if isinstance(value, re.Pattern):
+                found[f"{mod.name}.{name}"] = value
+    return found
+
+
+_RUNS = ["x", "1", " ", "\t", "a:", "0.", "[0]", "x ", ":1", "a=1 ", "(", "<0>", "/", "-", "0x1", "a,", "1 ", "#",
+         '"1', "a=\"", "}", "e9"]
+
+
+def test_every_pattern_takes_time_linear_in_its_input():
+    """A pattern searched along a long run of characters must not try every start against
+    the rest of the run: that is quadratic, and a line of a megabyte would take hours.
+    20,000 characters take a linear pattern about a millisecond and a quadratic one seconds."""
+    patterns = _compiled_patterns()
+    assert {"diag.analyzers.nccl.log_grammar._IP", "diag.analyzers.trace.tolerant._OVERFLOWING",
+            "diag.analyzers.trace.load._END_RE"} <= set(patterns) and len(patterns) > 100
+    slow = []
+    for where, pat in patterns.items():
+        for run in _RUNS:
+            text = (run * 20_000)[:20_000]
+            subject = text.encode() if isinstance(pat.pattern, bytes) else text
+            t0 = time.perf_counter()
+            pat.search(subject)
+            if time.perf_counter() - t0 > 0.25:
+                slow.append(f"{where} on {run!r}")
+                break
+    assert not slow, slow
+
+
+def test_a_megabyte_of_one_character_in_an_nccl_line_costs_no_time(real_nccl, tmp_path):
+    src = real_nccl / "nccllog_NVIDIA-nccl-tests_166.txt"
+    text = src.read_text()
+    at = text.index("NET/Socket : Using [0]ens4:") + len("NET/Socket : Using [0]ens4:")
+    damaged = tmp_path / "long_line.txt"
+    damaged.write_text(text[:at] + "x" * (1 << 20) + text[at:])
+    t0 = time.monotonic()
+    clean = json.loads(_diag("nccl-log", src, "--json").stdout)
+    doc = json.loads(_diag("nccl-log", damaged, "--json").stdout)
+    assert time.monotonic() - t0 < 60
+    assert doc["lines"] == clean["lines"]
+    for key in ("hosts", "processes", "nccl_version", "warnings", "error_chains"):
+        assert doc[key] == clean[key], key

@@ -19,7 +19,7 @@ _ANALYZERS = "diag.analyzers"
 LAYERS = {
     "analyzers/intervals.py": (),
     "analyzers/analysis_types.py": (),
-    "analyzers/trace": ("diag.errors", "diag.inflate", f"{_ANALYZERS}.analysis_types", f"{_ANALYZERS}.intervals", f"{_ANALYZERS}.trace",
+    "analyzers/trace": ("diag.errors", "diag.inflate", "diag.rundir", f"{_ANALYZERS}.analysis_types", f"{_ANALYZERS}.intervals", f"{_ANALYZERS}.trace",
                         f"{_ANALYZERS}.diagnosis.decision_tree", f"{_ANALYZERS}.whatif.rank"),
     "analyzers/whatif": ("diag.errors", f"{_ANALYZERS}.intervals", f"{_ANALYZERS}.trace.event_classes",
                          f"{_ANALYZERS}.whatif"),

@@ -25,6 +25,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from diag.analyzers.whatif.job import job_what_if
+from diag.rundir import rank_number, world_size_number
 
 # The key of the job facts under which the collective facts travel to the diagnosis.
 FACTS_KEY = "collective_facts"
@@ -316,17 +317,15 @@ def analyze_job(ranks: list[dict], tree) -> dict:
     by_id: dict[int, dict] = {}
     dups, unknown = [], []
     for r in ranks:
-        rid = r.get("rank")
-        if not isinstance(rid, int):
+        rid = rank_number(r.get("rank"))
+        if rid is None:
             unknown.append(r.get("source"))
             continue
         if rid in by_id:
             dups.append((rid, r.get("source")))
             continue
         by_id[rid] = r
-    sizes = [
-        r.get("world_size") for r in ranks if isinstance(r.get("world_size"), int) and r["world_size"] > 0
-    ]
+    sizes = [s for s in (world_size_number(r.get("world_size")) for r in ranks) if s is not None]
     world = max([*sizes, (max(by_id) + 1) if by_id else 0, len(by_id)]) or None
     present = sorted(by_id)
     missing = [i for i in range(world or 0) if i not in by_id]

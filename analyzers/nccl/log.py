@@ -55,6 +55,7 @@ from diag.analyzers.nccl.log_grammar import (
     MAX_PEERS,
     MAX_RANKS,
     MAX_SET,
+    PREFIX_SPAN,
     PROTOS,
     REDOPS,
     _Bucket,
@@ -147,7 +148,7 @@ class NcclLogParser(BulkLines, ErrorLines, LogDocument):
         hit = self._prefix_cache.get(pre)
         if hit is not None:
             return hit
-        m = _PREFIX.search(pre)
+        m = _PREFIX.search(pre[-PREFIX_SPAN:])
         if m:
             hit = (m.group("host"), m.group("pid"), m.group("tid"), int(m.group("dev")), m.group("loc"))
         else:

@@ -37,12 +37,9 @@ from diag.analyzers.nccl.log_grammar import (
     MAX_RANKS,
     MAX_SET,
     MAX_WARN_KINDS,
+    PREFIX_SPAN,
     _ranks_list,
 )
-
-# How far from a line's prefix end or message start a source location is looked for
-# ("misc/socket.cc:123" is far shorter).
-_LOC_SPAN = 512
 
 
 class ErrorLines:
@@ -90,7 +87,7 @@ class ErrorLines:
         if loc is None:
             # location after odd prefixes, or at the start of the message ("[file.cc:12] ...")
             # (on the ends only: "\S+\." searched along a long run of non-blanks is quadratic)
-            m = _LOC_END.search(pre[-_LOC_SPAN:]) or _LOC_START.match(msg[:_LOC_SPAN])
+            m = _LOC_END.search(pre[-PREFIX_SPAN:]) or _LOC_START.match(msg[:PREFIX_SPAN])
             loc = m.group(1) if m else None
             if m is not None and m.re is _LOC_START:
                 msg = msg[m.end():]

@@ -56,9 +56,13 @@ ALGOS = {0: "Tree", 1: "Ring", 2: "CollNetDirect", 3: "CollNetChain", 4: "NVLS",
 PROTOS = {0: "LL", 1: "LL128", 2: "Simple"}
 
 
+# A line prefix is host:pid:tid [dev] and a source location, far shorter than this; it is
+# matched in the prefix's last PREFIX_SPAN characters, as a search from every start of a
+# long one would take time quadratic in its length.
+PREFIX_SPAN = 512
 _PREFIX = re.compile(
-    r"(?:(?P<host>[^\s:\[\]()]+)(?::(?P<pid>\d+):(?P<tid>\d+))?\s+)?\[(?P<dev>\d+)\]\s*"
-    r"(?P<loc>[^\s]+\.(?:cc|cpp|c|h|cu|hpp):\d+)?\s*$"
+    r"(?:(?<![^\s:\[\]()])(?P<host>[^\s:\[\]()]+)(?::(?P<pid>\d+):(?P<tid>\d+))?\s+)?\[(?P<dev>\d+)\]\s*"
+    r"(?P<loc>[^\s]{1,512}\.(?:cc|cpp|c|h|cu|hpp):\d+)?\s*$"
 )
 
 
@@ -85,12 +89,12 @@ _COLL_REST = re.compile(
 
 
 _TUNE = re.compile(
-    r"(?:(\w+):)?\s*(\d+) Bytes -> Algo (\w+) proto (\w+)(?: time (-?[\d.]+))?"
+    r"(?:(?<!\w)(\w+):\s*)?(?<!\d)(\d+) Bytes -> Algo (\w+) proto (\w+)(?: time (-?[\d.]+))?"
     r"(?: channel\{Lo\.\.Hi\}=\{(\d+)\.\.(\d+)\})?"
 )
 
 
-_SUMMARY = re.compile(r"(\d+) (coll|collnet|nvls|p2p) channels(?! per)")
+_SUMMARY = re.compile(r"(?<!\d)(\d+) (coll|collnet|nvls|p2p) channels(?! per)")
 
 
 _CHAIN = re.compile(r"^(\S+\.(?:cc|cpp|c|h|cu|hpp)):(\d+) -> (\d+)(.*)$")
@@ -102,7 +106,7 @@ _ENV = re.compile(r"^(N?CCL_\w+|RCCL_\w+) set (?:by environment )?to (.*?)\.?\s*
 _VERSION = re.compile(r"\b([NR]CCL) version\s*:?\s*(\d[\w.+\-:]*)")
 
 
-_IP = re.compile(r"(?:\[0\])?[\w.\-]+:([0-9a-fA-F.:]+)<\d+>")
+_IP = re.compile(r"(?<![\w.\-])(?:\[0\])?[\w.\-]{1,64}:([0-9a-fA-F.:]{1,45})<\d+>")
 
 
 _IB_COMPLETION = re.compile(
@@ -117,7 +121,7 @@ _WATCHDOG = re.compile(
 )
 
 
-_WORK_KV = re.compile(r"(\w+(?:\(ms\))?)=([^,)\s]+)")
+_WORK_KV = re.compile(r"(?<!\w)(\w+(?:\(ms\))?)=([^,)\s]+)")
 
 
 _RANK_TAG = re.compile(r"\[Rank (\d+)\]")
@@ -154,13 +158,13 @@ _JSON_KV = re.compile(r'^\s*"(\w+)"\s*:\s*(.*?),?\s*$')
 _PROM = re.compile(r"^(nccl_\w+)\{([^}]*)\}\s+(\S+)")
 
 
-_PROM_LABEL = re.compile(r'(\w+)="([^"]*)"')
+_PROM_LABEL = re.compile(r'(?<!\w)(\w+)="([^"]*)"')
 
 
-_LOC_END = re.compile(r"(\S+\.(?:cc|cpp|c|h|cu|hpp):\d+)\s*$")
+_LOC_END = re.compile(r"(?<!\S)(\S+\.(?:cc|cpp|c|h|cu|hpp):\d+)\s*$")
 
 
-_LOC_START = re.compile(r"\[?(\S+\.(?:cc|cpp|c|h|cu|hpp):\d+)\]?:?\s+")
+_LOC_START = re.compile(r"(?<!\S)\[?(\S+\.(?:cc|cpp|c|h|cu|hpp):\d+)\]?:?\s+")
 
 
 # A WARN that reports a failure: failed/error words, a non-zero retcode or res=, an error

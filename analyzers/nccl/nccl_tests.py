@@ -86,7 +86,7 @@ _WARN = re.compile(r"\bNCCL WARN\b")
 _RCCL_TEXT = re.compile(r"^(?!# source:)[^\n]*?(?:RCCL version|Errors with asterisks|HIP version|rccl-tests)", re.M)
 _DIAG_BACKEND = re.compile(r"^#\s*diag nccl: backend (\w+)")
 _TYPE_WIDTH_HEADER = re.compile(r"\bcount(\s+)type\b")
-_TYPE_WIDTH_ROW = re.compile(r"\s*\d+\s+\d+(\s+)([A-Za-z]\w*)\s")
+_TYPE_WIDTH_ROW = re.compile(r"^\s*\d+\s+\d+(\s+)([A-Za-z]\w*)\s")
 # "host: Test NCCL failure ..." and " .. host pid 123: Test failure ..." name the failing host.
 _FAILED_HOST = re.compile(r"^(?:\.\. )?([\w.\-]+)(?: pid \d+)?: Test (?:\w+ )?failure")
 _CMD_ARG = re.compile(r"(?:^|\s)(-g|--ngpus|-t|--nthreads|-np|-n|--np)[\s=](\d+)")

@@ -32,6 +32,7 @@ from diag.analyzers.trace.attribution import (
 from diag.analyzers.trace.load import Trace, load_trace, step_windows
 from diag.analyzers.whatif import rank as what_if
 from diag.errors import DiagInputError
+from diag.rundir import rank_number, world_size_number
 
 TOP_N = 10
 _DTYPE_SIZE = {"float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "double": 8, "float64": 8,
@@ -87,14 +88,17 @@ def rank_from_name(path: str) -> int | None:
 
 
 def _rank_of(trace: Trace, rank: int | None) -> tuple[int | None, str | None, dict]:
-    """(rank, where it came from, the trace's distributedInfo)."""
+    """(rank, where it came from, the trace's distributedInfo with a rank or world size that
+    cannot be one left out)."""
     meta = trace.meta
     dist = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
+    dist = {k: v for k, v in dist.items() if k not in ("rank", "world_size")} | {
+        "rank": rank_number(dist.get("rank")), "world_size": world_size_number(dist.get("world_size"))}
     rank_from = "argument" if rank is not None else None
-    if rank is None and isinstance(dist.get("rank"), int):
+    if rank is None and dist["rank"] is not None:
         rank, rank_from = dist["rank"], "distributedInfo"
     if rank is None:
-        rank = rank_from_name(trace.source)
+        rank = rank_number(rank_from_name(trace.source))
         rank_from = "file name" if rank is not None else None
     return rank, rank_from, dist
 
@@ -172,7 +176,7 @@ def facts_of_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: 
         "source": trace.source,
         "device": dev_info["name"] or ("cpu" if not on_device else "gpu"),
         "device_info": dev_info,
-        "world_size": dist.get("world_size") if isinstance(dist.get("world_size"), int) else None,
+        "world_size": dist["world_size"],
         "backend": dist.get("backend"),
         "shares": rank_shares,
         "measurements": rank_m,

@@ -286,12 +286,16 @@ class _Builder:
             self._names_cache = list(self.names)  # dict keys in insertion order = id order
         return self._names_cache
 
+    def _shortened(self, name: str) -> str:
+        self.decode.log().note(f"name {name[:40]!r}... of {len(name):,} characters cut to {MAX_NAME_CHARS:,}")
+        return f"{name[:MAX_NAME_CHARS]}...[{len(name):,} chars]"
+
     def build(self, source: str, meta: dict) -> Trace:
         f8, i8 = np.float64, np.int64
         d, r, c = self.dev, self.rt, self.cpu
         names = [""] * len(self.names)
         for s, i in self.names.items():
-            names[i] = s
+            names[i] = s if len(s) <= MAX_NAME_CHARS else self._shortened(s)
         return Trace(
             source=source,
             meta=meta,
@@ -379,6 +383,9 @@ def _tid_ids(parts: list) -> np.ndarray:
 # No profiled event lasts this long or lies this far from the epoch: a value beyond them is
 # damage, and a loop or a bin count must never take its size from one.
 MAX_EVENT_US = 1e12  # 11.6 days
+# Demangled kernel names reach 2,000 characters; every later stage reads names character by
+# character (return types, template arguments), so a longer one is cut here, once.
+MAX_NAME_CHARS = 16_384
 MAX_ABS_TS_US = 1e17  # about 3,170 years
 
 

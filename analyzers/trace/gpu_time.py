@@ -31,7 +31,7 @@ from diag.analyzers.trace.load import Trace
 
 _HTA_COMM = re.compile(r"^nccl.*Kernel")
 _HTA_MEM = re.compile(r"^(?:Memcpy|Memset|dma)")
-_HTA_NOT_COMPUTE = re.compile(r"^nccl.*Kernel|.*Memcpy|Memset|.*Sync")
+_HTA_NOT_COMPUTE = re.compile(r"^(?:nccl.*Kernel|.*Memcpy|Memset|.*Sync)")
 COMP, COMM, MEM, OTHER = "COMP", "COMM", "MEM", "OTHER"
 
 

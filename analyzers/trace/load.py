@@ -158,7 +158,7 @@ def _threaded(gen, depth: int = _QUEUE_DEPTH):
 
 _KEY_RE = re.compile(rb'"traceEvents"\s*:\s*\[')
 _SEP_RE = re.compile(rb"\}\s*,\s*\{")
-_END_RE = re.compile(rb"\}?\s*\]")
+_END_RE = re.compile(rb"\}?(?<!\s)\s*\]")
 
 
 # Large traces are decoded by worker processes, chunk by chunk, while the main process

@@ -157,7 +157,7 @@ def repair_event(obj, index: int, repairs: Repairs) -> dict | None:
 
 
 # A JSON number whose exponent takes it beyond float range (msgspec refuses to read it).
-_OVERFLOWING = re.compile(rb"-?\d+(?:\.\d+)?[eE]\+?0*(?:309|3[1-9]\d|[4-9]\d\d|\d{4,})")
+_OVERFLOWING = re.compile(rb"(?<![\d.])-?\d+(?:\.\d+)?[eE]\+?0*(?:309|3[1-9]\d|[4-9]\d\d|\d{4,})")
 
 
 def decode_tolerant(data: bytes, first_index: int, repairs: Repairs) -> list:
