@@ -295,6 +295,19 @@ def test_mangled_lines_never_raise(real_nccl):
             assert t["status"] in ("ok", "failed", "partial")
 
 
+@pytest.mark.parametrize("damage", ["time!", "tim", "xtime", "time(us)"])
+def test_a_header_whose_time_column_is_damaged_is_not_a_table(real_nccl, damage):
+    """A fuzzed copy of the second header of a duplicated output raised ValueError: "time"
+    in the line but no column of that name."""
+    text = (real_nccl / "nccltests_NVIDIA-nccl-tests_107.txt").read_text()
+    clean = parse_text(text)
+    header = next(ln for ln in text.splitlines() if "size" in ln and "redop" in ln and "algbw" in ln)
+    damaged = text.replace(header, header.replace(" time ", f" {damage} ") + "\n" + header, 1)
+    tests = parse_text(damaged)
+    assert [t["status"] for t in tests] == [t["status"] for t in clean]
+    assert [len(t["rows"]) for t in tests] == [len(t["rows"]) for t in clean]
+
+
 def test_world_size_from_the_command_line(real_nccl):
     # an excerpt without "# Rank" lines: ranks = launcher processes x -g x -t of the nccl-tests command
     footer = "\n".join(ln for ln in (real_nccl / "rccltests_ROCm-rccl_pr2078.txt").read_text().splitlines()
