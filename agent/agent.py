@@ -27,6 +27,7 @@ from pathlib import Path
 
 from diag import calibrate, rundir
 from diag.collectors import launch_env, nccl_env
+from diag.collectors.device_clock import DeviceClock, HeldSteps
 from diag.collectors.profiler_windows import ProfilerWindows, WindowSettings
 from diag.collectors.run_writer import RunWriter
 from diag.collectors.step_timer import StepTimer
@@ -107,12 +108,15 @@ class Agent:
         self.verdicts = LiveVerdicts(None, self._log)  # each step's live verdict, once the tree is loaded
         self.host_peaks: dict | None = None  # the host's calibration, on CPU runs that have one
         self.timer: StepTimer | None = None
+        # Device step time and idle time within data waits, once torch has a CUDA/HIP device.
+        self.clock: DeviceClock | None = None
         self.report_paths: dict | None = None
         self.status = "created"
         self.peak_flops: float | None = None
         self.thread_cpu_s: float | None = None  # CPU time of the background thread, once stopped
 
         self._queue: collections.deque = collections.deque()
+        self._held = HeldSteps()  # step records waiting for their device times
         self._logged: set[str] = set()
         self._early_events: list[dict] = []
         self._stop = threading.Event()
@@ -186,6 +190,9 @@ class Agent:
             if first:
                 timer.restart()  # step 0 starts with its first batch, not at agent start
                 first = False
+            clock = self.clock
+            if clock is not None:
+                clock.data_begin()
             t0 = perf()
             try:
                 if windows is not None and windows.recording:
@@ -198,6 +205,8 @@ class Agent:
             except StopIteration:
                 return
             timer.add_data_wait(perf() - t0)
+            if clock is not None:
+                clock.data_end()
             yield batch
 
     def step(self, samples: float | None = None, tokens: float | None = None) -> None:
@@ -211,6 +220,11 @@ class Agent:
         windows = self.windows
         profiled = windows is not None and windows.recording
         t = timer.finish(samples, tokens)
+        clock = self.clock
+        if clock is not None:
+            clock.step_end(t.step)
+        elif t.step % 8 == 0:  # until torch initialises a device; the clock never does
+            self.clock = DeviceClock.for_torch(self._log)
         if windows is not None:
             worked = windows.end(t.step)
             if windows.begin(timer.step) or worked:
@@ -499,18 +513,23 @@ class Agent:
             self._nccl_watch = NcclWatch(self.writer.path, self.writer.rank_path, self.exporter, self._log)
         self._nccl_watch.poll()
 
-    def _drain(self) -> None:
-        q = self._queue
+    def _drain(self, final: bool = False) -> None:
+        q, held = self._queue, self._held
+        if final and self.clock is not None:
+            self.clock.settle(2.0)
+        now = time.monotonic()
         while q:
             t, profiled = q.popleft()
-            rec = self._record(t, profiled)
+            held.add(t.step, (t, profiled), now)
+        for (t, profiled), device in held.ready(self.clock, now, final):
+            rec = self._record(t, profiled, device)
             self._steps_done += 1
             self._last_step = t.step
             self.writer.write_record("steps", rec)
             if self.exporter is not None:
                 self.exporter.observe_step(rec)
 
-    def _record(self, t, profiled: bool) -> dict:
+    def _record(self, t, profiled: bool, device=None) -> dict:
         rec = {
             "step": t.step,
             "start_unix": t.start_unix,
@@ -520,6 +539,9 @@ class Agent:
             "tokens": t.tokens,
             "peak_mem_bytes": t.peak_mem_bytes,
             "profiled": profiled,
+            # From the device's timing events (collectors/device_clock.py); None without them.
+            "device_s": device.device_s if device is not None else None,
+            "data_idle_s": device.data_idle_s if device is not None else None,
             "bound": None,
             "evidence": "sampled",
             "shares": None,
@@ -649,7 +671,7 @@ class Agent:
         if self._thread is not None:
             self._thread.join(5.0)
         if self.writer is not None:
-            self._drain()
+            self._drain(final=True)
             self._wait_workers(5.0 if quick else self.analysis_wait_s)
             if self.windows is not None:
                 self.windows.enforce_budget()

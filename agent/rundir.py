@@ -62,6 +62,8 @@ STEP_FIELDS = {
     "samples": "samples in the step, from agent.step(samples=...)",
     "tokens": "tokens in the step, from agent.step(tokens=...)",
     "peak_mem_bytes": "peak device memory allocated during the step, where available",
+    "device_s": "device time between timing events at the step's boundaries (null without a CUDA/HIP device)",
+    "data_idle_s": "the device's idle time within the step's data waits, from timing events (null without them)",
     "profiled": "true when a torch.profiler window covered the step",
     "bound": "data | host | comm | memory | compute, or null",
     "evidence": "trace | sampled: what the verdict rests on",

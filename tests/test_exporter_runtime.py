@@ -92,7 +92,7 @@ def gpu_sample(t, **over):
 def test_steps_fill_training_metrics(handle):
     shares = {"data": 0.25, "host": 0.05, "comm": 0.2, "memory": 0.1, "compute": 0.4}
     handle.observe_step(step(0, duration=0.04, wait=0.01, shares=shares, bound="compute"))
-    handle.observe_step(step(1, duration=0.2, wait=0.05, shares=None, bound="data"))
+    handle.observe_step(step(1, duration=0.2, wait=0.05, shares=None, bound="data", device_s=0.18))
     handle.observe_step(step(2, duration=3.0, wait=None, shares=None, bound=None, samples=None, tokens=None))
     s = parse(fetch(handle))
     assert val(s, "diag_steps_total") == 3
@@ -102,6 +102,7 @@ def test_steps_fill_training_metrics(handle):
     assert val(s, "diag_step_duration_seconds_bucket", le="0.25") == 2
     assert val(s, "diag_step_duration_seconds_bucket", le="2.5") == 2
     assert val(s, "diag_step_duration_seconds_bucket", le="+Inf") == 3
+    assert val(s, "diag_step_device_seconds_count") == 1 and val(s, "diag_step_device_seconds_sum") == 0.18
     # Phases: step 0 by its shares, step 1 data wait + unattributed, step 2 all unattributed.
     assert val(s, "diag_step_phase_seconds_total", phase="data") == pytest.approx(0.01 + 0.05)
     assert val(s, "diag_step_phase_seconds_total", phase="comm") == pytest.approx(0.008)

@@ -94,6 +94,9 @@ METRICS: tuple[Metric, ...] = (
     M("diag_steps_total", "counter", "", "Training steps completed.", "step"),
     M("diag_step_duration_seconds", "histogram", "seconds",
       "Wall time of a training step (monotonic clock).", "step", buckets=STEP_DURATION_BUCKETS),
+    M("diag_step_device_seconds", "histogram", "seconds",
+      "Device time of a training step, between timing events at its boundaries on the training "
+      "stream (CUDA or HIP; no samples on CPU ranks).", "step", buckets=STEP_DURATION_BUCKETS),
     M("diag_step_phase_seconds_total", "counter", "seconds",
       "Step time attributed to each phase by the decision tree's shares; without shares, the "
       "data wait goes to data and the rest to unattributed.", "step",

@@ -135,10 +135,13 @@ class Handle:
         samples, tokens = _num(rec.get("samples")), _num(rec.get("tokens"))
         peak = _num(rec.get("peak_mem_bytes"))
         mfu = _num(rec.get("mfu"))
+        device = _num(rec.get("device_s"))
         s = self.state
         with s.lock:
             s.inc("diag_steps_total", 1.0)
             s.observe("diag_step_duration_seconds", duration)
+            if device is not None and device >= 0:
+                s.observe("diag_step_device_seconds", device)
             for phase, seconds in phases:
                 s.inc("diag_step_phase_seconds_total", seconds, (phase,))
             if bound in BOUNDS:

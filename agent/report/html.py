@@ -475,6 +475,8 @@ def _phases(model: dict, ids: set) -> str:
     if st:
         line = (f"Median step time {st['median_ms']:.1f} ms (median absolute deviation {st['mad_ms']:.1f} ms; "
                 f"10th-90th percentile {st['p10_ms']:.1f}-{st['p90_ms']:.1f} ms) over {st['steps']} steps")
+        if st.get("device_median_ms") is not None:
+            line += f"; median device step time {st['device_median_ms']:.1f} ms over {st['device_steps']} steps"
         if thr.get("samples_per_s"):
             line += f"; {thr['samples_per_s']:.1f} samples/s for the whole job"
         if thr.get("tokens_per_s"):

@@ -72,6 +72,8 @@ def render(model: dict) -> str:
     thr = model.get("throughput") or {}
     if st:
         line = f"Median step {st['median_ms']:.1f} ms (MAD {st['mad_ms']:.1f} ms) over {st['steps']} steps"
+        if st.get("device_median_ms") is not None:
+            line += f"; device {st['device_median_ms']:.1f} ms"
         if thr.get("samples_per_s"):
             line += f"; {thr['samples_per_s']:.1f} samples/s"
         if thr.get("tokens_per_s"):

@@ -74,7 +74,7 @@ class Steps:
     reduction over them.
     """
 
-    FIELDS = ("dur", "start", "wait", "samples", "tokens", "peak", "mfu")
+    FIELDS = ("dur", "start", "wait", "samples", "tokens", "peak", "mfu", "device")
 
     def __init__(self, n: int):
         self.step = np.zeros(n, dtype=np.int64)
@@ -97,6 +97,10 @@ class Steps:
         return ~np.isnan(self.shares[:, 0])
 
 
+# A step's row while it is merged: Steps.FIELDS, then its shares, verdict and evidence.
+_SHARES, _BOUND, _EVIDENCE = len(Steps.FIELDS), len(Steps.FIELDS) + 1, len(Steps.FIELDS) + 2
+
+
 def _rank_steps(records: list, doc_steps: list) -> Steps:
     """Step records of the run directory (diag.run/1) merged with analysed steps (diag.analysis/1); the analysis wins
     for shares, verdict and evidence, the records for timings."""
@@ -109,23 +113,24 @@ def _rank_steps(records: list, doc_steps: list) -> Steps:
             continue
         rows[st] = [as_float(rec.get("duration_s")), as_float(rec.get("start_unix")), as_float(rec.get("data_wait_s")),
                     as_float(rec.get("samples")), as_float(rec.get("tokens")), as_float(rec.get("peak_mem_bytes")),
-                    as_float(rec.get("mfu")), share_row(rec.get("shares")), BOUND_CODE.get(rec.get("bound"), -1),
+                    as_float(rec.get("mfu")), as_float(rec.get("device_s")), share_row(rec.get("shares")),
+                    BOUND_CODE.get(rec.get("bound"), -1),
                     EVIDENCE_CODE.get(rec.get("evidence"), 0)]
     for st in doc_steps:
         if type(st) is not dict or type(st.get("step")) is not int:
             continue
         row = rows.get(st["step"])
         if row is None:
-            row = rows[st["step"]] = [_NAN] * 7 + [None, -1, 0]
+            row = rows[st["step"]] = [_NAN] * len(Steps.FIELDS) + [None, -1, 0]
         sh = share_row(st.get("shares"))
         if sh is not None:
-            row[7] = sh
+            row[_SHARES] = sh
         b = BOUND_CODE.get(st.get("bound"), -1)
         if b >= 0:
-            row[8] = b
+            row[_BOUND] = b
         e = EVIDENCE_CODE.get(st.get("evidence"), 0)
         if e:
-            row[9] = e
+            row[_EVIDENCE] = e
         if math.isnan(row[0]):
             row[0] = as_float(st.get("duration_ms")) / 1000.0
         if math.isnan(row[2]):
@@ -133,6 +138,8 @@ def _rank_steps(records: list, doc_steps: list) -> Steps:
         for i, k in ((3, "samples"), (4, "tokens"), (5, "peak_mem_bytes"), (6, "mfu")):
             if math.isnan(row[i]):
                 row[i] = as_float(st.get(k))
+        if math.isnan(row[7]):
+            row[7] = as_float(st.get("device_ms")) / 1000.0
     order = sorted(rows)
     t = Steps(len(order))
     if not order:
@@ -144,16 +151,16 @@ def _rank_steps(records: list, doc_steps: list) -> Steps:
         col[~np.isfinite(col)] = np.nan
         setattr(t, f, col)
     t.dur[t.dur <= 0] = np.nan
-    have = [i for i, r in enumerate(table) if r[7] is not None]
+    have = [i for i, r in enumerate(table) if r[_SHARES] is not None]
     if have:
-        sh = np.array([table[i][7] for i in have], dtype=np.float64)
+        sh = np.array([table[i][_SHARES] for i in have], dtype=np.float64)
         total = sh.sum(axis=1)
         ok = np.isfinite(total) & (total > 0) & (sh >= 0).all(axis=1)
         sh[ok] /= total[ok, None]
         sh[~ok] = np.nan
         t.shares[have] = sh
-    t.bound[:] = [r[8] for r in table]
-    t.evidence[:] = [r[9] for r in table]
+    t.bound[:] = [r[_BOUND] for r in table]
+    t.evidence[:] = [r[_EVIDENCE] for r in table]
     # Steps with shares but no verdict: the largest share stands in.
     fill = (t.bound < 0) & t.has_shares
     if fill.any():
@@ -274,6 +281,7 @@ def job_steps(ranks: dict) -> Steps:
     pos = np.searchsorted(steps, allt.step)
     with np.errstate(invalid="ignore"):
         np.fmax.at(job.dur, pos, allt.dur)
+        np.fmax.at(job.device, pos, allt.device)
         np.fmin.at(job.start, pos, allt.start)
         for f in ("samples", "tokens"):
             col = getattr(allt, f)

@@ -258,6 +258,9 @@ def _rank_steps(records: list[dict], trace_steps: dict, comps: list, samples: li
                      "shares": sampled.shares[j], "evidence": "sampled"}
         dw = rec.get("data_wait_s")
         entry["data_wait_ms"] = 1000.0 * dw if _finite(dw) else None
+        for key, seconds in (("device_ms", rec.get("device_s")), ("data_idle_ms", rec.get("data_idle_s"))):
+            if _finite(seconds):
+                entry[key] = 1000.0 * seconds
         for k in _STEP_EXTRAS:
             v = rec.get(k)
             if v is not None:
@@ -299,6 +302,13 @@ def _time_weighted_shares(counted: list[dict]) -> dict | None:
     return {b: acc[b] / tot for b in CLASSES}
 
 
+def _exposed_data_ms(step: dict):
+    """The step's data wait in which the device was idle where timing events measured it
+    (job/sampled.py), else the whole wait."""
+    idle = step.get("data_idle_ms")
+    return idle if _finite(idle) else step.get("data_wait_ms")
+
+
 def _rank_measurements(counted: list[dict], shares: dict | None, wait_measured: bool, comps: list,
                        analysed: list[dict], samples: list[dict], info: dict) -> dict:
     """The tree's measurements of a rank over its counted steps."""
@@ -310,8 +320,8 @@ def _rank_measurements(counted: list[dict], shares: dict | None, wait_measured: 
         if bw is not None:
             measurements["achieved_bw_frac"] = bw
     else:
-        data = [s["data_wait_ms"] / s["duration_ms"] for s in counted
-                if _finite(s.get("data_wait_ms")) and _finite(s.get("duration_ms")) and s["duration_ms"] > 0]
+        data = [_exposed_data_ms(s) / s["duration_ms"] for s in counted
+                if _finite(_exposed_data_ms(s)) and _finite(s.get("duration_ms")) and s["duration_ms"] > 0]
         if data:
             measurements["data_share"] = statistics.fmean(data)
     mfu = _median(s.get("mfu") for s in counted)

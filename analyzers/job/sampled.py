@@ -70,17 +70,34 @@ def sampled_shares(
     data_wait_s: float | None,
     utilization: float | None,
     composition: dict | None,
+    data_idle_s: float | None = None,
 ) -> tuple[dict | None, dict]:
-    """(the five shares or None, the tree measurements) of one step without a trace."""
+    """(the five shares or None, the tree measurements) of one step without a trace.
+
+    The device runs asynchronously: while the host waits for the next batch it may still
+    be draining the step's queued work. So a data wait counts as data only where the
+    device was idle, the trace path's priority (device work before data before host):
+    - `data_idle_s`, the device's idle time within the step's data waits (timing events
+      around each wait, collectors/device_clock.py), when the agent measured it;
+    - else, with a utilisation sample, busy time first and the data wait within the rest;
+    - else (no device: a CPU job, whose host is its device) the whole data wait.
+    """
     m: dict = {}
     if not isinstance(duration_s, (int, float)) or duration_s <= 0:
         return None, m
     data = min(max((data_wait_s or 0.0) / duration_s, 0.0), 1.0)
+    if data_idle_s is not None:
+        data = min(max(data_idle_s / duration_s, 0.0), data)
+    busy = None
+    if utilization is not None:
+        busy = min(max(float(utilization), 0.0), 1.0)
+        if data_idle_s is None:
+            data = min(data, 1.0 - busy)
+        busy = min(busy, 1.0 - data)
     if data_wait_s is not None:
         m["data_share"] = data
     rest = 1.0 - data
-    if utilization is not None:
-        busy = min(max(float(utilization), 0.0), rest)
+    if busy is not None:
         host = rest - busy
         m["busy_share"] = busy
         m["host_share"] = host
@@ -109,7 +126,9 @@ def step_measurements(record: dict, sample: dict | None, composition: dict | Non
         util = float(gpu["utilization_ratio"])
         if not math.isfinite(util):  # a failed reading is no reading
             util = None
-    shares, m = sampled_shares(record.get("duration_s"), record.get("data_wait_s"), util, composition)
+    idle = record.get("data_idle_s")
+    shares, m = sampled_shares(record.get("duration_s"), record.get("data_wait_s"), util, composition,
+                               idle if _plain_number(idle) else None)
     return (shares, m) if m else (None, m)
 
 
@@ -184,6 +203,8 @@ def _columns(recs: list[dict], ok: list[int], comp_of: list, util: np.ndarray) -
     dw_raw = [recs[i].get("data_wait_s") for i in ok]
     has_dw = np.array([w is not None for w in dw_raw])
     dw = np.array([float(w or 0.0) for w in dw_raw])
+    idle = np.array([float(v) if _plain_number(v := recs[i].get("data_idle_s")) else np.nan for i in ok])
+    has_idle = ~np.isnan(idle)
     u = util[idx]
     has_u = ~np.isnan(u)
     # The few distinct window compositions, indexed per row (-1: none, the table's last entry).
@@ -210,9 +231,13 @@ def _columns(recs: list[dict], ok: list[int], comp_of: list, util: np.ndarray) -
     def split(key: str, b: str) -> np.ndarray:
         return per_row([c[key][b] for c in table])
 
+    # As sampled_shares: the device's idle time within the data waits, else busy time first.
     data = np.minimum(np.maximum(dw / dur, 0.0), 1.0)
+    data = np.where(has_idle, np.minimum(np.maximum(np.nan_to_num(idle) / dur, 0.0), data), data)
+    busy = np.minimum(np.maximum(np.where(has_u, u, 0.0), 0.0), 1.0)
+    data = np.where(has_u & ~has_idle, np.minimum(data, 1.0 - busy), data)
+    busy = np.minimum(busy, 1.0 - data)
     rest = 1.0 - data
-    busy = np.minimum(np.maximum(np.where(has_u, u, 0.0), 0.0), rest)
     host_u = rest - busy
     nan = np.full(m, np.nan)
     shares = {"data": data}

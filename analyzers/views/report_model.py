@@ -464,9 +464,13 @@ def _step_stats(steps: Steps) -> dict | None:
     if not len(d):
         return None
     med = float(np.median(d))
+    dev = steps.device[~np.isnan(steps.device)]
     return {"steps": int(len(d)), "median_ms": med * 1000, "mad_ms": float(np.median(np.abs(d - med))) * 1000,
             "p10_ms": float(np.percentile(d, 10)) * 1000, "p90_ms": float(np.percentile(d, 90)) * 1000,
-            "mean_ms": float(d.mean()) * 1000, "total_s": float(d.sum())}
+            "mean_ms": float(d.mean()) * 1000, "total_s": float(d.sum()),
+            # The device's own step time, from timing events (GPU runs of the agent).
+            "device_median_ms": float(np.median(dev)) * 1000 if len(dev) else None,
+            "device_steps": int(len(dev))}
 
 
 def _throughput_summary(ranks, steps: Steps) -> dict:
