@@ -30,7 +30,7 @@ from diag.collectors import launch_env, nccl_env
 from diag.collectors.device_clock import DeviceClock, HeldSteps
 from diag.collectors.profiler_windows import ProfilerWindows, WindowSettings
 from diag.collectors.run_writer import RunWriter
-from diag.collectors.step_timer import StepTimer
+from diag.collectors.step_timer import PeakMemory, StepTimer
 from diag.config import FLAT, AgentConfig
 from diag.errors import DiagInputError
 from diag.live_verdict import LiveVerdicts
@@ -117,6 +117,7 @@ class Agent:
 
         self._queue: collections.deque = collections.deque()
         self._held = HeldSteps()  # step records waiting for their device times
+        self._peak = PeakMemory()
         self._logged: set[str] = set()
         self._early_events: list[dict] = []
         self._stop = threading.Event()
@@ -333,7 +334,8 @@ class Agent:
         self._start_exporter(device)
         self._device_facts()
         self.writer.heartbeat(collectors=self._collectors())
-        self.timer = StepTimer(device=device if isinstance(device, int) else None)
+        self.timer = StepTimer()
+        self._peak = PeakMemory(device if isinstance(device, int) else None)
         if self.windows is not None:
             self.windows.begin(0)
         self._thread = threading.Thread(target=self._run, name="diag-agent", daemon=True)
@@ -537,7 +539,7 @@ class Agent:
             "data_wait_s": t.data_wait_s,
             "samples": t.samples,
             "tokens": t.tokens,
-            "peak_mem_bytes": t.peak_mem_bytes,
+            "peak_mem_bytes": self._peak.read(time.monotonic()),
             "profiled": profiled,
             # From the device's timing events (collectors/device_clock.py); None without them.
             "device_s": device.device_s if device is not None else None,

@@ -9,6 +9,7 @@ the log is parsed once a change has settled for a few seconds. A log that keeps 
 from __future__ import annotations
 
 import os
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +25,7 @@ class NcclWatch:
     def __init__(self, run_path: Path, rank_path: Path, exporter, log: Callable[[str], None]):
         self.bench = run_path / rundir.NCCL_BENCH
         self.log_dir = rank_path / rundir.NCCL
+        self.job_log_dir = run_path / rundir.NCCL  # where `diag run` sends every process's log
         self.exporter = exporter
         self.log = log
         self._seen: dict[str, tuple[float, int]] = {}  # file -> (mtime, size) last handed on
@@ -34,10 +36,7 @@ class NcclWatch:
             doc = rundir.read_json(self.bench)
             if isinstance(doc, dict) and str(doc.get("schema") or "").startswith("diag.nccl_bench/"):
                 self.exporter.observe_nccl(doc)
-        try:
-            logs = [self.log_dir / n for n in os.listdir(self.log_dir)] if self.log_dir.is_dir() else []
-        except OSError:
-            logs = []
+        logs = self._own_logs()
         now = time.monotonic()
         if any([self._changed(p) for p in logs]):
             self._log_changed = now
@@ -49,6 +48,19 @@ class NcclWatch:
             self.log(f"nccl: a log over {NCCL_LOG_PARSE_MAX >> 20} MB is left to `diag report`")
         if sized:
             self.exporter.observe_nccl(parse_files([str(p) for p in sized]))
+
+    def _own_logs(self) -> list[Path]:
+        """This rank's NCCL logs: those the agent routed into the rank's folder, and this
+        process's file in the job's folder (NCCL names it by host and pid: nccl.%h.%p.log)."""
+        try:
+            logs = [self.log_dir / n for n in os.listdir(self.log_dir)] if self.log_dir.is_dir() else []
+            if self.job_log_dir.is_dir():
+                host = socket.gethostname()
+                mine = {f"nccl.{h}.{os.getpid()}.log" for h in (host, host.split(".")[0])}
+                logs += [self.job_log_dir / n for n in os.listdir(self.job_log_dir) if n in mine]
+        except OSError:
+            return []
+        return logs
 
     def _changed(self, path: Path) -> bool:
         try:

@@ -61,7 +61,7 @@ STEP_FIELDS = {
     "data_wait_s": "time spent waiting for the next batch (null without agent.loader())",
     "samples": "samples in the step, from agent.step(samples=...)",
     "tokens": "tokens in the step, from agent.step(tokens=...)",
-    "peak_mem_bytes": "peak device memory allocated during the step, where available",
+    "peak_mem_bytes": "the device's peak allocated memory so far (the allocator's, never reset by diag), where available",
     "device_s": "device time between timing events at the step's boundaries (null without a CUDA/HIP device)",
     "data_idle_s": "the device's idle time within the step's data waits, from timing events (null without them)",
     "profiled": "true when a torch.profiler window covered the step",

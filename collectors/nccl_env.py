@@ -2,7 +2,9 @@
 
 NCCL reads NCCL_DEBUG* once, when the first communicator is created, so the variables
 must be set before `torch.distributed.init_process_group` (or at least before the first
-NCCL collective). Variables the user set are left alone, one by one.
+NCCL collective). Variables the user set are left alone, one by one; and a user who set
+NCCL_DEBUG reads NCCL's messages where NCCL writes them by default (stderr, the scheduler's
+log), which a failing job needs most, so then the log file is not set either.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ def nccl_env(log_dir: str | os.PathLike, coll: bool = False) -> dict[str, str]:
     return {
         "NCCL_DEBUG": "INFO",
         "NCCL_DEBUG_SUBSYS": ",".join(subsys),
-        "NCCL_DEBUG_FILE": str(Path(log_dir) / LOG_PATTERN),
+        # Absolute: the job may change directory before NCCL opens the file.
+        "NCCL_DEBUG_FILE": os.path.join(os.path.abspath(log_dir), LOG_PATTERN),
     }
 
 
@@ -47,6 +50,9 @@ def configure(
     env = os.environ if env is None else env
     wanted = nccl_env(log_dir, coll=coll)
     applied = {k: v for k, v in wanted.items() if k not in env}
+    if "NCCL_DEBUG" in env and applied.pop("NCCL_DEBUG_FILE", None) and log:
+        log(f"nccl: NCCL_DEBUG={env['NCCL_DEBUG']} is the user's, so NCCL's messages stay where NCCL writes "
+            "them (not in the run directory); `diag nccl-log FILE` reads a saved copy")
     if not applied:
         return {}
     if "NCCL_DEBUG_FILE" in applied:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import textwrap
@@ -51,7 +52,7 @@ def test_run_sets_nccl_env_and_returns_exit_code(tmp_path):
     assert proc2.returncode == 0, proc2.stderr
     seen2 = json.loads(proc2.stdout.strip().splitlines()[-1])
     assert seen2["NCCL_DEBUG"] == "WARN"  # the user's setting wins
-    assert seen2["NCCL_DEBUG_SUBSYS"].endswith(",COLL")
+    assert seen2["NCCL_DEBUG_SUBSYS"].endswith(",COLL") and seen2["NCCL_DEBUG_FILE"] is None
     assert seen2["DIAG_RUN_DIR"] == str(tmp_path / "job-2")
 
 
@@ -74,3 +75,29 @@ def test_run_parses_nccl_logs(tmp_path, real_nccl):
     doc = json.loads((tmp_path / "job" / "nccl_log.json").read_text())
     assert doc["schema"] == "diag.nccl_log/1"
     assert "parsed 1 NCCL log file" in proc.stderr
+
+
+def test_the_agent_under_diag_run_reads_its_own_process_log_from_the_job_folder(tmp_path, real_nccl, monkeypatch):
+    """`diag run` sends every process's NCCL log to the job's nccl/ folder, named by host and
+    pid: the agent's live view reads its own process's file there, and no other's."""
+    from diag import nccl_watch, rundir
+
+    monkeypatch.setattr(nccl_watch, "NCCL_LOG_SETTLE_S", 0.0)
+    run, rank = tmp_path / "job", tmp_path / "job" / "rank-00001"
+    (run / rundir.NCCL).mkdir(parents=True)
+    (rank / rundir.NCCL).mkdir(parents=True)
+    logs = sorted(real_nccl.glob("nccllog_*.txt"))
+    host = socket.gethostname().split(".")[0]
+    (run / rundir.NCCL / f"nccl.{host}.{os.getpid()}.log").write_text(logs[0].read_text())
+    (run / rundir.NCCL / f"nccl.{host}.{os.getpid() + 1}.log").write_text(logs[1].read_text())
+    handed = []
+
+    class Exporter:
+        def observe_nccl(self, doc):
+            handed.append(doc)
+
+    watch = nccl_watch.NcclWatch(run, rank, Exporter(), log=lambda m: None)
+    watch.poll()
+    watch.poll()
+    assert len(handed) == 1 and handed[0]["sources"] == [
+        str(run / rundir.NCCL / f"nccl.{host}.{os.getpid()}.log")]

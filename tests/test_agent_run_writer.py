@@ -133,12 +133,17 @@ def test_unwritable_location_switches_writing_off(tmp_path):
 
 
 def test_nccl_env_keeps_user_settings(tmp_path):
-    env = {"NCCL_DEBUG": "WARN"}
-    applied = nccl_env.configure(tmp_path / "nccl", env=env, coll=True, check_process_group=False)
+    env, logged = {"NCCL_DEBUG": "WARN"}, []
+    applied = nccl_env.configure(tmp_path / "nccl", env=env, coll=True, check_process_group=False, log=logged.append)
     assert env["NCCL_DEBUG"] == "WARN" and "NCCL_DEBUG" not in applied
     assert env["NCCL_DEBUG_SUBSYS"] == "INIT,ENV,NET,GRAPH,COLL"
-    assert env["NCCL_DEBUG_FILE"] == os.path.join(tmp_path, "nccl", "nccl.%h.%p.log")
-    assert (tmp_path / "nccl").is_dir()
+    # The user's NCCL messages stay where the user reads them (stderr, the scheduler's log).
+    assert "NCCL_DEBUG_FILE" not in env and len(logged) == 1 and "NCCL_DEBUG=WARN is the user's" in logged[0]
+    env3 = {}
+    nccl_env.configure("relative/nccl", env=env3, check_process_group=False)
+    assert env3["NCCL_DEBUG_FILE"] == os.path.join(os.getcwd(), "relative", "nccl", "nccl.%h.%p.log")
+    os.rmdir("relative/nccl")
+    os.rmdir("relative")
     env2 = {"NCCL_DEBUG_FILE": "/elsewhere/%h.log"}
     nccl_env.configure(tmp_path / "n2", env=env2, check_process_group=False)
     assert env2["NCCL_DEBUG_FILE"] == "/elsewhere/%h.log" and env2["NCCL_DEBUG"] == "INFO"

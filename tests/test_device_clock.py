@@ -219,3 +219,30 @@ def test_the_agent_records_device_times_and_the_run_analysis_uses_them(tmp_path)
     assert stats["device_steps"] == 29 and stats["device_median_ms"] == pytest.approx(30.0, abs=3.0)
     assert f"device {stats['device_median_ms']:.1f} ms" in render(model)
 
+
+
+def test_the_peak_memory_is_read_rarely_and_never_reset(monkeypatch):
+    """The user's own peak (max_memory_allocated, the HF Trainer's tracker, Lightning's
+    DeviceStatsMonitor) is the process's: diag reads it and resets nothing."""
+    import torch
+
+    from diag.collectors.step_timer import PEAK_READ_S, PeakMemory
+
+    reads = []
+
+    def reset(*a, **k):
+        raise AssertionError("diag reset the user's peak memory statistics")
+
+    def peak(device=None):
+        reads.append(device)
+        return 0 if len(reads) == 1 else 7 << 30
+
+    for name, value in (("is_available", lambda: True), ("is_initialized", lambda: True),
+                        ("current_device", lambda: 3), ("max_memory_allocated", peak),
+                        ("reset_peak_memory_stats", reset), ("reset_max_memory_allocated", reset)):
+        assert hasattr(torch.cuda, name)  # the real API's names
+        monkeypatch.setattr(torch.cuda, name, value)
+    reader = PeakMemory()
+    assert reader.read(0.0) is None  # 0: an allocator without the count (cudaMallocAsync)
+    assert reader.read(PEAK_READ_S / 2) is None and len(reads) == 1  # not read again so soon
+    assert reader.read(PEAK_READ_S) == 7 << 30 and reads == [3, 3]

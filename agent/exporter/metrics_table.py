@@ -129,7 +129,8 @@ METRICS: tuple[Metric, ...] = (
       "Findings of the last analysed profiler window, by finding id.", "window",
       labels=("id",), appears="event"),
     M("diag_step_peak_memory_bytes", "gauge", "bytes",
-      "Peak device memory allocated during the last step.", "step", appears="gpu"),
+      "Peak device memory allocated so far, as the caching allocator counts it (diag never resets "
+      "it), at the last step.", "step", appears="gpu"),
     M("diag_oom_errors_total", "counter", "",
       "Out-of-memory errors reported in the agent's events (an OutOfMemoryError raised in the training "
       "loop); 0 from the start, so the first error is an increase.", "agent"),
