@@ -308,6 +308,18 @@ def test_a_header_whose_time_column_is_damaged_is_not_a_table(real_nccl, damage)
     assert [len(t["rows"]) for t in tests] == [len(t["rows"]) for t in clean]
 
 
+@pytest.mark.parametrize("cell", ["1" * 100_000, "9" * 400, "12345678901234567890123"], ids=["1e5 digits", "400 nines", "23 digits"])
+def test_a_cell_of_digits_beyond_any_count_is_no_number(real_nccl, cell):
+    """A fuzzed row whose time cell held a run of 500,000 digits raised OverflowError."""
+    text = (real_nccl / "nccltests_NVIDIA-nccl-tests_167.txt").read_text()
+    clean = parse_text(text)
+    row = next(ln for ln in text.splitlines() if ln.strip()[:1].isdigit() and len(ln.split()) > 8)
+    cells = row.split()
+    damaged = text.replace(row, row.replace(f" {cells[5]} ", f" {cell} ", 1), 1)
+    tests = parse_text(damaged)  # the damaged row at most is lost
+    assert [len(t["rows"]) + 1 >= len(c["rows"]) for t, c in zip(tests, clean)] == [True] * len(clean)
+
+
 def test_world_size_from_the_command_line(real_nccl):
     # an excerpt without "# Rank" lines: ranks = launcher processes x -g x -t of the nccl-tests command
     footer = "\n".join(ln for ln in (real_nccl / "rccltests_ROCm-rccl_pr2078.txt").read_text().splitlines()

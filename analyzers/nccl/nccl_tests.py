@@ -92,13 +92,19 @@ _FAILED_HOST = re.compile(r"^(?:\.\. )?([\w.\-]+)(?: pid \d+)?: Test (?:\w+ )?fa
 _CMD_ARG = re.compile(r"(?:^|\s)(-g|--ngpus|-t|--nthreads|-np|-n|--np)[\s=](\d+)")
 
 
+MAX_CELL = 64  # characters of a table cell read as a number
+
+
 def _num(tok: str):
     """A table cell as float/int, None for N/A; raises ValueError for non-numbers."""
     tok = tok.rstrip("*")
     if tok in ("N/A", "n/a", "-"):
         return None
+    if len(tok) > MAX_CELL:
+        raise ValueError("a table cell longer than any number nccl-tests prints")
     v = float(tok)
-    return int(v) if re.fullmatch(r"-?\d+", tok) else v
+    # Integers within int64 stay exact; longer runs of digits are no count nccl-tests prints.
+    return int(tok) if len(tok) <= 18 and re.fullmatch(r"-?\d+", tok) else v
 
 
 _PARAM_NAMES = {"nThread": "nthread", "nGpus": "ngpus", "minBytes": "min_bytes", "maxBytes": "max_bytes",
