@@ -28,6 +28,7 @@ from pathlib import Path
 from diag import calibrate, rundir
 from diag.collectors import launch_env, nccl_env
 from diag.collectors.device_clock import DeviceClock, HeldSteps
+from diag.collectors.profiler_guard import ProfilerGuard
 from diag.collectors.profiler_windows import ProfilerWindows, WindowSettings
 from diag.collectors.run_writer import RunWriter
 from diag.collectors.step_timer import PeakMemory, StepTimer
@@ -318,13 +319,15 @@ class Agent:
             self._analysis = WindowAnalysis(rank_path / rundir.WINDOWS, self.rank, tree_settings, self.host_peaks,
                                             on_done=self._window_done, log=self._log)
             try:
+                guard = ProfilerGuard(self._log)
+                guard.install()  # the job's own profilers come first
                 self.windows = ProfilerWindows(
                     rank_path / rundir.TRACES,
                     WindowSettings(skip_first=s.skip_first, warmup=s.warmup, active=s.active, every=s.every,
                                    record_shapes=s.record_shapes, with_flops=s.with_flops,
                                    profile_memory=s.profile_memory, budget_bytes=s.trace_budget_bytes),
                     trigger_dir=self.writer.path, on_trace=self._on_trace, log=self._log,
-                    in_use=self._analysis.in_use,
+                    in_use=self._analysis.in_use, guard=guard,
                 )
                 self.windows.install_signal()
             except Exception as exc:
@@ -663,6 +666,7 @@ class Agent:
     def _shutdown_collectors(self, quick: bool) -> None:
         if self.windows is not None:
             self.windows.close()
+            self.windows.guard.uninstall()
             self.windows.wait_exported(10.0 if quick else 60.0)
         if self.sampler is not None:
             try:

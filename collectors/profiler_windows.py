@@ -13,8 +13,9 @@ same number, so the on-demand window lines up too.
 
 Each step of a window is marked with a `ProfilerStep#<step>` range carrying the
 training step number, exactly as torch.profiler's own schedule marks steps.
-A profiler that fails (another profiler active, CUPTI refused, disk full on export)
-switches profiling off for the run; the training goes on.
+A profiler that fails (CUPTI refused, disk full on export) switches profiling off for
+the run; the training goes on. The job's own profilers come first (profiler_guard.py): a
+window gives way to one that starts, and none opens while one runs.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from diag import rundir
+from diag.collectors.profiler_guard import ProfilerGuard
 
 TRIGGER_FILE = "profile.trigger"
 TRACE_SUFFIX = ".pt.trace.json"
@@ -91,6 +93,7 @@ class ProfilerWindows:
         activities=None,
         scheduled: bool = True,
         in_use: Callable[[], set[Path]] | None = None,
+        guard: ProfilerGuard | None = None,
     ):
         s = settings
         skip_first, warmup, active = s.skip_first, s.warmup, s.active
@@ -130,6 +133,9 @@ class ProfilerWindows:
         self._seen_trigger: int | None = self._trigger_mtime()
         self._old_handler = None
         self._export_thread: threading.Thread | None = None
+        self.guard = guard or ProfilerGuard(self._log)  # not installed: the agent installs its own
+        self.guard.on_their_start = self._give_way
+        self.skipped_for_theirs = 0
 
     # -- schedule ---------------------------------------------------------------------
 
@@ -166,11 +172,16 @@ class ProfilerWindows:
             return False
         if not self.enabled:
             return False
+        if self._prof is None and self.guard.theirs_open:
+            self._next_start = self._scheduled_after(step + 1)
+            self.skipped_for_theirs += 1
+            return False
         try:
             if self._prof is None:
                 self._start(step)
             if self._first is not None and step == self._first:
-                self._prof.start_trace()
+                with self.guard.ours():
+                    self._prof.start_trace()
                 self.recording = True
             if self.recording:
                 from torch.autograd.profiler import record_function
@@ -213,7 +224,8 @@ class ProfilerWindows:
             profile_memory=self.profile_memory,
             with_stack=self.with_stack,
         )
-        self._prof.prepare_trace()  # warm-up: the profiler runs, events are dropped
+        with self.guard.ours():
+            self._prof.prepare_trace()  # warm-up: the profiler runs, events are dropped
         if self.warmup == 0:
             pass  # start_trace follows in begin() for this same step
 
@@ -223,7 +235,8 @@ class ProfilerWindows:
         self._first = self._last = None
         self.recording = False
         self._next_start = self._scheduled_after(last + 1)
-        prof.stop_trace()
+        with self.guard.ours():
+            prof.stop_trace()
         self.windows_done += 1
         self._export_thread = threading.Thread(
             target=self._export, args=(prof, first, last), name="diag-trace-export", daemon=True
@@ -263,7 +276,8 @@ class ProfilerWindows:
             self._step_rec = None
         if self._prof is not None:
             try:
-                self._prof.stop_trace()
+                with self.guard.ours():
+                    self._prof.stop_trace()
             except Exception:
                 pass
             self._prof = None
@@ -281,17 +295,38 @@ class ProfilerWindows:
                     self._last = self.current_step - 1
                     self._finish()
                 else:
-                    prof, self._prof = self._prof, None
-                    recording, self.recording = self.recording, False
-                    self._first = self._last = None
-                    if not recording:
-                        # Still in warm-up (prepared, never started): torch warns on stderr when
-                        # such a session is stopped, so it is started and stopped at once, empty.
-                        prof.start_trace()
-                    prof.stop_trace()
+                    self._drop_window()
             except Exception as exc:
                 self._fail("stop", exc)
         self.uninstall_signal()
+
+    def _drop_window(self) -> None:
+        """End the open window without a trace."""
+        prof, self._prof = self._prof, None
+        recording, self.recording = self.recording, False
+        self._first = self._last = None
+        with self.guard.ours():
+            if not recording:
+                # Still in warm-up (prepared, never started): torch warns on stderr when
+                # such a session is stopped, so it is started and stopped at once, empty.
+                prof.start_trace()
+            prof.stop_trace()
+
+    def _give_way(self) -> None:
+        """The job's own profiler is starting: close diag's open window first, dropped."""
+        if self._prof is None or not self.enabled:
+            return
+        if self._step_rec is not None:
+            rec, self._step_rec = self._step_rec, None
+            with self.guard.ours():
+                rec.__exit__(None, None, None)
+        try:
+            self._drop_window()
+        except Exception as exc:
+            self._fail("stop", exc)
+            return
+        self._next_start = self._scheduled_after(self.current_step + 1)
+        self._log(f"profiler: window at step {self.current_step} dropped for the job's own profiler")
 
     def wait_exported(self, timeout_s: float) -> None:
         t = self._export_thread

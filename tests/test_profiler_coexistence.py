@@ -1,0 +1,132 @@
+"""The job's own torch profiler and diag's windows in one training loop, in both orders:
+training and every one of the job's traces stay intact, and diag records its windows or
+says once why it skipped them. Each loop runs in its own process: a crash must fail the
+test, not end the test run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+# diag's windows: steps 2-4 (warm-up 1), 10-12, 18-20, 26-28 (skip_first 1, warmup 1, active 3, every 8).
+LOOP = textwrap.dedent("""
+    import glob, json, sys, time, torch, diag
+    mode, run, out = sys.argv[1], sys.argv[2], sys.argv[3]
+    model = torch.nn.Sequential(torch.nn.Linear(128, 128), torch.nn.ReLU(), torch.nn.Linear(128, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    user_traces = []
+
+    def save(p):
+        path = f"{out}/user-{len(user_traces)}.json"
+        p.export_chrome_trace(path)
+        user_traces.append(path)
+
+    def train_step(i):
+        time.sleep(0.02)  # room for a window's export before the next window
+        with torch.autograd.profiler.record_function(f"user_step_{i}"):
+            loss = model(torch.randn(32, 128)).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+    agent = diag.Agent(run_dir=run, export=False, skip_first=1, warmup=1, active=3, every=8, report=False,
+                       verbose=True)
+    with agent:
+        if mode == "scheduled":  # torch.profiler's own schedule for the whole loop
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], on_trace_ready=save,
+                                        schedule=torch.profiler.schedule(wait=1, warmup=1, active=3)) as prof:
+                for i in range(32):
+                    train_step(i)
+                    prof.step()
+                    agent.step()
+        else:  # "inside": starts within diag's window at 10-12; "around": open before diag's window at 18
+            start, stop = (11, 15) if mode == "inside" else (16, 23)
+            prof = None
+            for i in range(32):
+                if i == start:
+                    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+                    prof.start()
+                train_step(i)
+                if i == stop:
+                    prof.stop()
+                    save(prof)
+                agent.step()
+    windows = sorted(int(p.split("window-")[1][:6]) for p in glob.glob(run + "/**/window-*.pt.trace.json*",
+                                                                        recursive=True))
+    print(json.dumps({"user_traces": user_traces, "windows": windows}))
+""")
+
+
+def _loop(tmp_path, mode):
+    script = tmp_path / "loop.py"
+    script.write_text(LOOP)
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.run([sys.executable, str(script), mode, str(tmp_path / "run"), str(out)], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    gave_way = [ln for ln in proc.stderr.splitlines() if "diag's windows give way" in ln]
+    return result, proc.stderr, gave_way
+
+
+def _windows_besides(result, stderr, gave_way_at):
+    """diag's windows are those scheduled but the one that gave way; a window can also be
+    skipped, with its reason logged, while the previous one is still being written."""
+    scheduled = {2, 10, 18, 26}
+    assert gave_way_at not in result["windows"] and 2 in result["windows"]
+    missing = scheduled - {gave_way_at} - set(result["windows"])
+    assert stderr.count("previous window still exporting; window skipped") >= len(missing), stderr[-2000:]
+
+
+def _user_steps(path) -> set[int]:
+    events = json.loads(Path(path).read_text())["traceEvents"]
+    return {int(e["name"].rsplit("_", 1)[1]) for e in events if str(e.get("name", "")).startswith("user_step_")}
+
+
+def test_the_jobs_profiler_starting_inside_a_window_gets_its_trace(tmp_path):
+    result, stderr, gave_way = _loop(tmp_path, "inside")
+    (trace,) = result["user_traces"]
+    assert _user_steps(trace) == set(range(11, 16))
+    assert "window at step 11 dropped for the job's own profiler" in stderr and len(gave_way) == 1, stderr[-2000:]
+    _windows_besides(result, stderr, gave_way_at=10)
+
+
+def test_a_window_due_while_the_jobs_profiler_runs_is_skipped(tmp_path):
+    result, stderr, gave_way = _loop(tmp_path, "around")
+    (trace,) = result["user_traces"]
+    assert _user_steps(trace) == set(range(16, 24))
+    assert len(gave_way) == 1 and "dropped for the job's own profiler" not in stderr
+    _windows_besides(result, stderr, gave_way_at=18)  # due while the job's profiler ran
+
+
+def test_the_jobs_scheduled_profiler_keeps_every_cycle(tmp_path):
+    """torch.profiler's schedule (wait 1, warm-up 1, active 3) over 32 steps: six full cycles
+    and the last one cut by the end of the loop; diag once crashed the process here."""
+    result, _, gave_way = _loop(tmp_path, "scheduled")
+    assert len(result["user_traces"]) in (6, 7)  # and the cycle cut in its warm-up, without events
+    for k, trace in enumerate(result["user_traces"][:6]):
+        assert _user_steps(trace) == set(range(5 * k + 2, 5 * k + 5))
+    assert all(not _user_steps(t) for t in result["user_traces"][6:])
+    assert len(gave_way) == 1
+
+
+def test_without_the_guard_the_same_loop_fails(tmp_path):
+    """The checks above can fail: with the guard not installed, the job's profiler starting
+    inside diag's window fails, crashes the process or loses its trace."""
+    script = tmp_path / "loop.py"
+    script.write_text("import diag.collectors.profiler_guard as g\n"
+                      "g.ProfilerGuard.install = lambda self: False\n" + LOOP)
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.run([sys.executable, str(script), "inside", str(tmp_path / "run"), str(out)],
+                          capture_output=True, text=True, timeout=300)
+    broken = proc.returncode != 0
+    if not broken:
+        result = json.loads(proc.stdout.strip().splitlines()[-1])
+        broken = not result["user_traces"] or _user_steps(result["user_traces"][0]) != set(range(11, 16))
+    assert broken
