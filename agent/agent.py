@@ -39,7 +39,7 @@ from diag.nccl_watch import NcclWatch
 from diag.window_analysis import WindowAnalysis
 
 _DATA_WAIT_NAME = "enumerate(DataLoader)#diag.Agent.loader"
-_EXCEPTION_TEXT = re.compile(r"([A-Za-z_][\w.]*)(?:: (.*))?\Z", re.S)  # "OutOfMemoryError: CUDA out of memory"
+_EXCEPTION_TEXT = re.compile(r"\A([A-Za-z_][\w.]*)(?:: (.*))?\Z", re.S)  # "OutOfMemoryError: CUDA out of memory"
 
 
 class Agent:

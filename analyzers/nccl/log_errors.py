@@ -39,6 +39,7 @@ from diag.analyzers.nccl.log_grammar import (
     MAX_WARN_KINDS,
     PREFIX_SPAN,
     _ranks_list,
+    json_value,
 )
 
 
@@ -200,7 +201,7 @@ class ErrorLines:
                 return
             m = _JSON_KV.match(s)
             if m:
-                self._json_kv(m.group(1), m.group(2), s)
+                self._json_kv(m.group(1), json_value(m.group(2)), s)
             return
         if "collective state:" in s or s.startswith(("collective:", "expected ranks:", "group info:")):
             self._fr_analysis(s)

@@ -61,7 +61,7 @@ PROTOS = {0: "LL", 1: "LL128", 2: "Simple"}
 # long one would take time quadratic in its length.
 PREFIX_SPAN = 512
 _PREFIX = re.compile(
-    r"(?:(?<![^\s:\[\]()])(?P<host>[^\s:\[\]()]+)(?::(?P<pid>\d+):(?P<tid>\d+))?\s+)?\[(?P<dev>\d+)\]\s*"
+    r"(?:(?<![^\s:\[\]()])(?P<host>[^\s:\[\]()]+)(?::(?P<pid>\d+):(?P<tid>\d+))?\s+)?\[(?P<dev>\d+)\]\s*+"
     r"(?P<loc>[^\s]{1,512}\.(?:cc|cpp|c|h|cu|hpp):\d+)?\s*$"
 )
 
@@ -152,7 +152,15 @@ _FR_NOT_ALL = re.compile(r"Not all ranks joining collective (\d+) at entry (\d+)
 _FR_MISSING = re.compile(r"missing ranks: \{([\d,\s]*)\}")
 
 
-_JSON_KV = re.compile(r'^\s*"(\w+)"\s*:\s*(.*?),?\s*$')
+# The value is taken whole and its trailing comma and blanks cut in code (`json_value`): a
+# lazy value before `,?\s*$` rescans a long run of blanks at every step.
+_JSON_KV = re.compile(r'^\s*"(\w+)"\s*:\s*(.*)$')
+
+
+def json_value(raw: str) -> str:
+    """A `"key": value,` line's value without its trailing comma and blanks."""
+    raw = raw.rstrip()
+    return raw[:-1].rstrip() if raw.endswith(",") else raw
 
 
 _PROM = re.compile(r"^(nccl_\w+)\{([^}]*)\}\s+(\S+)")
