@@ -318,8 +318,8 @@ class Agent:
             s = self.config.profiler
             self._analysis = WindowAnalysis(rank_path / rundir.WINDOWS, self.rank, tree_settings, self.host_peaks,
                                             on_done=self._window_done, log=self._log)
+            guard = ProfilerGuard(self._log)
             try:
-                guard = ProfilerGuard(self._log)
                 guard.install()  # the job's own profilers come first
                 self.windows = ProfilerWindows(
                     rank_path / rundir.TRACES,
@@ -331,6 +331,7 @@ class Agent:
                 )
                 self.windows.install_signal()
             except Exception as exc:
+                guard.uninstall()
                 self.windows = None
                 self._log(f"profiler: switched off ({type(exc).__name__}: {exc})")
 

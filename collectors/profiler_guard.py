@@ -19,9 +19,16 @@ profiler) must never fail or lose its trace because of diag. So:
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable
 from contextlib import contextmanager
+
+
+def _profiler_enabled() -> bool:
+    """torch's own flag: a profiler session records on this process now."""
+    module = sys.modules.get("torch.autograd.profiler")
+    return bool(getattr(module, "_is_profiler_enabled", False))
 
 
 class ProfilerGuard:
@@ -36,7 +43,9 @@ class ProfilerGuard:
 
     @property
     def theirs_open(self) -> bool:
-        return bool(self._theirs)
+        """A session of the job's is open: seen starting, or (started before the guard was
+        installed) enabled now while diag has none open, which the caller knows."""
+        return bool(self._theirs) or _profiler_enabled()
 
     @contextmanager
     def ours(self):

@@ -33,6 +33,10 @@ LOOP = textwrap.dedent("""
             loss.backward()
             opt.step()
 
+    early = None
+    if mode == "before":  # the job's profiler started before the agent, stopped at step 12
+        early = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+        early.start()
     agent = diag.Agent(run_dir=run, export=False, skip_first=1, warmup=1, active=3, every=8, report=False,
                        verbose=True)
     with agent:
@@ -43,6 +47,13 @@ LOOP = textwrap.dedent("""
                     train_step(i)
                     prof.step()
                     agent.step()
+        elif mode == "before":
+            for i in range(32):
+                train_step(i)
+                if i == 12:
+                    early.stop()
+                    save(early)
+                agent.step()
         else:  # "inside": starts within diag's window at 10-12; "around": open before diag's window at 18
             start, stop = (11, 15) if mode == "inside" else (16, 23)
             prof = None
@@ -102,6 +113,13 @@ def test_a_window_due_while_the_jobs_profiler_runs_is_skipped(tmp_path):
     assert _user_steps(trace) == set(range(16, 24))
     assert len(gave_way) == 1 and "dropped for the job's own profiler" not in stderr
     _windows_besides(result, stderr, gave_way_at=18)  # due while the job's profiler ran
+
+
+def test_a_profiler_the_job_started_before_the_agent_keeps_the_windows_away(tmp_path):
+    result, stderr, _ = _loop(tmp_path, "before")
+    (trace,) = result["user_traces"]
+    assert _user_steps(trace) == set(range(0, 13))
+    assert not {2, 10} & set(result["windows"]) and 18 in result["windows"]
 
 
 def test_the_jobs_scheduled_profiler_keeps_every_cycle(tmp_path):
