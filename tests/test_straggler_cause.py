@@ -63,3 +63,49 @@ def test_differences_within_noise_leave_the_cause_open():
     # The same 2 ms is a cause once the noise floor is under it.
     assert likely_cause(m[1], [m[0]], load_tree(overrides={"straggler_cause_min_excess": 0.01}))["cause"] != \
         "undetermined"
+
+
+def _h100_samples(clock_mhz, power_cap=1.0, thermal=0.0, n=20):
+    """Samples shaped like an H100 at its power limit under GEMM load: sw_power_cap in nearly
+    every sample, the SM clock a little below its 1980 MHz boost."""
+    out = []
+    for i in range(n):
+        events = (["sw_power_cap"] if i < power_cap * n else []) + (["sw_thermal"] if i < thermal * n else [])
+        out.append({"t": float(i), "gpu": {"sm_clock_hz": clock_mhz * 1e6, "clock_events": events},
+                    "host": {"cpu_ratio": 0.3}})
+    return out
+
+
+def test_a_power_cap_every_board_reports_is_no_throttling():
+    ranks = [_rank(r, 100.0) for r in range(3)] + [_rank(3, 130.0, compute=0.75)]
+    samples = {r: _h100_samples(1755) for r in range(3)} | {3: _h100_samples(1740)}
+    m = _merged(ranks, samples)
+    got = likely_cause(m[3], [m[0], m[1], m[2]], TREE)
+    assert got["cause"] == "uneven_work", got["text"]
+    assert got["evidence"]["peers_slowdown_samples"] == 0 and got["evidence"]["slowdown_samples"] == 0
+
+
+@pytest.mark.parametrize("clock,cause", [(1755 * 0.89, "throttling"), (1755 * 0.91, "uneven_work")])
+def test_a_power_cap_with_a_clock_below_the_peers_is_throttling(clock, cause):
+    ranks = [_rank(0, 100.0), _rank(1, 100.0), _rank(2, 130.0, compute=0.75)]
+    m = _merged(ranks, {0: _h100_samples(1755), 1: _h100_samples(1755), 2: _h100_samples(clock)})
+    got = likely_cause(m[2], [m[0], m[1]], TREE)
+    assert got["cause"] == cause
+    if cause == "throttling":
+        assert "sw_power_cap in 20 of 20 samples" in got["text"]
+
+
+@pytest.mark.parametrize("own,peers,cause", [
+    (0.30, 0.0, "throttling"),  # thermal slowdown in 30% of samples, none on the peers
+    (0.15, 0.0, "uneven_work"),  # under 20% of samples
+    (0.50, 0.40, "uneven_work"),  # the peers see it nearly as often: the room, not this board
+    (0.65, 0.40, "throttling"),  # 25 points more than the peers
+])
+def test_thermal_slowdown_counts_against_the_peers(own, peers, cause):
+    ranks = [_rank(0, 100.0), _rank(1, 100.0), _rank(2, 130.0, compute=0.75)]
+    m = _merged(ranks, {0: _h100_samples(1755, thermal=peers), 1: _h100_samples(1755, thermal=peers),
+                        2: _h100_samples(1755, thermal=own)})
+    got = likely_cause(m[2], [m[0], m[1]], TREE)
+    assert got["cause"] == cause, got["text"]
+    if cause == "throttling":
+        assert "sw_thermal in" in got["text"] and "sw_power_cap" not in got["text"]

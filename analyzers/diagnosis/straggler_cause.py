@@ -3,8 +3,10 @@
 The cross-rank analysis names the rank the others wait for; this says what to look at on
 it. Each step the straggler spends longer than its peers somewhere, and where decides:
 - device work (compute and bandwidth-bound kernels) longer than the peers': a throttled
-  device when its clocks read lower or report power/thermal slowdown, else uneven work
-  (larger batches or sequences, extra layers or evaluation on this rank);
+  device when its SM clock reads lower than its peers' (a power cap among them), or when it
+  reports thermal or hardware slowdown in more of its samples than its peers do; else uneven
+  work (larger batches or sequences, extra layers or evaluation on this rank). A power cap
+  that every board reports under load is no cause by itself;
 - waiting for the DataLoader longer: a slow input pipeline on this rank;
 - host time longer (device idle, not waiting for data): a busy CPU when the host reads
   nearly saturated, else work outside the profiled steps (Python, I/O, logging).
@@ -18,7 +20,7 @@ from __future__ import annotations
 import statistics
 
 from diag.analyzers.diagnosis.inputs import num, rank_shares
-from diag.analyzers.diagnosis.throttle import throttle_reasons
+from diag.analyzers.diagnosis.throttle import slowing_reasons, throttle_reasons
 
 
 def _step_ms(r: dict) -> float | None:
@@ -38,6 +40,10 @@ def _parts_ms(r: dict) -> dict | None:
 def _gpu(r: dict, key: str) -> list:
     return [s["gpu"].get(key) for s in r.get("samples") or [] if isinstance(s.get("gpu"), dict)
             and s["gpu"].get(key) is not None]
+
+
+def _clock_events(r: dict) -> list[list]:
+    return [e for e in _gpu(r, "clock_events") if isinstance(e, list)]
 
 
 def _median(values) -> float | None:
@@ -67,18 +73,27 @@ def likely_cause(straggler: dict, peers: list[dict], tree) -> dict:
                         "the collectives it reaches last"}
     more = f"{excess[where]:.1f} ms per step more than its peers"
     if where == "device":
-        events = [e for e in _gpu(straggler, "clock_events") if isinstance(e, list)]
-        slowed = sum(1 for e in events if throttle_reasons(e))
+        events = _clock_events(straggler)
+        slowed = sum(1 for e in events if slowing_reasons(e))
+        peer_events = [e for r in peers for e in _clock_events(r)]
+        peer_slowed = sum(1 for e in peer_events if slowing_reasons(e))
         clock = _median(_gpu(straggler, "sm_clock_hz"))
         peer_clock = _median(c for r in peers for c in _gpu(r, "sm_clock_hz"))
         ev.update(slowdown_samples=slowed, samples_with_clock_events=len(events), sm_clock_hz=clock,
-                  peers_sm_clock_hz=peer_clock)
-        if (events and slowed >= th["throttle_sample_fraction"] * len(events)) or (
-                clock and peer_clock and clock <= (1 - th["clock_deficit"]) * peer_clock):
-            reasons = sorted({x for e in events for x in throttle_reasons(e)})
+                  peers_sm_clock_hz=peer_clock, peers_slowdown_samples=peer_slowed,
+                  peers_samples_with_clock_events=len(peer_events))
+        share, peer_share = slowed / max(len(events), 1), peer_slowed / max(len(peer_events), 1)
+        hotter = bool(events) and share >= th["throttle_sample_fraction"] and \
+            share - peer_share >= th["throttle_sample_fraction"]
+        slower_clock = bool(clock and peer_clock and clock <= (1 - th["clock_deficit"]) * peer_clock)
+        if hotter or slower_clock:
+            named = throttle_reasons if slower_clock else slowing_reasons  # a power cap counts with a low clock
+            reasons = sorted({x for e in events for x in named(e)})
+            marked = sum(1 for e in events if named(e))
             return {"cause": "throttling", "evidence": ev,
                     "text": f"a throttled device: its kernels take {more}"
-                            + (f", with {', '.join(reasons)} in {slowed} of {len(events)} samples" if reasons else "")
+                            + (f", with {', '.join(reasons)} in {marked} of {len(events)} samples" if reasons else "")
+                            + (f" (its peers: {peer_share:.0%} of samples)" if hotter else "")
                             + (f", SM clock {clock / 1e6:.0f} MHz against {peer_clock / 1e6:.0f} MHz"
                                if clock and peer_clock else "")}
         return {"cause": "uneven_work", "evidence": ev,

@@ -32,3 +32,16 @@ def throttle_reasons(events) -> list[str]:
     if not isinstance(events, (list, tuple, set, frozenset)):
         return []
     return sorted({str(e) for e in events} & THROTTLE_REASONS)
+
+
+# What slows a device on its own account. A power cap is not among them: GPUs at full GEMM
+# load sit at their power limit (H100s report sw_power_cap in nearly every sample on every
+# board), so a power cap says the device is working hard, not that it is slower than its
+# peers; only a clock below theirs says that.
+SLOWING_KINDS = frozenset({"thermal", "hardware"})
+
+
+def slowing_reasons(events) -> list[str]:
+    """The reasons among a sample's clock events that slow a device beyond what its peers
+    at the same load see: thermal and hardware slowdowns."""
+    return [r for r in throttle_reasons(events) if CLOCK_EVENTS[r] in SLOWING_KINDS]
