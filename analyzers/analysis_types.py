@@ -90,6 +90,7 @@ class TraceRankFacts(_WaitSplit):
     collectives: list[dict]  # each collective call, for matching across ranks
     mfu: float | None
     timeline: str  # "device" | "cpu"
+    device_events_missing: bool  # a GPU process's trace without its device events
     op_coverage: float | None  # share of the host events the profiler numbered that the trace holds
     n_events: int
     repairs: dict | None  # what the loader converted or skipped

@@ -246,3 +246,45 @@ def test_the_peak_memory_is_read_rarely_and_never_reset(monkeypatch):
     assert reader.read(0.0) is None  # 0: an allocator without the count (cudaMallocAsync)
     assert reader.read(PEAK_READ_S / 2) is None and len(reads) == 1  # not read again so soon
     assert reader.read(PEAK_READ_S) == 7 << 30 and reads == [3, 3]
+
+
+# -- a GPU process's trace without its device events ----------------------------------------
+
+
+def _stripped(real_data, tmp_path):
+    """A real A100 trace with every kernel, memcpy and memset left out, as Nsight Systems
+    holding CUPTI leaves torch.profiler's traces."""
+    import gzip
+    import json
+
+    doc = json.loads(gzip.decompress((real_data / "traces" / "a100_2rank_nccl.json.gz").read_bytes()))
+    device_cats = {"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset"}
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("cat") not in device_cats]
+    path = tmp_path / "no_device_events.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_a_gpu_trace_without_device_events_is_marked_and_never_confident(real_data, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    path = _stripped(real_data, tmp_path)
+    rank = analyze_trace(path)
+    assert rank["device_events_missing"] and rank["timeline"] == "cpu"
+    assert "device_events_missing" in {f["id"] for f in rank["findings"]}
+    from diag.analyzers.job.sampled import window_composition
+
+    assert window_composition(rank) is None  # left out of the sampled steps' composition
+    out = subprocess.run([sys.executable, "-m", "diag", "analyze", str(path), "--json"], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    doc = json.loads(out.stdout)
+    assert doc["diagnosis"]["confidence"]["level"] == "low"
+    assert any("hold no device events" in r for r in doc["diagnosis"]["confidence"]["reasons"])
+    # The untouched trace, and a CPU job's, are not marked.
+    assert not analyze_trace(real_data / "traces" / "a100_2rank_nccl.json.gz")["device_events_missing"]
+    from conftest import FIXTURES
+
+    assert not analyze_trace(FIXTURES / "cpu_compute_rank0.pt.trace.json.gz")["device_events_missing"]

@@ -103,7 +103,8 @@ def _judge(job: dict, ranks: dict, run: dict, tree) -> dict:
     basis = mset["basis"] if mset else f"{int(steps.has_shares.sum())} step(s) of {len(ranks)} rank(s)"
     ev = evidence(ranks, allt, steps, job_shares, basis, stragglers, ctx.nccl, findings)
     headline = _headline(ctx)
-    confidence = _confidence(bound, _measured(allt, mset), path, run, world, job.get("borderline"))
+    blind = [k for k, r in ranks.items() if r["analysis"].get("device_events_missing")]
+    confidence = _confidence(bound, _measured(allt, mset), path, run, world, job.get("borderline"), blind)
     memory = memory_section(ranks, tree, world)
     recs = recommendations(ctx, findings, memory, ev)
     headline["note"] = _order_note(bound, recs, job_shares)
@@ -288,7 +289,11 @@ def _measured(allt: Steps, mset: dict | None) -> Steps:
     return out
 
 
-def _confidence(bound, allt: Steps, path, run, world, edge=None) -> dict:
+# The highest confidence a verdict can have when a GPU process's trace lacks its device events.
+BLIND_DEVICE_SCORE = 0.45
+
+
+def _confidence(bound, allt: Steps, path, run, world, edge=None, blind=()) -> dict:
     """A score in [0, 1] from four factors, each explained in a sentence."""
     if bound is None:
         return {"level": "none", "score": 0.0, "reasons": ["There is no verdict to be sure of."]}
@@ -352,5 +357,9 @@ def _confidence(bound, allt: Steps, path, run, world, edge=None) -> dict:
         factor *= 0.9
         reasons.append(f"{len(run['problems'])} file(s) were damaged or unreadable and were skipped.")
     score = round(base * factor, 2)
+    if blind:
+        score = min(score, BLIND_DEVICE_SCORE)
+        reasons.append(f"The traces of rank(s) {', '.join(map(str, blind[:8]))} hold no device events although "
+                       "the process used a GPU: their steps are attributed from the host side alone.")
     level = "high" if score >= 0.75 else "medium" if score >= 0.5 else "low"
     return {"level": level, "score": score, "reasons": reasons}

@@ -73,6 +73,18 @@ def _trace_notes(facts: dict, sampled: bool) -> list[dict]:
                       "are the usual causes.",
             "evidence": {**rep, "source": "trace"},
         })
+    if facts.get("device_events_missing"):
+        notes.append({
+            "id": "device_events_missing",
+            "severity": "warning",
+            "message": "Device events missing: the process used a GPU, but the trace holds no kernel, memcpy or "
+                       "memset (CUPTI held by another tool, e.g. Nsight Systems, or the device activity left out). "
+                       "The steps are attributed from the host side alone, so the verdict says little about the "
+                       "device.",
+            "advice": "Profile without another CUPTI client attached (or with ProfilerActivity.CUDA) for a "
+                      "verdict on the device's work.",
+            "evidence": {"source": "trace"},
+        })
     if sampled:
         notes.append({
             "id": "sampled_trace",

@@ -220,6 +220,8 @@ def _window_steps(analysed: list[dict]) -> tuple[dict[int, dict], list[tuple[int
     trace_steps: dict[int, dict] = {}
     comps: list[tuple[int, dict]] = []
     for w in analysed:
+        if w["analysis"].get("device_events_missing"):
+            continue  # a GPU process's window without its device events: its steps stay sampled
         for s in w["analysis"].get("steps") or []:
             if isinstance(s.get("step"), int):
                 trace_steps[s["step"]] = s

@@ -33,8 +33,8 @@ SAMPLE_MATCH_S = 5.0
 
 def window_composition(analysis: dict | None) -> dict | None:
     """How a window's steps split their non-data time, from the trace analyzer's rank dict."""
-    if not isinstance(analysis, dict):
-        return None
+    if not isinstance(analysis, dict) or analysis.get("device_events_missing"):
+        return None  # host-side attribution of a GPU process: nothing about the device's busy time
     acc = dict.fromkeys(CLASSES, 0.0)
     total = 0.0
     for s in analysis.get("steps") or []:

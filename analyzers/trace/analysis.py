@@ -187,6 +187,10 @@ def facts_of_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: 
         "collectives": _exposed(_tag_steps(collectives(trace, classes), windows), att["parts"].get("comm")),
         "mfu": rank_m.get("mfu"),
         "timeline": "device" if on_device else "cpu",
+        # The process used a GPU (its properties, or runtime calls that launch work) but the trace
+        # holds no device events: another CUPTI client (Nsight Systems) held the device's
+        # activity, or it was filtered out. Its CPU attribution says nothing about the device.
+        "device_events_missing": not on_device and (props is not None or len(trace.rt_ts) > 0),
         # The share of the host events the profiler numbered that the trace holds (None: not numbered).
         "op_coverage": trace.op_coverage,
         "n_events": trace.n_events,
