@@ -4,6 +4,7 @@ the sampled verdicts that count a data wait as data only where the device was id
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -288,3 +289,14 @@ def test_a_gpu_trace_without_device_events_is_marked_and_never_confident(real_da
     from conftest import FIXTURES
 
     assert not analyze_trace(FIXTURES / "cpu_compute_rank0.pt.trace.json.gz")["device_events_missing"]
+
+
+def test_the_gpu_acceptance_run_is_one_line_where_there_is_no_gpu():
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "gpu_acceptance.py")], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert out.returncode == 0 and out.stdout.count("\n") == 1 and "nothing to check" in out.stdout
