@@ -40,14 +40,17 @@ def trace_name(first_step: int) -> str:
 
 
 def default_activities():
-    """CUDA (which also covers HIP on ROCm builds) where a device exists, else CPU only."""
+    """CPU, and CUDA (which also covers HIP on ROCm builds) once the process has initialised
+    its device: asked at each window, since a job initialises CUDA after the agent starts,
+    and a CPU job on a GPU node (the demo) must neither start CUPTI nor, when the window
+    stops, synchronise (and so create a context on) GPU 0."""
     from torch.profiler import ProfilerActivity
 
     acts = [ProfilerActivity.CPU]
     try:
         import torch
 
-        if torch.cuda.is_available():
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
             acts.append(ProfilerActivity.CUDA)
     except Exception:
         pass

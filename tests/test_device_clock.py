@@ -300,3 +300,17 @@ def test_the_gpu_acceptance_run_is_one_line_where_there_is_no_gpu():
     out = subprocess.run([sys.executable, str(REPO / "bench" / "gpu_acceptance.py")], capture_output=True, text=True,
                          timeout=120, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert out.returncode == 0 and out.stdout.count("\n") == 1 and "nothing to check" in out.stdout
+
+
+def test_windows_record_the_device_only_once_the_job_has_initialised_it(monkeypatch):
+    """A CPU job on a GPU node (the demo) starts no CUPTI and synchronises no GPU."""
+    import torch
+    from torch.profiler import ProfilerActivity
+
+    from diag.collectors.profiler_windows import default_activities
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    assert default_activities() == [ProfilerActivity.CPU]
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert default_activities() == [ProfilerActivity.CPU, ProfilerActivity.CUDA]
