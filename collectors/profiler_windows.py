@@ -138,7 +138,6 @@ class ProfilerWindows:
         self._export_thread: threading.Thread | None = None
         self.guard = guard or ProfilerGuard(self._log)  # not installed: the agent installs its own
         self.guard.on_their_start = self._give_way
-        self.skipped_for_theirs = 0
 
     # -- schedule ---------------------------------------------------------------------
 
@@ -176,8 +175,7 @@ class ProfilerWindows:
         if not self.enabled:
             return False
         if self._prof is None and self.guard.theirs_open:
-            self._next_start = self._scheduled_after(step + 1)
-            self.skipped_for_theirs += 1
+            self._next_start = self._scheduled_after(step + 1)  # the guard said why, once
             return False
         try:
             if self._prof is None:

@@ -274,6 +274,10 @@ def _varied_run(root, seed: int):
                "samples": 8}
         if s % 17 == 0:
             rec["data_wait_s"] = None
+        elif s % 5 == 0:  # the device clock measured the idle part of the wait
+            rec["data_idle_s"] = rec["data_wait_s"] * rng.choice([0.0, 0.5, 1.0])
+        elif s % 7 == 0:
+            rec["data_idle_s"] = float("nan")
         if s == 50:
             rec["duration_s"] = 0.0
         if s == 51:
