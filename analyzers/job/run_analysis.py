@@ -305,10 +305,13 @@ def _time_weighted_shares(counted: list[dict]) -> dict | None:
 
 
 def _exposed_data_ms(step: dict):
-    """The step's data wait in which the device was idle where timing events measured it
-    (job/sampled.py), else the whole wait."""
-    idle = step.get("data_idle_ms")
-    return idle if _finite(idle) else step.get("data_wait_ms")
+    """The step's data wait in which the device was idle where timing events measured it,
+    at most the wait (the events' record latency can add a few microseconds), as
+    job/sampled.py counts it; else the whole wait."""
+    idle, wait = step.get("data_idle_ms"), step.get("data_wait_ms")
+    if not _finite(idle):
+        return wait
+    return min(idle, wait) if _finite(wait) else idle
 
 
 def _rank_measurements(counted: list[dict], shares: dict | None, wait_measured: bool, comps: list,
