@@ -118,6 +118,8 @@ class _TableReporter:
 
     def start(self, doc: dict) -> None:
         self.doc = doc
+        for note in doc.get("notes") or []:
+            self._print(["#", f"# {note}"])
 
     def test_start(self, test: dict) -> None:
         from diag import nccl_table

@@ -8,6 +8,11 @@ measures an out-of-place and an in-place run, following nccl-tests' `BenchTime`:
   device -> per-rank time per call -> combined across ranks (`average`: 1 = mean, the
   nccl-tests default; 0 = rank 0, 2 = min, 3 = max) -> algbw, busbw -> optional check.
 
+Before measuring, every size from min_bytes to max_bytes by a factor of 2 is called
+`warmup_iters` times, as nccl-tests has done since 2025. max_bytes is first lowered to what
+every rank's memory holds, by nccl-tests' rule (`memory_limit`), and the check compares a
+chunk at a time, so `-e 8G -c 1` fits where nccl-tests' does.
+
 Byte counts follow nccl-tests' `getCollByteCount`: all_gather, reduce_scatter and alltoall
 split the buffer into per-rank slices aligned to 16 bytes, so the `count` column holds the
 per-rank element count and `size` the whole buffer. algbw = size / time (decimal GB/s);
@@ -38,6 +43,7 @@ responding after N rows, so that the timeout and the watchdog can be exercised.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import signal
@@ -60,6 +66,12 @@ DTYPE_ALIASES = {
 REDOPS = ("sum", "prod", "max", "min", "avg")
 AVERAGE_MODES = {0: "rank0", 1: "avg", 2: "min", 3: "max"}
 FAULT_ENV = "DIAG_NCCL_TEST_FAULT"
+# Test-suite only: emulate a device (or, on CPUs, a host share) with this many bytes free.
+MEMORY_ENV = "DIAG_NCCL_TEST_MEMORY"
+GIB = 1 << 30
+# Elements a result check fills or compares at once: its temporaries (int64) stay near
+# 32 MiB each whatever the message size, as nccl-tests' check kernels need no copy at all.
+CHECK_CHUNK = 1 << 22
 SETUP_TIMEOUT = 120.0  # seconds for every rank to join the process group
 
 _REDUCING = {"all_reduce", "reduce_scatter", "reduce"}
@@ -108,6 +120,44 @@ def sweep_sizes(min_bytes: int, max_bytes: int, step_factor: int = 2, step_bytes
             break
         size = nxt
     return sizes
+
+
+def warmup_sizes(min_bytes: int, max_bytes: int) -> list[int]:
+    """The sizes nccl-tests warms up (since its 2025 releases): every size from min to max by a factor of 2,
+    whatever the measured step."""
+    sizes, size = [], min_bytes
+    while size <= max_bytes:
+        sizes.append(size)
+        size = size * 2 if size else 1
+    return sizes
+
+
+def memory_limit(total_bytes: int, free_bytes: int, check: bool) -> int:
+    """The largest message nccl-tests lets a rank allocate: 1 GiB kept back per 16 GiB installed
+    (at most 4 GiB) plus 1 GiB for the library, the rest split over the send, receive and, when
+    results are checked, expected buffers. nccl-tests starts from the installed memory; a torch
+    process may hold some already, so the free memory bounds it too."""
+    reserve = min(-(-total_bytes // (16 * GIB)) * GIB, 4 * GIB)
+    usable = min(total_bytes - reserve, free_bytes) - GIB
+    return max(usable // (3 if check else 2), 0)
+
+
+def _memory_of(device, local_ranks: int) -> tuple[int, int]:
+    """(total, free) bytes this rank may use: its device's, or its share of the host's on CPUs."""
+    emulated = os.environ.get(MEMORY_ENV, "").strip()
+    if emulated:
+        size = parse_size(emulated)
+        return size, size
+    if device.type == "cuda":
+        import torch
+
+        free, total = torch.cuda.mem_get_info(device)
+        return int(total), int(free)
+    import psutil
+
+    mem = psutil.virtual_memory()
+    share = max(local_ranks, 1)
+    return int(mem.total) // share, int(mem.available) // share
 
 
 def bus_factor(collective: str, nranks: int) -> float:
@@ -183,7 +233,7 @@ class BenchConfig:
     dtypes: list[str] = field(default_factory=lambda: ["float"])
     redops: list[str] = field(default_factory=lambda: ["sum"])
     root: int = 0
-    warmup_iters: int = 5
+    warmup_iters: int = 1  # nccl-tests' default since it warms every size
     iters: int = 20
     check: int = 1
     average: int = 1
@@ -417,7 +467,7 @@ class _Case:
     # -- data and check
 
     def _values(self, rank: int, start: int, count: int):
-        """Rank-dependent inputs whose reductions are exact in every data type."""
+        """Rank-dependent inputs whose reductions are exact in every data type (int64)."""
         torch, n = self.comm.torch, self.comm.world
         idx = torch.arange(start, start + count, dtype=torch.int64, device=self.comm.device)
         if self.redop_name == "prod":
@@ -426,7 +476,12 @@ class _Case:
             vals = (idx * 7 + rank * 3) % 5 + 1
         return vals
 
-    def _reduce(self, start: int, count: int):
+    def _period(self) -> int:
+        """Every input and every result repeats along the buffer with this period."""
+        return max(self.comm.world, 1) if self.redop_name == "prod" else 5
+
+    def _reduced(self, start: int, count: int):
+        """The reduction over every rank's input, in the data type."""
         torch = self.comm.torch
         acc = None
         for j in range(self.comm.world):
@@ -445,41 +500,57 @@ class _Case:
             return (acc.to(torch.float64) / self.comm.world).to(self.dtype)
         return acc.to(self.dtype)
 
+    def _series(self, source: int | None, start: int, count: int):
+        """Elements start .. start + count of rank `source`'s input (None: of the reduction), in the
+        data type: one period computed, then repeated, so a fill or a check runs at copy speed."""
+        period = self._period()
+        if source is None:
+            one = self._reduced(start, period)
+        else:
+            one = self._values(source, start, period).to(self.dtype)
+        return one.repeat(-(-count // period)).narrow(0, 0, count)
+
     def checkable(self, in_place: bool) -> bool:
         return not (in_place and self.collective in ("alltoall", "sendrecv"))
 
+    def _fill(self, dst, rank: int, start: int) -> None:
+        """dst[k] = `rank`'s input at element start + k, a chunk at a time."""
+        total = dst.numel()
+        for off in range(0, total, CHECK_CHUNK):
+            n = min(CHECK_CHUNK, total - off)
+            dst.narrow(0, off, n).copy_(self._series(rank, start + off, n))
+
     def prepare(self, in_place: bool):
-        """Fill the inputs; return the expected output of this rank (None: not checked here)."""
-        torch, c, r, n = self.comm.torch, self.counts, self.comm.rank, self.comm.world
+        """Fill the inputs; return what this rank's output should hold (None: not checked here).
+
+        The expectation is a list of segments (output offset, count, source rank or None for
+        the reduction over all ranks, source offset), computed a chunk at a time when checked,
+        so a check never holds more than a chunk beyond the two buffers."""
+        c, r, n = self.counts, self.comm.rank, self.comm.world
         send, recv = self.views(in_place)
         coll = self.collective
         if not in_place:
             recv.zero_()
+        self._fill(send, r, 0)
         if coll in ("all_reduce", "broadcast", "reduce"):
             # In-place-only calls: the receive buffer carries the input.
-            send.copy_(self._values(r, 0, c.send))
             if coll == "broadcast" and r != self.root:
                 recv.zero_()
             elif not in_place:
                 recv.copy_(send)
             if coll == "broadcast":
-                return self._values(self.root, 0, c.recv).to(self.dtype)
+                return [(0, c.recv, self.root, 0)]
             if coll == "reduce" and r != self.root:
                 return None
-            return self._reduce(0, c.recv)
+            return [(0, c.recv, None, 0)]
         if coll == "all_gather":
-            send.copy_(self._values(r, 0, c.send))
-            return torch.cat([self._values(j, 0, c.send) for j in range(n)]).to(self.dtype)
+            return [(j * c.send, c.send, j, 0) for j in range(n)]
         if coll == "reduce_scatter":
-            send.copy_(self._values(r, 0, c.send))
-            return self._reduce(r * c.param, c.param)
+            return [(0, c.param, None, r * c.param)]
         if coll == "alltoall":
-            send.copy_(self._values(r, 0, c.send))
-            parts = [self._values(j, r * c.param, c.param) for j in range(n)]
-            return torch.cat(parts).to(self.dtype) if parts else None
+            return [(j * c.param, c.param, j, r * c.param) for j in range(n)]
         if coll == "sendrecv":
-            send.copy_(self._values(r, 0, c.send))
-            return self._values((r - 1) % n, 0, c.recv).to(self.dtype)
+            return [(0, c.recv, (r - 1) % n, 0)]
         return None
 
     def count_wrong(self, expected, in_place: bool) -> int:
@@ -487,12 +558,23 @@ class _Case:
             return 0
         torch = self.comm.torch
         _, recv = self.views(in_place)
-        if self.dtype.is_floating_point:
-            tol = {torch.float16: 1e-2, torch.bfloat16: 2e-2}.get(self.dtype, 1e-6)
-            bad = ~torch.isclose(recv.to(torch.float64), expected.to(torch.float64), rtol=tol, atol=0.0)
-        else:
-            bad = recv != expected
-        return int(bad.sum().item())
+        wrong = torch.zeros((), dtype=torch.int64, device=self.comm.device)
+        for offset, count, source, source_start in expected:
+            for off in range(0, count, CHECK_CHUNK):
+                n = min(CHECK_CHUNK, count - off)
+                want = self._series(source, source_start + off, n)
+                wrong += self._mismatches(recv.narrow(0, offset + off, n), want)
+        return int(wrong.item())  # one device sync per check, not one per chunk
+
+    def _mismatches(self, got, want):
+        torch = self.comm.torch
+        if not self.dtype.is_floating_point:
+            return torch.count_nonzero(got != want)
+        tol = {torch.float16: 1e-2, torch.bfloat16: 2e-2}.get(self.dtype, 1e-6)
+        wide = torch.float64 if self.dtype == torch.float64 else torch.float32
+        want = want.to(wide)
+        # Written so that a NaN or an infinity received counts as wrong.
+        return torch.count_nonzero(~((got.to(wide) - want).abs() <= tol * want.abs()))
 
 
 # ---------------------------------------------------------------- the run
@@ -679,16 +761,17 @@ class _Run:
         if case.collective == "sendrecv" and self.comm.world == 1 and self.comm.backend == "gloo":
             raise _Unsupported("gloo cannot send to its own rank, so a 1-rank ring has no link to measure")
         watchdog.kick(f"{case.collective} warm-up")
-        # Warm-up at the largest, then the smallest size (out-of-place), like nccl-tests.
-        # The first call is always made (even with -w 0): a backend refuses what it lacks there.
-        for size, calls in ((sizes[-1], max(cfg.warmup_iters, 1)), (sizes[0], cfg.warmup_iters)):
+        # Every size from the smallest to the largest by a factor of 2, out of place, like
+        # nccl-tests. The first call is always made (even with -w 0): a backend refuses what it
+        # lacks there.
+        for index, size in enumerate(warmup_sizes(sizes[0], sizes[-1])):
             case.setup(size)
             send, recv = case.views(False)
-            for i in range(calls):
+            for i in range(max(cfg.warmup_iters, 1) if index == 0 else cfg.warmup_iters):
                 try:
                     case.call(send, recv)
                 except Exception as exc:
-                    if i == 0 and size == sizes[-1] and _UNSUPPORTED.search(str(exc)):
+                    if index == 0 and i == 0 and _UNSUPPORTED.search(str(exc)):
                         raise _Unsupported(str(exc).strip().splitlines()[0]) from exc
                     raise
             self.comm.sync()
@@ -744,6 +827,28 @@ class _Run:
         return test
 
 
+# Printed above the tables of a GPU run: where its times differ from nccl-tests' by design.
+LATENCY_NOTE = ("times include torch.distributed's per-call overhead (Python, the process group's work "
+                "object, stream ordering), which nccl-tests does not pay: below about 1 MB the time column "
+                "reads higher and busbw lower than nccl-tests' on the same GPUs; large sizes compare directly")
+
+
+def _within_memory(cfg: BenchConfig, comm: _Comm, info: launch_env.LaunchInfo, doc: dict) -> BenchConfig:
+    """The configuration with maxBytes lowered to what every rank's memory allows (nccl-tests' rule)."""
+    total, free = _memory_of(comm.device, info.local_world_size)
+    limit = int(min(comm.gather_floats(float(memory_limit(total, free, cfg.check > 0)))))
+    doc["memory_limit_bytes"] = limit
+    if cfg.max_bytes <= limit:
+        return cfg
+    if limit <= 0:
+        raise BenchError(f"not enough memory for any message: {free / GIB:.1f} GiB free of "
+                         f"{total / GIB:.1f} GiB on rank {comm.rank}")
+    cfg = dataclasses.replace(cfg, max_bytes=limit, min_bytes=min(cfg.min_bytes, limit))
+    doc["params"] = cfg.params()
+    doc["notes"].append(f"Reducing maxBytes to {limit} due to memory limitation")
+    return cfg
+
+
 def run_rank(cfg: BenchConfig, reporter: Reporter | None = None, info: launch_env.LaunchInfo | None = None,
              on_abort=None) -> dict:
     """Measure every configured collective in this rank; every rank returns the document.
@@ -762,7 +867,7 @@ def run_rank(cfg: BenchConfig, reporter: Reporter | None = None, info: launch_en
     cfg.sizes()  # validate before any process waits for another
     doc = {
         "schema": SCHEMA, "source": "diag nccl", "tests": [], "status": "ok", "errors": [],
-        "launcher": info.launcher, "world_size": info.world_size, "params": cfg.params(),
+        "launcher": info.launcher, "world_size": info.world_size, "params": cfg.params(), "notes": [],
     }
 
     def expire(reason: str) -> None:
@@ -790,10 +895,13 @@ def run_rank(cfg: BenchConfig, reporter: Reporter | None = None, info: launch_en
         import torch.distributed as dist
 
         comm = _Comm(backend, device, group)
+        cfg = _within_memory(cfg, comm, info, doc)
         if any(c in _ROOTED for c in cfg.collectives) and not 0 <= cfg.root < comm.world:
             raise BenchError(f"root {cfg.root} is not a rank of this {comm.world}-rank job")
         run = _Run(cfg, comm, reporter)
         doc.update(world_size=comm.world, backend=backend, timer=run.timer.kind)
+        if backend == "nccl":
+            doc["notes"].append(LATENCY_NOTE)
         entries: list = [None] * comm.world
         dist.all_gather_object(entries, _device_entry(comm.rank, device), group=group)
         doc["devices"] = entries

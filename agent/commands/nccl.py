@@ -81,7 +81,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "a comma list, or all")
     sweep.add_argument("-o", "--op", default="sum", help="sum, prod, max, min, avg, a comma list, or all")
     sweep.add_argument("-r", "--root", type=int, default=0, help="root rank of broadcast and reduce")
-    sweep.add_argument("-w", "--warmup_iters", "--warmup-iters", dest="warmup_iters", type=int, default=5)
+    sweep.add_argument("-w", "--warmup_iters", "--warmup-iters", dest="warmup_iters", type=int, default=1,
+                       help="untimed calls at every size from -b to -e by a factor of 2, before measuring")
     sweep.add_argument("-n", "--iters", type=int, default=20, help="timed calls per size")
     sweep.add_argument("-c", "--check", type=int, default=1, help="check results this many times (0: off)")
     sweep.add_argument("-a", "--average", type=int, choices=(0, 1, 2, 3), default=1,
