@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from diag import calibrate, rundir
-from diag.collectors import launch_env, nccl_env
+from diag.collectors import device_map, launch_env, nccl_env
 from diag.collectors.device_clock import DeviceClock, HeldSteps
 from diag.collectors.profiler_guard import ProfilerGuard
 from diag.collectors.profiler_windows import ProfilerWindows, WindowSettings
@@ -227,6 +227,8 @@ class Agent:
             clock.step_end(t.step)
         elif t.step % 8 == 0:  # until torch initialises a device; the clock never does
             self.clock = DeviceClock.for_torch(self._log)
+            if self.clock is not None:
+                self._identify_device()
         if windows is not None:
             worked = windows.end(t.step)
             if windows.begin(timer.step) or worked:
@@ -382,6 +384,18 @@ class Agent:
         except Exception as exc:
             self.exporter = None
             self._log(f"exporter: switched off ({type(exc).__name__}: {exc})")
+
+    def _identify_device(self) -> None:
+        """Tell the sampler which device torch now uses (it was chosen by index at start, before
+        CUDA or ROCm existed in this process); it reopens the right one if it must."""
+        if self.sampler is None:
+            return
+        try:
+            identity = device_map.torch_device_identity()
+            if identity is not None:
+                self.sampler.identify(identity)
+        except Exception as exc:
+            self._log(f"sampler: could not identify torch's device ({type(exc).__name__}: {exc})")
 
     def _device_facts(self) -> None:
         """Device facts for rank.json and the peak FLOP/s for MFU."""

@@ -140,3 +140,59 @@ def torch_cuda_uuid(logical: int | None) -> str | None:
     if not uuid:
         return None
     return uuid if uuid.upper().startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+
+
+@dataclass(frozen=True)
+class DeviceIdentity:
+    """The device the training thread actually uses, as its runtime names it: known only once
+    torch has initialised CUDA or ROCm, and then better than any visibility variable."""
+
+    uuid: str | None = None  # CUDA: "GPU-..." (a MIG instance's UUID under MIG); None on ROCm
+    pci_bus_id: str | None = None  # "0000:c1:00.0"
+    runtime: str = "cuda"  # or "rocm"
+
+    def describe(self) -> str:
+        return " ".join(f"{k} {v}" for k, v in (("uuid", self.uuid), ("pci", self.pci_bus_id)) if v) or "unknown"
+
+
+def torch_device_identity() -> DeviceIdentity | None:
+    """The identity of torch's current device, read on the calling thread (the training
+    thread's current device is the rank's); None until torch has initialised one."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is None or not torch.cuda.is_initialized():
+            return None
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    except Exception:
+        return None
+    rocm = bool(getattr(torch.version, "hip", None))
+    pci = None
+    bus = getattr(props, "pci_bus_id", None)
+    if isinstance(bus, int) and bus >= 0:
+        domain = getattr(props, "pci_domain_id", 0) or 0
+        pci = f"{domain:04x}:{bus:02x}:{getattr(props, 'pci_device_id', 0) or 0:02x}.0"
+    uuid = None
+    if not rocm:
+        text = str(getattr(props, "uuid", "") or "")
+        if text:
+            uuid = text if text.upper().startswith(("GPU-", "MIG-")) else f"GPU-{text}"
+    if uuid is None and pci is None:
+        return None
+    return DeviceIdentity(uuid=uuid, pci_bus_id=pci, runtime="rocm" if rocm else "cuda")
+
+
+_PCI = re.compile(r"^\s*(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})(?:\.[0-7])?\s*$")
+
+
+def pci_key(text) -> tuple[int, int, int] | None:
+    """(domain, bus, device) of a PCI address in any of the libraries' spellings: NVML's
+    "00000000:C1:00.0", amdsmi's "0000:c1:00.0", lspci's "c1:00.0"."""
+    m = _PCI.match(text) if isinstance(text, str) else None
+    if m is None:
+        return None
+    return int(m.group(1) or "0", 16), int(m.group(2), 16), int(m.group(3), 16)
+
+
+def pci_matches(a, b) -> bool:
+    ka, kb = pci_key(a), pci_key(b)
+    return ka is not None and ka == kb

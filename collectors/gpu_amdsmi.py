@@ -11,18 +11,35 @@ amdsmi 6.x and 7.x differ in a few field names; both are read:
   ``average_socket_power`` (6.0, and MI200 parts), watts; "N/A" when the part lacks it;
 - energy: ``energy_accumulator`` (6.1+) or ``power`` (6.0) ticks of ``counter_resolution`` µJ;
 - VRAM usage is in MiB; temperatures are °C.
+
+Which amdsmi: the Python package must match the ROCm library it binds. PyPI's amdsmi 7.x
+binds functions that ROCm 6.2's ``libamd_smi.so`` lacks (29 of them) and 6.4's lacks (5),
+and then fails to import. So the package ROCm ships with itself
+(``$ROCM_PATH/share/amd_smi``, ``/opt/rocm`` by default) is preferred; another one is used
+only when ROCm ships none, and a failed import names the ROCm found and the package to use.
+
+Which device: by ``hip_id`` (amdsmi 6.4+), which is HIP's own order, or by the PCI address
+torch reports once it has initialised the device; never by the order of amdsmi's handles,
+which need not be HIP's. With neither (amdsmi before 6.4, before torch starts), the sampler
+waits for torch.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import os
+import sys
 from collections.abc import Mapping
+from pathlib import Path
 
 from diag.collectors import device_map
 from diag.collectors.metric_set import Log, Metric, MetricSet, NotAvailable, describe_error
 
 MIB = 1024 * 1024
 KFD = "/dev/kfd"  # present wherever ROCm can run compute work (also inside containers)
+DEFAULT_ROCM = "/opt/rocm"
+SHIPPED_PACKAGE = ("share", "amd_smi")  # where ROCm installs its own amdsmi package
 
 
 def driver_present() -> bool:
@@ -54,17 +71,14 @@ class AmdSmiGpu(MetricSet):
         self.probe(str(self._facts.get("name")))
 
     @classmethod
-    def open(cls, logical_index: int | None, log: Log, env: Mapping[str, str] | None = None) -> AmdSmiGpu | None:
+    def open(cls, logical_index: int | None, log: Log, env: Mapping[str, str] | None = None,
+             identity: device_map.DeviceIdentity | None = None) -> AmdSmiGpu | None:
         env = os.environ if env is None else env
         if not driver_present():
             log(f"amdsmi: no AMD GPU driver ({KFD} absent); no AMD GPU metrics")
             return None
-        try:
-            import amdsmi as smi
-        except BaseException as e:  # libamd_smi.so missing raises KeyError inside the package
-            if isinstance(e, KeyboardInterrupt | SystemExit):
-                raise
-            log(f"amdsmi: import failed ({describe_error(e)}); no AMD GPU metrics")
+        smi = import_amdsmi(env, log)
+        if smi is None:
             return None
         try:
             smi.amdsmi_init(smi.AmdSmiInitFlags.INIT_AMD_GPUS)
@@ -77,13 +91,9 @@ class AmdSmiGpu(MetricSet):
                 log("amdsmi: initialised but found no AMD GPU")
                 _shutdown(smi)
                 return None
-            found = _resolve(smi, handles, logical_index, env)
-            if found is None:
-                log(
-                    f"amdsmi: logical device {logical_index} is not visible (ROCR_VISIBLE_DEVICES="
-                    f"{env.get('ROCR_VISIBLE_DEVICES')!r}, HIP_VISIBLE_DEVICES={env.get('HIP_VISIBLE_DEVICES')!r}, "
-                    f"{len(handles)} GPUs); no GPU metrics"
-                )
+            found = _resolve(smi, handles, logical_index, env, identity)
+            if isinstance(found, str):
+                log(f"amdsmi: {found}; no GPU metrics")
                 _shutdown(smi)
                 return None
             handle, ref, physical = found
@@ -92,6 +102,10 @@ class AmdSmiGpu(MetricSet):
             log(f"amdsmi: could not open logical device {logical_index} ({describe_error(e)}); no AMD GPU metrics")
             _shutdown(smi)
             return None
+
+    def matches(self, identity: device_map.DeviceIdentity) -> bool:
+        """Whether this is the device torch uses (by PCI address; ROCm's torch has no UUID)."""
+        return device_map.pci_matches(identity.pci_bus_id, self._facts.get("pci_bus_id"))
 
     def _static_facts(self, physical_index: int | None) -> dict:
         smi, h = self.smi, self.handle
@@ -211,12 +225,25 @@ def _enumeration(smi, handle) -> dict | None:
         return None
 
 
-def _resolve(smi, handles, logical_index, env):
-    """(handle, DeviceRef, physical index) of the rank's device, or None when hidden."""
-    ref = device_map.resolve_amd(logical_index, env)
-    if ref is None:
-        return None
+def _resolve(smi, handles, logical_index, env, identity=None):
+    """(handle, DeviceRef, physical index) of the rank's device, or why there is none."""
     enums = [_enumeration(smi, h) for h in handles]
+    if identity is not None and identity.pci_bus_id:
+        for position, (h, en) in enumerate(zip(handles, enums)):
+            try:
+                bdf = smi.amdsmi_get_gpu_device_bdf(h)
+            except Exception:
+                continue
+            if device_map.pci_matches(identity.pci_bus_id, bdf):
+                ref = device_map.DeviceRef(index=_hip_id(en, position), source=f"torch (pci {identity.pci_bus_id})")
+                return h, ref, ref.index
+        return f"no AMD GPU at PCI address {identity.pci_bus_id}, where torch's device is"
+    ref = device_map.resolve_amd(logical_index, env)
+    hidden = (f"logical device {logical_index} is not visible (ROCR_VISIBLE_DEVICES="
+              f"{env.get('ROCR_VISIBLE_DEVICES')!r}, HIP_VISIBLE_DEVICES={env.get('HIP_VISIBLE_DEVICES')!r}, "
+              f"{len(handles)} GPUs)")
+    if ref is None:
+        return hidden
     if ref.uuid is not None:
         matches = []
         for position, (h, en) in enumerate(zip(handles, enums)):
@@ -228,15 +255,16 @@ def _resolve(smi, handles, logical_index, env):
             if any(device_map.uuid_matches(ref.uuid, c) for c in candidates):
                 matches.append((h, _hip_id(en, position)))
         if len(matches) != 1:
-            return None
+            return hidden
         return matches[0][0], ref, matches[0][1]
-    # By index: HIP's enumeration order, which amdsmi reports as hip_id when it can.
+    # By index: HIP's enumeration order, which amdsmi 6.4+ reports as hip_id.
+    if all(en is None for en in enums):
+        return ("this amdsmi reports no hip_id (before ROCm 6.4), so HIP's device order is unknown "
+                "until torch initialises the device; then it is matched by PCI address")
     for position, (h, en) in enumerate(zip(handles, enums)):
         if en is not None and _hip_id(en, position) == ref.index:
             return h, ref, ref.index
-    if any(en is not None for en in enums) or ref.index >= len(handles):
-        return None
-    return handles[ref.index], ref, ref.index
+    return hidden
 
 
 def _hip_id(en: dict | None, position: int) -> int:
@@ -249,3 +277,80 @@ def _shutdown(smi) -> None:
         smi.amdsmi_shut_down()
     except Exception:
         pass
+
+
+# ---- which amdsmi package ---------------------------------------------------------------
+
+
+def rocm_root(env: Mapping[str, str]) -> Path | None:
+    """The installed ROCm: $ROCM_PATH, $ROCM_HOME or /opt/rocm, the first that exists."""
+    for candidate in (env.get("ROCM_PATH"), env.get("ROCM_HOME"), DEFAULT_ROCM):
+        if candidate and Path(candidate).is_dir():
+            return Path(candidate)
+    return None
+
+
+def rocm_version(root: Path | None) -> str | None:
+    """"6.2.4" from ROCm's own version file (``.info/version``: "6.2.4-120")."""
+    if root is None:
+        return None
+    try:
+        with open(root / ".info" / "version", encoding="utf-8", errors="replace") as f:
+            text = f.read(64).strip()
+    except OSError:
+        return None
+    return text.split("-", 1)[0] or None
+
+
+def import_amdsmi(env: Mapping[str, str], log: Log):
+    """The amdsmi module that matches the installed ROCm, or None (logged once).
+
+    A module already imported by the process is used as it is. Otherwise ROCm's own package
+    is loaded from its directory, else whatever ``import amdsmi`` finds."""
+    if "amdsmi" in sys.modules:
+        return sys.modules["amdsmi"]
+    root = rocm_root(env)
+    shipped = root.joinpath(*SHIPPED_PACKAGE, "amdsmi") if root is not None else None
+    origin = "pip"
+    try:
+        if shipped is not None and (shipped / "__init__.py").is_file():
+            origin = str(shipped.parent)
+            return _load_package("amdsmi", shipped)
+        import amdsmi
+
+        return amdsmi
+    except BaseException as e:  # libamd_smi.so missing raises KeyError inside the package
+        if isinstance(e, KeyboardInterrupt | SystemExit):
+            raise
+        for name in [m for m in sys.modules if m == "amdsmi" or m.startswith("amdsmi.")]:
+            del sys.modules[name]  # a half-imported package must not be found by the next import
+        log(f"amdsmi: import failed ({describe_error(e)}){_mismatch(root, origin)}; no AMD GPU metrics")
+        return None
+
+
+def _load_package(name: str, directory: Path):
+    spec = importlib.util.spec_from_file_location(name, directory / "__init__.py",
+                                                  submodule_search_locations=[str(directory)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _mismatch(root: Path | None, origin: str) -> str:
+    """What to install, when the package is not ROCm's own: the ROCm found and its version."""
+    if origin != "pip":
+        return f": ROCm's own package at {origin} does not load"
+    try:
+        installed = importlib.metadata.version("amdsmi")
+    except importlib.metadata.PackageNotFoundError:
+        installed = None
+    version = rocm_version(root)
+    if root is None:
+        return ": no ROCm found ($ROCM_PATH, /opt/rocm)"
+    found = f"ROCm {version} at {root}" if version else f"ROCm at {root}"
+    if installed and version and installed.split(".")[:2] != version.split(".")[:2]:
+        minor = ".".join(version.split(".")[:2])
+        return (f": amdsmi {installed} from pip does not match {found}; "
+                f"pip install 'amdsmi=={minor}.*' or pip install {root}/share/amd_smi")
+    return f" with {found}"

@@ -36,6 +36,8 @@ CLOCK_EVENT_REASONS: tuple[tuple[str, int, str], ...] = (
 
 NVLINK_AGGREGATE_SCOPE = 0xFFFFFFFF  # scopeId UINT_MAX: the NVLink counter summed over all links
 KIB = 1024
+# nvmlEventData_t's instance ids for an XID that no MIG instance can be blamed for.
+UNATTRIBUTED_INSTANCE = 0xFFFFFFFF
 XID_EVENTS_PER_SAMPLE = 64  # drained per sample; more than this in one second is reported next time
 
 
@@ -71,6 +73,7 @@ class NvmlGpu(MetricSet):
         self._xid_set = None
         self._xid_total = 0
         self._xid_last: int | None = None
+        self._xid_instance: tuple[int, int] | None = None  # (GPU instance, compute instance) under MIG
         self._nvlink_fields: list = []
         self._temperature = None
         self._clock_events = None
@@ -80,8 +83,10 @@ class NvmlGpu(MetricSet):
     # ---- opening -------------------------------------------------------------------
 
     @classmethod
-    def open(cls, logical_index: int | None, log: Log, env: Mapping[str, str] | None = None) -> NvmlGpu | None:
-        """The device for ``logical_index``, or None (no pynvml, no driver, no visible GPU), logged once."""
+    def open(cls, logical_index: int | None, log: Log, env: Mapping[str, str] | None = None,
+             identity: device_map.DeviceIdentity | None = None) -> NvmlGpu | None:
+        """The device for ``logical_index`` (or the one torch names in ``identity``), or None (no
+        pynvml, no driver, no visible GPU), logged once."""
         env = os.environ if env is None else env
         try:
             import pynvml as nvml
@@ -99,7 +104,7 @@ class NvmlGpu(MetricSet):
                 log("nvml: driver loaded but no NVIDIA GPU found")
                 _shutdown(nvml)
                 return None
-            found = _resolve(nvml, logical_index, env, count)
+            found = _resolve(nvml, logical_index, env, count, identity)
             if found is None:
                 log(
                     f"nvml: logical device {logical_index} is not visible "
@@ -136,6 +141,12 @@ class NvmlGpu(MetricSet):
         facts["index"] = facts["physical_index"]
         facts["selected_by"] = self.ref.describe()
         return facts
+
+    def matches(self, identity: device_map.DeviceIdentity) -> bool:
+        """Whether this is the device (the MIG instance, under MIG) torch uses."""
+        if identity.uuid:
+            return device_map.uuid_matches(identity.uuid, self._facts.get("uuid"))
+        return device_map.pci_matches(identity.pci_bus_id, self._facts.get("pci_bus_id"))
 
     def handle_is_mig(self) -> bool:
         return self.handle is not self.board
@@ -297,6 +308,11 @@ class NvmlGpu(MetricSet):
             nvml.nvmlEventSetFree(event_set)
             raise
         self._xid_set = event_set
+        if self.handle_is_mig():
+            # Events come from the whole board; a MIG rank counts its own instance's and those
+            # NVML cannot attribute to any instance.
+            self._xid_instance = (nvml.nvmlDeviceGetGpuInstanceId(self.handle),
+                                  nvml.nvmlDeviceGetComputeInstanceId(self.handle))
 
     def _read_xid(self, gpu: dict) -> None:
         """XID errors since the sampler started: drain pending events without waiting."""
@@ -306,7 +322,7 @@ class NvmlGpu(MetricSet):
                 data = nvml.nvmlEventSetWait(self._xid_set, 0)
             except nvml.NVMLError_Timeout:
                 break
-            if data.eventType & nvml.nvmlEventTypeXidCriticalError:
+            if data.eventType & nvml.nvmlEventTypeXidCriticalError and self._own_xid(data):
                 self._xid_total += 1
                 self._xid_last = int(data.eventData)
         gpu["xid_errors_total"] = self._xid_total
@@ -314,17 +330,29 @@ class NvmlGpu(MetricSet):
             gpu["xid_last_code"] = self._xid_last
 
 
+    def _own_xid(self, data) -> bool:
+        if self._xid_instance is None:
+            return True
+        return all(got in (own, UNATTRIBUTED_INSTANCE) for got, own in
+                   zip((data.gpuInstanceId, data.computeInstanceId), self._xid_instance))
+
+
 # ---- helpers ------------------------------------------------------------------------
 
 
-def _resolve(nvml, logical_index, env, count):
+def _resolve(nvml, logical_index, env, count, identity=None):
     """(instance handle, board handle, DeviceRef) of the rank's device, or None when hidden.
 
     torch's own UUID for the device wins when torch has initialised CUDA; if NVML does not
     know it (a MIG instance reported without its prefix, say), the visibility variables decide.
     """
     refs = []
-    uuid = device_map.torch_cuda_uuid(logical_index)
+    if identity is not None:
+        uuid = identity.uuid
+        if uuid is None and identity.pci_bus_id:
+            uuid = _uuid_at_pci(nvml, identity.pci_bus_id, count)
+    else:
+        uuid = device_map.torch_cuda_uuid(logical_index)
     if uuid:
         refs.append(device_map.DeviceRef(uuid=uuid, source="torch"))
         if uuid.upper().startswith("GPU-"):
@@ -338,6 +366,17 @@ def _resolve(nvml, logical_index, env, count):
         found = _find(nvml, ref, count)
         if found is not None:
             return (*found, ref)
+    return None
+
+
+def _uuid_at_pci(nvml, pci_bus_id: str, count: int) -> str | None:
+    for i in range(count):
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(i)
+            if device_map.pci_matches(pci_bus_id, _text(nvml.nvmlDeviceGetPciInfo(handle).busId)):
+                return nvml.nvmlDeviceGetUUID(handle)
+        except nvml.NVMLError:
+            continue
     return None
 
 

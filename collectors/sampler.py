@@ -80,6 +80,7 @@ class Sampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._callback_failed = False
+        self._identity = None  # torch's device, handed over by the training thread
 
     # ---- public API -------------------------------------------------------------------
 
@@ -98,6 +99,11 @@ class Sampler:
         thread.join(STOP_JOIN_S + self.interval_s)
         if thread.is_alive():
             self.log(f"sampler: thread still busy {STOP_JOIN_S + self.interval_s:.0f} s after stop; left as daemon")
+
+    def identify(self, identity) -> None:
+        """torch's device (a device_map.DeviceIdentity), from the training thread once torch has
+        initialised it: at its next sample the sampling thread makes sure it samples that one."""
+        self._identity = identity
 
     def latest(self) -> dict | None:
         return self._latest
@@ -164,28 +170,52 @@ class Sampler:
         self._info["interval_s"] = self.interval_s
         self._info["state"] = "running"
 
-    def _open_gpu(self):
+    def _open_gpu(self, identity=None):
         reasons: list[str] = []
 
         def log(message: str) -> None:
             reasons.append(message)
             self.log(message)
 
-        for vendor in self.vendors:
+        vendors = self.vendors
+        if identity is not None:
+            vendors = [v for v in vendors if v == ("amd" if identity.runtime == "rocm" else "nvidia")]
+        for vendor in vendors:
             if vendor == "nvidia":
                 from diag.collectors.gpu_nvml import NvmlGpu as opener
             elif vendor == "amd":
                 from diag.collectors.gpu_amdsmi import AmdSmiGpu as opener
             else:
                 continue
-            device = opener.open(self.device_index, log, self.env)
+            device = opener.open(self.device_index, log, self.env, identity=identity)
             if device is not None:
                 return device
         # Why there is no GPU record, for rank.json and the report.
         self._info["gpu_unavailable"] = "; ".join(reasons) or "no GPU vendor enabled"
         return None
 
+    def _reidentify(self, identity) -> None:
+        """Reopen the device torch uses when the one opened at start (by index) is another."""
+        gpu = self._gpu
+        if self.device_index is None or (gpu is not None and gpu.matches(identity)):
+            return
+        was = gpu.info().get("selected_by") if gpu is not None else None
+        self._close_gpu()
+        self._gpu = self._open_gpu(identity)
+        if self._gpu is None:  # _open_gpu said why in gpu_unavailable
+            self._info = {**self._info, **_NO_GPU_INFO}
+            return
+        self._info = {k: v for k, v in {**self._info, **self._gpu.info()}.items() if k != "gpu_unavailable"}
+        self.log(f"sampler: torch's device is {identity.describe()}: sampling it"
+                 + (f" instead of {was}" if was else ""))
+
     def _sample_once(self) -> None:
+        identity, self._identity = self._identity, None
+        if identity is not None:
+            try:
+                self._reidentify(identity)
+            except Exception as e:
+                self.log(f"sampler: re-identifying the device failed ({describe_error(e)})")
         sample: dict = {"t": time.time(), "gpu": None, "host": {}}
         if self._gpu is not None:
             try:

@@ -14,6 +14,7 @@ import ctypes
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pynvml
 
@@ -48,7 +49,8 @@ class FakeNvidiaGpu:
     nvlink_per_link_kib: list[tuple[int, int]] | None = None  # (tx, rx) per link, aggregate unsupported
     ecc: tuple[int, int] = (0, 0)  # corrected, uncorrected (volatile)
     event_types: int = pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeSingleBitEccError
-    pending_xids: list[int] = field(default_factory=list)
+    # An XID code (NVML attributes it to no MIG instance), or (code, GPU instance, compute instance).
+    pending_xids: list = field(default_factory=list)
     unsupported: set[str] = field(default_factory=set)  # C functions answering NOT_SUPPORTED
     fail_after: dict[str, tuple[int, int]] = field(default_factory=dict)  # fn -> (ok calls, error code)
     mig_children: list[str] = field(default_factory=list)  # MIG UUIDs on this board
@@ -60,6 +62,9 @@ _NVML_ERROR_STRINGS = {
     pynvml.NVML_ERROR_GPU_IS_LOST: b"GPU is lost",
     pynvml.NVML_ERROR_NOT_SUPPORTED: b"Not Supported",
 }
+
+
+UNATTRIBUTED = 0xFFFFFFFF  # nvmlEventData_t's instance ids for an event of no MIG instance
 
 
 class FakeNvml:
@@ -170,6 +175,20 @@ class FakeNvml:
         if mig_uuid is None:
             return pynvml.NVML_ERROR_INVALID_ARGUMENT
         _out(ref).contents = self._boards[i]
+        return pynvml.NVML_SUCCESS
+
+    def c_nvmlDeviceGetGpuInstanceId(self, handle, ref):
+        # MIG instance n of a board (in mig_children order) is GPU instance n + 1, compute instance 0.
+        i, gpu, mig = self._gpu_of(handle)
+        if mig is None:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT  # as for a board handle
+        _out(ref).value = gpu.mig_children.index(mig) + 1
+        return pynvml.NVML_SUCCESS
+
+    def c_nvmlDeviceGetComputeInstanceId(self, handle, ref):
+        if self._gpu_of(handle)[2] is None:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        _out(ref).value = 0
         return pynvml.NVML_SUCCESS
 
     def c_nvmlDeviceGetName(self, handle, buf, size):
@@ -320,7 +339,9 @@ class FakeNvml:
                 data = _out(ref)
                 data.device = ctypes.pointer(self._boards[i])
                 data.eventType = pynvml.nvmlEventTypeXidCriticalError
-                data.eventData = gpu.pending_xids.pop(0)
+                xid = gpu.pending_xids.pop(0)
+                code, gi, ci = xid if isinstance(xid, tuple) else (xid, UNATTRIBUTED, UNATTRIBUTED)
+                data.eventData, data.gpuInstanceId, data.computeInstanceId = code, gi, ci
                 return pynvml.NVML_SUCCESS
         return pynvml.NVML_ERROR_TIMEOUT
 
@@ -348,6 +369,7 @@ class FakeAmdGpu:
     energy_ticks: int = 1_000_000
     energy_resolution_uj: float = 15.3
     temps: dict[str, int] = field(default_factory=lambda: {"HOTSPOT": 75})
+    pci_bus: int | None = None  # None: bus 0x11 + 0x10 * the handle's position
     unsupported: set[str] = field(default_factory=set)
     fail_after: dict[str, tuple[int, int]] = field(default_factory=dict)
 
@@ -364,20 +386,34 @@ class _FakeCFunction:
         return self.lib.dispatch(self.name, args)
 
 
+AMDSMI_SYMBOLS = Path(__file__).parent / "fixtures" / "amdsmi"
+
+
+def rocm_symbols(rocm: str) -> frozenset[str]:
+    """The functions ROCm `rocm` ("6.2", "6.4", "7.0")'s libamd_smi.so exports (see the files' source)."""
+    lines = (AMDSMI_SYMBOLS / f"rocm-{rocm}.symbols").read_text().splitlines()
+    return frozenset(line.strip() for line in lines if line.strip() and not line.startswith("#"))
+
+
 class FakeAmdSmiLib:
-    """A fake libamd_smi.so: what ctypes.CDLL returns to amdsmi_wrapper."""
+    """A fake libamd_smi.so: what ctypes.CDLL returns to amdsmi_wrapper. With `rocm`, it
+    exports only that release's functions and refuses the others as the dynamic linker does."""
 
     HANDLE_BASE = 0x7F000000
 
-    def __init__(self):
+    def __init__(self, rocm: str | None = "7.0", path: str = "/opt/rocm/lib/libamd_smi.so"):
         self.gpus: list[FakeAmdGpu] = []
         self.init_status = AMDSMI_STATUS_SUCCESS
         self.calls: Counter[str] = Counter()
+        self.exports = rocm_symbols(rocm) if rocm else None
+        self.path = path
         self._functions: dict[str, _FakeCFunction] = {}
 
     def __getattr__(self, name):
         if name.startswith("__"):
             raise AttributeError(name)
+        if self.exports is not None and name not in self.exports:
+            raise AttributeError(f"{self.path}: undefined symbol: {name}")  # ctypes' own message
         fn = self._functions.get(name)
         if fn is None:
             fn = self._functions[name] = _FakeCFunction(self, name)
@@ -428,6 +464,16 @@ class FakeAmdSmiLib:
         info = _out(ref)
         info.hip_id, info.hsa_id, info.drm_card, info.drm_render = gpu.hip_id, gpu.hip_id + 2, gpu.hip_id, 128
         info.hip_uuid = gpu.uuid.encode()
+        return AMDSMI_STATUS_SUCCESS
+
+    def c_amdsmi_get_gpu_device_bdf(self, handle, ref):
+        gpu = self._gpu("amdsmi_get_gpu_device_bdf", handle)
+        if isinstance(gpu, int):
+            return gpu
+        bdf = _out(ref).struct_amdsmi_bdf_t
+        position = _val(handle) - self.HANDLE_BASE
+        bdf.domain_number, bdf.device_number, bdf.function_number = 0, 0, 0
+        bdf.bus_number = gpu.pci_bus if gpu.pci_bus is not None else 0x11 + 0x10 * position
         return AMDSMI_STATUS_SUCCESS
 
     def c_amdsmi_get_gpu_device_uuid(self, handle, length_ref, buf):
@@ -520,12 +566,13 @@ class FakeAmdSmiLib:
         return AMDSMI_STATUS_SUCCESS
 
 
-def install_fake_amdsmi(monkeypatch) -> FakeAmdSmiLib:
-    """Import the real amdsmi package with ctypes.CDLL('libamd_smi.so') answered by a fake.
+def install_fake_amdsmi(monkeypatch, rocm: str | None = "7.0", import_now: bool = True) -> FakeAmdSmiLib:
+    """Answer ctypes.CDLL('libamd_smi.so') with a fake of ROCm `rocm`'s library and (unless
+    `import_now` is false) import the real amdsmi package over it.
 
     The caller must call ``forget_amdsmi()`` at teardown so later imports load for real.
     """
-    fake = FakeAmdSmiLib()
+    fake = FakeAmdSmiLib(rocm)
     real_cdll = ctypes.CDLL
 
     def cdll(name, *args, **kwargs):
@@ -535,7 +582,8 @@ def install_fake_amdsmi(monkeypatch) -> FakeAmdSmiLib:
 
     forget_amdsmi()
     monkeypatch.setattr(ctypes, "CDLL", cdll)
-    import amdsmi  # noqa: F401  (the real package, bound to the fake library)
+    if import_now:
+        import amdsmi  # noqa: F401  (the real package, bound to the fake library)
 
     return fake
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
-from fake_gpu_libs import FakeAmdGpu, forget_amdsmi, install_fake_amdsmi
+from fake_gpu_libs import FakeAmdGpu, forget_amdsmi, install_fake_amdsmi, rocm_symbols
 
 from diag.collectors import device_map, gpu_amdsmi
 from diag.collectors.gpu_amdsmi import AmdSmiGpu
@@ -132,10 +133,17 @@ def test_hip_order_is_taken_from_enumeration_info_not_handle_order(amd, logs):
     assert gpu.info()["uuid"] == _uuid(1) and gpu.info()["physical_index"] == 0
 
 
-def test_older_library_without_enumeration_info_uses_handle_order(amd, logs):
+def test_older_library_without_enumeration_info_waits_for_torch_then_matches_the_pci_address(amd, logs):
+    # Before ROCm 6.4 amdsmi has no hip_id: its handle order (PCI order) need not be HIP's.
     amd.gpus = _gpus(3, enumeration=False)
-    gpu = AmdSmiGpu.open(2, logs.append, {})
-    assert gpu.info()["uuid"] == _uuid(2)
+    assert AmdSmiGpu.open(2, logs.append, {}) is None
+    assert len(logs) == 1 and "no hip_id" in logs[0] and "PCI address" in logs[0]
+    # The fake puts handle i on bus 0x11 + 0x10 * i; torch says its device is on bus 0x21.
+    identity = device_map.DeviceIdentity(pci_bus_id="0000:21:00.0", runtime="rocm")
+    gpu = AmdSmiGpu.open(2, logs.append, {}, identity=identity)
+    assert gpu.info()["uuid"] == _uuid(1) and gpu.info()["pci_bus_id"] == "0000:21:00.0"
+    assert gpu.matches(identity)
+    assert not gpu.matches(device_map.DeviceIdentity(pci_bus_id="0000:31:00.0", runtime="rocm"))
 
 
 def test_hidden_device_gives_no_gpu(amd, logs):
@@ -178,3 +186,71 @@ def test_rocm_visibility_resolution():
     assert device_map.resolve_amd(2, env) is None
     assert device_map.resolve_amd(0, {"HIP_VISIBLE_DEVICES": "7"}).index == 7
     assert device_map.resolve_amd(0, {"ROCR_VISIBLE_DEVICES": "GPU-abc"}).uuid == "GPU-abc"
+
+
+# ---------------------------------------------------------------- which amdsmi, which ROCm
+
+
+def _rocm_tree(tmp_path, version: str, shipped_package: bool = False):
+    """A ROCm installation's layout: its version file and, if asked, its own amdsmi package (here
+    a copy of the installed one, the only release this machine has)."""
+    import importlib.util
+    import shutil
+
+    root = tmp_path / "rocm"
+    (root / ".info").mkdir(parents=True)
+    (root / ".info" / "version").write_text(f"{version}-120\n")
+    if shipped_package:
+        installed = Path(importlib.util.find_spec("amdsmi").origin).parent
+        shutil.copytree(installed, root / "share" / "amd_smi" / "amdsmi",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    return root
+
+
+@pytest.mark.parametrize("rocm,missing", [("6.2", 29), ("6.4", 5)])
+def test_pip_amdsmi_7_on_an_older_rocm_fails_with_one_line_naming_the_rocm_and_the_fix(
+        monkeypatch, tmp_path, logs, rocm, missing):
+    fake = install_fake_amdsmi(monkeypatch, rocm=rocm, import_now=False)
+    monkeypatch.setattr(gpu_amdsmi, "driver_present", lambda: True)
+    assert len(rocm_symbols("7.0") - fake.exports) == missing  # what amdsmi 7.0 binds and this ROCm lacks
+    root = _rocm_tree(tmp_path, f"{rocm}.4")
+    try:
+        assert AmdSmiGpu.open(0, logs.append, {"ROCM_PATH": str(root)}) is None
+        assert "amdsmi" not in sys.modules  # nothing half-imported is left for the next import
+    finally:
+        forget_amdsmi()
+    assert len(logs) == 1 and "\n" not in logs[0]
+    assert "undefined symbol: amdsmi_" in logs[0]
+    assert f"does not match ROCm {rocm}.4 at {root}" in logs[0]
+    assert f"pip install 'amdsmi=={rocm}.*' or pip install {root}/share/amd_smi" in logs[0]
+
+
+def test_pip_amdsmi_7_on_rocm_7_imports_and_reads(monkeypatch, tmp_path, logs):
+    fake = install_fake_amdsmi(monkeypatch, rocm="7.0", import_now=False)
+    monkeypatch.setattr(gpu_amdsmi, "driver_present", lambda: True)
+    fake.gpus = _gpus(2)
+    try:
+        gpu = AmdSmiGpu.open(1, logs.append, {"ROCM_PATH": str(_rocm_tree(tmp_path, "7.0.2"))})
+        assert gpu is not None, logs
+        assert gpu.info()["uuid"] == _uuid(1) and gpu.read()["utilization_ratio"] == pytest.approx(0.64)
+    finally:
+        forget_amdsmi()
+
+
+def test_the_package_rocm_ships_is_preferred_to_the_one_pip_installed(monkeypatch, tmp_path, logs):
+    fake = install_fake_amdsmi(monkeypatch, rocm="7.0", import_now=False)
+    monkeypatch.setattr(gpu_amdsmi, "driver_present", lambda: True)
+    fake.gpus = _gpus(1)
+    root = _rocm_tree(tmp_path, "7.0.2", shipped_package=True)
+    try:
+        gpu = AmdSmiGpu.open(0, logs.append, {"ROCM_PATH": str(root)})
+        assert gpu is not None, logs
+        assert sys.modules["amdsmi"].__file__.startswith(str(root / "share" / "amd_smi"))
+        assert sys.modules["amdsmi.amdsmi_interface"].__file__.startswith(str(root))
+    finally:
+        forget_amdsmi()
+
+
+def test_rocm_version_file():
+    assert gpu_amdsmi.rocm_version(None) is None
+    assert gpu_amdsmi.rocm_version(Path("/nonexistent")) is None

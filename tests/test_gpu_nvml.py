@@ -228,6 +228,35 @@ def test_mig_uuid_reads_the_instance_and_its_board(monkeypatch, logs):
     assert "utilization_ratio" not in s and "utilization" in info["unsupported"]
 
 
+def test_a_mig_rank_counts_the_xids_of_its_own_instance_and_of_the_whole_board(monkeypatch, logs):
+    migs = ["MIG-aaaaaaaa-1111-2222-3333-444455556666", "MIG-bbbbbbbb-1111-2222-3333-444455556666"]
+    gpus = _gpus(1)
+    gpus[0].mig_children = migs
+    fake, gpu = _open(monkeypatch, gpus, logs, env={"CUDA_VISIBLE_DEVICES": migs[1]})
+    assert fake.registered == [(0, pynvml.nvmlEventTypeXidCriticalError)]  # events come from the board
+    # Instance 2 (ours), instance 1 (a neighbour's), and one NVML attributes to no instance.
+    gpus[0].pending_xids.extend([(43, 2, 0), (31, 1, 0), 79, (13, 2, 5)])
+    s = gpu.read()
+    assert s["xid_errors_total"] == 2 and s["xid_last_code"] == 79
+    # A whole board sees every instance's.
+    fake2, board = _open(monkeypatch, _gpus(1), logs)
+    fake2.gpus[0].pending_xids.extend([(43, 2, 0), (31, 1, 0), 79])
+    assert board.read()["xid_errors_total"] == 3
+
+
+@pytest.mark.parametrize("identity", [
+    device_map.DeviceIdentity(uuid=_uuid(2)),
+    device_map.DeviceIdentity(pci_bus_id="0000:19:00.0"),  # the fake puts GPU i on bus 0x17 + i
+])
+def test_torch_identity_picks_the_device_whatever_the_variables_say(monkeypatch, logs, identity):
+    fake = FakeNvml(_gpus(4))
+    fake.install(monkeypatch)
+    gpu = NvmlGpu.open(0, logs.append, {"CUDA_VISIBLE_DEVICES": "0"}, identity=identity)
+    assert gpu.info()["uuid"] == _uuid(2) and gpu.info()["physical_index"] == 2
+    assert gpu.matches(identity)
+    assert not NvmlGpu.open(0, logs.append, {}).matches(identity)
+
+
 def test_clock_event_bitmask_decoding():
     assert decode_clock_events(0) == []
     mask = (

@@ -237,3 +237,76 @@ def test_info_is_bounded_when_opening_hangs(monkeypatch, no_amd):
 def test_interval_must_be_positive():
     with pytest.raises(ValueError):
         Sampler(0, interval_s=0)
+
+
+def test_the_device_torch_names_later_replaces_the_one_chosen_by_index(monkeypatch, no_amd):
+    # At start, before CUDA exists in the process, logical 0 is taken as physical 0; torch then
+    # initialises physical 2 (another device order, a launcher's own mapping).
+    from diag.collectors import device_map
+
+    gpus = [FakeNvidiaGpu(uuid=_uuid(i), util_pct=20 + i) for i in range(4)]
+    fake = FakeNvml(gpus)
+    fake.install(monkeypatch)
+    c = Collect()
+    s = Sampler(0, interval_s=0.05, on_sample=c.on_sample, log=c.logs.append, env={})
+    s.start()
+    assert s.info()["uuid"] == _uuid(0)
+    c.wait(2)
+    s.identify(device_map.DeviceIdentity(uuid=_uuid(2)))
+    c.wait(len(c.samples) + 3)
+    info = s.info()
+    assert info["uuid"] == _uuid(2) and info["physical_index"] == 2
+    assert c.samples[-1]["gpu"]["index"] == 2 and c.samples[-1]["gpu"]["utilization_ratio"] == pytest.approx(0.22)
+    assert len(c.logs) == 1 and "sampling it instead of index 0" in c.logs[0]
+    opened = fake.calls["nvmlInitWithFlags"]
+    s.identify(device_map.DeviceIdentity(uuid=_uuid(2)))  # the same device: nothing reopens
+    c.wait(len(c.samples) + 2)
+    s.stop()
+    assert fake.calls["nvmlInitWithFlags"] == opened and len(c.logs) == 1
+
+
+def test_torch_device_identity_reads_uuid_and_pci_address_only_after_cuda_started(monkeypatch):
+    import types
+
+    import torch
+
+    from diag.collectors import device_map
+
+    assert device_map.torch_device_identity() is None  # CUDA never initialised here
+    props = types.SimpleNamespace(uuid="5c89a3f9-1234-5678-9abc-def012345678", pci_bus_id=0xC1,
+                                  pci_device_id=0, pci_domain_id=0)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props if i == 3 else None)
+    ident = device_map.torch_device_identity()
+    assert ident == device_map.DeviceIdentity(uuid="GPU-5c89a3f9-1234-5678-9abc-def012345678",
+                                              pci_bus_id="0000:c1:00.0", runtime="cuda")
+    monkeypatch.setattr(torch.version, "hip", "6.2.41133")
+    assert device_map.torch_device_identity() == device_map.DeviceIdentity(pci_bus_id="0000:c1:00.0",
+                                                                           runtime="rocm")
+
+
+def test_an_amd_device_without_hip_id_is_sampled_once_torch_names_its_pci_address(monkeypatch):
+    from diag.collectors import device_map
+
+    FakeNvml([FakeNvidiaGpu(uuid=_uuid(0))], init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED).install(monkeypatch)
+    # The devices report no hip_id, as before ROCm 6.4 (the installed package is 7.0's, so the
+    # library is too).
+    amd = install_fake_amdsmi(monkeypatch, rocm="7.0", import_now=False)
+    monkeypatch.setattr(gpu_amdsmi, "driver_present", lambda: True)
+    amd.gpus = [FakeAmdGpu(uuid=f"GPU-{i:016x}", hip_id=None, pci_bus=bus) for i, bus in enumerate((0xC1, 0x05))]
+    try:
+        c = Collect()
+        s = Sampler(0, interval_s=0.05, on_sample=c.on_sample, log=c.logs.append, env={})
+        s.start()
+        c.wait(2)
+        assert s.info()["vendor"] is None and c.samples[-1]["gpu"] is None
+        s.identify(device_map.DeviceIdentity(pci_bus_id="0000:05:00.0", runtime="rocm"))
+        c.wait(len(c.samples) + 3)
+        info = s.info()
+        s.stop()
+    finally:
+        forget_amdsmi()
+    assert info["vendor"] == "amd" and info["uuid"] == f"GPU-{1:016x}" and "gpu_unavailable" not in info
+    assert c.samples[-1]["gpu"]["utilization_ratio"] == pytest.approx(0.64)
+    assert any("no hip_id" in m for m in c.logs) and "sampling it" in c.logs[-1]
