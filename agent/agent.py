@@ -104,6 +104,7 @@ class Agent:
         self.writer: RunWriter | None = None
         self.windows: ProfilerWindows | None = None
         self.sampler = None
+        self._device_recorded: str | None = None  # the device uuid rank.json holds
         self.exporter = None
         self.tree = None
         self.verdicts = LiveVerdicts(None, self._log)  # each step's live verdict, once the tree is loaded
@@ -233,6 +234,8 @@ class Agent:
             worked = windows.end(t.step)
             if windows.begin(timer.step) or worked:
                 timer.rebase()
+                if self.clock is not None:
+                    self.clock.rebase()
         self._queue.append((t, profiled))
         if self._watch is not None:
             self._record_model(t.step)
@@ -327,7 +330,8 @@ class Agent:
                     rank_path / rundir.TRACES,
                     WindowSettings(skip_first=s.skip_first, warmup=s.warmup, active=s.active, every=s.every,
                                    record_shapes=s.record_shapes, with_flops=s.with_flops,
-                                   profile_memory=s.profile_memory, budget_bytes=s.trace_budget_bytes),
+                                   profile_memory=s.profile_memory, budget_bytes=s.trace_budget_bytes,
+                                   export_in_child=s.export_in_child),
                     trigger_dir=self.writer.path, on_trace=self._on_trace, log=self._log,
                     in_use=self._analysis.in_use, guard=guard,
                 )
@@ -406,6 +410,7 @@ class Agent:
             except Exception:
                 facts = None
         self.writer.update_info(device=facts)
+        self._device_recorded = (facts or {}).get("uuid")
         if not (self.config.report.flops_per_sample or self.config.report.flops_per_token):
             return
         try:
@@ -686,6 +691,9 @@ class Agent:
         if self.sampler is not None:
             try:
                 self.sampler.stop()
+                facts = self.sampler.info(timeout=0)
+                if self.writer is not None and facts.get("uuid") != self._device_recorded:
+                    self.writer.update_info(device=facts)  # the sampler moved to torch's device
             except Exception as exc:
                 self._log(f"sampler: stop failed ({exc})")
         self._stop.set()

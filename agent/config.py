@@ -49,6 +49,8 @@ class ProfilerConfig:
     analyse_during_run: bool = _f(True, "analyse each window as it is saved (False: at exit)",
                                   "analyse_during_run")
     analysis_wait_s: float = _f(60.0, "at exit, how long to wait for window analyses", "analysis_wait_s")
+    export_in_child: bool = _f(True, "let a forked process write traces when a thread (which holds the GIL) "
+                                     "would stall training longer", "export_in_child")
 
 
 @dataclass

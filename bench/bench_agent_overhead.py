@@ -1,6 +1,6 @@
 """Overhead of diag.Agent on a CPU training loop (steps of ~20-50 ms), with and without it, interleaved.
 
-    python bench/bench_agent_overhead.py [--blocks 8] [--block-steps 60] [--windows 3]
+    python bench/bench_agent_overhead.py [--blocks 8] [--block-steps 60] [--windows 3] [--export both]
 
 Machines running other work drift by tens of percent within seconds, so the comparison
 is made in short alternating blocks: a block of steps without the agent, then a block
@@ -19,6 +19,12 @@ with a fresh agent, and so on. Each step's time is measured by this script's own
    the whole-run ratio against the loop without the agent (target <= 1.02).
    The first window of a run also starts the analysis process (once per run); the
    second shows the steady state.
+   The stall a window leaves is printed per window: the step that stops the profiler (torch
+   collects the window's events on the training thread) and the slowest step after it, while
+   the trace is written and analysed, each against the median step. `--export both` (the
+   default) alternates runs with diag's default (a forked child writes a trace when that
+   stalls training less) and runs whose traces are always written by a thread, which holds
+   the GIL while torch writes the file.
    The step path's own cost is also timed directly (loader() + step() with no work),
    which no load from other processes can blur.
 3. The sampling thread's CPU time (and the agent's own background thread's) as a share
@@ -89,7 +95,7 @@ def agent_block(loop, steps, run_dir, **options):
     return walls, cpus, agent
 
 
-def window_block(loop, run_dir, windows=2, tail=10, max_steps=3000):
+def window_block(loop, run_dir, windows=2, tail=10, max_steps=3000, export_in_child=True):
     """Run the default schedule through `windows` windows, each timed until its analysis finished.
 
     Returns per-step times and, per window, the step range [warm-up step, analysis done + tail).
@@ -98,7 +104,8 @@ def window_block(loop, run_dir, windows=2, tail=10, max_steps=3000):
     import diag
 
     batches, train_step = loop
-    agent = diag.Agent(run_dir=run_dir, export=True, export_port_base=0, report=False, verbose=False)
+    agent = diag.Agent(run_dir=run_dir, export=True, export_port_base=0, report=False, verbose=False,
+                       export_in_child=export_in_child)
     sched = agent.config.profiler
     starts = [sched.skip_first + k * sched.every for k in range(windows)]
     ends: list[int] = []
@@ -141,6 +148,9 @@ def main() -> int:
     p.add_argument("--width", type=int, default=1024)
     p.add_argument("--batch", type=int, default=96)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--export", choices=("default", "thread", "both"), default="both",
+                   help="how windows write their traces: diag's default (a forked child where that stalls "
+                        "training less than a thread), always a thread, or runs of each, alternating")
     a = p.parse_args()
 
     import torch
@@ -151,6 +161,8 @@ def main() -> int:
     base_w, base_c, on_w, on_c = [], [], [], []
     sampler_share, thread_share = [], []
     window_rows = []
+    stalls: dict[str, list[tuple[float, float, float]]] = {}
+    modes = ["default", "thread"] if a.export == "both" else [a.export]
     with tempfile.TemporaryDirectory(prefix="diag-bench-") as tmp:
         baseline_block(loop, 30)  # warm-up
         for b in range(a.blocks):
@@ -162,13 +174,24 @@ def main() -> int:
             on_c += c[skip:]
             print(f"block {b + 1}/{a.blocks}: baseline {1000 * statistics.median(base_w[-len(w) + skip:]):.2f} ms, "
                   f"always-on {1000 * statistics.median(w[skip:]):.2f} ms", file=sys.stderr, flush=True)
-        for k in range(a.windows):
-            w, c, agent, sched, spans = window_block(loop, os.path.join(tmp, f"win{k}"))
+        for k in range(a.windows * len(modes)):
+            mode = modes[k % len(modes)]
+            w, c, agent, sched, spans = window_block(loop, os.path.join(tmp, f"win{k}"),
+                                                     export_in_child=(mode == "default"))
             for n, (lo, hi) in enumerate(spans):
                 # The reference is the same run's always-on steps next to the window, so
                 # the machine's drift between runs does not enter the window's cost.
                 near = w[max(skip, lo - 100):lo] if lo - skip >= 50 else w[hi:hi + 100]
                 ref = statistics.median(near)
+                # The window's last recorded step stops the profiler; the steps after it run
+                # beside the trace being written and then analysed.
+                last = lo + sched.warmup + sched.active
+                stalls.setdefault(mode, []).append((w[last], max(w[last + 1:hi]), ref))
+                print(f"run {k + 1} ({mode} export) window {n + 1}: stop step {1000 * w[last]:.0f} ms, slowest "
+                      f"following step {1000 * max(w[last + 1:hi]):.0f} ms, median {1000 * ref:.1f} ms",
+                      file=sys.stderr, flush=True)
+                if mode != modes[0]:
+                    continue
                 excess = sum(x - ref for x in w[lo:hi])
                 ratio = 1.0 + excess / (sched.every * ref)
                 window_rows.append((n, excess, ratio))
@@ -199,6 +222,13 @@ def main() -> int:
               f"windows per run: {', '.join(f'{r:.4f}' for r in later)}")
         print(f"  first window of a run (also starts the analysis process): {statistics.median(first):.4f}; "
               f"per run: {', '.join(f'{r:.4f}' for r in first)}")
+    for mode, rows in stalls.items():
+        stop = statistics.median(r[0] / r[2] for r in rows)
+        after = statistics.median(r[1] / r[2] for r in rows)
+        worst = max(r[1] / r[2] for r in rows)
+        how = "diag's default" if mode == "default" else "always a thread"
+        print(f"window stall, traces written by {how}: the step that stops the profiler takes {stop:.1f}x the "
+              f"median step; the slowest step after it {after:.1f}x (worst of {len(rows)} windows {worst:.1f}x)")
     if sampler_share:
         print(f"sampling thread CPU at 1 Hz: {100 * statistics.median(sampler_share):.3f}% of one core (target <= 1%)")
     if thread_share:

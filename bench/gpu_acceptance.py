@@ -67,7 +67,10 @@ LOOP = textwrap.dedent("""
     recs = [json.loads(line) for p in sorted(glob.glob(run + "/rank-*/steps/*.jsonl")) for line in open(p)]
     samples = [json.loads(line) for p in sorted(glob.glob(run + "/rank-*/samples/*.jsonl")) for line in open(p)]
     summary = json.load(open(glob.glob(run + "/**/summary.json", recursive=True)[0]))
+    sampled = (json.load(open(glob.glob(run + "/rank-*/rank.json")[0])).get("device") or {}).get("uuid")
     print(json.dumps({
+        "sampled_uuid": sampled,
+        "torch_uuid": str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid),
         "verdict": (summary.get("diagnosis") or {}).get("bound"),
         "device_steps": sum(1 for r in recs if r.get("device_s")),
         "steps": len(recs),
@@ -131,6 +134,8 @@ def main(argv=None) -> int:
             r["device_steps"] >= r["steps"] - 2)
         row(f"{mode} loop: GPU samples with utilisation", ">= 1", r["gpu_samples"], r["gpu_samples"] >= 1)
         row(f"{mode} loop: profiler windows", ">= 2", r["windows"], r["windows"] >= 2)
+        same = bool(r["sampled_uuid"]) and r["torch_uuid"].lower() in r["sampled_uuid"].lower()
+        row(f"{mode} loop: sampled device is torch's", r["torch_uuid"][:13], r["sampled_uuid"], same)
     r = _loop("user_profiler", root, args.steps)
     if "error" in r:
         row("job's own profiler", "training finishes", r["error"], False)

@@ -114,6 +114,17 @@ class DeviceClock:
         self._pending.append((step, self._start, end, self._waits))
         self._start, self._waits = end, []
 
+    def rebase(self) -> None:
+        """Start the next step's device time now: the host spent the time since the last
+        boundary on diag's own work (a profiler window stopping, which also drains the queue),
+        as the host step timer leaves it out too."""
+        if self.off is None:
+            self._guard(self._rebase)
+
+    def _rebase(self) -> None:
+        # The previous start stays the previous step's end (pending); it just leaves the pool.
+        self._start = None if self._capturing() else self._record()
+
     def _guard(self, fn, *args) -> None:
         try:
             fn(*args)

@@ -285,3 +285,65 @@ def test_window_left_unanalysed_at_exit_is_analysed_offline(tmp_path):
     assert {n for n, s in steps.items() if s["evidence"] == "trace"} == {3, 4}
     assert steps[7]["evidence"] == "sampled" and steps[7]["bound"] in BOUNDS
     assert doc["ranks"][0]["evidence"]["windows"][0]["first_step"] == 3
+
+
+class _Writes:
+    """Stands in for a stopped torch profiler: export_chrome_trace is all the writer calls."""
+
+    def __init__(self, action):
+        self.action = action
+
+    def export_chrome_trace(self, path):
+        self.action(path)
+
+
+def test_a_trace_is_written_by_a_child_that_fails_or_hangs_visibly(tmp_path):
+    from pathlib import Path
+
+    from diag.collectors.profiler_windows import ExportFailed, _write_in_child
+
+    out = tmp_path / "t.json"
+    fork_s, write_s = _write_in_child(_Writes(lambda p: (time.sleep(0.2), Path(p).write_text("{}"))), out)
+    assert out.read_text() == "{}"
+    assert 0 < fork_s < 5 and 0.2 <= write_s < 5  # the child timed its own write
+
+    def refuse(path):
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(ExportFailed, match="exited with 1"):
+        _write_in_child(_Writes(refuse), tmp_path / "full.json")
+    t0 = time.monotonic()
+    with pytest.raises(ExportFailed, match="did not finish in 1 s"):
+        _write_in_child(_Writes(lambda p: time.sleep(60)), tmp_path / "stuck.json", timeout_s=1.0)
+    assert time.monotonic() - t0 < 10  # killed, not waited for
+
+
+@pytest.mark.parametrize("in_child", [True, False])
+def test_windows_are_written_by_a_child_or_a_thread(tmp_path, in_child):
+    with _agent(tmp_path, export_in_child=in_child) as agent:
+        # Steps of 50 ms: the first trace is written before the second window starts.
+        _train(agent, 12, sleep_s=0.05)
+    rd = rundir.RunDir(agent.run_dir)
+    assert [(w["first_step"], w["last_step"]) for w in rd.windows(0)] == [(3, 4), (9, 10)]
+    import gzip
+    import json
+
+    for trace, first in zip(rd.traces(0), (3, 9)):
+        with gzip.open(trace, "rt") as f:
+            names = {e.get("name") for e in json.load(f)["traceEvents"]}
+        assert f"ProfilerStep#{first}" in names
+    assert not any("failed" in m for m in _events(agent.run_dir))
+
+
+def test_the_trace_goes_where_it_stalls_training_least():
+    from diag.collectors.profiler_windows import ExportRoute
+
+    route = ExportRoute(child_allowed=True)
+    assert route.use_child()  # the first window: a child, which measures both costs
+    route.wrote(1.4, fork_s=0.03)  # a large trace: the child's write stands for a thread's stall
+    assert route.use_child()
+    route.wrote(0.01, fork_s=0.03)  # small traces: a thread's write is shorter than a fork
+    assert not route.use_child()
+    route.wrote(0.2)  # written by a thread, and it grew
+    assert route.use_child()
+    assert not ExportRoute(child_allowed=False).use_child()

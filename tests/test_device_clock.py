@@ -63,6 +63,29 @@ def test_a_data_wait_longer_than_the_queued_work_is_idle_for_the_difference():
         assert d.data_idle_s == pytest.approx(0.010, abs=0.005)
 
 
+def _step_after_a_window(rebase: bool) -> float:
+    """Device time of the step after a window's stop, which drains the queue and keeps the host
+    busy 80 ms with the device idle."""
+    device = FakeDevice()
+    clock = _clock(device)
+    for step in range(4):
+        device.launch(0.020)
+        clock.step_end(step)
+        if step == 2:
+            device.synchronize()  # stop_trace synchronises
+            time.sleep(0.080)  # and collects the window's events on the host
+            if rebase:
+                clock.rebase()
+    device.synchronize()
+    return {d.step: d.device_s for d in clock.completed()}[3]
+
+
+def test_the_step_after_a_window_stops_starts_its_device_time_after_the_stop():
+    # The host timer leaves the stop out of the next step; so does the rebased device clock.
+    assert _step_after_a_window(rebase=True) == pytest.approx(0.020, abs=0.008)
+    assert _step_after_a_window(rebase=False) > 0.090  # without it, the stop reads as device time
+
+
 def test_a_failing_event_switches_the_clock_off_once_and_training_goes_on():
     logged = []
     calls = []

@@ -12,6 +12,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 # diag's windows: steps 2-4 (warm-up 1), 10-12, 18-20, 26-28 (skip_first 1, warmup 1, active 3, every 8).
 LOOP = textwrap.dedent("""
     import glob, json, sys, time, torch, diag
@@ -66,8 +68,8 @@ LOOP = textwrap.dedent("""
                     prof.stop()
                     save(prof)
                 agent.step()
-    windows = sorted(int(p.split("window-")[1][:6]) for p in glob.glob(run + "/**/window-*.pt.trace.json*",
-                                                                        recursive=True))
+    windows = sorted(int(p.split("window-")[1][:6]) for p in glob.glob(
+        f"{run}/**/rank-{agent.rank:05d}/**/window-*.pt.trace.json*", recursive=True))
     print(json.dumps({"user_traces": user_traces, "windows": windows}))
 """)
 
@@ -148,3 +150,136 @@ def test_without_the_guard_the_same_loop_fails(tmp_path):
         result = json.loads(proc.stdout.strip().splitlines()[-1])
         broken = not result["user_traces"] or _user_steps(result["user_traces"][0]) != set(range(11, 16))
     assert broken
+
+
+# ---------------------------------------------------------------- ranks and frameworks
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_keep_their_profilers_and_training(tmp_path):
+    """The job's profiler starts inside diag's window on each of 2 DDP ranks over gloo."""
+    script = tmp_path / "loop.py"
+    script.write_text(DISTRIBUTED + LOOP)
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(script), "inside", str(tmp_path / "run"), str(out)],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONFAULTHANDLER": "1", "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in (0, 1):
+        result = json.loads((out / f"rank{rank}" / "result.json").read_text())
+        (trace,) = result["user_traces"]
+        assert _user_steps(trace) == set(range(11, 16)), rank
+        assert 10 not in result["windows"] and 2 in result["windows"], (rank, result)
+    assert proc.stderr.count("window at step 11 dropped for the job's own profiler") == 2, proc.stderr[-3000:]
+
+
+# Run before LOOP under torchrun: a gloo process group, the model in DDP, each rank's files apart.
+DISTRIBUTED = textwrap.dedent("""
+    import os, sys, torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    RANK = dist.get_rank()
+    sys.argv[3] = os.path.join(sys.argv[3], f"rank{RANK}")
+    os.makedirs(sys.argv[3], exist_ok=True)
+    _Sequential = torch.nn.Sequential
+    torch.nn.Sequential = lambda *m: torch.nn.parallel.DistributedDataParallel(_Sequential(*m))
+    def print(text):  # the result line goes to a file per rank
+        with open(os.path.join(sys.argv[3], "result.json"), "w") as f:
+            f.write(text)
+""")
+
+
+FRAMEWORK = textwrap.dedent("""
+    import glob, json, os, sys, torch, diag
+    framework, out = sys.argv[1], sys.argv[2]
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    user = dict(activities=[torch.profiler.ProfilerActivity.CPU],
+                schedule=torch.profiler.schedule(wait=1, warmup=1, active=2, repeat=1))
+    opts = dict(run_dir=os.path.join(out, "run"), export=False, report=False, skip_first=1, warmup=1, active=2,
+                every=4, verbose=True)
+    if framework == "hf":
+        import transformers
+
+        class Tokens(torch.utils.data.Dataset):
+            def __len__(self):
+                return 48
+            def __getitem__(self, i):
+                ids = torch.randint(0, 64, (16,), generator=torch.Generator().manual_seed(i))
+                return {"input_ids": ids, "labels": ids.clone()}
+
+        class StepTheProfiler(transformers.TrainerCallback):  # as the Trainer's docs profile a run
+            def __init__(self, prof):
+                self.prof = prof
+            def on_step_end(self, args, state, control, **kwargs):
+                self.prof.step()
+
+        config = transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2)
+        model = transformers.GPT2LMHeadModel(config)
+        args = transformers.TrainingArguments(output_dir=os.path.join(out, "hf"), per_device_train_batch_size=4,
+                                              num_train_epochs=1, report_to=[], use_cpu=True, save_strategy="no",
+                                              logging_strategy="no", disable_tqdm=True)
+        saved = []
+        def save(p):
+            path = os.path.join(out, f"user-{len(saved)}.json")
+            p.export_chrome_trace(path)
+            saved.append(path)
+        with torch.profiler.profile(on_trace_ready=save, **user) as prof:
+            trainer = transformers.Trainer(model=model, args=args, train_dataset=Tokens(),
+                                           callbacks=[diag.integrations.hf_callback(**opts), StepTheProfiler(prof)])
+            trainer.train()
+        steps = trainer.state.global_step
+    else:
+        import lightning.pytorch as pl
+        from lightning.pytorch.profilers import PyTorchProfiler
+
+        class Model(pl.LightningModule):
+            def __init__(self):
+                super().__init__()
+                self.net = torch.nn.Linear(16, 1)
+            def training_step(self, batch, batch_idx):
+                x, y = batch
+                return torch.nn.functional.mse_loss(self.net(x), y)
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.01)
+
+        data = torch.utils.data.TensorDataset(torch.randn(96, 16), torch.randn(96, 1))
+        profiler = PyTorchProfiler(dirpath=out, filename="user", **user)
+        trainer = pl.Trainer(max_epochs=1, callbacks=[diag.integrations.lightning_callback(**opts)],
+                             profiler=profiler, accelerator="cpu", devices=1, logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        trainer.fit(Model(), torch.utils.data.DataLoader(data, batch_size=8))
+        steps = trainer.global_step
+        saved = sorted(glob.glob(os.path.join(out, "*.pt.trace.json")))
+    windows = sorted(glob.glob(os.path.join(out, "run", "**", "window-*.pt.trace.json*"), recursive=True))
+    print(json.dumps({"steps": steps, "user_traces": saved, "windows": windows}))
+""")
+
+
+def _framework(tmp_path, framework):
+    script = tmp_path / "fit.py"
+    script.write_text(FRAMEWORK)
+    proc = subprocess.run([sys.executable, str(script), framework, str(tmp_path)], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+def _profiler_steps(path) -> list[str]:
+    events = json.loads(Path(path).read_text())["traceEvents"]
+    return sorted({e["name"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#")})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", ["hf", "lightning"])
+def test_the_frameworks_own_profiler_and_diags_windows_share_the_loop(tmp_path, framework):
+    """The HF Trainer profiled the way its docs show, and Lightning's PyTorchProfiler, each
+    with a schedule that records steps 2-3 while diag's first window (warm-up at 1, steps 2-3)
+    is due: training completes, the framework's trace holds its two steps, and diag's
+    window at that place gives way with one line."""
+    result, stderr = _framework(tmp_path, framework)
+    assert result["steps"] == 12
+    (trace,) = result["user_traces"]
+    assert len(_profiler_steps(trace)) == 2, _profiler_steps(trace)
+    assert "diag's windows give way" in stderr or "dropped for the job's own profiler" in stderr, stderr[-2000:]
+    assert result["windows"], stderr[-2000:]  # later windows, once the framework's profiler is done
