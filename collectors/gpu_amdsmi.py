@@ -93,7 +93,7 @@ class AmdSmiGpu(MetricSet):
                 return None
             found = _resolve(smi, handles, logical_index, env, identity)
             if isinstance(found, str):
-                log(f"amdsmi: {found}; no GPU metrics")
+                log(f"amdsmi: {found}")
                 _shutdown(smi)
                 return None
             handle, ref, physical = found
@@ -237,11 +237,11 @@ def _resolve(smi, handles, logical_index, env, identity=None):
             if device_map.pci_matches(identity.pci_bus_id, bdf):
                 ref = device_map.DeviceRef(index=_hip_id(en, position), source=f"torch (pci {identity.pci_bus_id})")
                 return h, ref, ref.index
-        return f"no AMD GPU at PCI address {identity.pci_bus_id}, where torch's device is"
+        return f"no AMD GPU at PCI address {identity.pci_bus_id}, where torch's device is; no GPU metrics"
     ref = device_map.resolve_amd(logical_index, env)
     hidden = (f"logical device {logical_index} is not visible (ROCR_VISIBLE_DEVICES="
               f"{env.get('ROCR_VISIBLE_DEVICES')!r}, HIP_VISIBLE_DEVICES={env.get('HIP_VISIBLE_DEVICES')!r}, "
-              f"{len(handles)} GPUs)")
+              f"{len(handles)} GPUs); no GPU metrics")
     if ref is None:
         return hidden
     if ref.uuid is not None:
@@ -259,8 +259,8 @@ def _resolve(smi, handles, logical_index, env, identity=None):
         return matches[0][0], ref, matches[0][1]
     # By index: HIP's enumeration order, which amdsmi 6.4+ reports as hip_id.
     if all(en is None for en in enums):
-        return ("this amdsmi reports no hip_id (before ROCm 6.4), so HIP's device order is unknown "
-                "until torch initialises the device; then it is matched by PCI address")
+        return ("this amdsmi reports no hip_id (before ROCm 6.4), so HIP's device order is unknown: "
+                "no GPU metrics until torch initialises the device, which is then matched by PCI address")
     for position, (h, en) in enumerate(zip(handles, enums)):
         if en is not None and _hip_id(en, position) == ref.index:
             return h, ref, ref.index

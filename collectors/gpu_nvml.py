@@ -329,7 +329,6 @@ class NvmlGpu(MetricSet):
         if self._xid_last is not None:
             gpu["xid_last_code"] = self._xid_last
 
-
     def _own_xid(self, data) -> bool:
         if self._xid_instance is None:
             return True

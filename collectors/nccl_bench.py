@@ -841,8 +841,8 @@ def _within_memory(cfg: BenchConfig, comm: _Comm, info: launch_env.LaunchInfo, d
     if cfg.max_bytes <= limit:
         return cfg
     if limit <= 0:
-        raise BenchError(f"not enough memory for any message: {free / GIB:.1f} GiB free of "
-                         f"{total / GIB:.1f} GiB on rank {comm.rank}")
+        raise BenchError(f"not enough memory for any message on at least one rank by nccl-tests' rule "
+                         f"({free / GIB:.1f} GiB free of {total / GIB:.1f} GiB on rank {comm.rank})")
     cfg = dataclasses.replace(cfg, max_bytes=limit, min_bytes=min(cfg.min_bytes, limit))
     doc["params"] = cfg.params()
     doc["notes"].append(f"Reducing maxBytes to {limit} due to memory limitation")
