@@ -3,6 +3,8 @@ are findings, and ranks that time out at one sequence number on different collec
 
 from __future__ import annotations
 
+from conftest import FIXTURES
+
 from diag.analyzers.nccl.log import parse_files
 
 # Real lines from an RCCL issue report (UCX net plugin with GPUDirect RDMA, two nodes; reporter
@@ -33,13 +35,20 @@ def _doc(tmp_path, text, name="x.log"):
 def test_failure_warns_and_an_error_chain_are_findings(tmp_path):
     doc = _doc(tmp_path, RCCL_UCX)
     by_id = {f["id"]: f for f in doc["findings"]}
-    assert set(by_id) == {"error_chain", "warn_failure"}, sorted(by_id)
+    assert set(by_id) == {"error_chain", "warn_failure", "proxy_failure"}, sorted(by_id)
     chain = by_id["error_chain"]
     assert chain["severity"] == "critical"
     assert chain["message"].startswith("NCCL returned error 3 (ncclInternalError) from src/transport/net.cc:858")
+    # The chain is tied to the WARN on its thread (10366:10377) that it followed.
+    assert chain["message"].endswith("after the WARN on the same thread: Failed: UCX error ucx_plugin.c:498 '-5' "
+                                     "Invalid parameter")
+    assert chain["evidence"][0] == RCCL_UCX.splitlines()[0]
     warn = by_id["warn_failure"]
-    assert warn["message"].startswith("3 NCCL WARN lines report a failure") and "UCX error" in warn["message"]
-    assert any("retcode 3" in line for line in warn["evidence"])
+    assert warn["message"].startswith("1 NCCL WARN line reports a failure") and "UCX error" in warn["message"]
+    # The proxy thread's two WARN lines (proxy.cc) are named as its own failure.
+    proxy = by_id["proxy_failure"]
+    assert proxy["details"] == {"operations": ["Connect"], "ranks": [1]}
+    assert proxy["evidence"] == RCCL_UCX.splitlines()[4:6]
 
 
 def test_a_plugin_lookup_warning_is_not_a_failure(tmp_path):
@@ -59,3 +68,18 @@ def test_ranks_on_different_collectives_at_one_seqnum_are_a_desync(tmp_path):
     # The same operation on both ranks is a plain timeout, not a desync.
     same = _doc(tmp_path, WATCHDOG.replace("BROADCAST", "ALLREDUCE"), "same.log")
     assert [f["id"] for f in same["findings"]] == ["collective_timeout"]
+
+
+def test_a_proxy_accept_failure_is_named_and_starts_its_error_chain():
+    """NVIDIA/nccl issue 1610: the proxy's accept fails with EAGAIN, then error chains on two ranks."""
+    doc = parse_files([str(FIXTURES / "nccl" / "nccllog_NVIDIA-nccl_1610_proxy_accept.txt")])
+    by_id = {f["id"]: f for f in doc["findings"]}
+    assert set(by_id) == {"proxy_failure", "error_chain"}  # no longer a bare "read the first WARN line"
+    proxy = by_id["proxy_failure"]
+    assert "first: [Service thread] Accept failed Resource temporarily unavailable" in proxy["message"]
+    assert proxy["details"] == {"operations": ["Close"], "ranks": [0]}
+    assert "connecting rank closed its end" in proxy["advice"]
+    chains = {tuple(c["frames"]): c for c in doc["error_chains"]}
+    assert "[Service thread] Accept failed" in chains[("misc/socket.cc:826",)]["started_by"]
+    # Rank 7's chains follow no WARN of their own threads in this log.
+    assert [c["started_by"] for k, c in chains.items() if len(k) > 1] == [None, None]

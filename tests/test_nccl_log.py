@@ -29,7 +29,8 @@ EXPECTED = {
     "inspector_NVIDIA-nccl_README.txt": (None, None, 2, 8, {}, set()),
     "nccllog_NVIDIA-nccl-tests_100.txt": (None, "nccl", 1, None, {"P2P/IPC": 4}, set()),
     "nccllog_NVIDIA-nccl-tests_131.txt": ("2.16.5+cuda11.8", "nccl", 1, None, {},
-                                          {"p2p_disabled", "ibverbs_missing", "topology_fallback"}),
+                                          {"p2p_disabled", "ibverbs_missing", "topology_fallback",
+                                           "socket_virtual_interface"}),
     "nccllog_NVIDIA-nccl-tests_166.txt": ("2.18.3+cuda12.2", "nccl", 1, None, {},
                                           {"net_socket_fallback", "ibverbs_missing", "cuda_library_missing"}),
     "nccllog_NVIDIA-nccl-tests_188.txt": (None, "nccl", 1, None, {}, {"nvls_unavailable"}),
@@ -90,6 +91,60 @@ def test_log_summary_and_findings(real_nccl, name):
         assert f["severity"] in ("critical", "warning", "info")
         assert f["message"] and f["evidence"], f
         assert len(f["evidence"]) <= 5
+
+
+def test_a_socket_on_a_vm_bridge_is_named_with_the_interface_to_use(real_nccl):
+    # "NET/Socket : Using [0]eth0:192.168.0.183<0> [1]virbr0:192.168.122.1<0>": libvirt's bridge.
+    doc = _doc(real_nccl, "nccllog_NVIDIA-nccl-tests_131.txt")
+    assert [(i["role"], i["name"], i["address"]) for i in doc["transports"]["interfaces"]] == [
+        ("bootstrap", "eth0", "192.168.0.183"), ("socket", "eth0", "192.168.0.183"),
+        ("socket", "virbr0", "192.168.122.1")]
+    (f,) = [f for f in doc["findings"] if f["id"] == "socket_virtual_interface"]
+    assert "virbr0 (virtual-machine bridge, 192.168.122.1)" in f["message"]
+    assert f["severity"] == "info"  # one node: no traffic leaves it yet
+    assert f["advice"].startswith("Set NCCL_SOCKET_IFNAME=eth0, or exclude it with NCCL_SOCKET_IFNAME=^virbr0")
+    assert f["evidence"] == ["Meowth:8756:8771 [0] NCCL INFO NET/Socket : Using [0]eth0:192.168.0.183<0> "
+                             "[1]virbr0:192.168.122.1<0>"]
+
+
+@pytest.mark.parametrize("name,interfaces", [
+    ("nccllog_NVIDIA-nccl-tests_166.txt", {("bootstrap", "ens4"), ("socket", "ens4")}),
+    ("nccltests_NVIDIA-nccl_1812.txt", {("bootstrap", "eth0")}),
+    ("nccllog_NVIDIA-nccl-tests_228.txt", {("oob", "ibs85f0")}),  # the OOB interface of NET/IB
+])
+def test_physical_interfaces_raise_nothing(real_nccl, name, interfaces):
+    doc = _doc(real_nccl, name)
+    assert {(i["role"], i["name"]) for i in doc["transports"]["interfaces"]} == interfaces
+    assert "socket_virtual_interface" not in {f["id"] for f in doc["findings"]}
+
+
+@pytest.mark.parametrize("name,address,kind", [
+    ("docker0", "172.17.0.1", "container bridge"), ("veth3f2a1c", "10.1.0.5", "container veth pair"),
+    ("virbr0", "192.168.122.1", "virtual-machine bridge"), ("ip6tnl0", "2001:db8::1", "tunnel"),
+    ("tun0", "10.8.0.2", "tunnel"), ("wg0", "10.0.0.7", "VPN"), ("flannel.1", "10.244.0.0", "container overlay"),
+    ("lo", "127.0.0.1", "loopback"), ("eth0", "127.0.0.2", "loopback"),
+    ("eth1", "169.254.10.2", "link-local address"), ("ib0", "fe80::1%ib0", "link-local address"),
+    ("eth0", "10.0.0.1", None), ("ens4", "10.0.0.2", None), ("enp1s0f0", "192.168.1.10", None),
+    ("ibs85f0", "192.168.1.10", None), ("bond0", "10.2.3.4", None), ("local0", "10.0.0.3", None),
+])
+def test_interface_kinds(name, address, kind):
+    from diag.analyzers.nccl.interfaces import interface_kind
+
+    assert interface_kind(name, address) == kind
+
+
+def test_a_virtual_interface_between_nodes_is_a_warning_with_the_bootstrap_too():
+    from diag.analyzers.nccl.findings import RULES_BY_ID
+
+    doc = {"nodes": 2, "communicators": [], "env": {"NCCL_SOCKET_IFNAME": "d"},
+           "transports": {"interfaces": [
+               {"role": "bootstrap", "name": "docker0", "address": "172.17.0.1", "line": "a"},
+               {"role": "socket", "name": "docker0", "address": "172.17.0.1", "line": "b"}]}}
+    res = RULES_BY_ID["socket_virtual_interface"].check(doc, {})
+    assert res["severity"] == "warning" and "other nodes cannot reach it" in res["message"]
+    assert "NCCL_SOCKET_IFNAME=<the interface the nodes reach each other on>" in res["advice"]
+    assert "NCCL_SOCKET_IFNAME=^docker0" in res["advice"] and "it is now 'd'" in res["advice"]
+    assert "MASTER_ADDR" in res["advice"] and res["evidence"] == ["a", "b"]
 
 
 def test_ranks_devices_bus_ids_and_communicator(real_nccl):

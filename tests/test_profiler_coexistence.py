@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -74,13 +75,26 @@ LOOP = textwrap.dedent("""
 """)
 
 
+def _run(cmd: list[str], timeout: float = 300, **env) -> subprocess.CompletedProcess:
+    """Run a job in its own session; on a timeout kill its whole process group (torchrun's
+    ranks too), so that no process outlives the test."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "PYTHONFAULTHANDLER": "1", **env})
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(cmd)} did not finish in {timeout} s\n{err[-3000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def _loop(tmp_path, mode):
     script = tmp_path / "loop.py"
     script.write_text(LOOP)
     out = tmp_path / "out"
     out.mkdir()
-    proc = subprocess.run([sys.executable, str(script), mode, str(tmp_path / "run"), str(out)], capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+    proc = _run([sys.executable, str(script), mode, str(tmp_path / "run"), str(out)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     gave_way = [ln for ln in proc.stderr.splitlines() if "diag's windows give way" in ln]
@@ -143,8 +157,7 @@ def test_without_the_guard_the_same_loop_fails(tmp_path):
                       "g.ProfilerGuard.install = lambda self: False\n" + LOOP)
     out = tmp_path / "out"
     out.mkdir()
-    proc = subprocess.run([sys.executable, str(script), "inside", str(tmp_path / "run"), str(out)],
-                          capture_output=True, text=True, timeout=300)
+    proc = _run([sys.executable, str(script), "inside", str(tmp_path / "run"), str(out)])
     broken = proc.returncode != 0
     if not broken:
         result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -162,10 +175,8 @@ def test_two_gloo_ranks_keep_their_profilers_and_training(tmp_path):
     script.write_text(DISTRIBUTED + LOOP)
     out = tmp_path / "out"
     out.mkdir()
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           str(script), "inside", str(tmp_path / "run"), str(out)],
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONFAULTHANDLER": "1", "OMP_NUM_THREADS": "1"})
+    proc = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                 str(script), "inside", str(tmp_path / "run"), str(out)], OMP_NUM_THREADS="1")
     assert proc.returncode == 0, proc.stderr[-3000:]
     for rank in (0, 1):
         result = json.loads((out / f"rank{rank}" / "result.json").read_text())
@@ -259,8 +270,7 @@ FRAMEWORK = textwrap.dedent("""
 def _framework(tmp_path, framework):
     script = tmp_path / "fit.py"
     script.write_text(FRAMEWORK)
-    proc = subprocess.run([sys.executable, str(script), framework, str(tmp_path)], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+    proc = _run([sys.executable, str(script), framework, str(tmp_path)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 

@@ -128,6 +128,8 @@ def render_text(doc: dict) -> str:
     for c in doc["error_chains"][:3]:
         L.append(f"  error chain: {c['code_name']} ({c['code']}) " + " -> ".join(c["frames"][:8])
                  + (" ..." if len(c["frames"]) > 8 else ""))
+        if c.get("started_by"):
+            L.append(f"    after: {c['started_by'].split('NCCL WARN', 1)[-1].strip()[:160]}")
     L.append("")
     if not doc["findings"]:
         L.append("No problems found.")

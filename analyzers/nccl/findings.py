@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from diag.analyzers.nccl.ib_status import ib_status
+from diag.analyzers.nccl.interfaces import interface_kind
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
@@ -189,9 +190,27 @@ def _error_chain(doc, sig):
         return None
     c = chains[0]
     more = f" ({len(chains) - 1} more chain{'s' if len(chains) > 2 else ''})" if len(chains) > 1 else ""
+    after = (f", after the WARN on the same thread: {c['started_by'].split('NCCL WARN', 1)[-1].strip()}"
+             if c.get("started_by") else "")
+    started = [c["started_by"] for c in chains if c.get("started_by")]
     return {"message": f"NCCL returned error {c['code']} ({c['code_name']}) from {c['origin']}, propagated through "
-                       f"{len(c['frames'])} frame{'s' if len(c['frames']) > 1 else ''}{more}",
-            "evidence": _lines(sig, "error_chain", "warn_failure")}
+                       f"{len(c['frames'])} frame{'s' if len(c['frames']) > 1 else ''}{after}{more}",
+            "evidence": list(dict.fromkeys(started + _lines(sig, "error_chain", "warn_failure")))[:5]}
+
+
+def _proxy_failure(doc, sig):
+    """NCCL's proxy service thread (which sets up and drives a process's network and shared-memory
+    connections for its local ranks) failed, named as such with the operation and rank it names."""
+    n = _count(sig, "proxy_failure")
+    if not n:
+        return None
+    data = sig["proxy_failure"].data
+    ops, ranks = data.get("operations") or [], data.get("ranks") or []
+    what = (f"; it failed to execute {', '.join(ops)} for local {_ranks_text(ranks)}" if ops else "")
+    first = sig["proxy_failure"].lines[0].split("NCCL WARN", 1)[-1].strip()
+    return {"message": f"NCCL's proxy service failed ({n} WARN line{'s' if n > 1 else ''}, first: {first}){what}",
+            "evidence": _lines(sig, "proxy_failure"),
+            "details": {"operations": ops, "ranks": ranks}}
 
 
 def _init_failure(doc, sig):
@@ -304,6 +323,39 @@ def _algo_forced(doc, sig):
             "evidence": _lines(sig, "env_NCCL_ALGO", "env_NCCL_PROTO")}
 
 
+_ROLE_TEXT = {"bootstrap": "its bootstrap", "socket": "socket connections", "oob": "InfiniBand's setup (OOB)"}
+
+
+def _virtual_interface(doc, sig):
+    """An interface other nodes cannot route to (a container bridge, a tunnel, the loopback)
+    among those NCCL chose, quoted with the interface to name instead."""
+    chosen = (doc.get("transports") or {}).get("interfaces") or []
+    bad = [(i, kind) for i in chosen if (kind := interface_kind(i.get("name"), i.get("address")))]
+    if not bad:
+        return None
+    names = list(dict.fromkeys(i["name"] for i, _ in bad))
+    usable = list(dict.fromkeys(i["name"] for i in chosen if i["name"] not in names))
+    uses = "; ".join(f"{_ROLE_TEXT.get(role, role)} on " + ", ".join(
+        f"{i['name']} ({kind}, {i['address']})" for i, kind in bad if i["role"] == role)
+        for role in dict.fromkeys(i["role"] for i, _ in bad))
+    multi = _multi_node(doc)
+    consequence = ("other nodes cannot reach it, or only through a slow path" if multi else
+                   "harmless while every rank is on this node, a hang or a slow path once the job spans nodes")
+    name_it = (f"NCCL_SOCKET_IFNAME={','.join(usable)}" if usable
+               else "NCCL_SOCKET_IFNAME=<the interface the nodes reach each other on>")
+    current = (doc.get("env") or {}).get("NCCL_SOCKET_IFNAME")
+    advice = (f"Set {name_it}, or exclude {'it' if len(names) == 1 else 'them'} with "
+              f"NCCL_SOCKET_IFNAME=^{','.join(names)}"
+              + (f" (it is now {current!r}, which still lets NCCL choose {', '.join(names)})" if current else "")
+              + ("; for the bootstrap, MASTER_ADDR must be an address of that interface too"
+                 if any(i["role"] == "bootstrap" for i, _ in bad) else "") + ".")
+    return {"message": f"NCCL uses {uses}: {consequence}", "advice": advice,
+            "severity": "warning" if multi else "info",
+            "evidence": list(dict.fromkeys(i["line"] for i, _ in bad))[:5],
+            "details": {"interfaces": [{**{k: i[k] for k in ("role", "name", "address")}, "kind": kind}
+                                       for i, kind in bad]}}
+
+
 def _simple(signal: str, message: str):
     def check(doc, sig):
         if not _count(sig, signal):
@@ -340,6 +392,13 @@ RULES: list[Rule] = [
          "that all ranks started, and the first WARN line of the error chain.", _init_failure),
     Rule("nccl_error", "critical", "NCCL or CUDA returned an error",
          "Re-run with NCCL_DEBUG=INFO (and NCCL_DEBUG_SUBSYS=INIT,NET) and read the first WARN line.", _nccl_error),
+    Rule("proxy_failure", "critical", "NCCL's proxy service thread failed",
+         "The proxy thread sets up and drives each process's network and shared-memory connections for its "
+         "local ranks, so its failures are usually a consequence: the local rank it names exited, crashed or "
+         "timed out first (read that rank's own log and the first WARN across all ranks); an accept that fails "
+         "with \"Resource temporarily unavailable\" means the connecting rank closed its end before the proxy "
+         "took it. Otherwise check that local ranks share one container or network namespace (their proxy "
+         "sockets must reach each other) and the open-files limit (`ulimit -n`).", _proxy_failure),
     Rule("error_chain", "critical", "NCCL returned an error up its call stack",
          "Read the first WARN line before the chain: it names the failing operation; the chain's innermost "
          "frame is where NCCL gave up.", _error_chain),
@@ -348,6 +407,8 @@ RULES: list[Rule] = [
          "NCCL recovered from can still slow the job or precede a hang.", _warn_failure),
     Rule("version_mismatch", "critical", "processes run different NCCL versions",
          "Use one NCCL build on every node (same container image / wheel).", _version_mismatch),
+    Rule("socket_virtual_interface", "warning", "NCCL chose a network interface other nodes cannot route to",
+         "Set NCCL_SOCKET_IFNAME to the interface the nodes reach each other on.", _virtual_interface),
     Rule("ib_error", "warning", "the InfiniBand transport reported errors",
          "Check the HCA state (`ibstat`, `ibv_devinfo`), firmware and dmesg on the reporting host.", _ib_error),
     Rule("ib_no_gdrdma", "warning", "InfiniBand runs without GPUDirect RDMA",
@@ -395,8 +456,9 @@ def evaluate(doc: dict, signals: dict) -> list[dict]:
         res = rule.check(doc, signals)
         if not res:
             continue
-        f = {"id": rule.id, "severity": rule.severity, "message": res["message"], "evidence": res["evidence"],
-             "summary": rule.summary, "advice": rule.advice}
+        # A check may sharpen the rule's severity and advice with what it found (names, values).
+        f = {"id": rule.id, "severity": res.get("severity", rule.severity), "message": res["message"],
+             "evidence": res["evidence"], "summary": rule.summary, "advice": res.get("advice", rule.advice)}
         if res.get("details"):
             f["details"] = res["details"]
         out.append(f)

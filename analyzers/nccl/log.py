@@ -37,6 +37,7 @@ from diag.analyzers.nccl.log_grammar import (
     _CHAIN,
     _COLL_REST,
     _ENV,
+    _IFACE,
     _INIT,
     _IP,
     _LINE_ERRORS,
@@ -52,6 +53,7 @@ from diag.analyzers.nccl.log_grammar import (
     MAX_CACHE,
     MAX_COMMS,
     MAX_EVIDENCE,
+    MAX_INTERFACES,
     MAX_PEERS,
     MAX_RANKS,
     MAX_SET,
@@ -92,6 +94,7 @@ class NcclLogParser(BulkLines, ErrorLines, LogDocument):
         self.by_kind: dict[str, int] = {}
         self.net_used: dict[str, int] = {}
         self.nics: list[str] = []
+        self.interfaces: dict[tuple[str, str, str], str] = {}  # (role, name, address) -> first line
         self.nvls = {"available": set(), "unavailable": set(), "heads": 0}
         self.collnet_lines = 0
         self.env: dict[str, str] = {}
@@ -108,6 +111,8 @@ class NcclLogParser(BulkLines, ErrorLines, LogDocument):
         self.warn_total = 0
         self.chains: dict[tuple, dict] = {}
         self._open_chain: dict[tuple, list] = {}
+        self._chain_warn: dict[tuple, str] = {}  # thread -> the WARN line its open chain followed
+        self._last_warn: dict[tuple, str] = {}  # thread -> its last WARN line not yet followed by a chain
         self.timeouts: dict[tuple, dict] = {}
         self.wd_state: dict[tuple, dict] = {}
         self.desync_reports: list[dict] = []
@@ -320,6 +325,15 @@ class NcclLogParser(BulkLines, ErrorLines, LogDocument):
         m = _IP.search(msg)
         if m and len(self.ips) < MAX_SET:
             self.ips.add(m.group(1))
+        if "Using" in msg:
+            self._interfaces("bootstrap", msg, line)
+
+    def _interfaces(self, role: str, text: str, line: str) -> None:
+        """The interfaces NCCL says it uses for `role` (bootstrap, socket, oob), each once."""
+        for m in _IFACE.finditer(text):
+            key = (role, m.group(1), m.group(2))
+            if key not in self.interfaces and len(self.interfaces) < MAX_INTERFACES:
+                self.interfaces[key] = line
 
     def _i_failed(self, line, pfx, msg) -> None:
         if "libibverbs" in msg:
@@ -431,12 +445,16 @@ class NcclLogParser(BulkLines, ErrorLines, LogDocument):
                     self.nics.append(n)
             if not nics:
                 self.signal("ib_no_device", line)
+            oob = msg.find("OOB ")
+            if oob >= 0:
+                self._interfaces("oob", msg[oob:], line)
         elif msg.startswith("NET/IB") and "No device found" in msg:
             self.signal("ib_no_device", line)
         elif msg.startswith("NET/Socket") and "Using" in msg:
             m = _IP.search(msg)
             if m and len(self.ips) < MAX_SET:
                 self.ips.add(m.group(1))
+            self._interfaces("socket", msg, line)
         elif msg.startswith("NET/Plugin"):
             pass
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from diag.analyzers.nccl.log_grammar import (
     MAX_CHAINS,
     MAX_COMMS,
+    MAX_INTERFACES,
     MAX_PEERS,
     MAX_RANKS,
     MAX_SET,
@@ -96,6 +97,9 @@ class LogDocument:
         for n in o.nics:
             if n not in self.nics and len(self.nics) < 256:
                 self.nics.append(n)
+        for k, line in o.interfaces.items():
+            if k not in self.interfaces and len(self.interfaces) < MAX_INTERFACES:
+                self.interfaces[k] = line
         self.env.update(o.env)
 
     def _merge_collectives(self, o: LogDocument) -> None:
@@ -236,6 +240,8 @@ class LogDocument:
             "by_kind": dict(sorted(self.by_kind.items(), key=lambda kv: -kv[1])),
             "network": sorted(self.net_used, key=lambda n: -self.net_used[n]),
             "nics": self.nics,
+            "interfaces": [{"role": role, "name": name, "address": address, "line": line}
+                           for (role, name, address), line in self.interfaces.items()],
             "gdrdma": sum(v for k, v in net_kinds.items() if k.endswith("/GDRDMA")),
             "no_gdrdma": sum(v for k, v in net_kinds.items() if not k.endswith("/GDRDMA")),
             "pxn": self.pxn,

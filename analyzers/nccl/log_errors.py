@@ -23,6 +23,7 @@ from diag.analyzers.nccl.log_grammar import (
     _LOC_START,
     _PROM,
     _PROM_LABEL,
+    _PROXY_OP,
     _RAN_FOR,
     _RANK_TAG,
     _SOCKET_WORDS,
@@ -53,7 +54,11 @@ class ErrorLines:
         if frames is None:
             if len(self._open_chain) >= MAX_CACHE:
                 self._open_chain.clear()
+                self._chain_warn.clear()
             frames = self._open_chain[tkey] = []
+            warn = self._last_warn.pop(tkey, None)
+            if warn is not None:
+                self._chain_warn[tkey] = warn
         if len(frames) < 64:
             frames.append((f"{file}:{lineno}", int(code), "[Async thread]" in rest or "[Proxy Thread]" in rest))
         b = self.signal("error_chain", line)
@@ -62,12 +67,19 @@ class ErrorLines:
             self.signal("init_failure", line)
 
     def _close_chains(self) -> None:
-        for frames in self._open_chain.values():
-            self._record_chain(frames)
+        for tkey, frames in self._open_chain.items():
+            self._record_chain(frames, self._chain_warn.get(tkey))
         self._open_chain.clear()
+        self._chain_warn.clear()
 
-    def _record_chain(self, frames: list) -> None:
-        """One finished `file.cc:line -> code` chain (innermost frame first), counted by its frames."""
+    def _end_chain(self, tkey: tuple) -> None:
+        frames = self._open_chain.pop(tkey, None)
+        if frames is not None:
+            self._record_chain(frames, self._chain_warn.pop(tkey, None))
+
+    def _record_chain(self, frames: list, warn: str | None) -> None:
+        """One finished `file.cc:line -> code` chain (innermost frame first), counted by its frames,
+        with the WARN line on the same thread that it followed (None: no WARN started it here)."""
         if not frames:
             return
         key = tuple(f for f, _, _ in frames)
@@ -77,7 +89,10 @@ class ErrorLines:
                 return
             code = frames[0][1]
             c = self.chains[key] = {"code": code, "code_name": nccl_result(code)["name"], "frames": list(key),
-                                    "origin": key[0], "async": any(a for _, _, a in frames), "count": 0}
+                                    "origin": key[0], "async": any(a for _, _, a in frames), "count": 0,
+                                    "started_by": warn}
+        elif c["started_by"] is None:
+            c["started_by"] = warn
         c["count"] += 1
 
     # -- NCCL WARN -------------------------------------------------------------------------
@@ -107,10 +122,12 @@ class ErrorLines:
             w["hosts"].append(pfx[0])
         if len(w["evidence"]) < self.cap:
             w["evidence"].append(line[:1000])
-        # a WARN starts a new error chain on this thread
+        # a WARN ends the thread's open error chain and may start the next one
         tkey = (pfx[0], pfx[1], pfx[2], pfx[3])
-        if tkey in self._open_chain:
-            self._record_chain(self._open_chain.pop(tkey))
+        self._end_chain(tkey)
+        if len(self._last_warn) >= MAX_CACHE:
+            self._last_warn.clear()
+        self._last_warn[tkey] = line[:1000]
         self._classify_warn(line, msg, short)
 
     def _classify_warn(self, line: str, msg: str, loc: str | None) -> None:
@@ -124,6 +141,11 @@ class ErrorLines:
                 self.signal("ib_completion_error", line, statuses=[code], peers=[peer] if peer else None,
                             vendor=[int(vendor)] if vendor else None)
                 return
+        if (loc or "").rsplit("/", 1)[-1].startswith("proxy.cc") or "[Proxy Service" in msg or "[Service thread]" in msg:
+            m = _PROXY_OP.search(msg)
+            self.signal("proxy_failure", line, operations=[m.group(1)] if m else None,
+                        ranks=[int(m.group(2))] if m else None)
+            return
         if ("socket" in (loc or "")) or any(w in msg for w in _SOCKET_WORDS):
             self.signal("socket_error", line)
             if "bootstrap" in msg.lower():

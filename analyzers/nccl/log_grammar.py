@@ -37,6 +37,9 @@ MAX_CACHE = 50000
 MAX_SET = 100000
 
 
+MAX_INTERFACES = 256  # (role, interface, address) triples kept
+
+
 MAX_LINE = 1 << 20  # characters kept of one line
 
 
@@ -107,6 +110,16 @@ _VERSION = re.compile(r"\b([NR]CCL) version\s*:?\s*(\d[\w.+\-:]*)")
 
 
 _IP = re.compile(r"(?<![\w.\-])(?:\[0\])?[\w.\-]{1,64}:([0-9a-fA-F.:]{1,45})<\d+>")
+
+
+# "[Proxy Service 0] Failed to execute operation Close from rank 0, retcode 3": what the
+# proxy thread was doing, and for which local rank.
+_PROXY_OP = re.compile(r"Failed to execute operation (\w{1,40}) from rank (\d{1,7})")
+
+
+# Every "name:address<port>" of a Bootstrap, NET/Socket or NET/IB OOB line: the interface
+# NCCL chose and its address (IPv6 with a scope, "fe80::1%eth0", too).
+_IFACE = re.compile(r"(?<![\w.\-])(?:\[\d{1,3}\])?([\w.\-]{1,64}):([0-9A-Za-z.:%\-]{1,64})<\d+>")
 
 
 _IB_COMPLETION = re.compile(
