@@ -92,6 +92,7 @@ class TraceRankFacts(_WaitSplit):
     timeline: str  # "device" | "cpu"
     device_events_missing: bool  # a GPU process's trace without its device events
     op_coverage: float | None  # share of the host events the profiler numbered that the trace holds
+    iterations: dict | None  # without ProfilerStep spans: the iterations judged (trace.iterations.Iterations)
     n_events: int
     repairs: dict | None  # what the loader converted or skipped
     attribution_order: list[str]

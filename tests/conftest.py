@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -110,3 +112,17 @@ def wait_for_line(lines: list, text: str, proc, timeout_s: float = 200.0) -> Non
         assert proc.poll() is None, "".join(lines)[-3000:]
         assert time.monotonic() < deadline, "".join(lines)[-3000:]
         time.sleep(0.2)
+
+
+def run_job(cmd: list[str], timeout: float, cwd=None, env=None) -> subprocess.CompletedProcess:
+    """Run a job in its own session; on a timeout kill its whole process group (a launcher's
+    ranks too), so that no process outlives the test."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(map(str, cmd))} did not finish in {timeout} s\n{out[-2000:]}\n{err[-3000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)

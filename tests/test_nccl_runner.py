@@ -12,6 +12,7 @@ import textwrap
 import time
 
 import pytest
+from conftest import run_job
 
 from diag import nccl_table
 from diag.analyzers.nccl import nccl_tests
@@ -31,16 +32,7 @@ def _env(**extra) -> dict:
 
 
 def _run(cmd: list[str], cwd, env=None, timeout=RUN_TIMEOUT) -> subprocess.CompletedProcess:
-    """Run a job in its own session; on a timeout kill the whole group so no rank outlives the test."""
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env or _env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{' '.join(cmd)} did not finish in {timeout} s\n{out}\n{err}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    return run_job(cmd, timeout, cwd=cwd, env=env or _env())
 
 
 def _diag(*args) -> list[str]:

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import run_job
 
 # diag's windows: steps 2-4 (warm-up 1), 10-12, 18-20, 26-28 (skip_first 1, warmup 1, active 3, every 8).
 LOOP = textwrap.dedent("""
@@ -76,17 +76,7 @@ LOOP = textwrap.dedent("""
 
 
 def _run(cmd: list[str], timeout: float = 300, **env) -> subprocess.CompletedProcess:
-    """Run a job in its own session; on a timeout kill its whole process group (torchrun's
-    ranks too), so that no process outlives the test."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env={**os.environ, "PYTHONFAULTHANDLER": "1", **env})
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{' '.join(cmd)} did not finish in {timeout} s\n{err[-3000:]}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    return run_job(cmd, timeout, env={**os.environ, "PYTHONFAULTHANDLER": "1", **env})
 
 
 def _loop(tmp_path, mode):

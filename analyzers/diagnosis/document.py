@@ -104,7 +104,9 @@ def _judge(job: dict, ranks: dict, run: dict, tree) -> dict:
     ev = evidence(ranks, allt, steps, job_shares, basis, stragglers, ctx.nccl, findings)
     headline = _headline(ctx)
     blind = [k for k, r in ranks.items() if r["analysis"].get("device_events_missing")]
-    confidence = _confidence(bound, _measured(allt, mset), path, run, world, job.get("borderline"), blind)
+    whole = [k for k, r in ranks.items()
+             if r["analysis"].get("iterations") and not r["analysis"]["iterations"].get("marker")]
+    confidence = _confidence(bound, _measured(allt, mset), path, run, world, job.get("borderline"), blind, whole)
     memory = memory_section(ranks, tree, world)
     recs = recommendations(ctx, findings, memory, ev)
     headline["note"] = _order_note(bound, recs, job_shares)
@@ -291,9 +293,11 @@ def _measured(allt: Steps, mset: dict | None) -> Steps:
 
 # The highest confidence a verdict can have when a GPU process's trace lacks its device events.
 BLIND_DEVICE_SCORE = 0.45
+# The confidence kept when a trace had to be judged whole (no steps, no iterations found).
+WHOLE_TRACE_FACTOR = 0.7
 
 
-def _confidence(bound, allt: Steps, path, run, world, edge=None, blind=()) -> dict:
+def _confidence(bound, allt: Steps, path, run, world, edge=None, blind=(), whole=()) -> dict:
     """A score in [0, 1] from four factors, each explained in a sentence."""
     if bound is None:
         return {"level": "none", "score": 0.0, "reasons": ["There is no verdict to be sure of."]}
@@ -356,6 +360,10 @@ def _confidence(bound, allt: Steps, path, run, world, edge=None, blind=()) -> di
     if run.get("problems"):
         factor *= 0.9
         reasons.append(f"{len(run['problems'])} file(s) were damaged or unreadable and were skipped.")
+    if whole:
+        factor *= WHOLE_TRACE_FACTOR
+        reasons.append(f"The traces of rank(s) {', '.join(map(str, whole[:8]))} have no steps and no iterations "
+                       "could be found in them: each was judged whole, start-up included.")
     score = round(base * factor, 2)
     if blind:
         score = min(score, BLIND_DEVICE_SCORE)

@@ -85,6 +85,25 @@ def _trace_notes(facts: dict, sampled: bool) -> list[dict]:
                       "verdict on the device's work.",
             "evidence": {"source": "trace"},
         })
+    it = facts.get("iterations")
+    if it and it.get("marker"):
+        notes.append({
+            "id": "iterations_from_markers",
+            "severity": "info",
+            "message": f"The trace has no ProfilerStep spans: its steps are {len(it['used'])} iterations found "
+                       f"from markers ({it['reason']}).",
+            "advice": "torch.profiler's schedule (or a ProfilerStep per step) marks the steps exactly.",
+            "evidence": {**it, "source": "trace"},
+        })
+    elif it:
+        notes.append({
+            "id": "no_iterations",
+            "severity": "warning",
+            "message": f"The trace has {it['reason']}.",
+            "advice": "Record with torch.profiler.profile(schedule=...) and call prof.step() every step, or wrap "
+                      "each step in record_function, so that steady steps can be told from start-up.",
+            "evidence": {**it, "source": "trace"},
+        })
     if sampled:
         notes.append({
             "id": "sampled_trace",

@@ -29,6 +29,7 @@ from diag.analyzers.trace.attribution import (
     attribute,
     normalize_shares,
 )
+from diag.analyzers.trace.iterations import steady_iterations
 from diag.analyzers.trace.load import Trace, load_trace, step_windows
 from diag.analyzers.whatif import rank as what_if
 from diag.errors import DiagInputError
@@ -115,6 +116,10 @@ def facts_of_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: 
     windows = step_windows(trace)
     if not windows:
         raise DiagInputError("trace has no timed events", source=trace.source)
+    iterations = None
+    if not trace.steps:  # no ProfilerStep spans: the steady iterations, found from repeating markers
+        iterations = steady_iterations(trace, windows[0][1:], tree.thresholds)
+        windows = iterations.windows
     win = np.array([[w[1], w[2]] for w in windows], dtype=np.float64)
 
     op_info = _op_info(trace, device)
@@ -193,6 +198,8 @@ def facts_of_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: 
         "device_events_missing": not on_device and (props is not None or len(trace.rt_ts) > 0),
         # The share of the host events the profiler numbered that the trace holds (None: not numbered).
         "op_coverage": trace.op_coverage,
+        # Without ProfilerStep spans: which iterations were judged, found how (None: the trace has steps).
+        "iterations": iterations.facts() if iterations is not None else None,
         "n_events": trace.n_events,
         "repairs": trace.repairs,
         "attribution_order": list(order) + ["host"],
