@@ -29,6 +29,7 @@ MARKERS = (
     ("enumerate(DataLoader)#", "the DataLoader's next batch"),
 )
 USER_ANNOTATION = 1  # cpu_kind of record_function ranges (schema.CPU_CATS)
+MAX_CANDIDATES = 16  # markers tried at most (each try reads the trace's host columns once)
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ def _starts(trace, name_id: int) -> np.ndarray:
     return np.unique(trace.cpu_ts[rows])  # sorted; one per start (nested repeats collapse)
 
 
-def _candidates(trace) -> list[tuple[int, str, str]]:
+def _candidates(trace, min_occurrences: int) -> list[tuple[int, str, str]]:
     """(name id, name, kind) of repeating markers, by preference."""
     by_prefix: dict[str, tuple[int, str]] = {}
     annotations: list[tuple[int, int, str]] = []
@@ -70,20 +71,20 @@ def _candidates(trace) -> list[tuple[int, str, str]]:
     user_ids, user_counts = np.unique(trace.cpu_name[trace.cpu_kind == USER_ANNOTATION], return_counts=True)
     for i, n in zip(user_ids.tolist(), user_counts.tolist()):
         name = trace.names[i]
-        if not name.startswith(tuple(p for p, _ in MARKERS)) and not name.startswith("ProfilerStep"):
+        if n >= min_occurrences and not name.startswith(tuple(p for p, _ in MARKERS) + ("ProfilerStep",)):
             annotations.append((n, i, name))
     out = [(by_prefix[p][0], trace.names[by_prefix[p][0]], kind) for p, kind in MARKERS if p in by_prefix]
     # Then user annotations, the least repeated first: one around each step repeats less often
     # than one around each layer.
     out += [(i, name, "a user annotation") for _, i, name in sorted(annotations)]
-    return out
+    return out[:MAX_CANDIDATES]
 
 
 def steady_iterations(trace, whole: tuple[float, float], thresholds: dict) -> Iterations:
     """The steady iterations of a trace without ProfilerStep spans, or the whole trace as one window."""
     min_count = int(thresholds["iteration_min_count"])
     ratio = float(thresholds["iteration_startup_ratio"])
-    for name_id, name, kind in _candidates(trace):
+    for name_id, name, kind in _candidates(trace, min_count + 1):
         starts = _starts(trace, name_id)
         if len(starts) < min_count + 1:
             continue
