@@ -138,9 +138,9 @@ class ExportRoute:
     """Where the next trace is written, by which stalls the training thread less.
 
     torch writes a trace in C++ without releasing the GIL, so a writing thread stops the
-    training thread for the whole write: 1.4 s for a 86 MB trace here, during which training
-    ran at under 1% of its speed. A forked child stops it only for the fork, tens of ms for a
-    process of a few GB. Small traces are the other way round. Both costs are measured as
+    training thread for the whole write: 0.77 s for an 86 MB trace here, during which training
+    ran at under 1% of its speed (bench/bench_trace_export.py). A forked child stops it only
+    for the fork, tens of ms for a process of a few GB. Small traces are the other way round. Both costs are measured as
     windows are written (a child times its own write, which is what a thread would have
     stalled) and the smaller last one decides; the first window goes to a child, which measures
     both."""
@@ -335,10 +335,19 @@ class ProfilerWindows:
         tmp = self.trace_dir / f".window-{first:06d}.tmp"
         try:
             self.trace_dir.mkdir(parents=True, exist_ok=True)
+            written = False
             if self.export_route.use_child():
-                fork_s, write_s = _write_in_child(prof, tmp)
-                self.export_route.wrote(write_s, fork_s)
-            else:
+                try:
+                    fork_s, write_s = _write_in_child(prof, tmp)
+                    self.export_route.wrote(write_s, fork_s)
+                    written = True
+                except (ExportFailed, OSError) as exc:
+                    # The child could not write (fork refused, the child failed or hung): threads
+                    # write from now on, this window included, over whatever the child left.
+                    self.export_route.child_allowed = False
+                    self._log(f"profiler: writing the trace from a child process failed ({exc}); "
+                              "traces are written by a thread from now on")
+            if not written:
                 t0 = time.perf_counter()
                 prof.export_chrome_trace(str(tmp))
                 self.export_route.wrote(time.perf_counter() - t0)

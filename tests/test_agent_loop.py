@@ -347,3 +347,21 @@ def test_the_trace_goes_where_it_stalls_training_least():
     route.wrote(0.2)  # written by a thread, and it grew
     assert route.use_child()
     assert not ExportRoute(child_allowed=False).use_child()
+
+
+def test_a_failing_child_hands_the_trace_to_a_thread_and_logs_once(tmp_path, monkeypatch):
+    from diag.collectors import profiler_windows as pw
+
+    def refuse(prof, path, timeout_s=0):
+        path.write_text("partial")  # what a child killed mid-write leaves
+        raise pw.ExportFailed("the process writing the trace exited with 1")
+
+    monkeypatch.setattr(pw, "_write_in_child", refuse)
+    with _agent(tmp_path) as agent:
+        _train(agent, 12, sleep_s=0.05)
+    rd = rundir.RunDir(agent.run_dir)
+    assert [(w["first_step"], w["last_step"]) for w in rd.windows(0)] == [(3, 4), (9, 10)]
+    assert all(p.stat().st_size > 100 for p in rd.traces(0))  # whole traces, not the child's leftovers
+    events = _events(agent.run_dir)
+    assert sum("from a child process failed" in m for m in events) == 1
+    assert not any("profiling switched off" in m for m in events)
