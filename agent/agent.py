@@ -28,6 +28,7 @@ from pathlib import Path
 from diag import calibrate, rundir
 from diag.collectors import device_map, launch_env, nccl_env
 from diag.collectors.device_clock import DeviceClock, HeldSteps
+from diag.collectors.loader_facts import loader_facts
 from diag.collectors.profiler_guard import ProfilerGuard
 from diag.collectors.profiler_windows import ProfilerWindows, WindowSettings
 from diag.collectors.run_writer import RunWriter
@@ -183,8 +184,10 @@ class Agent:
 
     def loader(self, iterable):
         """Yield from `iterable`, timing each wait for the next batch as data wait."""
-        it = iter(iterable)
         timer = self.timer or self.start().timer
+        if not self._loader_used:
+            self._record_loader(iterable)
+        it = iter(iterable)
         first = not self._loader_used and timer.step == 0
         self._loader_used = True
         perf = time.perf_counter
@@ -211,6 +214,16 @@ class Agent:
             if clock is not None:
                 clock.data_end()
             yield batch
+
+    def _record_loader(self, iterable) -> None:
+        """The first wrapped DataLoader's settings, for rank.json (the data causes quote them)."""
+        try:
+            facts = loader_facts(iterable)
+            if facts is not None and self.writer is not None:
+                facts["local_ranks"] = self.launch.local_world_size if self.launch is not None else None
+                self.writer.update_info(loader=facts)
+        except Exception as exc:
+            self._log(f"agent: DataLoader settings not recorded ({type(exc).__name__}: {exc})")
 
     def step(self, samples: float | None = None, tokens: float | None = None) -> None:
         """End the current training step (and start the next)."""

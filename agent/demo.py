@@ -220,8 +220,8 @@ def _rank_main(local_rank: int, cfg: dict, done=None) -> None:
         ddp = torch.nn.parallel.DistributedDataParallel(model)
         opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
         agent.watch(ddp, opt)  # parameters, gradients and optimizer state, for the memory section and `diag plan --run`
-        it = iter(batches)
-        for _, batch in zip(range(steps), agent.loader(it)):
+        # The DataLoader itself, not an iterator over it: the agent records its settings.
+        for _, batch in zip(range(steps), agent.loader(batches)):
             opt.zero_grad(set_to_none=True)
             loss = step_fn(ddp, batch)
             loss.backward()

@@ -163,6 +163,7 @@ class RunRankFacts(TypedDict):
     step_time_ms: dict  # p50, p95, mean
     throughput: dict  # samples_per_s, tokens_per_s
     model: dict | None  # what the live model and optimizer held
+    loader: dict | None  # the wrapped DataLoader's settings (num_workers, pin_memory, ...)
     critical_path: dict | None
     what_if: list[dict]
     rates: dict | None  # FLOPs and the rate of the device work of the profiled steps

@@ -321,14 +321,18 @@ def test_a_trace_is_written_by_a_child_that_fails_or_hangs_visibly(tmp_path):
 @pytest.mark.parametrize("in_child", [True, False])
 def test_windows_are_written_by_a_child_or_a_thread(tmp_path, in_child):
     with _agent(tmp_path, export_in_child=in_child) as agent:
-        # Steps of 50 ms: the first trace is written before the second window starts.
+        # Steps of 50 ms: the first trace is usually written before the second window starts.
         _train(agent, 12, sleep_s=0.05)
     rd = rundir.RunDir(agent.run_dir)
-    assert [(w["first_step"], w["last_step"]) for w in rd.windows(0)] == [(3, 4), (9, 10)]
+    windows = [(w["first_step"], w["last_step"]) for w in rd.windows(0)]
+    # On a loaded machine the second window may come while the first is still being written:
+    # it is then skipped, and says so.
+    assert windows == [(3, 4), (9, 10)] or (
+        windows == [(3, 4)] and any("still exporting; window skipped" in m for m in _events(agent.run_dir)))
     import gzip
     import json
 
-    for trace, first in zip(rd.traces(0), (3, 9)):
+    for trace, (first, _) in zip(rd.traces(0), windows):
         with gzip.open(trace, "rt") as f:
             names = {e.get("name") for e in json.load(f)["traceEvents"]}
         assert f"ProfilerStep#{first}" in names

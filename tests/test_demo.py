@@ -70,10 +70,27 @@ def test_demo_verdict_matches_the_induced_bottleneck(bottleneck, tmp_path):
             schedule(STEPS)["skip_first"] + schedule(STEPS)["warmup"])
     if bottleneck == "none":
         assert _warnings(doc) == [], _warnings(doc)
+    _assert_causes(bottleneck, doc["diagnosis"])
     report = os.path.join(actual, "report.html")
     assert os.path.exists(report), os.listdir(actual)
     assert f"Report: {report}" in out
     _assert_one_set_of_numbers(json.loads(Path(actual, "summary.json").read_text())["diagnosis"], doc)
+
+
+def _assert_causes(bottleneck: str, diagnosis: dict) -> None:
+    """The data demo's DataLoader (agent/demo.py: SlowStorage, num_workers=0) is named as the
+    cause, first among the data recommendation's actions; no other demo has a data cause."""
+    found = {c["id"]: c for c in diagnosis["causes"]}
+    if bottleneck != "data":
+        assert "data_loader_no_workers" not in found, found
+        return
+    cause = found["data_loader_no_workers"]
+    assert cause["evidence"]["ranks"] == [0, 1]
+    assert cause["evidence"]["loader"]["num_workers"] == 0 and cause["evidence"]["loader"]["dataset"] == "SlowStorage"
+    assert "DataLoader over SlowStorage has num_workers=0 on ranks 0, 1" in cause["text"]
+    rec = next(r for r in diagnosis["recommendations"] if r["id"] == "phase-data")
+    assert rec["causes"] == ["data_loader_no_workers"] and rec["actions"][0] == cause["action"]
+    assert not any(a.startswith("Raise DataLoader num_workers") for a in rec["actions"])  # superseded
 
 
 def _assert_one_set_of_numbers(summary: dict, doc: dict) -> None:

@@ -26,6 +26,7 @@ import math
 import numpy as np
 
 from diag.analyzers.diagnosis import decision_tree
+from diag.analyzers.diagnosis.causes import causes
 from diag.analyzers.diagnosis.context import JobContext
 from diag.analyzers.diagnosis.decision_tree import metric_text
 from diag.analyzers.diagnosis.evidence import evidence, merged_findings, nccl_facts
@@ -108,7 +109,8 @@ def _judge(job: dict, ranks: dict, run: dict, tree) -> dict:
              if r["analysis"].get("iterations") and not r["analysis"]["iterations"].get("marker")]
     confidence = _confidence(bound, _measured(allt, mset), path, run, world, job.get("borderline"), blind, whole)
     memory = memory_section(ranks, tree, world)
-    recs = recommendations(ctx, findings, memory, ev)
+    found = causes(ctx)
+    recs = recommendations(ctx, findings, memory, ev, found)
     headline["note"] = _order_note(bound, recs, job_shares)
     return {
         "schema": SCHEMA,
@@ -123,6 +125,8 @@ def _judge(job: dict, ranks: dict, run: dict, tree) -> dict:
         "findings": findings,
         "evidence": ev,
         "recommendations": recs,
+        # What in the job's own objects makes a phase slow (causes.py), each quoting its names.
+        "causes": found,
         # The job's critical path and what-if predictions, as the job analysis replayed them.
         "what_if": {"critical_path": job.get("critical_path"),
                     "changes": [e for e in job.get("what_if") or [] if isinstance(e, dict)]},

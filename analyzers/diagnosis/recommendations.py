@@ -14,8 +14,10 @@ from diag.analyzers.diagnosis.context import JobContext
 from diag.analyzers.diagnosis.inputs import CLASSES, PHASE_LABELS, num, pct
 
 
-def recommendations(ctx: JobContext, findings: list[dict], memory: dict, evidence: list[dict]) -> list[dict]:
-    """What to change, ranked by predicted gain, each linked to the evidence behind it."""
+def recommendations(ctx: JobContext, findings: list[dict], memory: dict, evidence: list[dict],
+                    causes: list[dict] = ()) -> list[dict]:
+    """What to change, ranked by predicted gain, each linked to the evidence behind it; a phase's
+    causes (causes.py) lead its actions, in the job's own names."""
     bound, job_shares, tree, job, stragglers, nccl = ctx.bound, ctx.shares, ctx.tree, ctx.job, ctx.stragglers, ctx.nccl
     ev_ids = {e["id"] for e in evidence}
     recs = []
@@ -44,10 +46,15 @@ def recommendations(ctx: JobContext, findings: list[dict], memory: dict, evidenc
                     if isinstance(f, dict) and f.get("id") in COMM_CAUSE_FINDINGS and f.get("message"):
                         why += " " + str(f["message"])
             pred = _best_prediction(what_if, p)
+            mine = [c for c in causes if c["phase"] == p]
+            why += "".join(" " + c["text"] for c in mine)
             recs.append({
                 "id": f"phase-{p}",
                 "title": _phase_title(p, share),
-                "actions": list(tree.verdicts[p]["fixes"]),
+                "actions": [c["action"] for c in mine] + [
+                    f for f in tree.verdicts[p]["fixes"]
+                    if not any(f.startswith(old) for c in mine for old in c["supersedes"])],
+                "causes": [c["id"] for c in mine],
                 **_predicted_gain(pred, share, PHASE_LABELS[p]),
                 "evidence": sorted(set(refs)),
                 "why": why,

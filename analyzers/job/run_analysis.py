@@ -206,6 +206,8 @@ def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None
         **_step_time_and_throughput(counted),
         # What the live model and optimizer held (diag.collectors.model_facts), and the rates measured.
         "model": model if isinstance(model, dict) else None,
+        # The settings of the DataLoader the agent wrapped (diag.collectors.loader_facts).
+        "loader": info.get("loader") if isinstance(info.get("loader"), dict) else None,
         "critical_path": critical_path,
         "what_if": what_if_entries,
         "rates": measured_rates([trace_steps[n] for n in sorted(trace_steps)], {r["step"]: r for r in records},

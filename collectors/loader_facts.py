@@ -1,0 +1,35 @@
+"""What the job's DataLoader says about itself: its settings, read once when `agent.loader()`
+first wraps it, for the diagnosis to name ("num_workers=0") instead of guessing."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def _cpus() -> int | None:
+    try:
+        return len(os.sched_getaffinity(0))  # the CPUs this process may run on (taskset, cgroups)
+    except (AttributeError, OSError):
+        return os.cpu_count()
+
+
+def loader_facts(obj) -> dict | None:
+    """A torch DataLoader's settings, the dataset's class and the CPUs this process may use;
+    None for any other iterable (a generator, a list, a framework's own loader)."""
+    torch = sys.modules.get("torch")
+    data = getattr(getattr(torch, "utils", None), "data", None)
+    loader_class = getattr(data, "DataLoader", None)
+    if loader_class is None or not isinstance(obj, loader_class):
+        return None
+    workers = int(obj.num_workers)
+    return {
+        "class": type(obj).__name__,
+        "dataset": type(obj.dataset).__name__,
+        "num_workers": workers,
+        "batch_size": obj.batch_size if isinstance(obj.batch_size, int) else None,
+        "pin_memory": bool(obj.pin_memory),
+        "prefetch_factor": obj.prefetch_factor if workers > 0 else None,
+        "persistent_workers": bool(obj.persistent_workers),
+        "cpus": _cpus(),
+    }
