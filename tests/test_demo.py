@@ -78,19 +78,28 @@ def test_demo_verdict_matches_the_induced_bottleneck(bottleneck, tmp_path):
 
 
 def _assert_causes(bottleneck: str, diagnosis: dict) -> None:
-    """The data demo's DataLoader (agent/demo.py: SlowStorage, num_workers=0) is named as the
-    cause, first among the data recommendation's actions; no other demo has a data cause."""
+    """The data demo's DataLoader (agent/demo.py: SlowStorage, num_workers=0) and the host demo's
+    per-element .item() loop are named as causes, first among their phase's actions; no other
+    demo has either."""
     found = {c["id"]: c for c in diagnosis["causes"]}
-    if bottleneck != "data":
-        assert "data_loader_no_workers" not in found, found
+    expected = {"data": "data_loader_no_workers", "host": "host_sync_points"}.get(bottleneck)
+    assert set(found) - {expected} == set(), found
+    if expected is None:
         return
-    cause = found["data_loader_no_workers"]
+    cause = found[expected]
     assert cause["evidence"]["ranks"] == [0, 1]
-    assert cause["evidence"]["loader"]["num_workers"] == 0 and cause["evidence"]["loader"]["dataset"] == "SlowStorage"
-    assert "DataLoader over SlowStorage has num_workers=0 on ranks 0, 1" in cause["text"]
-    rec = next(r for r in diagnosis["recommendations"] if r["id"] == "phase-data")
-    assert rec["causes"] == ["data_loader_no_workers"] and rec["actions"][0] == cause["action"]
-    assert not any(a.startswith("Raise DataLoader num_workers") for a in rec["actions"])  # superseded
+    if bottleneck == "data":
+        assert cause["evidence"]["loader"]["num_workers"] == 0
+        assert cause["evidence"]["loader"]["dataset"] == "SlowStorage"
+        assert "DataLoader over SlowStorage has num_workers=0 on ranks 0, 1" in cause["text"]
+    else:
+        # The demo's loop calls .item() twice per element of its output (agent/demo.py, _host_step).
+        (op,) = cause["evidence"]["ops"]
+        assert op["name"] == "aten::item" and cause["evidence"]["per_step"] == 768
+        assert "aten::item 768 times" in cause["text"] and "per-element .item()" in cause["action"]
+    rec = next(r for r in diagnosis["recommendations"] if r["id"] == f"phase-{bottleneck}")
+    assert rec["causes"] == [expected] and rec["actions"][0] == cause["action"]
+    assert not any(a.startswith(tuple(cause["supersedes"])) for a in rec["actions"])
 
 
 def _assert_one_set_of_numbers(summary: dict, doc: dict) -> None:

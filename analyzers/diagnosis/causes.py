@@ -61,8 +61,51 @@ def _no_loader_workers(ctx: JobContext) -> dict | None:
     }
 
 
+# Ops that bring a tensor's value to the host, and the call in the job's code that makes each:
+# on a GPU every one waits for the device to reach it.
+SYNC_OPS = {
+    "aten::item": ".item()",
+    "aten::is_nonzero": "bool(tensor) or `if tensor:`",
+    "aten::nonzero": "nonzero() or boolean-mask indexing",
+    "aten::equal": "torch.equal()",
+}
+
+
+def _traced_steps(analysis: dict) -> int:
+    return sum(1 for s in analysis.get("steps") or [] if isinstance(s, dict) and s.get("evidence") == "trace")
+
+
+def _host_sync_points(ctx: JobContext) -> dict | None:
+    """Ops that pull values to the host, at `sync_points_per_step` calls per traced step or more."""
+    minimum = ctx.tree.thresholds["sync_points_per_step"]
+    found = {}
+    for rank, merged in ctx.ranks.items():
+        analysis = merged.get("analysis") or {}
+        traced = _traced_steps(analysis)
+        ops = [o for o in analysis.get("top_ops") or [] if isinstance(o, dict) and o.get("name") in SYNC_OPS]
+        calls = sum(int(o.get("count") or 0) for o in ops) / traced if traced else 0.0
+        if calls >= minimum:
+            found[rank] = (sorted(ops, key=lambda o: -int(o.get("count") or 0)), traced, calls)
+    if not found:
+        return None
+    ops, traced, calls = found[min(found)]
+    listed = ", ".join(f"{o['name']} {o['count'] / traced:.0f} times ({float(o.get('time_ms') or 0) / traced:.2f} ms)"
+                       for o in ops)
+    first = ops[0]["name"]
+    return {
+        "text": f"Per traced step on {_ranks(sorted(found))}, {listed}: {calls:.0f} values pulled to the host "
+                "one at a time, each a wait for the device on a GPU.",
+        "action": f"Keep the values on the device: replace the per-element {SYNC_OPS[first]} in the step with "
+                  "tensor operations (sum, a mask, where, argmax) and read one result per step, or every N steps "
+                  "for logging.",
+        "evidence": {"ranks": sorted(found), "per_step": round(calls, 1), "traced_steps": traced,
+                     "ops": [{"name": o["name"], "count": o["count"], "time_ms": o.get("time_ms")} for o in ops]},
+    }
+
+
 RULES: tuple[CauseRule, ...] = (
     CauseRule("data_loader_no_workers", "data", _no_loader_workers, supersedes=("Raise DataLoader num_workers",)),
+    CauseRule("host_sync_points", "host", _host_sync_points, supersedes=("Remove synchronisation points",)),
 )
 
 
