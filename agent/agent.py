@@ -186,7 +186,7 @@ class Agent:
         """Yield from `iterable`, timing each wait for the next batch as data wait."""
         timer = self.timer or self.start().timer
         if not self._loader_used:
-            self._record_loader(iterable)
+            self.record_loader(iterable)
         it = iter(iterable)
         first = not self._loader_used and timer.step == 0
         self._loader_used = True
@@ -215,8 +215,9 @@ class Agent:
                 clock.data_end()
             yield batch
 
-    def _record_loader(self, iterable) -> None:
-        """The first wrapped DataLoader's settings, for rank.json (the data causes quote them)."""
+    def record_loader(self, iterable) -> None:
+        """Record a DataLoader's settings in rank.json (the data causes quote them): done by
+        `loader()` for the first one it wraps, and by the framework callbacks for their trainers'."""
         try:
             facts = loader_facts(iterable)
             if facts is not None and self.writer is not None:

@@ -65,8 +65,9 @@ def lightning_callback(**agent_options):
             self._clock = _StepClock(self.agent)
 
         def on_train_start(self, trainer, pl_module):
-            if self.agent is not None:  # the optimizers exist by now
+            if self.agent is not None:  # the optimizers and the train DataLoader exist by now
                 self.agent.watch(pl_module, trainer.optimizers[0] if trainer.optimizers else None)
+                self.agent.record_loader(getattr(trainer, "train_dataloader", None))
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             if self._clock is not None:
@@ -113,6 +114,7 @@ def hf_callback(**agent_options):
             self._samples = per_device * accum if per_device else None
             if kwargs.get("model") is not None:
                 self.agent.watch(kwargs["model"], kwargs.get("optimizer"))
+            self.agent.record_loader(kwargs.get("train_dataloader"))
 
         def on_step_begin(self, args, state, control, **kwargs):
             if self._clock is not None:

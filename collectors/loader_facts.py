@@ -23,11 +23,13 @@ def loader_facts(obj) -> dict | None:
     if loader_class is None or not isinstance(obj, loader_class):
         return None
     workers = int(obj.num_workers)
+    # A loader built on a batch sampler (accelerate's, a custom one) has batch_size None.
+    batch = obj.batch_size if isinstance(obj.batch_size, int) else getattr(obj.batch_sampler, "batch_size", None)
     return {
         "class": type(obj).__name__,
         "dataset": type(obj.dataset).__name__,
         "num_workers": workers,
-        "batch_size": obj.batch_size if isinstance(obj.batch_size, int) else None,
+        "batch_size": batch if isinstance(batch, int) and not isinstance(batch, bool) else None,
         "pin_memory": bool(obj.pin_memory),
         "prefetch_factor": obj.prefetch_factor if workers > 0 else None,
         "persistent_workers": bool(obj.persistent_workers),

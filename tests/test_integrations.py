@@ -66,6 +66,9 @@ def test_lightning_callback(tmp_path):
     assert facts["params"] == 16 + 1 and facts["step"] == 0 and facts["class"] == "Model"  # Linear(16, 1)
     assert facts["param_bytes"] == facts["grad_bytes"] == 4 * 17
     assert facts["optimizer"] == "SGD" and facts["optimizer_state_bytes"] == 0  # plain SGD keeps no state
+    # The trainer's DataLoader (batch_size=8 over a TensorDataset, no workers), for the data causes.
+    loader = rd.rank_info(0)["loader"]
+    assert (loader["dataset"], loader["batch_size"], loader["num_workers"]) == ("TensorDataset", 8, 0)
 
 
 def test_lightning_exception_propagates_and_the_run_is_failed(tmp_path):
@@ -120,6 +123,9 @@ def test_hf_trainer_callback(tmp_path, monkeypatch):
     n = trainer.model.num_parameters()
     assert facts["params"] == n and facts["param_bytes"] == 4 * n
     assert facts["optimizer"] in ("AcceleratedOptimizer", "AdamW") and facts["optimizer_state_bytes"] == 8 * n
+    # The Trainer's own DataLoader over the job's dataset (accelerate's subclass of DataLoader).
+    loader = rd.rank_info(0)["loader"]
+    assert loader["dataset"] == "_Tokens" and loader["batch_size"] == 4 and loader["num_workers"] == 0
     from diag.analyzers.plan.models import from_hf_dict
 
     m = from_hf_dict(facts["config"], "recorded")
