@@ -54,10 +54,10 @@ class NcclWatch:
         process's file in the job's folder (NCCL names it by host and pid: nccl.%h.%p.log)."""
         try:
             logs = [self.log_dir / n for n in os.listdir(self.log_dir)] if self.log_dir.is_dir() else []
-            if self.job_log_dir.is_dir():
-                host = socket.gethostname()
-                mine = {f"nccl.{h}.{os.getpid()}.log" for h in (host, host.split(".")[0])}
-                logs += [self.job_log_dir / n for n in os.listdir(self.job_log_dir) if n in mine]
+            # Two names at most: no listing of a folder that holds every process's log.
+            host = socket.gethostname()
+            mine = dict.fromkeys(f"nccl.{h}.{os.getpid()}.log" for h in (host, host.split(".")[0]))
+            logs += [p for p in (self.job_log_dir / n for n in mine) if p.is_file()]
         except OSError:
             return []
         return logs

@@ -125,21 +125,10 @@ def torch_cuda_uuid(logical: int | None) -> str | None:
     """'GPU-<uuid>' of the logical device from torch, only if torch already initialised CUDA.
 
     Never imports torch or initialises CUDA: that would cost seconds and device memory
-    in a process that may not want it. ROCm builds are skipped (their UUID format differs).
+    in a process that may not want it. ROCm builds give none (their UUID format differs).
     """
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return None
-    try:
-        if getattr(torch.version, "hip", None) or not torch.cuda.is_initialized():
-            return None
-        index = torch.cuda.current_device() if logical is None else int(logical)
-        uuid = str(torch.cuda.get_device_properties(index).uuid)
-    except Exception:
-        return None
-    if not uuid:
-        return None
-    return uuid if uuid.upper().startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+    identity = torch_device_identity(logical)
+    return identity.uuid if identity is not None else None
 
 
 @dataclass(frozen=True)
@@ -155,14 +144,15 @@ class DeviceIdentity:
         return " ".join(f"{k} {v}" for k, v in (("uuid", self.uuid), ("pci", self.pci_bus_id)) if v) or "unknown"
 
 
-def torch_device_identity() -> DeviceIdentity | None:
-    """The identity of torch's current device, read on the calling thread (the training
-    thread's current device is the rank's); None until torch has initialised one."""
+def torch_device_identity(logical: int | None = None) -> DeviceIdentity | None:
+    """The identity of torch's device `logical`, by default its current one on the calling
+    thread (the training thread's current device is the rank's); None until torch has
+    initialised one."""
     torch = sys.modules.get("torch")
     try:
         if torch is None or not torch.cuda.is_initialized():
             return None
-        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        props = torch.cuda.get_device_properties(torch.cuda.current_device() if logical is None else int(logical))
     except Exception:
         return None
     rocm = bool(getattr(torch.version, "hip", None))

@@ -140,10 +140,10 @@ class ExportRoute:
     torch writes a trace in C++ without releasing the GIL, so a writing thread stops the
     training thread for the whole write: 0.77 s for an 86 MB trace here, during which training
     ran at under 1% of its speed (bench/bench_trace_export.py). A forked child stops it only
-    for the fork, tens of ms for a process of a few GB. Small traces are the other way round. Both costs are measured as
-    windows are written (a child times its own write, which is what a thread would have
-    stalled) and the smaller last one decides; the first window goes to a child, which measures
-    both."""
+    for the fork, tens of ms for a process of a few GB. Small traces are the other way round.
+    Both costs are measured as windows are written (a child times its own write, which is
+    what a thread would have stalled) and the smaller last one decides; the first window goes
+    to a child, which measures both."""
 
     def __init__(self, child_allowed: bool):
         self.child_allowed = child_allowed

@@ -53,6 +53,8 @@ def _fmt_bytes(n: float) -> str:
 
 def render_text(doc: dict) -> str:
     """The human-readable summary printed by default."""
+    from diag.analyzers.nccl.findings import warn_message
+
     L: list[str] = []
     srcs = doc["sources"]
     L.append(f"NCCL log: {srcs[0]}" + (f" (+{len(srcs) - 1} more files)" if len(srcs) > 1 else ""))
@@ -129,7 +131,7 @@ def render_text(doc: dict) -> str:
         L.append(f"  error chain: {c['code_name']} ({c['code']}) " + " -> ".join(c["frames"][:8])
                  + (" ..." if len(c["frames"]) > 8 else ""))
         if c.get("started_by"):
-            L.append(f"    after: {c['started_by'].split('NCCL WARN', 1)[-1].strip()[:160]}")
+            L.append(f"    after: {warn_message(c['started_by'])[:160]}")
     L.append("")
     if not doc["findings"]:
         L.append("No problems found.")

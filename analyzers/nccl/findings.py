@@ -50,6 +50,11 @@ def _ranks_text(ranks: list[int], limit: int = 8) -> str:
     return f"rank{'s' if len(ranks) > 1 else ''} {shown}" + (f" and {len(ranks) - limit} more" if len(ranks) > limit else "")
 
 
+def warn_message(line: str) -> str:
+    """A WARN line's own message, after its prefix and the "NCCL WARN" tag."""
+    return line.split("NCCL WARN", 1)[-1].strip()
+
+
 def _multi_node(doc: dict) -> bool:
     return (doc.get("nodes") or 0) > 1 or any((c.get("nnodes") or 0) > 1 for c in doc["communicators"])
 
@@ -173,7 +178,7 @@ def _warn_failure(doc, sig):
         return None
     first = (sig["warn_failure"].lines or [""])[0]
     return {"message": f"{n} NCCL WARN line{'s' if n > 1 else ''} report{'' if n > 1 else 's'} a failure that no "
-                       f"other finding explains, first: {first.split('NCCL WARN', 1)[-1].strip()[:200]}",
+                       f"other finding explains, first: {warn_message(first)[:200]}",
             "evidence": _lines(sig, "warn_failure")}
 
 
@@ -190,8 +195,7 @@ def _error_chain(doc, sig):
         return None
     c = chains[0]
     more = f" ({len(chains) - 1} more chain{'s' if len(chains) > 2 else ''})" if len(chains) > 1 else ""
-    after = (f", after the WARN on the same thread: {c['started_by'].split('NCCL WARN', 1)[-1].strip()}"
-             if c.get("started_by") else "")
+    after = f", after the WARN on the same thread: {warn_message(c['started_by'])}" if c.get("started_by") else ""
     started = [c["started_by"] for c in chains if c.get("started_by")]
     return {"message": f"NCCL returned error {c['code']} ({c['code_name']}) from {c['origin']}, propagated through "
                        f"{len(c['frames'])} frame{'s' if len(c['frames']) > 1 else ''}{after}{more}",
@@ -207,7 +211,7 @@ def _proxy_failure(doc, sig):
     data = sig["proxy_failure"].data
     ops, ranks = data.get("operations") or [], data.get("ranks") or []
     what = (f"; it failed to execute {', '.join(ops)} for local {_ranks_text(ranks)}" if ops else "")
-    first = sig["proxy_failure"].lines[0].split("NCCL WARN", 1)[-1].strip()
+    first = warn_message(sig["proxy_failure"].lines[0])
     return {"message": f"NCCL's proxy service failed ({n} WARN line{'s' if n > 1 else ''}, first: {first}){what}",
             "evidence": _lines(sig, "proxy_failure"),
             "details": {"operations": ops, "ranks": ranks}}
