@@ -7,11 +7,24 @@ import os
 import sys
 
 
-def _cpus() -> int | None:
+def usable_cpus() -> int | None:
+    """The CPUs this process may run on (taskset, cgroups' cpusets), not the machine's."""
     try:
-        return len(os.sched_getaffinity(0))  # the CPUs this process may run on (taskset, cgroups)
+        return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count()
+
+
+def cpu_facts() -> dict:
+    """What the rank's host offers it: usable CPUs, and torch's intra-op threads when torch
+    is imported (the diagnosis weighs a slow rank's CPU time against them)."""
+    torch = sys.modules.get("torch")
+    threads = None
+    try:
+        threads = int(torch.get_num_threads()) if torch is not None else None
+    except Exception:  # a torch too broken to answer is no reason to stop the writer
+        threads = None
+    return {"cpus": usable_cpus(), "torch_threads": threads}
 
 
 def loader_facts(obj) -> dict | None:
@@ -33,5 +46,5 @@ def loader_facts(obj) -> dict | None:
         "pin_memory": bool(obj.pin_memory),
         "prefetch_factor": obj.prefetch_factor if workers > 0 else None,
         "persistent_workers": bool(obj.persistent_workers),
-        "cpus": _cpus(),
+        "cpus": usable_cpus(),
     }

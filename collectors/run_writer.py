@@ -31,6 +31,7 @@ from pathlib import Path
 
 from diag import rundir
 from diag.collectors.launch_env import LaunchInfo
+from diag.collectors.loader_facts import cpu_facts
 
 CLAIM = ".diag-claim.json"
 # A claim keyed only by MASTER_ADDR:MASTER_PORT is joined within this many seconds.
@@ -234,6 +235,7 @@ class RunWriter:
             "pid": os.getpid(),
             "backend": None,  # torch.distributed's backend once the process group exists
             "device": None,
+            "cpu": cpu_facts(),
             "status": "running",
             "started_unix": self.started_unix,
             "updated_unix": self.started_unix,

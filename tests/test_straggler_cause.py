@@ -109,3 +109,58 @@ def test_thermal_slowdown_counts_against_the_peers(own, peers, cause):
     assert got["cause"] == cause, got["text"]
     if cause == "throttling":
         assert "sw_thermal in" in got["text"] and "sw_power_cap" not in got["text"]
+
+
+def _cpu_rank(rank, step_ms, calls, samples=512.0, compute=0.7, slow=1.0, copies=10):
+    """A rank that computes on the CPU: 3 traced steps, `calls` matmuls of 0.5 ms each at
+    normal speed, and 10 or `copies` cheap copies, in its top ops."""
+    r = _rank(rank, step_ms, compute=compute)
+    r["device"] = "CPU"
+    r["steps"] = [dict(s, evidence="trace", samples=samples) for s in r["steps"][:3]]
+    r["top_ops"] = [{"name": "aten::mm", "class": "compute", "count": 3 * calls, "time_ms": 3 * calls * 0.5 * slow},
+                    {"name": "aten::copy_", "class": "memory", "count": 3 * copies, "time_ms": 3 * copies * 0.01},
+                    {"name": "aten::add_", "class": "host", "count": 999, "time_ms": 1.0}]
+    return r
+
+
+@pytest.mark.parametrize("calls,cause", [(101.5, "cpu_contention"), (102.5, "uneven_work")])
+def test_a_cpu_rank_doing_the_same_work_slower_is_contention(calls, cause):
+    """The straggler's op calls at its peers' time per call within straggler_same_work_tolerance
+    (2%) of the peers' op time are the same work, however slowly they ran; host ops are not
+    counted."""
+    m = _merged([_cpu_rank(0, 100.0, 100), _cpu_rank(1, 130.0, calls, compute=0.75, slow=1.3)])
+    m[1]["info"] = {"local_world_size": 2, "cpu": {"cpus": 2, "torch_threads": 1}}
+    got = likely_cause(m[1], [m[0]], TREE)
+    assert got["cause"] == cause, got["text"]
+    ev = got["evidence"]
+    assert ev["op_work_at_peers_speed_ms_per_step"] == pytest.approx(calls * 0.5 + 0.1)
+    assert ev["peers_op_ms_per_step"] == pytest.approx(50.1)
+    if cause == "cpu_contention":
+        assert "(2 ranks × 1 torch threads on 2 CPUs here)" in got["text"]
+        assert "its ops would take 50.9 ms per step at their speed, against their 50.1 ms; 512 samples" in got["text"]
+    else:
+        assert "runs more op calls per step (aten::mm 102.5 against 100)" in got["text"]
+
+
+def test_extra_calls_of_a_cheap_op_are_not_uneven_work():
+    """Twice the copies, at 0.01 ms each, are 0.1 ms of 50 ms of op work."""
+    m = _merged([_cpu_rank(0, 100.0, 100), _cpu_rank(1, 130.0, 100, compute=0.75, slow=1.3, copies=20)])
+    got = likely_cause(m[1], [m[0]], TREE)
+    assert got["cause"] == "cpu_contention", got["text"]
+    assert got["evidence"]["op_calls_per_step"] == 120 and got["evidence"]["peers_op_calls_per_step"] == 110
+
+
+@pytest.mark.parametrize("samples,cause", [(520.0, "cpu_contention"), (528.0, "uneven_work")])
+def test_more_samples_per_step_are_uneven_work(samples, cause):
+    m = _merged([_cpu_rank(0, 100.0, 100), _cpu_rank(1, 130.0, 100, samples=samples, compute=0.75)])
+    got = likely_cause(m[1], [m[0]], TREE)
+    assert got["cause"] == cause, got["text"]
+    assert got["evidence"]["samples_per_step"] == samples
+
+
+def test_a_gpu_rank_doing_the_same_work_slower_is_not_called_contention():
+    ranks = [_cpu_rank(0, 100.0, 100), _cpu_rank(1, 130.0, 100, compute=0.75)]
+    for r in ranks:
+        r["device"] = "NVIDIA H100 80GB HBM3"
+    m = _merged(ranks, {0: _gpu_samples(1980), 1: _gpu_samples(1975)})
+    assert likely_cause(m[1], [m[0]], TREE)["cause"] == "uneven_work"

@@ -2,11 +2,13 @@
 
 The cross-rank analysis names the rank the others wait for; this says what to look at on
 it. Each step the straggler spends longer than its peers somewhere, and where decides:
-- device work (compute and bandwidth-bound kernels) longer than the peers': a throttled
-  device when its SM clock reads lower than its peers' (a power cap among them), or when it
-  reports thermal or hardware slowdown in more of its samples than its peers do; else uneven
-  work (larger batches or sequences, extra layers or evaluation on this rank). A power cap
-  that every board reports under load is no cause by itself;
+- device work (compute and bandwidth-bound kernels) longer than the peers': more samples,
+  tokens or op calls per step than the peers' is uneven work; a throttled device when its SM
+  clock reads lower than its peers' (a power cap among them), or when it reports thermal or
+  hardware slowdown in more of its samples than its peers do; on a rank that computes on the
+  CPU, the same work taking longer is CPU contention (its process gets less CPU time); else
+  uneven work (longer sequences, extra layers or evaluation on this rank). A power cap that
+  every board reports under load is no cause by itself;
 - waiting for the DataLoader longer: a slow input pipeline on this rank;
 - host time longer (device idle, not waiting for data): a busy CPU when the host reads
   nearly saturated, else work outside the profiled steps (Python, I/O, logging).
@@ -73,6 +75,13 @@ def likely_cause(straggler: dict, peers: list[dict], tree) -> dict:
                         "the collectives it reaches last"}
     more = f"{excess[where]:.1f} ms per step more than its peers"
     if where == "device":
+        work = _work_difference(straggler, peers, th["straggler_same_work_tolerance"])
+        ev.update(work["evidence"])
+        if work["more"]:
+            return {"cause": "uneven_work", "evidence": ev,
+                    "text": f"uneven work: its device work takes {more}, and it {work['more']}"}
+        if straggler["device"] == "CPU" and work["same"]:
+            return {"cause": "cpu_contention", "evidence": ev, "text": _contention_text(straggler, more, work)}
         events = _clock_events(straggler)
         slowed = sum(1 for e in events if slowing_reasons(e))
         peer_events = [e for r in peers for e in _clock_events(r)]
@@ -111,6 +120,78 @@ def likely_cause(straggler: dict, peers: list[dict], tree) -> dict:
     return {"cause": "host_work", "evidence": ev,
             "text": f"host-side work: the device idles {more} while the host runs Python, I/O, logging or "
                     "synchronisation outside the profiled kernels"}
+
+
+def _per_step(r: dict) -> dict:
+    """The work a rank did per step: samples and tokens (median of its step records), and the
+    calls and milliseconds of its compute and memory ops per traced step (from its top ops)."""
+    t = r["step_table"]
+    out: dict = {}
+    for key in ("samples", "tokens"):
+        vals = getattr(t, key)
+        vals = vals[vals == vals]
+        out[key] = float(statistics.median(vals.tolist())) if len(vals) else None
+    a = r["analysis"]
+    traced = sum(1 for s in a.get("steps") or [] if isinstance(s, dict) and s.get("evidence") == "trace")
+    ops = {}
+    for o in a.get("top_ops") or [] if traced else []:
+        calls, ms = (num(o.get("count")), num(o.get("time_ms"))) if isinstance(o, dict) else (None, None)
+        if o.get("class") in ("compute", "memory") and isinstance(o.get("name"), str) and calls and ms is not None:
+            ops[o["name"]] = (calls / traced, ms / traced)
+    out["ops"] = ops
+    return out
+
+
+def _work_difference(straggler: dict, peers: list[dict], tol: float) -> dict:
+    """{"more": what the straggler does more of per step (text) or None, "same": whether every
+    measure known on both sides agrees within `tol`, "evidence"}.
+
+    Op work is the straggler's calls of the ops both sides ran, each at its peers' time per
+    call, against the peers' own time in them: extra calls of a cheap op weigh little, and a
+    rank whose ops merely run slower does the same work."""
+    own, others = _per_step(straggler), [_per_step(p) for p in peers]
+    ev, more, known = {}, [], 0
+    for key in ("samples", "tokens"):
+        peer = _median(o[key] for o in others)
+        if own[key] is None or not peer:
+            continue
+        known += 1
+        ev[f"{key}_per_step"], ev[f"peers_{key}_per_step"] = own[key], peer
+        if own[key] > (1 + tol) * peer:
+            more.append(f"processes {own[key]:g} {key} per step against its peers' {peer:g}")
+    shared = set(own["ops"]).intersection(*(o["ops"] for o in others)) if others else set()
+    peer_ops = {k: (statistics.median(o["ops"][k][0] for o in others),
+                    statistics.median(o["ops"][k][1] for o in others)) for k in shared}
+    peer_ms = sum(ms for _, ms in peer_ops.values())
+    if peer_ms > 0:
+        known += 1
+        at_peer_speed = sum(own["ops"][k][0] * ms / calls for k, (calls, ms) in peer_ops.items())
+        ev.update(op_calls_per_step=round(sum(own["ops"][k][0] for k in shared), 2),
+                  peers_op_calls_per_step=round(sum(calls for calls, _ in peer_ops.values()), 2),
+                  op_work_at_peers_speed_ms_per_step=round(at_peer_speed, 3),
+                  peers_op_ms_per_step=round(peer_ms, 3))
+        if at_peer_speed > (1 + tol) * peer_ms:
+            name = max(shared, key=lambda k: (own["ops"][k][0] - peer_ops[k][0]) * peer_ops[k][1] / peer_ops[k][0])
+            more.append(f"runs more op calls per step ({name} {own['ops'][name][0]:g} against {peer_ops[name][0]:g}): "
+                        f"{at_peer_speed:.1f} ms of work at its peers' speed against their {peer_ms:.1f} ms")
+    return {"more": " and ".join(more) or None, "same": known > 0 and not more, "evidence": ev}
+
+
+def _contention_text(straggler: dict, more: str, work: dict) -> str:
+    ev = work["evidence"]
+    same = []
+    if "op_work_at_peers_speed_ms_per_step" in ev:
+        same.append(f"its ops would take {ev['op_work_at_peers_speed_ms_per_step']:.1f} ms per step at their speed, "
+                    f"against their {ev['peers_op_ms_per_step']:.1f} ms")
+    same += [f"{ev[f'{k}_per_step']:g} {k} per step" for k in ("samples", "tokens") if f"{k}_per_step" in ev]
+    cpu = straggler["info"].get("cpu") if isinstance(straggler["info"].get("cpu"), dict) else {}
+    ranks, cpus, threads = (num(straggler["info"].get("local_world_size")), num(cpu.get("cpus")),
+                            num(cpu.get("torch_threads")))
+    load = (f" ({ranks:g} ranks × {threads:g} torch threads on {cpus:g} CPUs here)"
+            if ranks and cpus and threads else "")
+    return (f"CPU contention: the same work as its peers' ({'; '.join(same)}) takes {more}, so its process "
+            f"gets less CPU time than theirs, from other processes on its host or more busy threads than "
+            f"CPUs{load}")
 
 
 def with_likely_causes(job: dict, ranks: dict, tree) -> dict:
