@@ -14,6 +14,10 @@ annotations`: TypedDict reads NotRequired from evaluated annotations.)
 
 from typing import NotRequired, TypedDict
 
+# Ops that bring a tensor's value to the host (on a GPU each waits for the device to reach it):
+# the trace layer measures their time, the diagnosis names them with the calls that make them.
+SYNC_OP_NAMES = ("aten::item", "aten::is_nonzero", "aten::nonzero", "aten::equal")
+
 
 class PathNode(TypedDict):
     """One question of the decision tree as it was answered."""
@@ -87,6 +91,10 @@ class TraceRankFacts(_WaitSplit):
     gpu_time: dict  # HolisticTraceAnalysis's GPU-time breakdown, percent
     top_kernels: list[dict]
     top_ops: list[dict]
+    copies: list[dict]  # device copies by kind, per traced step (trace.host_device)
+    launches: dict | None  # kernel launches per traced step (trace.host_device)
+    math: dict | None  # matrix kernels' time by precision per traced step (trace.precision)
+    elementwise_chains: list[dict]  # runs of elementwise ops, fusion candidates (trace.fusion)
     collectives: list[dict]  # each collective call, for matching across ranks
     mfu: float | None
     timeline: str  # "device" | "cpu"
@@ -152,6 +160,10 @@ class RunRankFacts(TypedDict):
     gpu_time: dict
     top_kernels: list[dict]
     top_ops: list[dict]
+    copies: list[dict]
+    launches: dict | None
+    math: dict | None
+    elementwise_chains: list[dict]
     collectives: list[dict]
     mfu: float | None
     shares: dict[str, float] | None

@@ -17,6 +17,15 @@ runs differ by ±10%, which must not pass for prediction error.
               communication at all; change no_exposed_comm;
 - straggler:  rank 1 does extra matrix work every step, against none; change no_straggler.
 
+And one per cause rule that a CPU job can show (the causes' own changes):
+- sync_points:  3000 .item() calls on one value per step, against one; change no_sync_points;
+- elementwise:  a chain of 8 elementwise multiplications of a 16 MB tensor, against one
+                multiplication that does the same (one pass, as a fused kernel would);
+                change fuse_elementwise_chain;
+- allreduce_bytes: a blocking all-reduce of every gradient after backward, against the
+                same calls on half of each gradient (the bytes the bf16 compression hook
+                sends); change compressed_collective.
+
 A side's step time is the job's profiled steps (the slowest rank's step, median over the
 steps), as every what-if entry's baseline_step_ms holds it; beside it, the noise band of
 that measurement from its own steps. The target is an error within 15% on each.
@@ -38,7 +47,12 @@ SCENARIOS = {
     "slow_data": ("no_data_wait", "slow_data"),
     "allreduce": ("no_exposed_comm", "allreduce"),
     "straggler": ("no_straggler", "straggler"),
+    "sync_points": ("no_sync_points", "sync_points"),
+    "elementwise": ("fuse_elementwise_chain", "elementwise"),
+    "allreduce_bytes": ("compressed_collective", "allreduce_bytes"),
 }
+SYNC_CALLS = 3000
+CHAIN_OPS, CHAIN_NUMEL = 8, 4 << 20
 WIDTH, DEPTH, BATCH = 768, 4, 256
 # One short profiler window in every block of 8 steps: two ranks on two cores make
 # single steps noisy, so both sides rest on as many profiled steps as the run can give.
@@ -66,10 +80,11 @@ def _rank(local_rank: int, cfg: dict) -> None:
         dist.init_process_group("gloo", rank=local_rank, world_size=2, timeout=datetime.timedelta(seconds=120))
         model = nn.Sequential(*[m for _ in range(DEPTH) for m in (nn.Linear(WIDTH, WIDTH), nn.ReLU())])
         # The all-reduce scenario reduces gradients itself; the others overlap them with DDP.
-        net = model if cause == "allreduce" else torch.nn.parallel.DistributedDataParallel(model)
+        net = model if cause.startswith("allreduce") else torch.nn.parallel.DistributedDataParallel(model)
         opt = torch.optim.SGD(net.parameters(), lr=1e-4)
         batches = [torch.randn(BATCH, WIDTH) for _ in range(4)]
         extra = torch.randn(WIDTH, WIDTH)
+        table = torch.randn(CHAIN_NUMEL)
 
         def feed():
             for i in range(cfg["steps"]):
@@ -79,10 +94,25 @@ def _rank(local_rank: int, cfg: dict) -> None:
 
         for i, x in enumerate(agent.loader(feed())):
             opt.zero_grad(set_to_none=True)
+            if cause == "sync_points":
+                value = x.sum()
+                for _ in range(SYNC_CALLS if with_cause(i) else 1):
+                    value.item()  # one value pulled to the host again and again
+            if cause == "elementwise":
+                z = table
+                if with_cause(i):
+                    for _ in range(CHAIN_OPS):
+                        z = z * 1.0001  # each op reads and writes the whole tensor
+                else:
+                    z = z * (1.0001 ** CHAIN_OPS)  # the same result in one pass
             net(x).square().mean().backward()
             if cause == "allreduce" and with_cause(i):
                 for p in model.parameters():
                     dist.all_reduce(p.grad)  # blocking, one gradient at a time
+            if cause == "allreduce_bytes":
+                for p in model.parameters():
+                    g = p.grad.view(-1)
+                    dist.all_reduce(g if with_cause(i) else g[: g.numel() // 2])  # half the bytes
             if cause == "straggler" and local_rank == 1 and with_cause(i):
                 y = x
                 for _ in range(6):

@@ -77,8 +77,8 @@ def describe(model, optimizer=None) -> dict:
     param_dtypes: dict = {}
     grad_dtypes: dict = {}
     sharded = False
-    largest = 0
-    for p in root.parameters():
+    largest, largest_name = 0, None
+    for name, p in root.named_parameters():
         local = _local(p)
         key = local.data_ptr() if local.numel() else id(p)
         if key in seen:  # tied weights (embeddings shared with the output layer) count once
@@ -87,7 +87,8 @@ def describe(model, optimizer=None) -> dict:
         sharded = sharded or local is not p
         n = int(p.numel())
         params += n
-        largest = max(largest, n)
+        if n > largest:
+            largest, largest_name = n, name
         trainable += n if p.requires_grad else 0
         local_params += int(local.numel())
         _add(param_dtypes, local)
@@ -114,6 +115,7 @@ def describe(model, optimizer=None) -> dict:
         "trainable_params": trainable,
         "local_params": local_params,
         "largest_param": largest,
+        "largest_param_name": largest_name,
         "param_bytes": sum(param_dtypes.values()),
         "param_dtypes": param_dtypes,
         "grad_bytes": sum(grad_dtypes.values()),

@@ -10,8 +10,8 @@ from diag.analyzers.diagnosis import causes as cs
 from diag.analyzers.diagnosis import decision_tree as dt
 
 
-def _ctx(ranks: dict, bound="host", shares=None):
-    return types.SimpleNamespace(ranks=ranks, tree=dt.load_tree(), bound=bound,
+def _ctx(ranks: dict, bound="host", shares=None, what_if=()):
+    return types.SimpleNamespace(ranks=ranks, tree=dt.load_tree(), bound=bound, job={"what_if": list(what_if)},
                                  shares=shares or {"host": 0.6, "data": 0.05, "compute": 0.35})
 
 
@@ -30,6 +30,16 @@ def test_sync_points_are_named_from_the_threshold(per_step, named):
     assert [c["id"] for c in found] == (["host_sync_points"] if named else [])
     if named:
         assert found[0]["evidence"]["per_step"] == per_step and "aten::item 16 times" in found[0]["text"]
+
+
+def test_a_cause_carries_the_prediction_of_its_own_change():
+    entry = {"change": "no_sync_points", "description": "The ops that pull values to the host are gone",
+             "baseline_step_ms": 100.0, "predicted_step_ms": 80.0, "speedup": 1.25, "fixes": "host"}
+    (cause,) = cs.causes(_ctx({0: _rank(40)}, what_if=[entry]))
+    assert cause["what_if"]["predicted_step_ms"] == 80.0 and cause["what_if"]["change"] == "no_sync_points"
+    assert cause["gain"].startswith("80.0 ms per step against 100.0 ms measured, 1.25x faster (no_sync_points")
+    (cause,) = cs.causes(_ctx({0: _rank(40)}))  # not replayed: said so, no number
+    assert cause["what_if"]["predicted_step_ms"] is None and "not replayed" in cause["gain"]
 
 
 LOADER = {"class": "DataLoader", "dataset": "Shards", "num_workers": 0, "batch_size": 8, "pin_memory": False,
@@ -52,3 +62,270 @@ def test_a_cause_is_named_only_for_a_phase_that_matters(data_share, named):
 def test_a_loader_with_workers_is_no_cause():
     ctx = _ctx({0: _rank(0, loader={**LOADER, "num_workers": 4})}, bound="data", shares={"data": 0.9})
     assert cs.causes(ctx) == []
+
+
+# -- pageable copies and launch-bound streams: real traces (shared/data/traces) and thresholds ---
+
+
+def _analyse(real_data, name):
+    from diag.analyzers.analyze import analyze_paths
+
+    return analyze_paths([str(real_data / "traces" / name)], jobs=1)
+
+
+def _trace_events(real_data, name):
+    import gzip
+    import json
+
+    with gzip.open(real_data / "traces" / name) as f:
+        doc = json.load(f)
+    return doc["traceEvents"] if isinstance(doc, dict) else doc
+
+
+def _in_steps(events, pred):
+    """The events matching pred that start inside a host ProfilerStep span (not its device-side
+    mirror, gpu_user_annotation), and the number of spans."""
+    steps = [(e["ts"], e["ts"] + e["dur"]) for e in events if str(e.get("name", "")).startswith("ProfilerStep#")
+             and e.get("cat") != "gpu_user_annotation"]
+    hits = [e for e in events if pred(e) and any(lo <= e["ts"] < hi for lo, hi in steps)]
+    return hits, len(steps)
+
+
+def test_pageable_copies_are_named_on_a_real_data_bound_trace(real_data):
+    """A V100 ResNet-50 step with num_workers=0 (HTA's test data): its batches reach the device
+    from pageable memory. Counts, bytes and the issuing calls' host time are the file's own."""
+    name = "v100_resnet50_workers0_oldschema.json.gz"
+    doc = _analyse(real_data, name)
+    (cause,) = [c for c in doc["diagnosis"]["causes"] if c["id"] == "pageable_copies"]
+    events = _trace_events(real_data, name)
+    copies, n = _in_steps(events, lambda e: e.get("name") == "Memcpy HtoD (Pageable -> Device)")
+    corr = {e["args"]["correlation"] for e in copies}
+    calls = [e for e in events if e.get("cat") in ("cuda_runtime", "Runtime") and e.get("args", {}).get("correlation") in corr]
+    ev = cause["evidence"]
+    assert ev["calls_per_step"] == pytest.approx(len(copies) / n)
+    assert ev["mb_per_step"] == pytest.approx(sum(e["args"]["bytes"] for e in copies) / 1e6 / n, rel=1e-3)
+    assert ev["host_ms_per_step"] == pytest.approx(sum(e["dur"] for e in calls) / 1e3 / n, rel=1e-3)
+    assert cause["phase"] == doc["diagnosis"]["bound"] == "data"
+    assert "pin_memory=True" in cause["action"] and "non_blocking=True" in cause["action"]
+    rec = next(r for r in doc["diagnosis"]["recommendations"] if r["id"] == "phase-data")
+    assert rec["actions"][0] == cause["action"] and not any(a.startswith("Set pin_memory=True") for a in rec["actions"])
+
+
+def test_tiny_pageable_copies_are_no_cause_on_a_real_trace(real_data):
+    """job128 copies 8 KB per step from pageable memory in a 600 ms host-bound step."""
+    doc = _analyse(real_data, "job128_rank0_sampled.json.gz")
+    assert any("Pageable" in c["name"] for c in doc["ranks"][0]["copies"])
+    assert "pageable_copies" not in {c["id"] for c in doc["diagnosis"]["causes"]}
+
+
+def test_a_launch_bound_stream_is_named_on_a_real_rocm_trace(real_data):
+    """An MI250 (ROCm 6.2) trace of a tiny model: a few microsecond kernels, each launch far longer."""
+    name = "mi250_rocm62_tiny.json.gz"
+    doc = _analyse(real_data, name)
+    (cause,) = [c for c in doc["diagnosis"]["causes"] if c["id"] == "launch_bound"]
+    events = _trace_events(real_data, name)
+    kernels, n = _in_steps(events, lambda e: e.get("cat") == "kernel")
+    launches, _ = _in_steps(events, lambda e: e.get("name") in ("hipLaunchKernel", "hipExtModuleLaunchKernel"))
+    ev = cause["evidence"]
+    assert ev["kernels_per_step"] == pytest.approx(len(kernels) / n)
+    assert ev["launch_ms_per_step"] == pytest.approx(sum(e["dur"] for e in launches) / 1e3 / n, rel=1e-3)
+    assert ev["runtime"] == "hip" and "HIP graph" in cause["action"]
+    rec = next(r for r in doc["diagnosis"]["recommendations"] if r["id"] == "phase-host")
+    assert rec["actions"][0] == cause["action"]
+
+
+def test_a_host_bound_trace_with_cheap_launches_is_not_launch_bound(real_data):
+    """An A100 step: 900 launches hold the host 8.5 ms of a 220 ms host-bound step."""
+    doc = _analyse(real_data, "a100_2rank_nccl.json.gz")
+    assert doc["diagnosis"]["bound"] == "host"
+    assert "launch_bound" not in {c["id"] for c in doc["diagnosis"]["causes"]}
+
+
+def _launch_rank(launch_ms, kernel_ms=10.0, step_ms=100.0, launchers=()):
+    lf = {"kernels_per_step": 400.0, "median_kernel_us": 4.0, "kernel_ms_per_step": kernel_ms,
+          "launch_calls_per_step": 400.0, "launch_ms_per_step": launch_ms, "graph_launches_per_step": 0.0,
+          "runtime": "cuda", "top_launchers": list(launchers)}
+    return {"analysis": {"steps": [{"step": k, "evidence": "trace", "duration_ms": step_ms} for k in range(3)],
+                         "launches": lf, "top_ops": []}}
+
+
+@pytest.mark.parametrize("launch_ms,kernel_ms,named", [
+    (10.0, 20.5, False),  # under half the kernels' time
+    (10.0, 19.5, True),
+    (9.9, 5.0, False),  # under 10% of the 100 ms step
+    (10.1, 5.0, True),
+])
+def test_launch_bound_thresholds(launch_ms, kernel_ms, named):
+    found = cs.causes(_ctx({0: _launch_rank(launch_ms, kernel_ms)}))
+    assert [c["id"] for c in found] == (["launch_bound"] if named else [])
+
+
+@pytest.mark.parametrize("kernels,named", [(99.0, False), (101.0, True)])
+def test_an_in_place_op_launching_a_quarter_of_the_kernels_is_named_for_foreach(kernels, named):
+    (cause,) = cs.causes(_ctx({0: _launch_rank(40.0, launchers=[{"name": "aten::add_", "kernels_per_step": kernels}])}))
+    assert ("aten::add_ launch one kernel per tensor" in cause["action"]) is named
+    assert "(at least aten::add_) in a CUDA graph" in cause["action"]
+
+
+def _copy_rank(host_ms, step_ms=100.0, loader=None):
+    copies = [{"name": "Memcpy HtoD (Pageable -> Device)", "calls_per_step": 2.0, "mb_per_step": 8.0,
+               "ms_per_step": 0.5, "host_ms_per_step": host_ms},
+              {"name": "Memcpy HtoD (Pinned -> Device)", "calls_per_step": 2.0, "mb_per_step": 8.0,
+               "ms_per_step": 0.5, "host_ms_per_step": 50.0}]
+    return {"analysis": {"steps": [{"step": k, "evidence": "trace", "duration_ms": step_ms} for k in range(3)],
+                         "copies": copies, "top_ops": [], "loader": loader}}
+
+
+@pytest.mark.parametrize("host_ms,named", [(0.99, False), (1.01, True)])
+def test_pageable_copies_from_one_percent_of_the_step(host_ms, named):
+    found = cs.causes(_ctx({0: _copy_rank(host_ms)}, bound="data", shares={"data": 0.5, "compute": 0.5}))
+    assert [c["id"] for c in found] == (["pageable_copies"] if named else [])
+
+
+def test_pageable_copies_name_the_loader_that_does_not_pin():
+    loader = {**LOADER, "num_workers": 4}
+    (cause,) = cs.causes(_ctx({0: _copy_rank(5.0, loader=loader)}, bound="data", shares={"data": 0.5}))
+    assert cause["action"].startswith("Set pin_memory=True on the DataLoader over Shards (it has pin_memory=False)")
+    (cause,) = cs.causes(_ctx({0: _copy_rank(5.0, loader={**loader, "pin_memory": True})}, bound="data",
+                              shares={"data": 0.5}))
+    assert cause["action"].startswith("Pin the host tensors")
+
+
+def test_a_cause_in_a_second_phase_explains_the_phase_that_matters():
+    """Pageable copies hold the host: in a host-bound job they explain host time."""
+    (cause,) = cs.causes(_ctx({0: _copy_rank(5.0)}, bound="host", shares={"host": 0.6, "data": 0.0}))
+    assert cause["phase"] == "host"
+    assert cs.causes(_ctx({0: _copy_rank(5.0)}, bound="compute", shares={"compute": 0.95, "host": 0.05})) == []
+
+
+# -- matrix math in fp32 or TF32, from the kernels' names -------------------------------------
+
+
+@pytest.mark.parametrize("name,precision", [
+    ("volta_sgemm_64x64_nt", "fp32"),
+    ("void wgrad_alg0_engine<float, 128, 6, 7, 3, 3, 5, false, 512>(int, int)", "fp32"),
+    ("cudnn_infer_volta_scudnn_128x64_relu_medium_nn_v1", "fp32"),
+    ("void cudnn::detail::dgrad_engine<float, 512, 6, 5, 3, 3, 3, false>(int)", "fp32"),
+    ("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_256x64_16x4_nn_align4>(Params)", "tf32"),
+    ("sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32", "tf32"),
+    ("sm90_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x8", "fp32"),
+    ("volta_h884gemm_64x64_ldg8_nn", "half"),
+    ("ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_nn", "half"),
+    ("sm90_xmma_gemm_e4m3e4m3_e4m3f32_f32_tn_n", "fp8"),
+    ("void at::native::vectorized_elementwise_kernel<4, float>(int)", None),  # not matrix math
+    ("Cijk_Alik_Bljk_SB_Bias_AS_SAV_UserArgs_MT64x16x32_MI16x16x1", None),  # ROCm: the name does not say
+])
+def test_a_kernel_name_states_its_precision(name, precision):
+    from diag.analyzers.trace.precision import precision_of
+
+    assert precision_of(name) == precision
+
+
+def test_fp32_math_is_named_on_a_real_compute_bound_v100_trace(real_data):
+    """A V100 step whose GEMMs and convolutions run sgemm/scudnn kernels: the fp32 time is the
+    file's own, summed over those kernels inside the profiler steps."""
+    import re
+
+    name = "v100_1rank_compute.json.gz"
+    doc = _analyse(real_data, name)
+    assert doc["diagnosis"]["bound"] == "compute"
+    (cause,) = [c for c in doc["diagnosis"]["causes"] if c["id"] == "fp32_math"]
+    fp32 = re.compile(r"sgemm|scudnn|engine<float")
+    kernels, n = _in_steps(_trace_events(real_data, name),
+                           lambda e: e.get("cat") == "kernel" and fp32.search(e.get("name", "")))
+    assert cause["evidence"]["ms_per_step"] == pytest.approx(sum(e["dur"] for e in kernels) / 1e3 / n, rel=1e-3)
+    assert cause["evidence"]["precision"] == "fp32" and cause["evidence"]["peak_ratio"] == pytest.approx(125 / 15.7, rel=0.01)
+    assert "torch.float16" in cause["action"] and "GradScaler" in cause["action"]  # V100: no bf16, no TF32
+    rec = next(r for r in doc["diagnosis"]["recommendations"] if r["id"] == "phase-compute")
+    assert rec["actions"][0] == cause["action"] and not any(a.startswith("Use lower precision") for a in rec["actions"])
+
+
+def test_tf32_math_on_a_real_a100_trace_asks_for_bf16(real_data):
+    """The A100 trace's GEMMs are cutlass tensorop_s1688 (TF32) kernels; judged as if compute
+    bound it takes bf16 autocast, and as it is (host-bound) it names no compute cause."""
+    doc = _analyse(real_data, "a100_2rank_nccl.json.gz")
+    assert "fp32_math" not in {c["id"] for c in doc["diagnosis"]["causes"]}
+    ranks = {0: {"analysis": doc["ranks"][0]}}
+    (cause,) = cs.causes(_ctx(ranks, bound="compute", shares={"compute": 0.6}))
+    assert cause["evidence"]["precision"] == "tf32" and "bfloat16" in cause["action"]
+
+
+def _math_rank(fp32_ms, tf32_ms=0.0, peaks=None):
+    m = {"compute_ms_per_step": 100.0, "fp32_ms_per_step": fp32_ms, "tf32_ms_per_step": tf32_ms,
+         "half_ms_per_step": 100.0 - fp32_ms - tf32_ms, "fp8_ms_per_step": 0.0, "fp32_kernels": [],
+         "peaks_tflops": peaks if peaks is not None else {"fp32": 67.0, "tf32": 495.0, "bf16": 989.0, "fp16": 989.0}}
+    return {"analysis": {"steps": [], "math": m, "top_ops": []}}
+
+
+@pytest.mark.parametrize("fp32_ms,named", [(29.0, False), (31.0, True)])
+def test_fp32_math_from_thirty_percent_of_the_compute_kernels(fp32_ms, named):
+    found = cs.causes(_ctx({0: _math_rank(fp32_ms)}, bound="compute", shares={"compute": 0.8}))
+    assert [c["id"] for c in found] == (["fp32_math"] if named else [])
+    if named:
+        assert "set_float32_matmul_precision('high')" in found[0]["action"]
+
+
+def test_compute_causes_only_where_compute_bounds():
+    assert cs.causes(_ctx({0: _math_rank(90.0)}, bound="host", shares={"host": 0.6, "compute": 0.4})) == []
+
+
+# -- elementwise chains (fusion candidates) -----------------------------------------------------
+
+
+def test_an_elementwise_chain_is_named_on_a_real_v100_trace(real_data):
+    """ResNet's backward on a V100: add_, mul, threshold_backward (ReLU) and batch-norm backward
+    run one after the other between convolutions. The chain's device time is bounded by the
+    file's own: the kernels in the steps whose External id is that of an op of those names."""
+    name = "v100_1rank_compute.json.gz"
+    doc = _analyse(real_data, name)
+    (cause,) = [c for c in doc["diagnosis"]["causes"] if c["id"] == "elementwise_chain"]
+    ev = cause["evidence"]
+    assert cause["phase"] == "memory" and ev["ops"][0] == "aten::add_" and "aten::cudnn_batch_norm_backward" in ev["ops"]
+    assert ev["ms_per_step"] >= 0.10 * ev["step_ms"]
+    events = _trace_events(real_data, name)
+    ext = {e["args"]["External id"] for e in events if e.get("cat") == "cpu_op" and e.get("name") in ev["ops"]
+           and "External id" in e.get("args", {})}
+    kernels, n = _in_steps(events, lambda e: e.get("cat") == "kernel" and e.get("args", {}).get("External id") in ext)
+    assert 0 < ev["ms_per_step"] <= sum(e["dur"] for e in kernels) / 1e3 / n
+
+
+def test_no_chain_is_named_where_elementwise_time_is_small(real_data):
+    doc = _analyse(real_data, "job128_rank0_sampled.json.gz")
+    chains = doc["ranks"][0]["elementwise_chains"]
+    assert chains and chains[0]["ms_per_step"] < 0.01 * 600
+    assert "elementwise_chain" not in {c["id"] for c in doc["diagnosis"]["causes"]}
+
+
+@pytest.mark.parametrize("chain_ms,named", [(9.9, False), (10.1, True)])
+def test_a_chain_from_ten_percent_of_the_step(chain_ms, named):
+    chain = {"name": "aten::mul → aten::add → aten::gelu", "ops": ["aten::mul", "aten::add", "aten::gelu"],
+             "length": 3, "per_step": 4.0, "ms_per_step": chain_ms}
+    rank = {"analysis": {"steps": [{"step": k, "evidence": "trace", "duration_ms": 100.0} for k in range(2)],
+                         "elementwise_chains": [chain], "top_ops": []}}
+    found = cs.causes(_ctx({0: rank}, bound="memory", shares={"memory": 0.7}))
+    assert [c["id"] for c in found] == (["elementwise_chain"] if named else [])
+    if named:
+        assert "runs 4 times per traced step" in found[0]["text"]
+
+
+# -- DataLoader workers: busy on the CPU, or idle while the step waits ---------------------------
+
+
+def _worker_rank(workers_cpu: float, workers: int = 4, cpus: int = 16):
+    samples = [{"t": float(i), "host": {"dataloader_workers": workers, "dataloader_workers_cpu_ratio": workers_cpu}}
+               for i in range(5)]
+    loader = {**LOADER, "num_workers": workers, "prefetch_factor": 2, "cpus": cpus, "local_ranks": 2}
+    return {"analysis": {"loader": loader, "steps": [], "top_ops": []}, "samples": samples}
+
+
+@pytest.mark.parametrize("workers_cpu,kind", [(3.25, "busy"), (3.15, None), (1.25, None), (1.15, "idle")])
+def test_loader_workers_busy_from_eighty_and_idle_under_thirty_percent(workers_cpu, kind):
+    found = cs.causes(_ctx({0: _worker_rank(workers_cpu)}, bound="data", shares={"data": 0.6}))
+    assert [c["evidence"]["kind"] for c in found if c["id"] == "data_loader_workers"] == ([kind] if kind else [])
+    if kind == "busy":  # 16 CPUs for 2 local ranks: 8 each, one left to training, 4 workers already
+        assert "Raise num_workers from 4 to 7" in found[0]["action"]
+
+
+def test_busy_workers_on_a_full_host_are_told_to_do_less_per_sample():
+    (cause,) = cs.causes(_ctx({0: _worker_rank(3.9, cpus=8)}, bound="data", shares={"data": 0.6}))
+    assert "The 4 CPUs of each rank are all in use" in cause["action"]

@@ -1,7 +1,7 @@
 """A straggler that does the same work as its peers, only slower, is not uneven work.
 
 A real 2-process gloo job under torch.profiler, each rank on its own CPU. In "contended" rank 1
-shares its CPU with a spinning process; in "uneven" it runs three times its peer's matmuls. Both
+shares its CPU with two spinning processes; in "uneven" it runs three times its peer's matmuls. Both
 make rank 1 late by its device (CPU op) time; only the op counts in the traces tell them apart.
 """
 

@@ -25,6 +25,7 @@ REAL_FIXTURES = sorted((FIXTURES / "real").glob("*.json.gz"))
 SHARED_TRACES = ("a100_2rank_nccl.json.gz", "job128_rank0_sampled.json.gz", "job128_rank1_sampled.json.gz",
                  "mi250_rocm62_tiny.json.gz", "v100_1rank_compute.json.gz", "v100_resnet50_workers0_oldschema.json.gz")
 STANDARD = ("no_data_wait", "no_host_gaps", "no_exposed_comm", "comm_2x", "memory_kernels_2x", "compute_2x",
+            "fuse_elementwise_chain", "tensor_core_math", "no_sync_points", "compressed_collective", "no_launch_cost",
             "no_straggler")
 
 
@@ -246,3 +247,47 @@ def test_a_steady_lag_beyond_the_noise_is_a_straggler():
     _, entries = job_what_if([rank(0), rank(1)], [c for c in tree.what_if if c["id"] == "no_straggler"])
     (e,) = straggler_what_if(entries, tree)
     assert e["predicted_step_ms"] == pytest.approx(90.0) and "pace_lag_ms_by_step" not in e
+
+
+def _step_spans(events):
+    return [(e["ts"], e["ts"] + e["dur"]) for e in events if str(e.get("name", "")).startswith("ProfilerStep#")
+            and e.get("cat") != "gpu_user_annotation"]
+
+
+def test_removing_the_sync_ops_takes_exactly_their_time_off_each_step():
+    """A CPU trace whose steps call .item() 60 times (tests/fixtures/make_cpu_traces.py,
+    profile_host): replayed without them, each step is shorter by the aten::item ops'
+    durations in it, read from the file (all of it host time: item and the
+    _local_scalar_dense inside it are host ops)."""
+    path = FIXTURES / "cpu_host_rank0.pt.trace.json.gz"
+    rank = analyze_trace(path)
+    with gzip.open(path) as f:
+        events = json.load(f)["traceEvents"]
+    items = [e for e in events if e.get("name") == "aten::item" and e.get("ph") == "X"]
+    checked = 0
+    for step, (lo, hi) in zip(rank["steps"], _step_spans(events)):
+        removed = sum(e["dur"] for e in items if lo <= e["ts"] < hi) / 1e3
+        assert removed > 0
+        # Timestamps of ~1e15 µs carry float64 rounding of about 0.001 µs per edge.
+        assert step["replayed_ms"] - step["what_if_ms"]["no_sync_points"] == pytest.approx(removed, abs=1e-5)
+        checked += 1
+    assert checked == len(rank["steps"]) >= 3
+    # A trace with no .item() calls has nothing to remove: no prediction, said so.
+    compute = analyze_trace(FIXTURES / "cpu_compute_rank0.pt.trace.json.gz")
+    entry = next(e for e in compute["what_if"] if e["change"] == "no_sync_points")
+    assert entry["predicted_step_ms"] is None
+
+
+def test_a_removal_change_is_checked_and_survives_being_recorded(tmp_path):
+    tree = dt.load_tree()
+    recorded = {"schema": dt.SETTINGS_SCHEMA, "thresholds": {}, "what_if": [dict(c) for c in tree.what_if]}
+    again = dt.load_tree(recorded=recorded)
+    assert [c for c in again.what_if if "remove" in c] == [c for c in tree.what_if if "remove" in c]
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[what_if]]\nid = "x"\nremove = "everything"\n')
+    with pytest.raises(dt.TreeError, match="remove must be one of elementwise_chain"):
+        dt.load_tree(bad)
+    both = tmp_path / "both.toml"
+    both.write_text('[[what_if]]\nid = "x"\nremove = "fp32_math"\nscale = { compute = 0.5 }\n')
+    with pytest.raises(dt.TreeError, match="give scale or remove, not both"):
+        dt.load_tree(both)

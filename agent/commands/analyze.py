@@ -170,4 +170,9 @@ def format_summary(doc: dict) -> str:
             out.append(f"  straggler: rank {s.get('rank')}: {ev if isinstance(ev, str) else json.dumps(ev)}")
         for f in job.get("findings") or []:
             out.append(f"  [{f.get('severity', 'info')}] {f.get('message')}")
+    causes = (doc.get("diagnosis") or {}).get("causes") or []
+    if causes:
+        out.append("causes:")
+        for c in causes:
+            out += [f"  * {c.get('text')}", f"    change: {c.get('action')}", f"    predicted: {c.get('gain')}"]
     return "\n".join(out) + "\n"

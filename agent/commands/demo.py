@@ -71,6 +71,10 @@ def _show(result: dict, args) -> None:
     warnings = [f for f in (diagnosis or {}).get("findings") or [] if f.get("severity") in ("warning", "error")]
     for f in warnings[:5]:
         print(f"  {f.get('severity')}: {f.get('message')}")
+    for c in (diagnosis or {}).get("causes") or []:
+        print(f"Cause: {c.get('text')}")
+        print(f"  Change: {c.get('action')}")
+        print(f"  Predicted: {c.get('gain')}")
     print(f"Run directory: {result['run_dir']}")
     if result["report"] is not None:
         print(f"Report: {result['report']}")

@@ -382,6 +382,12 @@ def _verdict(model: dict) -> str:
                  f"<span class=\"note\">(score {num(c.get('score'), '{:.2f}')} of 1)</span></p>")
     if c.get("reasons"):
         inner.append("<ul>" + "".join(f"<li>{esc(r)}</li>" for r in c["reasons"]) + "</ul>")
+    causes = model.get("causes") or []
+    if causes:
+        inner.append("<div class=\"causes\"><b>Causes found:</b><ul>" + "".join(
+            f"<li><span class=\"phase\">{esc(PHASE_LABELS.get(c['phase'], c['phase']))}</span> {esc(c['text'])}"
+            f"<br><b>Change:</b> {esc(c['action'])}<br><span class=\"gain\">Predicted: {esc(c.get('gain'))}.</span></li>"
+            for c in causes) + "</ul></div>")
     if recs:
         r = recs[0]
         inner.append(f"<div class=\"first\"><b>Change this first:</b> {esc(r['title'])}. "

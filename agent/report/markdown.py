@@ -81,6 +81,13 @@ def render(model: dict) -> str:
         if thr.get("mfu") is not None:
             line += f"; MFU {pct(thr['mfu'])}"
         out += [line + ".", ""]
+    causes = model.get("causes") or []
+    if causes:
+        out += ["## Causes found", ""]
+        for c in causes:
+            out += [f"- **{md_text(PHASE_LABELS.get(c['phase'], c['phase']))}**: {md_text(c['text'])}",
+                    f"  Change: {md_text(c['action'])}", f"  Predicted: {md_text(c.get('gain'))}."]
+        out.append("")
     recs = model.get("recommendations") or []
     out += ["## What to change, in order", ""]
     if not recs:

@@ -9,10 +9,13 @@ phase's, predicted by replaying the traced steps without that phase's work.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from diag.analyzers.analysis_types import SYNC_OP_NAMES
 from diag.analyzers.diagnosis.context import JobContext
+from diag.analyzers.diagnosis.recommendations import predicted_gain
 
 
 @dataclass(frozen=True)
@@ -21,6 +24,8 @@ class CauseRule:
     phase: str  # the class whose time it explains (decision_tree.CLASSES)
     detect: Callable[[JobContext], dict | None]  # -> {"text", "action", "evidence"} or None
     supersedes: tuple[str, ...] = ()  # the verdict's generic fixes (by their start) its action replaces
+    also: tuple[str, ...] = ()  # other classes its time can land in (a blocking copy: data or host)
+    change: str | None = None  # the [[what_if]] change that removes exactly this cause
 
 
 def _loaders(ctx: JobContext) -> dict[int, dict]:
@@ -45,8 +50,7 @@ def _no_loader_workers(ctx: JobContext) -> dict | None:
     if not idle:
         return None
     ld = loaders[idle[0]]
-    cpus, local = ld.get("cpus"), ld.get("local_ranks") or 1
-    per_rank = cpus // local if isinstance(cpus, int) and cpus > 0 else None
+    cpus, local, per_rank = ld.get("cpus"), ld.get("local_ranks") or 1, _per_rank_cpus(ld)
     # One CPU per rank stays with the training process itself.
     start = max(1, per_rank - 1) if per_rank else None
     where = f"{ld['class']} over {ld['dataset']}"
@@ -61,18 +65,74 @@ def _no_loader_workers(ctx: JobContext) -> dict | None:
     }
 
 
-# Ops that bring a tensor's value to the host, and the call in the job's code that makes each:
-# on a GPU every one waits for the device to reach it.
-SYNC_OPS = {
-    "aten::item": ".item()",
-    "aten::is_nonzero": "bool(tensor) or `if tensor:`",
-    "aten::nonzero": "nonzero() or boolean-mask indexing",
-    "aten::equal": "torch.equal()",
-}
+def _per_rank_cpus(loader: dict) -> int | None:
+    cpus, local = loader.get("cpus"), loader.get("local_ranks") or 1
+    return cpus // local if isinstance(cpus, int) and cpus > 0 and isinstance(local, int) and local > 0 else None
+
+
+def _workers_cpu(merged: dict) -> float | None:
+    """The median CPU seconds per second of the rank's DataLoader workers, over its samples."""
+    vals = sorted(float(s["host"]["dataloader_workers_cpu_ratio"]) for s in merged.get("samples") or []
+                  if isinstance(s.get("host"), dict) and (s["host"].get("dataloader_workers") or 0) > 0
+                  and isinstance(s["host"].get("dataloader_workers_cpu_ratio"), (int, float)))
+    return vals[len(vals) // 2] if vals else None
+
+
+def _loader_workers(ctx: JobContext) -> dict | None:
+    """A DataLoader with workers that still keeps the step waiting: workers busy for
+    `loader_workers_busy` of their cores or more are CPU-bound (more workers where CPUs are
+    spare, else less work per sample); under `loader_workers_idle` they wait on reads."""
+    th = ctx.tree.thresholds
+    found = {}
+    for rank, ld in _loaders(ctx).items():
+        used = _workers_cpu(ctx.ranks[rank])
+        if ld["num_workers"] > 0 and used is not None:
+            load = used / ld["num_workers"]
+            if load >= th["loader_workers_busy"]:
+                found[rank] = ("busy", ld, used)
+            elif load < th["loader_workers_idle"]:
+                found[rank] = ("idle", ld, used)
+    if not found:
+        return None
+    rank = min(found)
+    kind, ld, used = found[rank]
+    where, w = f"{ld['class']} over {ld['dataset']}", ld["num_workers"]
+    ranks = sorted(r for r, f in found.items() if f[0] == kind)
+    per_rank = _per_rank_cpus(ld)
+    if kind == "busy":
+        spare = per_rank - 1 - w if per_rank else None
+        text = (f"The {where} on {_ranks(ranks)} has {w} workers, and they use {used:.1f} CPUs ({used / w:.0%} of "
+                "theirs): decoding and augmenting the samples is CPU-bound, and the step still waits for it.")
+        action = (f"Raise num_workers from {w} to {w + spare} ({ld['cpus']} CPUs for {ld.get('local_ranks') or 1} "
+                  "local ranks, one left to the training process)." if spare and spare > 0 else
+                  f"The {per_rank or ld.get('cpus')} CPUs of each rank are all in use: do less per sample on the CPU "
+                  "(decode on the GPU with torchvision.io / DALI, augment batches on the device, store the dataset "
+                  "pre-processed), or give each rank more CPUs.")
+    else:
+        text = (f"The {where} on {_ranks(ranks)} has {w} workers, but they use {used:.2f} CPUs ({used / w:.0%} of "
+                "theirs) while the step waits for data: the workers wait on reads, not on the CPU.")
+        action = ("Make the reads faster or earlier: copy the dataset to local NVMe, read larger sequential shards "
+                  "(WebDataset, a packed format) instead of many small files, and raise prefetch_factor "
+                  f"(now {ld.get('prefetch_factor')}) so that more batches are in flight.")
+    return {"text": text, "action": action,
+            "evidence": {"ranks": ranks, "kind": kind, "loader": ld, "workers_cpu": round(used, 3),
+                         "cpus_per_rank": per_rank}}
+
+
+# The call in the job's code that makes each op that brings a value to the host.
+SYNC_OPS = dict(zip(SYNC_OP_NAMES, (".item()", "bool(tensor) or `if tensor:`", "nonzero() or boolean-mask indexing",
+                                    "torch.equal()")))
 
 
 def _traced_steps(analysis: dict) -> int:
     return sum(1 for s in analysis.get("steps") or [] if isinstance(s, dict) and s.get("evidence") == "trace")
+
+
+def _traced_step_ms(analysis: dict) -> float | None:
+    """The median duration of the rank's traced steps."""
+    d = sorted(float(s["duration_ms"]) for s in analysis.get("steps") or [] if isinstance(s, dict)
+               and s.get("evidence") == "trace" and isinstance(s.get("duration_ms"), (int, float)))
+    return d[len(d) // 2] if d else None
 
 
 def _host_sync_points(ctx: JobContext) -> dict | None:
@@ -103,23 +163,298 @@ def _host_sync_points(ctx: JobContext) -> dict | None:
     }
 
 
+PAGEABLE = re.compile(r"HtoD.*Pageable", re.IGNORECASE)
+
+
+def _pageable_copies(ctx: JobContext) -> dict | None:
+    """Host-to-device copies from pageable memory holding the host `pageable_copy_step_share`
+    of the step or more."""
+    minimum = ctx.tree.thresholds["pageable_copy_step_share"]
+    found = {}
+    for rank, merged in ctx.ranks.items():
+        analysis = merged.get("analysis") or {}
+        copies = [c for c in analysis.get("copies") or [] if isinstance(c, dict) and PAGEABLE.search(str(c.get("name")))]
+        host_ms = sum(float(c.get("host_ms_per_step") or 0.0) for c in copies)
+        step_ms = _traced_step_ms(analysis)
+        if copies and step_ms and host_ms >= minimum * step_ms:
+            found[rank] = (copies, host_ms, step_ms)
+    if not found:
+        return None
+    copies, host_ms, step_ms = found[min(found)]
+    calls = sum(float(c.get("calls_per_step") or 0.0) for c in copies)
+    mb = sum(float(c.get("mb_per_step") or 0.0) for c in copies)
+    loader = _loaders(ctx).get(min(found))
+    if loader is not None and not loader.get("pin_memory"):
+        pin = f"Set pin_memory=True on the {loader['class']} over {loader['dataset']} (it has pin_memory=False)"
+    else:
+        pin = "Pin the host tensors: pin_memory=True on the DataLoader, or tensor.pin_memory() for those built in the loop"
+    return {
+        "text": f"On {_ranks(sorted(found))}, {calls:g} host-to-device copies per traced step ({mb:.1f} MB) read "
+                f"pageable memory ({', '.join(c['name'] for c in copies)}): each holds the host until the driver "
+                f"has staged it, {host_ms:.2f} ms per step ({host_ms / step_ms:.1%} of the step), and none can "
+                "overlap with compute.",
+        "action": f"{pin}, and copy with .to(device, non_blocking=True).",
+        "evidence": {"ranks": sorted(found), "calls_per_step": round(calls, 2), "mb_per_step": round(mb, 4),
+                     "host_ms_per_step": round(host_ms, 4), "step_ms": round(step_ms, 3),
+                     "copies": copies, "loader": loader},
+    }
+
+
+def _launch_bound(ctx: JobContext) -> dict | None:
+    """Launch calls that take the host `launch_bound_ratio` of the kernels' own time or more,
+    and `launch_bound_step_share` of the step: the device waits for work to be launched."""
+    th = ctx.tree.thresholds
+    found = {}
+    for rank, merged in ctx.ranks.items():
+        analysis = merged.get("analysis") or {}
+        lf, step_ms = analysis.get("launches"), _traced_step_ms(analysis)
+        if not isinstance(lf, dict) or not step_ms:
+            continue
+        launch_ms, kernel_ms = float(lf.get("launch_ms_per_step") or 0.0), float(lf.get("kernel_ms_per_step") or 0.0)
+        if launch_ms >= th["launch_bound_ratio"] * kernel_ms and launch_ms >= th["launch_bound_step_share"] * step_ms:
+            found[rank] = (lf, step_ms)
+    if not found:
+        return None
+    lf, step_ms = found[min(found)]
+    per_call = 1e3 * lf["launch_ms_per_step"] / lf["launch_calls_per_step"] if lf.get("launch_calls_per_step") else None
+    launchers = ", ".join(f"{t['name']} ({t['kernels_per_step']:g})" for t in lf.get("top_launchers") or [])
+    # In-place elementwise ops launching a large part of the kernels: a per-parameter loop.
+    elementwise = [t["name"] for t in lf.get("top_launchers") or [] if str(t["name"]).endswith("_")
+                   and t["kernels_per_step"] >= th["launch_elementwise_share"] * lf["kernels_per_step"]]
+    fuse = (f" {' and '.join(elementwise)} launch one kernel per tensor: a foreach or fused optimizer "
+            "(torch.optim.AdamW(..., fused=True)) launches a few for all parameters.") if elementwise else ""
+    graph = "a HIP graph (torch.cuda.graphs on ROCm)" if lf.get("runtime") == "hip" else "a CUDA graph"
+    return {
+        "text": f"On {_ranks(sorted(found))}, {lf['kernels_per_step']:g} kernels per traced step run a median "
+                f"{lf['median_kernel_us']:g} µs each, {lf['kernel_ms_per_step']:.2f} ms in all, while launching them "
+                f"holds the host {lf['launch_ms_per_step']:.2f} ms ({lf['launch_ms_per_step'] / step_ms:.0%} of the step"
+                + (f", {per_call:.0f} µs per launch" if per_call else "") + ")"
+                + (f"; the most come from {launchers}" if launchers else "") + ".",
+        "action": "Launch fewer, larger pieces of work: capture the step"
+                  + (f" (at least {launchers.split(' (')[0]})" if launchers else "")
+                  + f" in {graph}, or compile it with torch.compile(mode='reduce-overhead'); raise the batch size "
+                  "so that each kernel does more." + fuse,
+        "evidence": {"ranks": sorted(found), "step_ms": round(step_ms, 3),
+                     "launch_us_per_call": round(per_call, 2) if per_call else None, **lf},
+    }
+
+
+def _fp32_math(ctx: JobContext) -> dict | None:
+    """Matrix kernels that run fp32 on the CUDA cores, or TF32 where bf16 doubles the peak, for
+    `fp32_math_share` of the compute kernels' time or more (precision from the kernels' names)."""
+    minimum = ctx.tree.thresholds["fp32_math_share"]
+    found = {}
+    for rank, merged in ctx.ranks.items():
+        m = (merged.get("analysis") or {}).get("math")
+        if not isinstance(m, dict) or not m.get("compute_ms_per_step"):
+            continue
+        peaks = m.get("peaks_tflops") or {}
+        total = float(m["compute_ms_per_step"])
+        if float(m.get("fp32_ms_per_step") or 0.0) >= minimum * total:
+            found[rank] = ("fp32", m, peaks)
+        elif float(m.get("tf32_ms_per_step") or 0.0) >= minimum * total and \
+                (peaks.get("bf16") or 0.0) > (peaks.get("tf32") or float("inf")):
+            found[rank] = ("tf32", m, peaks)
+    if not found:
+        return None
+    kind, m, peaks = found[min(found)]
+    ms, total = float(m[f"{kind}_ms_per_step"]), float(m["compute_ms_per_step"])
+    fast = "bf16" if peaks.get("bf16") else ("fp16" if peaks.get("fp16") else None)
+    slow = kind if peaks.get(kind) else "fp32"
+    ratio = peaks[fast] / peaks[slow] if fast and peaks.get(slow) else None
+    names = ", ".join(k["name"] if len(k["name"]) <= 60 else k["name"][:57] + "..." for k in m.get("fp32_kernels") or [])
+    if kind == "fp32":
+        what = (f"{ms:.1f} ms of the {total:.1f} ms per traced step in compute kernels are fp32 matrix math on the "
+                "CUDA cores, not the tensor cores" + (f" (the most: {names})" if names else ""))
+    else:
+        what = f"{ms:.1f} ms of the {total:.1f} ms per traced step in compute kernels are TF32 matrix math"
+    peak = f"; the device's {fast} peak is {ratio:.0f}x its {kind} peak" if ratio else ""
+    if fast == "fp16" and not peaks.get("tf32"):  # V100: fp16 tensor cores, no bf16, no TF32
+        action = ("Run the forward and loss under torch.autocast('cuda', dtype=torch.float16) with a "
+                  "torch.amp.GradScaler('cuda'): this device's tensor cores take fp16, not bf16 or TF32.")
+    elif kind == "tf32":
+        action = "Run the forward and loss under torch.autocast('cuda', dtype=torch.bfloat16): bf16 doubles TF32's tensor-core peak."
+    else:
+        action = ("Run the forward and loss under torch.autocast('cuda', dtype=torch.bfloat16), and let the fp32 "
+                  "math left run as TF32: torch.set_float32_matmul_precision('high') and "
+                  "torch.backends.cudnn.allow_tf32 = True.")
+    return {
+        "text": f"On {_ranks(sorted(found))}, {what}{peak}.",
+        "action": action,
+        "evidence": {"ranks": sorted(found), "precision": kind, "ms_per_step": round(ms, 4),
+                     "compute_ms_per_step": round(total, 4), "peak_ratio": round(ratio, 2) if ratio else None,
+                     "fp32_kernels": m.get("fp32_kernels") or [], "peaks_tflops": peaks or None},
+    }
+
+
+def _collective_groups(analysis: dict) -> list[dict]:
+    """The rank's collectives by (name, process group): calls, median bytes, and the time not
+    hidden behind computation, per traced step; most exposed first."""
+    traced = _traced_steps(analysis)
+    groups: dict[tuple, dict] = {}
+    for c in analysis.get("collectives") or []:
+        if not isinstance(c, dict) or not isinstance(c.get("name"), str):
+            continue
+        g = groups.setdefault((c["name"], c.get("pg")), {"name": c["name"], "pg": c.get("pg"), "calls": 0,
+                                                          "bytes": [], "dur_us": 0.0, "exposed_us": 0.0})
+        g["calls"] += 1
+        if isinstance(c.get("bytes"), (int, float)) and c["bytes"] > 0:
+            g["bytes"].append(float(c["bytes"]))
+        g["dur_us"] += float(c.get("dur_us") or 0.0)
+        g["exposed_us"] += sum(float(b) - float(a) for a, b in c.get("exposed") or [] if b > a)
+    out = []
+    for g in groups.values():
+        sizes = sorted(g.pop("bytes"))
+        out.append({**g, "calls_per_step": g["calls"] / traced if traced else None,
+                    "median_bytes": sizes[len(sizes) // 2] if sizes else None,
+                    "exposed_ms_per_step": g["exposed_us"] / 1e3 / traced if traced else None,
+                    "hidden_fraction": min(1.0, max(0.0, 1.0 - g["exposed_us"] / g["dur_us"])) if g["dur_us"] > 0
+                    else None})
+    return sorted(out, key=lambda g: -(g["exposed_ms_per_step"] or 0.0))
+
+
+def _exposed_collectives(ctx: JobContext) -> dict | None:
+    """The collective that carries the most exposed communication, once it exposes
+    `collective_exposed_step_share` of the step; advice by its size and count."""
+    th = ctx.tree.thresholds
+    found = {}
+    for rank, merged in ctx.ranks.items():
+        analysis = merged.get("analysis") or {}
+        groups, step_ms = _collective_groups(analysis), _traced_step_ms(analysis)
+        if groups and step_ms and (groups[0]["exposed_ms_per_step"] or 0.0) >= th["collective_exposed_step_share"] * step_ms:
+            found[rank] = (groups[0], step_ms, analysis)
+    if not found:
+        return None
+    g, step_ms, analysis = found[min(found)]
+    size = _mb(g["median_bytes"])
+    pg = f" on process group {g['pg']}" if g.get("pg") not in (None, "", "default_pg", "0") else ""
+    hidden = g["hidden_fraction"]
+    busbw = ((ctx.job.get("collectives") or {}).get("busbw") or {}).get("median_gbps")
+    times = "once" if g["calls_per_step"] == 1 else f"{g['calls_per_step']:g} times"
+    text = (f"On {_ranks(sorted(found))}, {g['name']}{pg} of {size} runs {times} per traced "
+            f"step and exposes {g['exposed_ms_per_step']:.1f} ms per step ({g['exposed_ms_per_step'] / step_ms:.0%} of the "
+            f"step; {hidden:.0%} of its time hidden behind computation)"
+            + (f", at a median bus bandwidth of {busbw:.2f} GB/s" if busbw else "") + ".")
+    small = g["median_bytes"] is not None and g["median_bytes"] < th["small_collective_bytes"] and \
+        g["calls_per_step"] >= th["small_collectives_per_step"]
+    if small:
+        action = (f"Send fewer, larger messages: {g['calls_per_step']:g} {g['name']} calls of {size} per step pay "
+                  "their latency each time; raise DDP's bucket_cap_mb (25 by default) or flatten small tensors "
+                  "into one before the collective.")
+    else:
+        action = (f"Move less, less often, and later: accumulate gradients over several micro-batches inside "
+                  f"ddp.no_sync() so {g['name']} runs once per accumulation; halve its bytes with the bf16 compression "
+                  "hook (ddp.register_comm_hook(None, torch.distributed.algorithms.ddp_comm_hooks.default_hooks."
+                  "bf16_compress_hook)); a smaller bucket_cap_mb starts the first buckets while backward still runs.")
+    model = analysis.get("model") if isinstance(analysis.get("model"), dict) else {}
+    one = _dominant_param(model, th["dominant_param_share"])
+    if one and not small:
+        action += (f" One parameter, {one['name']}, is {one['share']:.0%} of the gradient: if it is an embedding "
+                   "table, sparse gradients (nn.Embedding(..., sparse=True)) or a sharded table send only the rows "
+                   "a step uses.")
+    return {"text": text, "action": action,
+            "evidence": {"ranks": sorted(found), "step_ms": round(step_ms, 3), "busbw_gbps": busbw,
+                         "dominant_param": one, **g}}
+
+
+def _mb(nbytes: float | None) -> str:
+    if nbytes is None:
+        return "unknown size"
+    return f"{nbytes / 1e6:.1f} MB" if nbytes >= 1e5 else f"{nbytes / 1e3:.1f} KB"
+
+
+def _dominant_param(model: dict, share: float) -> dict | None:
+    """The largest parameter, where it holds `share` of the model's parameters (and so of the
+    gradient the collectives carry)."""
+    n, name, params = model.get("largest_param"), model.get("largest_param_name"), model.get("params")
+    if not (isinstance(n, int) and isinstance(name, str) and isinstance(params, int) and params > 0):
+        return None
+    return {"name": name, "elements": n, "share": round(n / params, 4)} if n >= share * params else None
+
+
+def _elementwise_chain(ctx: JobContext) -> dict | None:
+    """A run of elementwise ops with no matrix math between them taking `fusion_chain_step_share`
+    of the step or more: each op reads and writes whole tensors that one fused kernel would
+    read once."""
+    minimum = ctx.tree.thresholds["fusion_chain_step_share"]
+    found = {}
+    for rank, merged in ctx.ranks.items():
+        analysis = merged.get("analysis") or {}
+        chains = [c for c in analysis.get("elementwise_chains") or [] if isinstance(c, dict)]
+        step_ms = _traced_step_ms(analysis)
+        if chains and step_ms and float(chains[0].get("ms_per_step") or 0.0) >= minimum * step_ms:
+            found[rank] = (chains[0], step_ms)
+    if not found:
+        return None
+    chain, step_ms = found[min(found)]
+    times = "once" if chain["per_step"] == 1 else f"{chain['per_step']:g} times"
+    return {
+        "text": f"On {_ranks(sorted(found))}, a chain of {chain['length']} elementwise ops with no matrix math between "
+                f"them ({chain['name']}) runs {times} per traced step, {chain['ms_per_step']:.1f} ms per step "
+                f"({chain['ms_per_step'] / step_ms:.0%} of the step): each op reads and writes whole tensors that the "
+                "next reads again.",
+        "action": "Fuse the chain: torch.compile the module that runs it (its ops become one kernel that reads "
+                  "the inputs once), or use the fused op where one exists (F.layer_norm, F.gelu, torch.addcmul, "
+                  "a fused optimizer).",
+        "evidence": {"ranks": sorted(found), "step_ms": round(step_ms, 3), **chain},
+    }
+
+
 RULES: tuple[CauseRule, ...] = (
-    CauseRule("data_loader_no_workers", "data", _no_loader_workers, supersedes=("Raise DataLoader num_workers",)),
-    CauseRule("host_sync_points", "host", _host_sync_points, supersedes=("Remove synchronisation points",)),
+    CauseRule("data_loader_no_workers", "data", _no_loader_workers, supersedes=("Raise DataLoader num_workers",),
+              change="no_data_wait"),
+    CauseRule("data_loader_workers", "data", _loader_workers, supersedes=("Raise DataLoader num_workers",),
+              change="no_data_wait"),
+    CauseRule("host_sync_points", "host", _host_sync_points, supersedes=("Remove synchronisation points",),
+              change="no_sync_points"),
+    # Pinning makes the copy asynchronous: what that wins is a wait the graph holds as an edge, not a
+    # duration it can scale, so this cause has no change of its own.
+    CauseRule("pageable_copies", "data", _pageable_copies, supersedes=("Set pin_memory=True",), also=("host",)),
+    CauseRule("launch_bound", "host", _launch_bound, supersedes=("Capture the step with CUDA graphs",),
+              change="no_launch_cost"),
+    CauseRule("fp32_math", "compute", _fp32_math, supersedes=("Use lower precision",), change="tensor_core_math"),
+    CauseRule("elementwise_chain", "memory", _elementwise_chain, supersedes=("Fuse elementwise chains",),
+              change="fuse_elementwise_chain"),
+    CauseRule("exposed_collectives", "comm", _exposed_collectives,
+              supersedes=("Accumulate gradients", "Tune DDP bucket_cap_mb", "Compress gradients"),
+              change="compressed_collective"),
 )
 
 
 def causes(ctx: JobContext) -> list[dict]:
-    """The causes found, each with its rule's id and phase, in rule order: only for a phase that
-    bounds the job or takes at least `recommendation_min_share` of its steps (a DataLoader
-    without workers is no cause of a compute-bound job's time)."""
+    """The causes found, each with its rule's id and the phase it explains, the bounding phase's
+    first, then by the gain their own changes predict: only
+    for a phase that bounds the job or takes at least `recommendation_min_share` of its steps (a
+    DataLoader without workers is no cause of a compute-bound job's time). A rule whose time can
+    land in several phases explains the bounding one, else the first large enough."""
     shares = ctx.shares or {}
     minimum = ctx.tree.thresholds["recommendation_min_share"]
     out = []
     for rule in RULES:
-        if rule.phase != ctx.bound and not (shares.get(rule.phase) or 0.0) >= minimum:
+        phases = (rule.phase, *rule.also)
+        # Compute time is the work itself: a cause of it only where it bounds the job.
+        phase = ctx.bound if ctx.bound in phases else next(
+            (p for p in phases if p != "compute" and (shares.get(p) or 0.0) >= minimum), None)
+        if phase is None:
             continue
         found = rule.detect(ctx)
         if found:
-            out.append({"id": rule.id, "phase": rule.phase, "supersedes": list(rule.supersedes), **found})
-    return out
+            pred = _prediction(ctx, rule.change)
+            gain = predicted_gain(pred, None, "")["gain"] if pred else \
+                "No prediction: no change the replay can make removes exactly this cause"
+            out.append({"id": rule.id, "phase": phase, "supersedes": list(rule.supersedes), **found,
+                        "what_if": pred, "gain": gain})
+    # The bounding phase's causes first, then the larger predicted gains.
+    return sorted(out, key=lambda c: (c["phase"] != ctx.bound, -((c["what_if"] or {}).get("speedup") or 1.0)))
+
+
+def _prediction(ctx: JobContext, change: str | None) -> dict | None:
+    """The job's what-if entry of the change that removes the cause (None: the rule has none)."""
+    if change is None:
+        return None
+    entry = next((e for e in ctx.job.get("what_if") or [] if isinstance(e, dict) and e.get("change") == change), None)
+    if entry is None:
+        return {"change": change, "predicted_step_ms": None, "speedup": None,
+                "note": "the change was not replayed on these steps"}
+    return {k: entry.get(k) for k in ("change", "description", "baseline_step_ms", "predicted_step_ms", "speedup",
+                                      "note") if k in entry}

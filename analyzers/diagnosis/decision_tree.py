@@ -188,13 +188,20 @@ def read_config(path: Path) -> dict:
 
 # The parts of a step a what-if change may scale (diag.analyzers.whatif replays them).
 WHAT_IF_PARTS = ("data", "host", "launch", "sync", "slack", "comm", "memory", "compute", "straggler")
+# What a cause's change can remove, and the part that time lies in (measured per step by
+# diag.analyzers.trace.removals).
+REMOVALS = {"elementwise_chain": "memory", "fp32_math": "compute", "host_sync_points": "host",
+            "exposed_collective": "comm"}
 
 
 def check_change(entry, where: str) -> dict:
-    """A [[what_if]] entry, checked: {"id", "description", "scale", "scope", "fixes"}."""
+    """A [[what_if]] entry, checked: {"id", "description", "scale", "scope", "fixes"} (and
+    "remove", for a change that removes a cause's measured time)."""
     if not isinstance(entry, dict) or not isinstance(entry.get("id"), str) or not entry["id"].strip():
         raise TreeError(f"{where}: every [[what_if]] entry needs an id")
     cid = entry["id"]
+    if "remove" in entry:
+        return _removal_change(entry, where)
     scale = entry.get("scale")
     if not isinstance(scale, dict) or not scale:
         raise TreeError(f"{where}: what_if {cid!r} needs scale = {{ part = factor, ... }}")
@@ -211,6 +218,20 @@ def check_change(entry, where: str) -> dict:
     fixes = entry.get("fixes")
     return {"id": cid, "description": str(entry.get("description") or cid), "scale": out, "scope": scope,
             "fixes": fixes if fixes in CLASSES else None}
+
+
+def _removal_change(entry: dict, where: str) -> dict:
+    """A change that removes what one cause costs: its part is scaled step by step."""
+    cid, what = entry["id"], entry.get("remove")
+    if what not in REMOVALS:
+        raise TreeError(f"{where}: what_if {cid!r}: remove must be one of {', '.join(REMOVALS)}")
+    nominal = {REMOVALS[what]: 0.0}
+    if "scale" in entry and entry["scale"] != nominal:  # a recorded entry carries its nominal scale
+        raise TreeError(f"{where}: what_if {cid!r}: give scale or remove, not both")
+    fixes = entry.get("fixes")
+    # The nominal scale says which part the change acts on (a part absent from the step: no prediction).
+    return {"id": cid, "description": str(entry.get("description") or cid), "scale": nominal,
+            "remove": what, "scope": "rank", "fixes": fixes if fixes in CLASSES else None}
 
 
 def _with_config_changes(changes: list, config: dict, path) -> list:

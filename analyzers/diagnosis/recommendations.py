@@ -55,7 +55,7 @@ def recommendations(ctx: JobContext, findings: list[dict], memory: dict, evidenc
                     f for f in tree.verdicts[p]["fixes"]
                     if not any(f.startswith(old) for c in mine for old in c["supersedes"])],
                 "causes": [c["id"] for c in mine],
-                **_predicted_gain(pred, share, PHASE_LABELS[p]),
+                **predicted_gain(pred, share, PHASE_LABELS[p]),
                 "evidence": sorted(set(refs)),
                 "why": why,
                 "primary": p == bound,
@@ -71,7 +71,7 @@ def recommendations(ctx: JobContext, findings: list[dict], memory: dict, evidenc
                 "Check that every rank gets the same amount of work (uneven batches, sequence lengths).",
                 "If the late rank's device is throttled or faulty, exclude that node.",
             ],
-            **_predicted_gain(_best_prediction(what_if, "wait"), wait, "the other ranks' waiting for it"),
+            **predicted_gain(_best_prediction(what_if, "wait"), wait, "the other ranks' waiting for it"),
             "evidence": [f"ev-straggler-{s['rank']}"],
             "why": f"Rank {s['rank']} is named as a straggler: {s['evidence_text']}",
             "primary": False,
@@ -88,7 +88,7 @@ def recommendations(ctx: JobContext, findings: list[dict], memory: dict, evidenc
                 "Re-run `diag nccl` after each change to see the bus bandwidth move.",
             ],
             # At the expected bandwidth, communication would take `frac` of its current time.
-            **_predicted_gain(_comm_at(what_if, frac), job_shares["comm"], "exposed communication"),
+            **predicted_gain(_comm_at(what_if, frac), job_shares["comm"], "exposed communication"),
             "evidence": sorted(e for e in ev_ids if e.startswith(("ev-busbw", "ev-nccl-"))),
             "why": nccl.get("bandwidth_summary", ""),
             "primary": False,
@@ -190,7 +190,7 @@ def _comm_at(what_if: list[dict], factor: float) -> dict | None:
                            "no_exposed_comm and comm_2x)"}
 
 
-def _predicted_gain(pred: dict | None, bound_share: float | None, what: str) -> dict:
+def predicted_gain(pred: dict | None, bound_share: float | None, what: str) -> dict:
     """The gain fields of a recommendation from its what-if prediction."""
     upper = f"; removing {what} entirely is at most {pct(bound_share)} of the step" if bound_share else ""
     if pred is None or num(pred.get("predicted_step_ms")) is None:

@@ -37,6 +37,7 @@ from diag.analyzers.job.sampled import (
     sampled_steps,
     window_composition,
 )
+from diag.analyzers.trace import host_device
 from diag.analyzers.trace.analysis import trace_facts
 from diag.analyzers.whatif import rank as what_if
 
@@ -176,6 +177,7 @@ def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None
     device = dev.get("name") or next((w["analysis"].get("device") for w in reversed(analysed)
                                       if w["analysis"].get("device")), None)
     model = info.get("model")
+    traced = [(w["analysis"], len(w["analysis"].get("steps") or [])) for w in analysed]
     doc = {
         "rank": rank,
         "source": str(rd.rank_path(rank)),
@@ -187,6 +189,10 @@ def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None
         "gpu_time": _merge_gpu_time(analysed),
         "top_kernels": _merge_table(analysed, "top_kernels"),
         "top_ops": _merge_table(analysed, "top_ops"),
+        "copies": host_device.merge_list([(a.get("copies"), n) for a, n in traced]),
+        "launches": host_device.merge_per_step([(a.get("launches"), n) for a, n in traced]),
+        "math": host_device.merge_per_step([(a.get("math"), n) for a, n in traced]),
+        "elementwise_chains": host_device.merge_list([(a.get("elementwise_chains"), n) for a, n in traced]),
         "collectives": [c for w in analysed for c in w["analysis"].get("collectives") or []],
         "mfu": measurements.get("mfu"),
         "shares": {b: measurements.get(f"{b}_share", 0.0) for b in CLASSES} if shares else None,

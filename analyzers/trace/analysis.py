@@ -19,8 +19,9 @@ import numpy as np
 from diag.analyzers import intervals as iv
 from diag.analyzers.analysis_types import TraceRankFacts
 from diag.analyzers.diagnosis import decision_tree as dt
-from diag.analyzers.trace import devices, gpu_time, roofline
+from diag.analyzers.trace import devices, fusion, gpu_time, host_device, precision, roofline
 from diag.analyzers.trace import event_classes as ec
+from diag.analyzers.trace import removals as removal_measures
 from diag.analyzers.trace.attribution import (
     BOUNDS,
     CPU_ORDER,
@@ -57,16 +58,16 @@ def trace_facts(path, tree: dt.Tree | None = None, rank: int | None = None, work
     return facts_of_loaded(trace, tree, rank=rank, host=devices.host_device(host_peaks))
 
 
-def _what_if(trace: Trace, tree, steps: list[dict], windows, classes, layers, att, on_device: bool):
+def _what_if(trace: Trace, tree, steps: list[dict], windows, classes, layers, att, on_device: bool, removals: dict):
     """(critical path, what-if entries, the error that stopped them or None), each step updated with its own."""
     changes = getattr(tree, "what_if", ())
     what_if_error = None
     try:
         if on_device:
             per_step = what_if.rank_steps(changes, windows, trace=trace, dev_classes=classes,
-                                          data_spans=layers["data"])
+                                          data_spans=layers["data"], removals=removals)
         else:
-            per_step = what_if.rank_steps(changes, windows, att=att, layers=layers)
+            per_step = what_if.rank_steps(changes, windows, att=att, layers=layers, removals=removals)
     except Exception as exc:  # a graph this trace cannot give must not cost its analysis
         per_step, what_if_error = {}, f"{type(exc).__name__}: {exc}"
     for k, extra in per_step.items():
@@ -159,9 +160,16 @@ def facts_of_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: 
             "flops": float(flops_w[k]) if flops_w is not None else None,
         })
 
+    # Per traced step: device copies, launches, matrix math by precision, elementwise chains (the
+    # cause rules' facts), and what removing each cause would take away (their what-ifs).
+    chains, chain_saving = fusion.elementwise_chains(trace, win)
+    math, math_saving = precision.math_facts(trace, classes, win, device) if on_device else (None, None)
+    coll_records = _exposed(_tag_steps(collectives(trace, classes), windows), att["parts"].get("comm"))
+    removals = removal_measures.per_window(trace, win, classes, att, layers, chain_saving, math_saving, coll_records)
+
     # Each step's critical path and its duration under each what-if change.
     critical_path, what_if_entries, what_if_error = _what_if(trace, tree, steps, windows, classes, layers, att,
-                                                             on_device)
+                                                             on_device, removals)
 
     total_time = float(np.sum(win[:, 1] - win[:, 0]))
     rank_shares = normalize_shares(totals, total_time)
@@ -189,7 +197,11 @@ def facts_of_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: 
         "gpu_time": gpu_time_out,
         "top_kernels": _top_kernels(trace, classes, op_info) if on_device else [],
         "top_ops": _top_ops(trace),
-        "collectives": _exposed(_tag_steps(collectives(trace, classes), windows), att["parts"].get("comm")),
+        "copies": host_device.copy_facts(trace, win) if on_device else [],
+        "launches": host_device.launch_facts(trace, win) if on_device else None,
+        "math": math,
+        "elementwise_chains": chains,
+        "collectives": coll_records,
         "mfu": rank_m.get("mfu"),
         "timeline": "device" if on_device else "cpu",
         # The process used a GPU (its properties, or runtime calls that launch work) but the trace

@@ -116,7 +116,7 @@ def build_model(doc: dict, run: dict | None = None, limits: Limits | None = None
 
 # The diagnosis document's parts that the page shows as they are.
 _FROM_DIAGNOSIS = ("bound", "headline", "confidence", "decision_path", "phase_shares", "measurements", "evidence",
-                   "recommendations", "stragglers", "findings", "memory", "what_if")
+                   "recommendations", "causes", "stragglers", "findings", "memory", "what_if")
 
 
 def _busbw_chart(run: dict) -> dict | None:

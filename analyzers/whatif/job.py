@@ -45,12 +45,15 @@ def job_what_if(ranks: list[dict], changes) -> tuple[dict | None, list[dict]]:
         measured.append(t)
         critical.append(int(np.argmax(pace)))
         for c in rank_changes:
-            f_comm = c["scale"].get("comm", 1.0)
+            if not any(c["id"] in s["what_if_ms"] for s in row):
+                continue  # replayed on no rank of this step (a cause it does not have)
+            # A change that removes one cause's time leaves the waiting for peers as it was.
+            f_comm = 1.0 if "remove" in c else c["scale"].get("comm", 1.0)
             saved = np.array([max(0.0, s["replayed_ms"] - s["what_if_ms"].get(c["id"], s["replayed_ms"]))
                               for s in row])
             # What the slowest-paced rank itself waited (at a later collective of the step) is
             # waiting too: it scales with communication like the rest.
-            preds[c["id"]].append(float(np.max(dur - saved - f_comm * wait)) + f_comm * (t - top))
+            preds[c["id"]].append((t, float(np.max(dur - saved - f_comm * wait)) + f_comm * (t - top)))
         paces.append(pace)
     # A straggler is slow step after step: each rank's pace is its median over the steps, so
     # that two ranks trading places from step to step (noise) is not taken for one.
@@ -62,13 +65,13 @@ def job_what_if(ranks: list[dict], changes) -> tuple[dict | None, list[dict]]:
     for c in job_changes:
         f = c["scale"]["straggler"]
         saved = float(typical.max()) - float(np.max(np.minimum(typical, med + f * (typical - med))))
-        preds[c["id"]] = [m - saved for m in measured]
+        preds[c["id"]] = [(m, m - saved) for m in measured]
     base = float(np.median(measured))
     present = set().union(*(set(s.get("present_classes") or ()) for steps in per_rank.values() for s in steps))
     if len(rank_ids) > 1 and lag_by_step:
         present.add("straggler")
-    entries = [entry(c, base, base - float(np.median([m - p for m, p in zip(measured, preds[c["id"]])])), present)
-               for c in changes]
+    entries = [entry(c, base, base - float(np.median([m - p for m, p in preds[c["id"]]])) if preds[c["id"]] else None,
+                     present) for c in changes]
     job_ids = {c["id"] for c in job_changes}
     for e in entries:
         if e["change"] in job_ids and "straggler" in present:

@@ -28,18 +28,36 @@ CHAIN_CLASSES = ("data", "host", "memory", "compute")
 STEP_KEYS = ("critical_path", "what_if_ms", "replayed_ms", "present_classes")
 
 
-def rank_steps(changes, windows, trace=None, dev_classes=None, data_spans=None, att=None, layers=None) -> dict:
+def rank_steps(changes, windows, trace=None, dev_classes=None, data_spans=None, att=None, layers=None,
+               removals=None) -> dict:
     """{step index: {"critical_path": {...}, "what_if_ms": {change id: ms}}} for the steps analysed.
 
     Device traces need trace, dev_classes and data_spans; CPU traces att (the attribution)
-    and layers (the class layers it was made from)."""
+    and layers (the class layers it was made from). `removals` ({measure: (part, µs removed,
+    µs of the part)} per window, trace.removals) gives the changes that remove a cause their
+    scale step by step; a change whose measure is absent predicts nothing."""
     rank_changes = [c for c in changes if c.get("scope", "rank") == "rank"]
     if dev_classes is not None:
-        return _graph_steps(rank_changes, windows, trace, dev_classes, data_spans)
-    return _chain_steps(rank_changes, windows, att, layers)
+        return _graph_steps(rank_changes, windows, trace, dev_classes, data_spans, removals or {})
+    return _chain_steps(rank_changes, windows, att, layers, removals or {})
 
 
-def _graph_steps(changes, windows, trace, dev_classes, data_spans) -> dict:
+def _scales(changes, k: int, removals: dict) -> dict:
+    """Each change's {part: factor} in window k: as written, or so that its measure's time is gone."""
+    out = {}
+    for c in changes:
+        if "remove" not in c:
+            out[c["id"]] = c["scale"]
+            continue
+        m = removals.get(c["remove"])
+        if m is None or not m[2][k] > 0:
+            continue
+        part, removed, total = m
+        out[c["id"]] = {part: max(0.0, 1.0 - float(removed[k]) / float(total[k]))}
+    return out
+
+
+def _graph_steps(changes, windows, trace, dev_classes, data_spans, removals) -> dict:
     pick = _pick(len(windows))
     graphs = wg.step_graphs(trace, dev_classes, data_spans, [windows[k] for k in pick])
     out = {}
@@ -47,7 +65,7 @@ def _graph_steps(changes, windows, trace, dev_classes, data_spans) -> dict:
         order = wr.topo_order(g)
         cp = wr.critical_path(g)
         info: dict = {}
-        replayed = wr.replay(g, {BASE: {}, **{c["id"]: c["scale"] for c in changes}}, order, info)
+        replayed = wr.replay(g, {BASE: {}, **_scales(changes, k, removals)}, order, info)
         out[k] = {
             "critical_path": {"length_ms": cp["length_us"] / 1e3, "nodes": cp["nodes"],
                               "by_class_ms": {c: v / 1e3 for c, v in cp["by_class_us"].items()},
@@ -61,7 +79,7 @@ def _graph_steps(changes, windows, trace, dev_classes, data_spans) -> dict:
     return out
 
 
-def _chain_steps(changes, windows, att, layers) -> dict:
+def _chain_steps(changes, windows, att, layers, removals) -> dict:
     win = np.array([[w[1], w[2]] for w in windows], dtype=np.float64).reshape(-1, 2)
     comm = layers.get("comm", iv.EMPTY)
     comm_total = iv.measure_in_windows(comm, win)
@@ -77,7 +95,8 @@ def _chain_steps(changes, windows, att, layers) -> dict:
         out[k] = {
             "critical_path": {"length_ms": sum(path.values()) / 1e3, "nodes": None,
                               "by_class_ms": {c: v / 1e3 for c, v in path.items() if v}},
-            "what_if_ms": {c["id"]: _chain(parts, float(comm_total[k]), hid, c["scale"]) / 1e3 for c in changes},
+            "what_if_ms": {cid: _chain(parts, float(comm_total[k]), hid, scale) / 1e3
+                           for cid, scale in _scales(changes, k, removals).items()},
             "replayed_ms": (sum(parts.values()) + exposed) / 1e3,
             "present_classes": sorted({c for c, v in parts.items() if v > 0} | ({"comm"} if comm_total[k] > 0 else set())),
         }
@@ -138,4 +157,6 @@ def entry(change: dict, base: float, predicted: float | None, present: set) -> d
     if predicted is not None and predicted > 0:
         out["predicted_step_ms"] = predicted
         out["speedup"] = base / predicted
+    elif "remove" in change:
+        out["note"] = f"no {change['remove'].replace('_', ' ')} in the traced steps: no prediction"
     return out

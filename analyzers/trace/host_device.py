@@ -1,0 +1,149 @@
+"""What the host asks of the device in each traced step: copies by kind, and kernel launches.
+
+Facts for the cause rules of the diagnosis, per traced step (events that start inside a step
+window, divided by the number of windows):
+- `copies`: device copies grouped by their trace name, which states direction and host
+  memory kind ("Memcpy HtoD (Pageable -> Device)"), with the host time of the runtime calls
+  that issued them (a copy from pageable memory holds its call until the data is staged);
+- `launches`: kernels per step, their median duration, the host time of the launch calls,
+  and the CPU ops that launch the most kernels (the region to capture in a CUDA graph).
+Pure: reads the trace's columns, returns plain data.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from diag.analyzers.trace.columns import Trace
+
+KERNEL, MEMCPY = 0, 1  # device event kinds (columns: 0 kernel, 1 memcpy, 2 memset, 3 sync)
+LAUNCH_RE = re.compile(r"^(?:cuda|hip)(?:LaunchKernel(?:ExC)?|LaunchCooperativeKernel|ExtModuleLaunchKernel|"
+                       r"ModuleLaunchKernel|LaunchKernelEx)(?:_v\d+|_ptsz)?$|^cuLaunchKernel(?:Ex)?$")
+GRAPH_RE = re.compile(r"^(?:cuda|hip)GraphLaunch")
+TOP_LAUNCHERS = 3
+
+
+def _in_windows(ts: np.ndarray, win: np.ndarray) -> np.ndarray:
+    """Which timestamps fall inside one of the (sorted, disjoint) windows."""
+    if not len(win) or not len(ts):
+        return np.zeros(len(ts), dtype=bool)
+    k = np.searchsorted(win[:, 0], ts, side="right") - 1
+    ok = k >= 0
+    ok[ok] = ts[ok] < win[k[ok], 1]
+    return ok
+
+
+def _rt_ms_by_corr(trace: Trace, corr: np.ndarray) -> float:
+    """Host milliseconds of the runtime calls whose correlation ids are in `corr`."""
+    if not len(corr) or not len(trace.rt_corr):
+        return 0.0
+    return float(trace.rt_dur[np.isin(trace.rt_corr, corr[corr >= 0])].sum()) / 1e3
+
+
+def copy_facts(trace: Trace, win: np.ndarray) -> list[dict]:
+    """Per copy name: calls, MB, device and host milliseconds per traced step, most time first."""
+    n = len(win)
+    sel = np.flatnonzero((trace.dev_kind == MEMCPY) & _in_windows(trace.dev_ts, win)) if n else []
+    out = []
+    for nid in np.unique(trace.dev_name[sel]).tolist() if len(sel) else []:
+        rows = sel[trace.dev_name[sel] == nid]
+        nbytes = trace.dev_bytes[rows]
+        known = nbytes[np.isfinite(nbytes)]
+        out.append({
+            "name": trace.names[nid],
+            "calls_per_step": round(len(rows) / n, 3),
+            "mb_per_step": round(float(known.sum()) / 1e6 / n, 4) if len(known) else None,
+            "ms_per_step": round(float(trace.dev_dur[rows].sum()) / 1e3 / n, 4),
+            "host_ms_per_step": round(_rt_ms_by_corr(trace, trace.dev_corr[rows]) / n, 4),
+        })
+    out.sort(key=lambda c: -c["ms_per_step"])
+    return out
+
+
+def launch_facts(trace: Trace, win: np.ndarray) -> dict | None:
+    """Kernels per traced step, their median µs, the launch calls' host time, and the ops
+    that launch the most kernels; None without kernels."""
+    n = len(win)
+    if not n:
+        return None
+    kern = np.flatnonzero((trace.dev_kind == KERNEL) & _in_windows(trace.dev_ts, win))
+    if not len(kern):
+        return None
+    rt = np.flatnonzero(_in_windows(trace.rt_ts, win))
+    ids = np.unique(trace.rt_name[rt]).tolist()
+    launch = np.isin(trace.rt_name[rt], [i for i in ids if LAUNCH_RE.match(trace.names[i])])
+    graphs = int(np.isin(trace.rt_name[rt], [i for i in ids if GRAPH_RE.match(trace.names[i])]).sum())
+    hip = any(trace.names[i].startswith("hip") for i in ids)
+    return {
+        "kernels_per_step": round(len(kern) / n, 2),
+        "median_kernel_us": round(float(np.median(trace.dev_dur[kern])), 3),
+        "kernel_ms_per_step": round(float(trace.dev_dur[kern].sum()) / 1e3 / n, 4),
+        "launch_calls_per_step": round(int(launch.sum()) / n, 2),
+        "launch_ms_per_step": round(float(trace.rt_dur[rt][launch].sum()) / 1e3 / n, 4),
+        "graph_launches_per_step": round(graphs / n, 2),
+        "runtime": "hip" if hip else "cuda",
+        "top_launchers": _top_launchers(trace, kern, n),
+    }
+
+
+def _top_launchers(trace: Trace, kern: np.ndarray, n: int) -> list[dict]:
+    """The CPU ops whose External ids the most kernels carry (the op that launched them)."""
+    ops = np.flatnonzero((trace.cpu_kind == 0) & (trace.cpu_ext >= 0))
+    if not len(ops):
+        return []
+    name_of = dict(zip(trace.cpu_ext[ops].tolist(), trace.cpu_name[ops].tolist()))
+    counts: dict[int, int] = {}
+    for e in trace.dev_ext[kern].tolist():
+        nid = name_of.get(e)
+        if nid is not None:
+            counts[nid] = counts.get(nid, 0) + 1
+    top = sorted(counts.items(), key=lambda kv: -kv[1])[:TOP_LAUNCHERS]
+    return [{"name": trace.names[nid], "kernels_per_step": round(c / n, 2)} for nid, c in top]
+
+
+def merge_per_step(parts: list[tuple[dict | None, int]]) -> dict | None:
+    """Per-step facts of several windows, each (facts, traced steps), over all their steps:
+    numbers weighted by steps, lists of {"name", ...} merged by name (their numbers likewise,
+    most first), other values from the first window."""
+    parts = [(f, n) for f, n in parts if isinstance(f, dict) and n > 0]
+    if not parts:
+        return None
+    total = sum(n for _, n in parts)
+    out: dict = {}
+    for key, first in parts[0][0].items():
+        if isinstance(first, (int, float)) and not isinstance(first, bool):
+            out[key] = round(sum(float(f.get(key) or 0.0) * n for f, n in parts) / total, 4)
+        elif isinstance(first, list):
+            out[key] = _merge_named([(f.get(key) or [], n / total) for f, n in parts])
+        else:
+            out[key] = first
+    return out
+
+
+def merge_list(parts: list[tuple[list | None, int]]) -> list[dict]:
+    """Per-step lists of {"name", ...} of several windows, each (list, traced steps), merged by name."""
+    total = sum(n for items, n in parts if n > 0 and isinstance(items, list))
+    return _merge_named([(items, n / total) for items, n in parts if n > 0 and isinstance(items, list)]) if total else []
+
+
+def _merge_named(parts: list[tuple[list, float]]) -> list[dict]:
+    """Rows merged by name: their per-step figures weighted, anything else from the first."""
+    rows: dict[str, dict] = {}
+    for items, weight in parts:
+        for item in items:
+            if not isinstance(item, dict) or "name" not in item:
+                continue
+            acc = rows.setdefault(item["name"], {})
+            for k, v in item.items():
+                if k.endswith("per_step") and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    acc[k] = round(acc.get(k, 0.0) + v * weight, 4)
+                else:
+                    acc.setdefault(k, v)
+
+    def weight(r: dict) -> float:  # time first, else the first per-step figure
+        key = "ms_per_step" if "ms_per_step" in r else next((k for k in r if k.endswith("per_step")), None)
+        return -(r.get(key) or 0.0) if key else 0.0
+
+    return sorted(rows.values(), key=weight)

@@ -1,0 +1,85 @@
+"""What each cause's change removes from its part of the step, window by window.
+
+A cause's what-if (a `remove` entry of the decision tree's [[what_if]] table) takes away
+exactly the time its cause costs: the replay (`diag.analyzers.whatif.rank`) scales the part
+that time lies in so that this much of it is gone, step by step, and the graph then says what
+that is worth to the step. Each measure here is (part, µs removed per window, µs of that
+part per window), the part's total counted as the replay counts it: device ops' durations on
+a device timeline, the exclusively attributed time on a CPU one. Pure.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from diag.analyzers import intervals as iv
+from diag.analyzers.analysis_types import SYNC_OP_NAMES
+from diag.analyzers.trace import event_classes as ec
+from diag.analyzers.trace.columns import Trace
+
+# A device op's class, as the replay's parts group them (whatif.graph.DEV_CLASS).
+_DEVICE_PART = {"comm": (ec.COMM,), "memory": (ec.MEMCPY, ec.BANDWIDTH), "compute": (ec.COMPUTE, ec.OTHER)}
+COMPRESSED_BYTES = 0.5  # the bf16 compression hook sends fp32 gradients in half the bytes
+
+
+def _window_of(ts: np.ndarray, win: np.ndarray) -> np.ndarray:
+    """Each timestamp's window index, or -1 outside every window."""
+    k = np.searchsorted(win[:, 0], ts, side="right") - 1
+    inside = (k >= 0) & (ts < win[np.maximum(k, 0), 1])
+    return np.where(inside, k, -1)
+
+
+def _device_part_us(trace: Trace, win: np.ndarray, classes: np.ndarray, part: str) -> np.ndarray:
+    k = _window_of(trace.dev_ts, win)
+    sel = (k >= 0) & np.isin(classes, _DEVICE_PART[part])
+    return np.bincount(k[sel], weights=trace.dev_dur[sel], minlength=len(win))
+
+
+def _part_us(trace, win, classes, att, layers, part: str) -> np.ndarray:
+    if classes is not None:
+        return _device_part_us(trace, win, classes, part)
+    if part == "comm":  # the CPU chain scales all communication, hidden or not
+        return iv.measure_in_windows(layers.get("comm", iv.EMPTY), win)
+    return np.asarray(att["us"][part], dtype=np.float64)
+
+
+def _sync_ops_host_us(trace: Trace, win: np.ndarray, att) -> np.ndarray:
+    """The host time attributed inside the ops that pull values to the host (their own and
+    their children's, where it is host time), per window."""
+    ids = [i for i, name in enumerate(trace.names) if name in SYNC_OP_NAMES]
+    sel = (trace.cpu_kind == 0) & np.isin(trace.cpu_name, ids)
+    spans = iv.from_arrays(trace.cpu_ts[sel], trace.cpu_ts[sel] + trace.cpu_dur[sel])
+    return iv.measure_in_windows(iv.intersect(spans, att["parts"].get("host", iv.EMPTY)), win)
+
+
+def _top_collective_us(records: list[dict], win: np.ndarray) -> np.ndarray | None:
+    """Per window, the duration of the collective (name, process group) exposing the most time."""
+    exposed: dict[tuple, float] = {}
+    for r in records:
+        exposed[(r["name"], r.get("pg"))] = exposed.get((r["name"], r.get("pg")), 0.0) + sum(
+            b - a for a, b in r.get("exposed") or [] if b > a)
+    if not exposed:
+        return None
+    top = max(exposed, key=exposed.get)
+    mine = [r for r in records if (r["name"], r.get("pg")) == top]
+    k = _window_of(np.array([r["ts_us"] for r in mine], dtype=np.float64), win)
+    dur = np.array([float(r.get("dur_us") or 0.0) for r in mine])
+    return np.bincount(k[k >= 0], weights=dur[k >= 0], minlength=len(win))
+
+
+def per_window(trace: Trace, win: np.ndarray, classes, att, layers, chain_saving, math_saving,
+               collectives: list[dict]) -> dict[str, tuple[str, np.ndarray, np.ndarray]]:
+    """{measure: (part, µs removed, µs of the part)} per window, for the measures this trace gives."""
+    out = {}
+
+    def add(name: str, part: str, removed) -> None:
+        if removed is not None and np.any(removed > 0):
+            out[name] = (part, np.asarray(removed, dtype=np.float64), _part_us(trace, win, classes, att, layers, part))
+
+    add("elementwise_chain", "memory", chain_saving)
+    add("fp32_math", "compute", math_saving)
+    if classes is None:  # on a device the sync ops' time is waiting, which the graph's edges hold
+        add("host_sync_points", "host", _sync_ops_host_us(trace, win, att))
+    top = _top_collective_us(collectives, win)
+    add("exposed_collective", "comm", None if top is None else COMPRESSED_BYTES * top)
+    return out
