@@ -44,6 +44,8 @@ class ProfilerConfig:
     record_shapes: bool = _f(True, "record operator input shapes (for FLOPs and the roofline)", "record_shapes")
     with_flops: bool = _f(True, "let the profiler estimate FLOPs", "with_flops")
     profile_memory: bool = _f(False, "record memory allocations in windows", "profile_memory")
+    stack_windows: int = _f(1, "the first windows that record Python call stacks (the causes name their call "
+                               "sites; the stack costs that window more overhead)", "stack_windows")
     trace_budget_bytes: int = _f(1 << 30, "per-rank size budget of saved traces (oldest deleted)",
                                  "trace_budget_bytes")
     analyse_during_run: bool = _f(True, "analyse each window as it is saved (False: at exit)",

@@ -95,6 +95,7 @@ class TraceRankFacts(_WaitSplit):
     launches: dict | None  # kernel launches per traced step (trace.host_device)
     math: dict | None  # matrix kernels' time by precision per traced step (trace.precision)
     elementwise_chains: list[dict]  # runs of elementwise ops, fusion candidates (trace.fusion)
+    sync_sites: list[dict]  # the job's frames calling the SYNC_OP_NAMES ops (trace.call_sites)
     collectives: list[dict]  # each collective call, for matching across ranks
     mfu: float | None
     timeline: str  # "device" | "cpu"
@@ -164,6 +165,7 @@ class RunRankFacts(TypedDict):
     launches: dict | None
     math: dict | None
     elementwise_chains: list[dict]
+    sync_sites: list[dict]
     collectives: list[dict]
     mfu: float | None
     shares: dict[str, float] | None

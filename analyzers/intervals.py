@@ -85,6 +85,15 @@ def total(a: np.ndarray) -> float:
     return float(np.sum(a[:, 1] - a[:, 0])) if len(a) else 0.0
 
 
+def window_of(ts: np.ndarray, windows: np.ndarray) -> np.ndarray:
+    """Each timestamp's row in `windows` (sorted, disjoint [lo, hi) rows), or -1 outside them all."""
+    if not len(windows) or not len(ts):
+        return np.full(len(ts), -1, dtype=np.int64)
+    k = np.searchsorted(windows[:, 0], ts, side="right") - 1
+    inside = (k >= 0) & (ts < windows[np.maximum(k, 0), 1])
+    return np.where(inside, k, -1)
+
+
 def measure_in_windows(a: np.ndarray, windows: np.ndarray) -> np.ndarray:
     """Covered length of a inside each window row [lo, hi); windows may overlap.
 

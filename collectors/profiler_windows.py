@@ -77,7 +77,8 @@ class WindowSettings:
     record_shapes: bool = True
     with_flops: bool = True
     profile_memory: bool = False
-    with_stack: bool = False
+    with_stack: bool = False  # every window records Python call stacks
+    stack_windows: int = 1  # ... or only the first this many (the causes' call sites, at one window's cost)
     budget_bytes: int = 1 << 30  # traces kept on disk per rank
     lead_steps: int = 5  # an on-demand window starts this many steps after the request
     export_in_child: bool = True  # let a forked process write traces when that stalls training less
@@ -199,6 +200,7 @@ class ProfilerWindows:
         self.with_flops = s.with_flops
         self.profile_memory = s.profile_memory
         self.with_stack = s.with_stack
+        self.stack_windows = max(0, int(s.stack_windows))
         self.budget_bytes = s.budget_bytes
         self.export_route = ExportRoute(s.export_in_child and hasattr(os, "fork") and sys.platform == "linux")
         self.trigger_dir = Path(trigger_dir) if trigger_dir else None
@@ -309,7 +311,7 @@ class ProfilerWindows:
             record_shapes=self.record_shapes or self.with_flops,
             with_flops=self.with_flops,
             profile_memory=self.profile_memory,
-            with_stack=self.with_stack,
+            with_stack=self.with_stack or self.windows_done < self.stack_windows,
         )
         with self.guard.ours():
             self._prof.prepare_trace()  # warm-up: the profiler runs, events are dropped

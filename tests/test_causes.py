@@ -10,9 +10,9 @@ from diag.analyzers.diagnosis import causes as cs
 from diag.analyzers.diagnosis import decision_tree as dt
 
 
-def _ctx(ranks: dict, bound="host", shares=None, what_if=()):
+def _ctx(ranks: dict, bound="host", shares=None, what_if=(), nccl=None):
     return types.SimpleNamespace(ranks=ranks, tree=dt.load_tree(), bound=bound, job={"what_if": list(what_if)},
-                                 shares=shares or {"host": 0.6, "data": 0.05, "compute": 0.35})
+                                 shares=shares or {"host": 0.6, "data": 0.05, "compute": 0.35}, nccl=nccl or {})
 
 
 def _rank(item_calls: int, traced: int = 2, loader=None):
@@ -329,3 +329,36 @@ def test_loader_workers_busy_from_eighty_and_idle_under_thirty_percent(workers_c
 def test_busy_workers_on_a_full_host_are_told_to_do_less_per_sample():
     (cause,) = cs.causes(_ctx({0: _worker_rank(3.9, cpus=8)}, bound="data", shares={"data": 0.6}))
     assert "The 4 CPUs of each rank are all in use" in cause["action"]
+
+
+# -- the collective exposing the most time ------------------------------------------------------
+
+
+def _coll_rank(calls: int, nbytes: float, exposed_us: float, step_ms: float = 100.0):
+    colls = [{"name": "all_reduce", "pg": "0", "bytes": nbytes, "dur_us": exposed_us, "ts_us": float(i),
+              "exposed": [[0.0, exposed_us]]} for i in range(2 * calls)]
+    return {"analysis": {"steps": [{"step": k, "evidence": "trace", "duration_ms": step_ms} for k in range(2)],
+                         "collectives": colls, "top_ops": []}}
+
+
+@pytest.mark.parametrize("exposed_us,named", [(4900.0, False), (5100.0, True)])  # 5% of a 100 ms step
+def test_an_exposed_collective_from_five_percent_of_the_step(exposed_us, named):
+    found = cs.causes(_ctx({0: _coll_rank(1, 64e6, exposed_us)}, bound="comm", shares={"comm": 0.5}))
+    assert [c["id"] for c in found] == (["exposed_collectives"] if named else [])
+
+
+@pytest.mark.parametrize("nbytes,calls,small", [(1048575, 8, True), (1048577, 8, False), (1048575, 7, False)])
+def test_many_small_collectives_are_told_from_large_ones(nbytes, calls, small):
+    (cause,) = cs.causes(_ctx({0: _coll_rank(calls, nbytes, 2000.0)}, bound="comm", shares={"comm": 0.5}))
+    assert ("raise DDP's bucket_cap_mb" in cause["action"]) is small
+    assert ("ddp.no_sync()" in cause["action"]) is not small
+
+
+def test_the_nccl_log_and_fabric_measurement_are_joined_in():
+    nccl = {"bandwidth_summary": "all_reduce bus bandwidth 3.1 GB/s, 12% of expected",
+            "log_findings": [{"id": "ib_disabled", "severity": "warning", "message": "InfiniBand is disabled.",
+                              "advice": "Unset NCCL_IB_DISABLE."}]}
+    (cause,) = cs.causes(_ctx({0: _coll_rank(1, 64e6, 20000.0)}, bound="comm", shares={"comm": 0.5}, nccl=nccl))
+    assert "The run's own diag nccl measured all_reduce bus bandwidth 3.1 GB/s" in cause["text"]
+    assert "NCCL's log: InfiniBand is disabled." in cause["text"] and cause["action"].endswith("First: Unset NCCL_IB_DISABLE.")
+    assert cause["evidence"]["nccl_log_findings"] == ["ib_disabled"]

@@ -136,6 +136,11 @@ def _assert_causes(bottleneck: str, diagnosis: dict, run_dir: Path) -> None:
         (op,) = cause["evidence"]["ops"]
         assert op["name"] == "aten::item" and cause["evidence"]["per_step"] == 768
         assert "aten::item 768 times" in cause["text"] and "per-element .item()" in cause["action"]
+        # The first window recorded Python stacks: the call site is the demo's own step function,
+        # diag/demo.py in a wheel, agent/demo.py in this checkout.
+        (site,) = cause["evidence"]["call_sites"]
+        assert site["function"] == "_host_step" and site["file"].endswith("demo.py")
+        assert f"in _host_step ({site['file']}:{site['line']})" in cause["action"]
     rec = next(r for r in diagnosis["recommendations"] if r["id"] == f"phase-{bottleneck}")
     assert rec["causes"] == [expected] and rec["actions"][0] == cause["action"]
     assert not any(a.startswith(tuple(cause["supersedes"])) for a in rec["actions"])

@@ -134,3 +134,11 @@ def test_empty_inputs():
     assert iv.total(e) == 0.0
     assert iv.measure_in_windows(e, np.array([[0, 1]])).tolist() == [0.0]
     assert len(iv.clip(iv.normalize([[0, 5]]), 3, 3)) == 0
+
+
+def test_window_of_each_timestamp():
+    windows = np.array([[0.0, 10.0], [10.0, 15.0], [20.0, 30.0]])
+    ts = np.array([-1.0, 0.0, 9.99, 10.0, 15.0, 19.0, 20.0, 29.9, 30.0])
+    assert iv.window_of(ts, windows).tolist() == [-1, 0, 0, 1, -1, -1, 2, 2, -1]
+    assert iv.window_of(ts, np.empty((0, 2))).tolist() == [-1] * len(ts)
+    assert iv.window_of(np.empty(0), windows).tolist() == []

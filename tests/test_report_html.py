@@ -134,3 +134,24 @@ def test_progress_bar_only_on_a_terminal():
     stages.advance("analysing the run")
     stages.close()
     assert quiet.getvalue() == ""
+
+
+def test_a_cause_quoting_hostile_op_names_stays_text(tmp_path):
+    """A memory-bound trace whose elementwise chain is named by hostile op names: the cause
+    quotes them, and the page and the Markdown show them as text."""
+    ranks = [analysis_rank(r, 2, "memory", 0.7, kernel_name=KERNEL) for r in range(2)]
+    for r in ranks:
+        r["elementwise_chains"] = [{"name": f"{KERNEL} → {HOST} → aten::mul", "ops": [KERNEL, HOST, "aten::mul"],
+                                    "length": 3, "per_step": 1.0, "ms_per_step": 30.0}]
+    doc = with_diagnosis({"schema": "diag.analysis/1", "ranks": ranks, "errors": [],
+                          "job": {"bound": "memory", "stragglers": [], "findings": [], "world_size": 2}}, load_tree())
+    (cause,) = [c for c in doc["diagnosis"]["causes"] if c["id"] == "elementwise_chain"]
+    assert KERNEL in cause["text"] and HOST in cause["text"]  # the diagnosis keeps the real names
+    paths = write_report_from_analysis(doc, tmp_path)
+    page = Path(paths["html"]).read_text(encoding="utf-8")
+    assert KERNEL not in page and HOST not in page and "Causes found:" in page
+    assert "&lt;img src=x onerror=alert(1)&gt;" in page
+    md = Path(paths["markdown"]).read_text(encoding="utf-8")
+    assert "## Causes found" in md
+    outside_code = re.sub(r"(`+).*?\1", "", md)
+    assert "<img" not in outside_code and "<script" not in outside_code

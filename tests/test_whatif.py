@@ -291,3 +291,17 @@ def test_a_removal_change_is_checked_and_survives_being_recorded(tmp_path):
     both.write_text('[[what_if]]\nid = "x"\nremove = "fp32_math"\nscale = { compute = 0.5 }\n')
     with pytest.raises(dt.TreeError, match="give scale or remove, not both"):
         dt.load_tree(both)
+
+
+def test_a_change_with_steps_is_replayed_on_that_many_device_steps(real_traces, tmp_path):
+    """The cause changes set steps = 4 (each replay of a device step costs milliseconds): on a
+    V100 trace of 5 steps they are replayed on 4, evenly spaced, and the others on all 5."""
+    rank = analyze_trace(real_traces / "v100_1rank_compute.json.gz")
+    replayed = [s for s in rank["steps"] if "what_if_ms" in s]
+    assert len(replayed) == 5
+    assert sum("tensor_core_math" in s["what_if_ms"] for s in replayed) == 4
+    assert all("compute_2x" in s["what_if_ms"] for s in replayed)
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[what_if]]\nid = "x"\nscale = { compute = 0.5 }\nsteps = 0\n')
+    with pytest.raises(dt.TreeError, match="steps must be a whole number >= 1"):
+        dt.load_tree(bad)

@@ -145,21 +145,26 @@ def _host_sync_points(ctx: JobContext) -> dict | None:
         ops = [o for o in analysis.get("top_ops") or [] if isinstance(o, dict) and o.get("name") in SYNC_OPS]
         calls = sum(int(o.get("count") or 0) for o in ops) / traced if traced else 0.0
         if calls >= minimum:
-            found[rank] = (sorted(ops, key=lambda o: -int(o.get("count") or 0)), traced, calls)
+            sites = [x for x in analysis.get("sync_sites") or [] if isinstance(x, dict) and x.get("function")]
+            found[rank] = (sorted(ops, key=lambda o: -int(o.get("count") or 0)), traced, calls, sites)
     if not found:
         return None
-    ops, traced, calls = found[min(found)]
+    ops, traced, calls, sites = found[min(found)]
     listed = ", ".join(f"{o['name']} {o['count'] / traced:.0f} times ({float(o.get('time_ms') or 0) / traced:.2f} ms)"
                        for o in ops)
     first = ops[0]["name"]
+    # The call site, where a window recorded Python stacks.
+    where = f" in {sites[0]['function']} ({sites[0]['file']}:{sites[0]['line']})" if sites else ""
     return {
         "text": f"Per traced step on {_ranks(sorted(found))}, {listed}: {calls:.0f} values pulled to the host "
-                "one at a time, each a wait for the device on a GPU.",
-        "action": f"Keep the values on the device: replace the per-element {SYNC_OPS[first]} in the step with "
+                "one at a time, each a wait for the device on a GPU"
+                + (f"; the calls come from {', '.join(x['name'] for x in sites)}" if sites else "") + ".",
+        "action": f"Keep the values on the device: replace the per-element {SYNC_OPS[first]}{where} with "
                   "tensor operations (sum, a mask, where, argmax) and read one result per step, or every N steps "
                   "for logging.",
         "evidence": {"ranks": sorted(found), "per_step": round(calls, 1), "traced_steps": traced,
-                     "ops": [{"name": o["name"], "count": o["count"], "time_ms": o.get("time_ms")} for o in ops]},
+                     "ops": [{"name": o["name"], "count": o["count"], "time_ms": o.get("time_ms")} for o in ops],
+                     "call_sites": sites},
     }
 
 
@@ -346,6 +351,14 @@ def _exposed_collectives(ctx: JobContext) -> dict | None:
                   f"ddp.no_sync() so {g['name']} runs once per accumulation; halve its bytes with the bf16 compression "
                   "hook (ddp.register_comm_hook(None, torch.distributed.algorithms.ddp_comm_hooks.default_hooks."
                   "bf16_compress_hook)); a smaller bucket_cap_mb starts the first buckets while backward still runs.")
+    # What the run's own fabric measurement and NCCL log say, joined in.
+    nccl = ctx.nccl or {}
+    told = [f for f in nccl.get("log_findings") or [] if f.get("severity") in ("warning", "error", "critical")]
+    if nccl.get("bandwidth_summary"):
+        text += f" The run's own diag nccl measured {nccl['bandwidth_summary']}."
+    if told:
+        text += f" NCCL's log: {told[0]['message']}"
+        action += f" First: {told[0]['advice']}" if told[0].get("advice") else ""
     model = analysis.get("model") if isinstance(analysis.get("model"), dict) else {}
     one = _dominant_param(model, th["dominant_param_share"])
     if one and not small:
@@ -354,7 +367,7 @@ def _exposed_collectives(ctx: JobContext) -> dict | None:
                    "a step uses.")
     return {"text": text, "action": action,
             "evidence": {"ranks": sorted(found), "step_ms": round(step_ms, 3), "busbw_gbps": busbw,
-                         "dominant_param": one, **g}}
+                         "dominant_param": one, "nccl_log_findings": [f["id"] for f in told], **g}}
 
 
 def _mb(nbytes: float | None) -> str:

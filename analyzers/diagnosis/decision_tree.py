@@ -217,7 +217,18 @@ def check_change(entry, where: str) -> dict:
         raise TreeError(f"{where}: what_if {cid!r}: straggler acts on the job and cannot be mixed with other parts")
     fixes = entry.get("fixes")
     return {"id": cid, "description": str(entry.get("description") or cid), "scale": out, "scope": scope,
-            "fixes": fixes if fixes in CLASSES else None}
+            "fixes": fixes if fixes in CLASSES else None, **_steps(entry, where)}
+
+
+def _steps(entry: dict, where: str) -> dict:
+    """{"steps": n} where the entry limits the device-graph steps it is replayed on (each replay
+    of a device step costs milliseconds), else {}."""
+    if "steps" not in entry:
+        return {}
+    n = entry["steps"]
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise TreeError(f"{where}: what_if {entry['id']!r}: steps must be a whole number >= 1")
+    return {"steps": n}
 
 
 def _removal_change(entry: dict, where: str) -> dict:
@@ -231,7 +242,7 @@ def _removal_change(entry: dict, where: str) -> dict:
     fixes = entry.get("fixes")
     # The nominal scale says which part the change acts on (a part absent from the step: no prediction).
     return {"id": cid, "description": str(entry.get("description") or cid), "scale": nominal,
-            "remove": what, "scope": "rank", "fixes": fixes if fixes in CLASSES else None}
+            "remove": what, "scope": "rank", "fixes": fixes if fixes in CLASSES else None, **_steps(entry, where)}
 
 
 def _with_config_changes(changes: list, config: dict, path) -> list:

@@ -17,9 +17,9 @@ import re
 import numpy as np
 
 from diag.analyzers import intervals as iv
-from diag.analyzers.analysis_types import TraceRankFacts
+from diag.analyzers.analysis_types import SYNC_OP_NAMES, TraceRankFacts
 from diag.analyzers.diagnosis import decision_tree as dt
-from diag.analyzers.trace import devices, fusion, gpu_time, host_device, precision, roofline
+from diag.analyzers.trace import call_sites, devices, fusion, gpu_time, host_device, precision, roofline
 from diag.analyzers.trace import event_classes as ec
 from diag.analyzers.trace import removals as removal_measures
 from diag.analyzers.trace.attribution import (
@@ -201,6 +201,8 @@ def facts_of_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: 
         "launches": host_device.launch_facts(trace, win) if on_device else None,
         "math": math,
         "elementwise_chains": chains,
+        # The job's own frames that call the ops pulling values to the host (windows with stacks).
+        "sync_sites": call_sites.call_sites(trace, win, SYNC_OP_NAMES),
         "collectives": coll_records,
         "mfu": rank_m.get("mfu"),
         "timeline": "device" if on_device else "cpu",
@@ -416,8 +418,8 @@ def _bandwidth_in_windows(trace: Trace, cls: np.ndarray, ops: _Ops, win: np.ndar
     if not known.any():
         return None, None
     ts, dur, b = trace.dev_ts[known], trace.dev_dur[known], nbytes[known]
-    k = np.searchsorted(win[:, 0], ts, side="right") - 1
-    ok = (k >= 0) & (ts < win[np.clip(k, 0, None), 1])
+    k = iv.window_of(ts, win)
+    ok = k >= 0
     bb = np.bincount(k[ok], weights=b[ok], minlength=len(win))
     tt = np.bincount(k[ok], weights=dur[ok], minlength=len(win))
     return bb, tt

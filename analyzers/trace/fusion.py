@@ -13,10 +13,9 @@ CPU time. Per traced step; pure.
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import numpy as np
 
+from diag.analyzers import intervals as iv
 from diag.analyzers.trace import event_classes as ec
 from diag.analyzers.trace.columns import Trace
 
@@ -45,12 +44,17 @@ def _op_time_us(trace: Trace, rows: np.ndarray) -> np.ndarray:
     if not len(trace.dev_ts):
         return trace.cpu_dur[rows]
     known = trace.dev_ext >= 0
-    ext, inverse = np.unique(trace.dev_ext[known], return_inverse=True)
-    by_ext = np.bincount(inverse, weights=trace.dev_dur[known], minlength=len(ext))
-    want = trace.cpu_ext[rows]
-    at = np.clip(np.searchsorted(ext, want), 0, max(len(ext) - 1, 0))
-    hit = (len(ext) > 0) & (ext[at] == want) if len(ext) else np.zeros(len(want), dtype=bool)
-    return np.where(hit, by_ext[at] if len(ext) else 0.0, 0.0)
+    ext, dur, want = trace.dev_ext[known], trace.dev_dur[known], trace.cpu_ext[rows]
+    if not len(ext):
+        return np.zeros(len(rows))
+    top = int(ext.max())
+    if top < 8 * len(ext) + (1 << 20):  # dense ids: one table indexed by id, no sort
+        by_id = np.bincount(ext, weights=dur, minlength=top + 1)
+        return np.where((want >= 0) & (want <= top), by_id[np.clip(want, 0, top)], 0.0)
+    ids, inverse = np.unique(ext, return_inverse=True)
+    by_ext = np.bincount(inverse, weights=dur, minlength=len(ids))
+    at = np.clip(np.searchsorted(ids, want), 0, len(ids) - 1)
+    return np.where(ids[at] == want, by_ext[at], 0.0)
 
 
 def elementwise_chains(trace: Trace, win: np.ndarray) -> tuple[list[dict], np.ndarray | None]:
@@ -60,12 +64,12 @@ def elementwise_chains(trace: Trace, win: np.ndarray) -> tuple[list[dict], np.nd
     n = len(win)
     if not n or not len(trace.cpu_ts):
         return [], None
-    k = np.searchsorted(win[:, 0], trace.cpu_ts, side="right") - 1
-    inside = (k >= 0) & (trace.cpu_ts < win[np.maximum(k, 0), 1]) & (trace.cpu_kind == 0)
-    rows = np.flatnonzero(inside)
+    k = iv.window_of(trace.cpu_ts, win)
+    rows = np.flatnonzero((k >= 0) & (trace.cpu_kind == 0))
     if not len(rows):
         return [], None
-    cls = {nid: ec.cpu_op_class(trace.names[nid]) for nid in np.unique(trace.cpu_name[rows]).tolist()}
+    present = np.flatnonzero(np.bincount(trace.cpu_name[rows], minlength=len(trace.names)))
+    cls = {nid: ec.cpu_op_class(trace.names[nid]) for nid in present.tolist()}
     memory_ids = [nid for nid, c in cls.items() if c == ec.CPU_MEMORY]
     math_ids = memory_ids + [nid for nid, c in cls.items() if c == ec.CPU_COMPUTE]
     outer = _outermost(trace, rows[np.isin(trace.cpu_name[rows], math_ids)])
@@ -77,25 +81,38 @@ def elementwise_chains(trace: Trace, win: np.ndarray) -> tuple[list[dict], np.nd
     # A run of memory ops ends at a compute op, another thread or another window.
     breaks = ~memory | np.r_[True, (tids[1:] != tids[:-1]) | (window[1:] != window[:-1])]
     run_id = np.cumsum(breaks)
-    groups: dict[tuple, list] = defaultdict(lambda: [0, 0.0, np.zeros(n)])
-    ids = run_id[memory]
     idx = np.flatnonzero(memory)
-    if len(idx):
-        bounds = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1], True])
-        for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
-            if b - a < MIN_CHAIN:
-                continue
-            run = idx[a:b]
-            names = tuple(trace.names[nid] for nid in trace.cpu_name[outer[run[:MAX_NAMES]]].tolist())
-            g = groups[(names, b - a)]
-            t = float(times[run].sum())
-            g[0] += 1
-            g[1] += t
-            # Fused, the chain still makes its longest op's pass over memory.
-            g[2][window[run[0]]] += t - float(times[run].max())
-    top = sorted(groups.items(), key=lambda kv: -kv[1][1])[:TOP_CHAINS]
-    if not top:
+    if not len(idx):
         return [], None
+    ids = run_id[idx]
+    bounds = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1], True])
+    starts, lengths = bounds[:-1], np.diff(bounds)
+    keep = lengths >= MIN_CHAIN
+    if not keep.any():
+        return [], None
+    starts, lengths = starts[keep], lengths[keep]
+    t_mem = times[idx]
+    total = np.add.reduceat(t_mem, bounds[:-1])[keep]
+    longest = np.maximum.reduceat(t_mem, bounds[:-1])[keep]
+    # A chain's key: its first MAX_NAMES op names (padded) and its length.
+    names_mem = trace.cpu_name[outer[idx]]
+    offs = np.arange(MAX_NAMES)
+    at = starts[:, None] + offs[None, :]
+    key = np.where(offs[None, :] < lengths[:, None], names_mem[np.minimum(at, len(idx) - 1)], -1)
+    key = np.column_stack([key, lengths])
+    uniq, inverse = np.unique(key, axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    count = np.bincount(inverse, minlength=len(uniq))
+    time_by = np.bincount(inverse, weights=total, minlength=len(uniq))
+    groups = {}
+    for g in np.argsort(-time_by, kind="stable")[:TOP_CHAINS].tolist():
+        length = int(uniq[g, -1])
+        names = tuple(trace.names[nid] for nid in uniq[g, :MAX_NAMES].tolist() if nid >= 0)
+        mine = inverse == g
+        # Fused, the chain still makes its longest op's pass over memory.
+        saving = np.bincount(window[idx[starts[mine]]], weights=(total - longest)[mine], minlength=n)
+        groups[(names, length)] = [int(count[g]), float(time_by[g]), saving]
+    top = list(groups.items())
     first_saving = top[0][1][2]
     return [{"name": " → ".join(names) + (f" → … ({length} ops)" if length > len(names) else ""),
              "ops": list(names), "length": length, "per_step": round(count / n, 3),

@@ -16,6 +16,7 @@ import re
 
 import numpy as np
 
+from diag.analyzers import intervals as iv
 from diag.analyzers.trace.columns import Trace
 
 KERNEL, MEMCPY = 0, 1  # device event kinds (columns: 0 kernel, 1 memcpy, 2 memset, 3 sync)
@@ -23,16 +24,6 @@ LAUNCH_RE = re.compile(r"^(?:cuda|hip)(?:LaunchKernel(?:ExC)?|LaunchCooperativeK
                        r"ModuleLaunchKernel|LaunchKernelEx)(?:_v\d+|_ptsz)?$|^cuLaunchKernel(?:Ex)?$")
 GRAPH_RE = re.compile(r"^(?:cuda|hip)GraphLaunch")
 TOP_LAUNCHERS = 3
-
-
-def _in_windows(ts: np.ndarray, win: np.ndarray) -> np.ndarray:
-    """Which timestamps fall inside one of the (sorted, disjoint) windows."""
-    if not len(win) or not len(ts):
-        return np.zeros(len(ts), dtype=bool)
-    k = np.searchsorted(win[:, 0], ts, side="right") - 1
-    ok = k >= 0
-    ok[ok] = ts[ok] < win[k[ok], 1]
-    return ok
 
 
 def _rt_ms_by_corr(trace: Trace, corr: np.ndarray) -> float:
@@ -45,7 +36,7 @@ def _rt_ms_by_corr(trace: Trace, corr: np.ndarray) -> float:
 def copy_facts(trace: Trace, win: np.ndarray) -> list[dict]:
     """Per copy name: calls, MB, device and host milliseconds per traced step, most time first."""
     n = len(win)
-    sel = np.flatnonzero((trace.dev_kind == MEMCPY) & _in_windows(trace.dev_ts, win)) if n else []
+    sel = np.flatnonzero((trace.dev_kind == MEMCPY) & (iv.window_of(trace.dev_ts, win) >= 0)) if n else []
     out = []
     for nid in np.unique(trace.dev_name[sel]).tolist() if len(sel) else []:
         rows = sel[trace.dev_name[sel] == nid]
@@ -68,11 +59,11 @@ def launch_facts(trace: Trace, win: np.ndarray) -> dict | None:
     n = len(win)
     if not n:
         return None
-    kern = np.flatnonzero((trace.dev_kind == KERNEL) & _in_windows(trace.dev_ts, win))
+    kern = np.flatnonzero((trace.dev_kind == KERNEL) & (iv.window_of(trace.dev_ts, win) >= 0))
     if not len(kern):
         return None
-    rt = np.flatnonzero(_in_windows(trace.rt_ts, win))
-    ids = np.unique(trace.rt_name[rt]).tolist()
+    rt = np.flatnonzero(iv.window_of(trace.rt_ts, win) >= 0)
+    ids = np.flatnonzero(np.bincount(trace.rt_name[rt], minlength=len(trace.names))).tolist()
     launch = np.isin(trace.rt_name[rt], [i for i in ids if LAUNCH_RE.match(trace.names[i])])
     graphs = int(np.isin(trace.rt_name[rt], [i for i in ids if GRAPH_RE.match(trace.names[i])]).sum())
     hip = any(trace.names[i].startswith("hip") for i in ids)
@@ -91,16 +82,23 @@ def launch_facts(trace: Trace, win: np.ndarray) -> dict | None:
 def _top_launchers(trace: Trace, kern: np.ndarray, n: int) -> list[dict]:
     """The CPU ops whose External ids the most kernels carry (the op that launched them)."""
     ops = np.flatnonzero((trace.cpu_kind == 0) & (trace.cpu_ext >= 0))
-    if not len(ops):
+    want = trace.dev_ext[kern]
+    if not len(ops) or not len(want):
         return []
-    name_of = dict(zip(trace.cpu_ext[ops].tolist(), trace.cpu_name[ops].tolist()))
-    counts: dict[int, int] = {}
-    for e in trace.dev_ext[kern].tolist():
-        nid = name_of.get(e)
-        if nid is not None:
-            counts[nid] = counts.get(nid, 0) + 1
-    top = sorted(counts.items(), key=lambda kv: -kv[1])[:TOP_LAUNCHERS]
-    return [{"name": trace.names[nid], "kernels_per_step": round(c / n, 2)} for nid, c in top]
+    ext, names = trace.cpu_ext[ops], trace.cpu_name[ops]
+    top = int(ext.max())
+    if top < 8 * len(ext) + (1 << 20):  # dense ids: one table indexed by id, no sort
+        table = np.full(top + 1, -1, dtype=np.int64)
+        table[ext] = names
+        launcher = np.where((want >= 0) & (want <= top), table[np.clip(want, 0, top)], -1)
+    else:
+        ids, first = np.unique(ext, return_index=True)
+        at = np.clip(np.searchsorted(ids, want), 0, len(ids) - 1)
+        launcher = np.where(ids[at] == want, names[first[at]], -1)
+    counts = np.bincount(launcher[launcher >= 0], minlength=len(trace.names))
+    order = np.argsort(-counts, kind="stable")[:TOP_LAUNCHERS]
+    return [{"name": trace.names[nid], "kernels_per_step": round(int(counts[nid]) / n, 2)}
+            for nid in order.tolist() if counts[nid] > 0]
 
 
 def merge_per_step(parts: list[tuple[dict | None, int]]) -> dict | None:

@@ -16,6 +16,7 @@ import re
 
 import numpy as np
 
+from diag.analyzers import intervals as iv
 from diag.analyzers.trace import event_classes as ec
 from diag.analyzers.trace.columns import Trace
 
@@ -46,9 +47,8 @@ def math_facts(trace: Trace, dev_classes: np.ndarray, win: np.ndarray, device) -
     n = len(win)
     if not n or not len(trace.dev_ts):
         return None, None
-    k = np.searchsorted(win[:, 0], trace.dev_ts, side="right") - 1
-    inside = (k >= 0) & (trace.dev_ts < win[np.maximum(k, 0), 1])
-    sel = np.flatnonzero(inside & (dev_classes == ec.COMPUTE) & (trace.dev_kind == 0))
+    k = iv.window_of(trace.dev_ts, win)
+    sel = np.flatnonzero((k >= 0) & (dev_classes == ec.COMPUTE) & (trace.dev_kind == 0))
     if not len(sel):
         return None, None
     by_name = np.bincount(trace.dev_name[sel], weights=trace.dev_dur[sel], minlength=len(trace.names))
@@ -81,3 +81,4 @@ def _saving_by_window(trace: Trace, sel: np.ndarray, window: np.ndarray, n: int,
     precision = {nid: precision_of(trace.names[nid]) for nid in np.unique(trace.dev_name[sel]).tolist()}
     factor = np.array([keep.get(precision[nid], 0.0) for nid in trace.dev_name[sel].tolist()])
     return np.bincount(window, weights=trace.dev_dur[sel] * factor, minlength=n)
+

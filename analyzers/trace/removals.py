@@ -22,15 +22,8 @@ _DEVICE_PART = {"comm": (ec.COMM,), "memory": (ec.MEMCPY, ec.BANDWIDTH), "comput
 COMPRESSED_BYTES = 0.5  # the bf16 compression hook sends fp32 gradients in half the bytes
 
 
-def _window_of(ts: np.ndarray, win: np.ndarray) -> np.ndarray:
-    """Each timestamp's window index, or -1 outside every window."""
-    k = np.searchsorted(win[:, 0], ts, side="right") - 1
-    inside = (k >= 0) & (ts < win[np.maximum(k, 0), 1])
-    return np.where(inside, k, -1)
-
-
 def _device_part_us(trace: Trace, win: np.ndarray, classes: np.ndarray, part: str) -> np.ndarray:
-    k = _window_of(trace.dev_ts, win)
+    k = iv.window_of(trace.dev_ts, win)
     sel = (k >= 0) & np.isin(classes, _DEVICE_PART[part])
     return np.bincount(k[sel], weights=trace.dev_dur[sel], minlength=len(win))
 
@@ -62,7 +55,7 @@ def _top_collective_us(records: list[dict], win: np.ndarray) -> np.ndarray | Non
         return None
     top = max(exposed, key=exposed.get)
     mine = [r for r in records if (r["name"], r.get("pg")) == top]
-    k = _window_of(np.array([r["ts_us"] for r in mine], dtype=np.float64), win)
+    k = iv.window_of(np.array([r["ts_us"] for r in mine], dtype=np.float64), win)
     dur = np.array([float(r.get("dur_us") or 0.0) for r in mine])
     return np.bincount(k[k >= 0], weights=dur[k >= 0], minlength=len(win))
 

@@ -42,10 +42,13 @@ def rank_steps(changes, windows, trace=None, dev_classes=None, data_spans=None, 
     return _chain_steps(rank_changes, windows, att, layers, removals or {})
 
 
-def _scales(changes, k: int, removals: dict) -> dict:
-    """Each change's {part: factor} in window k: as written, or so that its measure's time is gone."""
+def _scales(changes, k: int, removals: dict, skip=frozenset()) -> dict:
+    """Each change's {part: factor} in window k: as written, or so that its measure's time is
+    gone; none for the changes in `skip`."""
     out = {}
     for c in changes:
+        if c["id"] in skip:
+            continue
         if "remove" not in c:
             out[c["id"]] = c["scale"]
             continue
@@ -60,12 +63,15 @@ def _scales(changes, k: int, removals: dict) -> dict:
 def _graph_steps(changes, windows, trace, dev_classes, data_spans, removals) -> dict:
     pick = _pick(len(windows))
     graphs = wg.step_graphs(trace, dev_classes, data_spans, [windows[k] for k in pick])
+    # A change that sets its own `steps` is replayed on that many of the picked steps (evenly spaced).
+    on = {c["id"]: {pick[i] for i in _pick(len(pick), c["steps"])} for c in changes if c.get("steps")}
     out = {}
     for k, g in zip(pick, graphs):
         order = wr.topo_order(g)
         cp = wr.critical_path(g)
         info: dict = {}
-        replayed = wr.replay(g, {BASE: {}, **_scales(changes, k, removals)}, order, info)
+        skip = frozenset(cid for cid, steps in on.items() if k not in steps)
+        replayed = wr.replay(g, {BASE: {}, **_scales(changes, k, removals, skip)}, order, info)
         out[k] = {
             "critical_path": {"length_ms": cp["length_us"] / 1e3, "nodes": cp["nodes"],
                               "by_class_ms": {c: v / 1e3 for c, v in cp["by_class_us"].items()},
@@ -109,10 +115,10 @@ def _chain(parts: dict, comm_total: float, hidden: dict, scale: dict) -> float:
     return sum(parts[c] * f[c] for c in CHAIN_CLASSES) + max(0.0, comm_total * f["comm"] - cover)
 
 
-def _pick(n: int) -> list[int]:
-    if n <= MAX_GRAPH_STEPS:
+def _pick(n: int, limit: int = MAX_GRAPH_STEPS) -> list[int]:
+    if n <= limit:
         return list(range(n))
-    return sorted({int(round(x)) for x in np.linspace(0, n - 1, MAX_GRAPH_STEPS)})
+    return sorted({int(round(x)) for x in np.linspace(0, n - 1, limit)})
 
 
 def summarize(steps: list[dict], changes) -> tuple[dict | None, list[dict]]:
