@@ -334,9 +334,10 @@ def test_busy_workers_on_a_full_host_are_told_to_do_less_per_sample():
 # -- the collective exposing the most time ------------------------------------------------------
 
 
-def _coll_rank(calls: int, nbytes: float, exposed_us: float, step_ms: float = 100.0):
+def _coll_rank(calls: int, nbytes: float, exposed_us: float, step_ms: float = 100.0, after=()):
     colls = [{"name": "all_reduce", "pg": "0", "bytes": nbytes, "dur_us": exposed_us, "ts_us": float(i),
-              "exposed": [[0.0, exposed_us]]} for i in range(2 * calls)]
+              "exposed": [[0.0, exposed_us]], "after_backward": after[i] if i < len(after) else None}
+             for i in range(2 * calls)]
     return {"analysis": {"steps": [{"step": k, "evidence": "trace", "duration_ms": step_ms} for k in range(2)],
                          "collectives": colls, "top_ops": []}}
 
@@ -362,3 +363,11 @@ def test_the_nccl_log_and_fabric_measurement_are_joined_in():
     assert "The run's own diag nccl measured all_reduce bus bandwidth 3.1 GB/s" in cause["text"]
     assert "NCCL's log: InfiniBand is disabled." in cause["text"] and cause["action"].endswith("First: Unset NCCL_IB_DISABLE.")
     assert cause["evidence"]["nccl_log_findings"] == ["ib_disabled"]
+
+
+@pytest.mark.parametrize("after,late", [((True, False, False, False), False), ((True, True, False, False), True)])
+def test_a_collective_after_backward_from_half_its_calls(after, late):
+    """Half of the calls (2 of 4, two steps) starting after backward has ended is lost overlap."""
+    (cause,) = cs.causes(_ctx({0: _coll_rank(2, 64e6, 20000.0, after=after)}, bound="comm", shares={"comm": 0.5}))
+    assert ("start after backward has ended" in cause["text"]) is late
+    assert cause["action"].startswith("Start all_reduce during backward") is late

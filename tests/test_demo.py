@@ -122,7 +122,8 @@ def _assert_causes(bottleneck: str, diagnosis: dict, run_dir: Path) -> None:
         ev = cause["evidence"]
         assert ev["ops"][:5] == ["aten::mul", "aten::add", "aten::gelu", "aten::mean", "aten::sub"]
         assert ev["length"] >= 5 * 6 and ev["per_step"] == 1
-        assert ev["ms_per_step"] <= ev["step_ms"]
+        # With no matrix math to break it, the one chain holds most of the step.
+        assert ev["ms_per_step"] >= 0.5 * ev["step_ms"]
         assert "torch.compile" in cause["action"]
     elif bottleneck == "comm":
         # DDP all-reduces every gradient once per step; the model facts the agent recorded say how many bytes.

@@ -301,8 +301,12 @@ def _collective_groups(analysis: dict) -> list[dict]:
         if not isinstance(c, dict) or not isinstance(c.get("name"), str):
             continue
         g = groups.setdefault((c["name"], c.get("pg")), {"name": c["name"], "pg": c.get("pg"), "calls": 0,
-                                                          "bytes": [], "dur_us": 0.0, "exposed_us": 0.0})
+                                                          "bytes": [], "dur_us": 0.0, "exposed_us": 0.0,
+                                                          "after_backward": 0, "backward_known": 0})
         g["calls"] += 1
+        if isinstance(c.get("after_backward"), bool):
+            g["backward_known"] += 1
+            g["after_backward"] += c["after_backward"]
         if isinstance(c.get("bytes"), (int, float)) and c["bytes"] > 0:
             g["bytes"].append(float(c["bytes"]))
         g["dur_us"] += float(c.get("dur_us") or 0.0)
@@ -342,7 +346,16 @@ def _exposed_collectives(ctx: JobContext) -> dict | None:
             + (f", at a median bus bandwidth of {busbw:.2f} GB/s" if busbw else "") + ".")
     small = g["median_bytes"] is not None and g["median_bytes"] < th["small_collective_bytes"] and \
         g["calls_per_step"] >= th["small_collectives_per_step"]
-    if small:
+    late = g["backward_known"] and g["after_backward"] >= th["collective_after_backward"] * g["backward_known"]
+    if late:
+        text += (f" {g['after_backward']} of its {g['backward_known']} calls in steps with a backward pass start after "
+                 "backward has ended, with no computation left to hide them.")
+    if late and not small:
+        action = (f"Start {g['name']} during backward, not after it: let DDP (or FSDP) reduce the gradients from "
+                  "their autograd hooks instead of a separate collective after loss.backward(), with a bucket_cap_mb "
+                  "small enough that the first buckets are ready early; and send less (the bf16 compression hook, "
+                  "ddp.no_sync() over several micro-batches).")
+    elif small:
         action = (f"Send fewer, larger messages: {g['calls_per_step']:g} {g['name']} calls of {size} per step pay "
                   "their latency each time; raise DDP's bucket_cap_mb (25 by default) or flatten small tensors "
                   "into one before the collective.")

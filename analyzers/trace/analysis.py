@@ -19,7 +19,16 @@ import numpy as np
 from diag.analyzers import intervals as iv
 from diag.analyzers.analysis_types import SYNC_OP_NAMES, TraceRankFacts
 from diag.analyzers.diagnosis import decision_tree as dt
-from diag.analyzers.trace import call_sites, devices, fusion, gpu_time, host_device, precision, roofline
+from diag.analyzers.trace import (
+    call_sites,
+    devices,
+    fusion,
+    gpu_time,
+    host_device,
+    overlap,
+    precision,
+    roofline,
+)
 from diag.analyzers.trace import event_classes as ec
 from diag.analyzers.trace import removals as removal_measures
 from diag.analyzers.trace.attribution import (
@@ -164,7 +173,8 @@ def facts_of_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: 
     # cause rules' facts), and what removing each cause would take away (their what-ifs).
     chains, chain_saving = fusion.elementwise_chains(trace, win)
     math, math_saving = precision.math_facts(trace, classes, win, device) if on_device else (None, None)
-    coll_records = _exposed(_tag_steps(collectives(trace, classes), windows), att["parts"].get("comm"))
+    coll_records = overlap.mark_after_backward(
+        _exposed(_tag_steps(collectives(trace, classes), windows), att["parts"].get("comm")), trace, win, on_device)
     removals = removal_measures.per_window(trace, win, classes, att, layers, chain_saving, math_saving, coll_records)
 
     # Each step's critical path and its duration under each what-if change.

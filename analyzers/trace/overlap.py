@@ -1,0 +1,57 @@
+"""Whether each collective starts after its step's backward pass has ended.
+
+A gradient all-reduce can hide behind the backward pass only while backward still runs: one
+that starts after it (a manual all_reduce after loss.backward(), DDP's last bucket, or one
+bucket holding every gradient) has nothing left to overlap with. The backward pass of a step
+is its autograd nodes (`autograd::engine::evaluate_function: ...` spans) on the host; on a
+device trace, the kernels those nodes' ops launched (linked by External id). Pure: marks the
+collective records with `after_backward` (None where the step ran no backward).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from diag.analyzers import intervals as iv
+from diag.analyzers.trace.columns import Trace
+
+BACKWARD_PREFIX = "autograd::engine::evaluate_function"
+OP_KIND = 0
+
+
+def _step_of(ts: np.ndarray, win: np.ndarray) -> np.ndarray:
+    """The last window that began at or before each timestamp (device work runs after the
+    host-side step that launched it), or -1."""
+    return np.searchsorted(win[:, 0], ts, side="right") - 1
+
+
+def backward_end(trace: Trace, win: np.ndarray, on_device: bool) -> np.ndarray:
+    """Per window, when its backward pass ended (NaN where it ran none)."""
+    out = np.full(len(win), np.nan)
+    ids = [i for i, name in enumerate(trace.names) if name.startswith(BACKWARD_PREFIX)]
+    rows = np.flatnonzero((trace.cpu_kind == OP_KIND) & np.isin(trace.cpu_name, ids))
+    if not len(rows) or not len(win):
+        return out
+    if on_device:
+        spans = iv.from_arrays(trace.cpu_ts[rows], trace.cpu_ts[rows] + trace.cpu_dur[rows])
+        ops = np.flatnonzero((trace.cpu_kind == OP_KIND) & (trace.cpu_ext >= 0))
+        inside = ops[iv.window_of(trace.cpu_ts[ops], spans) >= 0]
+        kern = np.flatnonzero(np.isin(trace.dev_ext, trace.cpu_ext[inside]) & (trace.dev_ext >= 0))
+        ends, steps = trace.dev_ts[kern] + trace.dev_dur[kern], _step_of(trace.dev_ts[kern], win)
+    else:
+        ends, steps = trace.cpu_ts[rows] + trace.cpu_dur[rows], iv.window_of(trace.cpu_ts[rows], win)
+    ok = steps >= 0
+    np.fmax.at(out, steps[ok], ends[ok])
+    return out
+
+
+def mark_after_backward(records: list[dict], trace: Trace, win: np.ndarray, on_device: bool) -> list[dict]:
+    """The records, each with `after_backward`: True where it starts once its step's backward
+    pass has ended, False where it starts before, None where the step ran no backward."""
+    if not records:
+        return records
+    end = backward_end(trace, win, on_device)
+    steps = _step_of(np.array([r["ts_us"] for r in records], dtype=np.float64), win)
+    for rec, k in zip(records, steps.tolist()):
+        rec["after_backward"] = None if k < 0 or np.isnan(end[k]) else bool(rec["ts_us"] >= end[k])
+    return records
