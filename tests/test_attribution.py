@@ -76,7 +76,8 @@ def test_cpu_only_priority_data_compute_memory_comm_host(tmp_path):
     assert r["collectives"] == [{"name": "all_reduce", "pg": None, "seq": None, "ts_us": 40.0, "dur_us": 40.0,
                                  "bytes": None, "on": "host", "op": "gloo:all_reduce", "step": 3,
                                  # the comm share's [60, 80): the collective is exposed only there
-                                 "exposed": [[60.0, 80.0]]}]
+                                 "exposed": [[60.0, 80.0]],
+                                 "after_backward": None}]  # the step ran no backward pass
 
 
 def test_attribute_windows_and_exact_sum():
