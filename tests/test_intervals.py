@@ -142,3 +142,13 @@ def test_window_of_each_timestamp():
     assert iv.window_of(ts, windows).tolist() == [-1, 0, 0, 1, -1, -1, 2, 2, -1]
     assert iv.window_of(ts, np.empty((0, 2))).tolist() == [-1] * len(ts)
     assert iv.window_of(np.empty(0), windows).tolist() == []
+
+
+def test_index_of_ids_dense_and_sparse():
+    from diag.analyzers.trace.columns import index_of
+
+    want = np.array([3, 9, 4, -1, 5])
+    # A negative key is no id; an absent or negative wanted id is -1; a huge id takes the search path.
+    assert index_of(np.array([5, -1, 3, 9]), want).tolist() == [2, 3, -1, -1, 0]
+    assert index_of(np.array([5, -1, 3, 10 ** 12]), want).tolist() == [2, -1, -1, -1, 0]
+    assert index_of(np.array([-1]), want).tolist() == [-1] * 5

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from diag.analyzers.analysis_types import SYNC_OP_NAMES
 from diag.analyzers.diagnosis.context import JobContext
+from diag.analyzers.diagnosis.inputs import traced_steps
 from diag.analyzers.diagnosis.recommendations import predicted_gain
 
 
@@ -124,10 +125,6 @@ SYNC_OPS = dict(zip(SYNC_OP_NAMES, (".item()", "bool(tensor) or `if tensor:`", "
                                     "torch.equal()")))
 
 
-def _traced_steps(analysis: dict) -> int:
-    return sum(1 for s in analysis.get("steps") or [] if isinstance(s, dict) and s.get("evidence") == "trace")
-
-
 def _traced_step_ms(analysis: dict) -> float | None:
     """The median duration of the rank's traced steps."""
     d = sorted(float(s["duration_ms"]) for s in analysis.get("steps") or [] if isinstance(s, dict)
@@ -141,7 +138,7 @@ def _host_sync_points(ctx: JobContext) -> dict | None:
     found = {}
     for rank, merged in ctx.ranks.items():
         analysis = merged.get("analysis") or {}
-        traced = _traced_steps(analysis)
+        traced = traced_steps(analysis)
         ops = [o for o in analysis.get("top_ops") or [] if isinstance(o, dict) and o.get("name") in SYNC_OPS]
         calls = sum(int(o.get("count") or 0) for o in ops) / traced if traced else 0.0
         if calls >= minimum:
@@ -295,7 +292,7 @@ def _fp32_math(ctx: JobContext) -> dict | None:
 def _collective_groups(analysis: dict) -> list[dict]:
     """The rank's collectives by (name, process group): calls, median bytes, and the time not
     hidden behind computation, per traced step; most exposed first."""
-    traced = _traced_steps(analysis)
+    traced = traced_steps(analysis)
     groups: dict[tuple, dict] = {}
     for c in analysis.get("collectives") or []:
         if not isinstance(c, dict) or not isinstance(c.get("name"), str):

@@ -205,6 +205,11 @@ def merge_ranks(doc: dict, run: dict) -> dict[int, dict]:
     return out
 
 
+def traced_steps(analysis: dict) -> int:
+    """How many of a rank analysis's steps were traced (inside a profiler window)."""
+    return sum(1 for s in analysis.get("steps") or [] if isinstance(s, dict) and s.get("evidence") == "trace")
+
+
 def first_str(d, *keys) -> str | None:
     if not isinstance(d, dict):
         return None

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import statistics
 
-from diag.analyzers.diagnosis.inputs import num, rank_shares
+from diag.analyzers.diagnosis.inputs import num, rank_shares, traced_steps
 from diag.analyzers.diagnosis.throttle import slowing_reasons, throttle_reasons
 
 
@@ -132,7 +132,7 @@ def _per_step(r: dict) -> dict:
         vals = vals[vals == vals]
         out[key] = float(statistics.median(vals.tolist())) if len(vals) else None
     a = r["analysis"]
-    traced = sum(1 for s in a.get("steps") or [] if isinstance(s, dict) and s.get("evidence") == "trace")
+    traced = traced_steps(a)
     ops = {}
     for o in a.get("top_ops") or [] if traced else []:
         calls, ms = (num(o.get("count")), num(o.get("time_ms"))) if isinstance(o, dict) else (None, None)

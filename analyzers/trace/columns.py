@@ -489,3 +489,21 @@ def _coll_args(a: Args) -> dict:
         "seq": a.seq,
     }
 
+
+def index_of(keys: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """Where each wanted id sits in `keys` (ids such as External ids; negative ones mean none),
+    -1 where absent: through one table indexed by id where the ids are dense, else by binary
+    search."""
+    pos = np.flatnonzero(keys >= 0)
+    if not len(pos) or not len(want):
+        return np.full(len(want), -1, dtype=np.int64)
+    keys = keys[pos]
+    top = int(keys.max())
+    if top < 8 * len(keys) + (1 << 20):
+        table = np.full(top + 1, -1, dtype=np.int64)
+        table[keys] = pos
+        return np.where((want >= 0) & (want <= top), table[np.clip(want, 0, top)], -1)
+    ids, first = np.unique(keys, return_index=True)
+    at = np.clip(np.searchsorted(ids, want), 0, len(ids) - 1)
+    return np.where((ids[at] == want) & (want >= 0), pos[first[at]], -1)
+

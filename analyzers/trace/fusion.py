@@ -17,7 +17,7 @@ import numpy as np
 
 from diag.analyzers import intervals as iv
 from diag.analyzers.trace import event_classes as ec
-from diag.analyzers.trace.columns import Trace
+from diag.analyzers.trace.columns import Trace, index_of
 
 MIN_CHAIN = 3
 MAX_NAMES = 8
@@ -43,18 +43,9 @@ def _op_time_us(trace: Trace, rows: np.ndarray) -> np.ndarray:
     """Each op's kernels' device time where the trace has kernels, else its CPU time."""
     if not len(trace.dev_ts):
         return trace.cpu_dur[rows]
-    known = trace.dev_ext >= 0
-    ext, dur, want = trace.dev_ext[known], trace.dev_dur[known], trace.cpu_ext[rows]
-    if not len(ext):
-        return np.zeros(len(rows))
-    top = int(ext.max())
-    if top < 8 * len(ext) + (1 << 20):  # dense ids: one table indexed by id, no sort
-        by_id = np.bincount(ext, weights=dur, minlength=top + 1)
-        return np.where((want >= 0) & (want <= top), by_id[np.clip(want, 0, top)], 0.0)
-    ids, inverse = np.unique(ext, return_inverse=True)
-    by_ext = np.bincount(inverse, weights=dur, minlength=len(ids))
-    at = np.clip(np.searchsorted(ids, want), 0, len(ids) - 1)
-    return np.where(ids[at] == want, by_ext[at], 0.0)
+    op = index_of(trace.cpu_ext[rows], trace.dev_ext)
+    hit = op >= 0
+    return np.bincount(op[hit], weights=trace.dev_dur[hit], minlength=len(rows))
 
 
 def elementwise_chains(trace: Trace, win: np.ndarray) -> tuple[list[dict], np.ndarray | None]:

@@ -17,7 +17,7 @@ import re
 import numpy as np
 
 from diag.analyzers import intervals as iv
-from diag.analyzers.trace.columns import Trace
+from diag.analyzers.trace.columns import Trace, index_of
 
 KERNEL, MEMCPY = 0, 1  # device event kinds (columns: 0 kernel, 1 memcpy, 2 memset, 3 sync)
 LAUNCH_RE = re.compile(r"^(?:cuda|hip)(?:LaunchKernel(?:ExC)?|LaunchCooperativeKernel|ExtModuleLaunchKernel|"
@@ -85,17 +85,8 @@ def _top_launchers(trace: Trace, kern: np.ndarray, n: int) -> list[dict]:
     want = trace.dev_ext[kern]
     if not len(ops) or not len(want):
         return []
-    ext, names = trace.cpu_ext[ops], trace.cpu_name[ops]
-    top = int(ext.max())
-    if top < 8 * len(ext) + (1 << 20):  # dense ids: one table indexed by id, no sort
-        table = np.full(top + 1, -1, dtype=np.int64)
-        table[ext] = names
-        launcher = np.where((want >= 0) & (want <= top), table[np.clip(want, 0, top)], -1)
-    else:
-        ids, first = np.unique(ext, return_index=True)
-        at = np.clip(np.searchsorted(ids, want), 0, len(ids) - 1)
-        launcher = np.where(ids[at] == want, names[first[at]], -1)
-    counts = np.bincount(launcher[launcher >= 0], minlength=len(trace.names))
+    op = index_of(trace.cpu_ext[ops], want)
+    counts = np.bincount(trace.cpu_name[ops[op[op >= 0]]], minlength=len(trace.names))
     order = np.argsort(-counts, kind="stable")[:TOP_LAUNCHERS]
     return [{"name": trace.names[nid], "kernels_per_step": round(int(counts[nid]) / n, 2)}
             for nid in order.tolist() if counts[nid] > 0]
