@@ -94,6 +94,7 @@ class TraceRankFacts(_WaitSplit):
     copies: list[dict]  # device copies by kind, per traced step (trace.host_device)
     launches: dict | None  # kernel launches per traced step (trace.host_device)
     math: dict | None  # matrix kernels' time by precision per traced step (trace.precision)
+    matrix_ops: dict | None  # matrix ops by shape and dtype, rate against peak (trace.matrix_ops)
     elementwise_chains: list[dict]  # runs of elementwise ops, fusion candidates (trace.fusion)
     sync_sites: list[dict]  # the job's frames calling the SYNC_OP_NAMES ops (trace.call_sites)
     collectives: list[dict]  # each collective call, for matching across ranks
@@ -164,6 +165,7 @@ class RunRankFacts(TypedDict):
     copies: list[dict]
     launches: dict | None
     math: dict | None
+    matrix_ops: dict | None
     elementwise_chains: list[dict]
     sync_sites: list[dict]
     collectives: list[dict]

@@ -15,16 +15,34 @@ def usable_cpus() -> int | None:
         return os.cpu_count()
 
 
-def cpu_facts() -> dict:
-    """What the rank's host offers it: usable CPUs, and torch's intra-op threads when torch
-    is imported (the diagnosis weighs a slow rank's CPU time against them)."""
+# CPU flags of matrix units that run bf16 faster than fp32 (Linux /proc/cpuinfo names).
+BF16_FLAGS = frozenset({"amx_bf16", "avx512_bf16"})
+
+
+def cpu_facts(cpuinfo: str = "/proc/cpuinfo") -> dict:
+    """What the rank's host offers it: usable CPUs, torch's intra-op threads and the vector
+    instructions its CPU kernels use when torch is imported (the diagnosis weighs a slow
+    rank's CPU time against them), and whether the CPU has bf16 matrix units (None: unknown,
+    as off Linux)."""
     torch = sys.modules.get("torch")
-    threads = None
+    threads = isa = None
     try:
         threads = int(torch.get_num_threads()) if torch is not None else None
+        isa = str(torch.backends.cpu.get_cpu_capability()) if torch is not None else None
     except Exception:  # a torch too broken to answer is no reason to stop the writer
-        threads = None
-    return {"cpus": usable_cpus(), "torch_threads": threads}
+        pass
+    return {"cpus": usable_cpus(), "torch_threads": threads, "isa": isa, "bf16_units": _bf16_units(cpuinfo)}
+
+
+def _bf16_units(cpuinfo: str) -> bool | None:
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return bool(BF16_FLAGS & set(line.split(":", 1)[-1].split()))
+    except OSError:
+        return None
+    return None
 
 
 def loader_facts(obj) -> dict | None:

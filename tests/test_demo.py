@@ -95,24 +95,37 @@ def _assert_causes(bottleneck: str, diagnosis: dict, run_dir: Path) -> None:
     of its embedding table's dense gradient are named as causes, first among their phase's
     actions, each with a gain predicted by replaying the steps without it."""
     found = {c["id"]: c for c in diagnosis["causes"]}
-    expected = {"data": "data_loader_no_workers", "host": "host_sync_points",
-                "comm": "exposed_collectives", "memory": "elementwise_chain"}.get(bottleneck)
+    expected = {"data": "data_loader_no_workers", "host": "host_sync_points", "comm": "exposed_collectives",
+                "memory": "elementwise_chain", "compute": "matrix_ops", "none": "matrix_ops"}[bottleneck]
     # Other causes only for a phase that matters (the comm demo's dense embedding gradient is
-    # half its step in elementwise ops); none for the bounding phase of the CPU matrix-math demos.
+    # half its step in elementwise ops).
     shares = diagnosis["phase_shares"]
     for c in found.values():
         assert c["id"] == expected or (c["phase"] != diagnosis["bound"] and shares[c["phase"]] >= 0.10), found
-    if expected is None:
-        return
     cause = found[expected]
     # The bounding phase's cause comes first, with the gain its own change predicts.
     assert diagnosis["causes"][0]["id"] == expected
-    assert cause["what_if"]["change"] == {"data": "no_data_wait", "host": "no_sync_points",
-                                          "comm": "compressed_collective",
-                                          "memory": "fuse_elementwise_chain"}[bottleneck]
-    assert 0 < cause["what_if"]["predicted_step_ms"] < cause["what_if"]["baseline_step_ms"]
     assert cause["evidence"]["ranks"] == [0, 1]
-    if bottleneck == "data":
+    cpu = json.loads((run_dir / "rank-00000" / "rank.json").read_text())["cpu"]
+    if expected == "matrix_ops" and cpu["bf16_units"] is False:
+        # fp32 matrix math on a CPU without bf16 units: no precision change to replay, and said so.
+        assert cause["what_if"] is None and f"This CPU ({cpu['isa']}) has no bf16 matrix units" in cause["action"]
+    else:
+        assert cause["what_if"]["change"] == {"data": "no_data_wait", "host": "no_sync_points",
+                                              "comm": "compressed_collective", "memory": "fuse_elementwise_chain",
+                                              "compute": "half_precision_matrix_ops",
+                                              "none": "half_precision_matrix_ops"}[bottleneck]
+        assert 0 < cause["what_if"]["predicted_step_ms"] < cause["what_if"]["baseline_step_ms"]
+    if expected == "matrix_ops":
+        # agent/demo.py: the compute demo's Linear(1024, 768) on a batch of 512, the healthy one's
+        # Linear(512, 1024); each group its forward (aten::linear) or a gradient (aten::mm).
+        groups = {(g["op"], g["shapes"]) for g in cause["evidence"]["groups"]}
+        layer = ("aten::linear", "512x1024, 768x1024, 768") if bottleneck == "compute" else \
+            ("aten::linear", "512x1024, 1024x1024, 1024")
+        assert layer in groups and all(g["dtype"] == "fp32" for g in cause["evidence"]["groups"]), groups
+        assert all(op in ("aten::linear", "aten::mm", "aten::addmm") for op, _ in groups), groups
+        assert cause["evidence"]["ms_per_step"] >= 0.3 * cause["evidence"]["compute_ms_per_step"]
+    elif bottleneck == "data":
         assert cause["evidence"]["loader"]["num_workers"] == 0
         assert cause["evidence"]["loader"]["dataset"] == "SlowStorage"
         assert "DataLoader over SlowStorage has num_workers=0 on ranks 0, 1" in cause["text"]
@@ -142,7 +155,7 @@ def _assert_causes(bottleneck: str, diagnosis: dict, run_dir: Path) -> None:
         (site,) = cause["evidence"]["call_sites"]
         assert site["function"] == "_host_step" and site["file"].endswith("demo.py")
         assert f"in _host_step ({site['file']}:{site['line']})" in cause["action"]
-    rec = next(r for r in diagnosis["recommendations"] if r["id"] == f"phase-{bottleneck}")
+    rec = next(r for r in diagnosis["recommendations"] if r["id"] == f"phase-{diagnosis['bound']}")
     assert rec["causes"] == [expected] and rec["actions"][0] == cause["action"]
     assert not any(a.startswith(tuple(cause["supersedes"])) for a in rec["actions"])
 

@@ -26,7 +26,8 @@ class CauseRule:
     detect: Callable[[JobContext], dict | None]  # -> {"text", "action", "evidence"} or None
     supersedes: tuple[str, ...] = ()  # the verdict's generic fixes (by their start) its action replaces
     also: tuple[str, ...] = ()  # other classes its time can land in (a blocking copy: data or host)
-    change: str | None = None  # the [[what_if]] change that removes exactly this cause
+    change: str | None = None  # the [[what_if]] change that removes exactly this cause (a detector's
+    # own "change" overrides it, where what the cause allows depends on the evidence)
 
 
 def _loaders(ctx: JobContext) -> dict[int, dict]:
@@ -289,6 +290,68 @@ def _fp32_math(ctx: JobContext) -> dict | None:
     }
 
 
+def _matrix_group_text(g: dict) -> str:
+    rate = f" at {g['tflops'] * 1e3:.0f} GFLOP/s" if g.get("tflops") and g["tflops"] < 1 else \
+        (f" at {g['tflops']:.1f} TFLOP/s" if g.get("tflops") else "")
+    peak = f" ({g['peak_fraction']:.0%} of the device's {g['dtype']} peak)" if g.get("peak_fraction") else ""
+    times = "once" if g["calls_per_step"] == 1 else f"{g['calls_per_step']:g} times"
+    return f"{g['op']} on {g['shapes']} in {g['dtype']}, {times}, {g['ms_per_step']:.1f} ms{rate}{peak}"
+
+
+def _matrix_ops(ctx: JobContext) -> dict | None:
+    """The matrix ops that do a compute-bound step's work, by shape and dtype, once they hold
+    `matrix_ops_compute_share` of the compute time: what would make them faster, from their
+    shapes (tiles the tensor cores do not divide), their rate (under `matrix_ops_low_peak` of
+    the peak: too small to fill the device) and their dtype (fp32 on a CPU with bf16 units)."""
+    th = ctx.tree.thresholds
+    found = {}
+    for rank, merged in ctx.ranks.items():
+        m = (merged.get("analysis") or {}).get("matrix_ops")
+        if isinstance(m, dict) and m.get("groups") and m.get("compute_ms_per_step") and \
+                float(m.get("ms_per_step") or 0.0) >= th["matrix_ops_compute_share"] * float(m["compute_ms_per_step"]):
+            found[rank] = (m, merged)
+    if not found:
+        return None
+    m, merged = found[min(found)]
+    groups, device = m["groups"][:3], (merged.get("analysis") or {}).get("timeline") == "device"
+    text = (f"On {_ranks(sorted(found))}, matrix ops take {m['ms_per_step']:.1f} ms of the "
+            f"{m['compute_ms_per_step']:.1f} ms of compute per traced step; the most: "
+            + "; ".join(_matrix_group_text(g) for g in groups) + ".")
+    actions, change = [], None
+    odd = next((g for g in groups if g.get("misaligned")), None)
+    if odd:
+        actions.append(f"Pad {odd['op']} on {odd['shapes']} to tile-sized dimensions ({', '.join(odd['misaligned'])}): "
+                       "round vocabulary, hidden and head sizes up, and pad sequences (pad_to_multiple_of).")
+    slow = [g for g in groups if g.get("peak_fraction") is not None and g["peak_fraction"] < th["matrix_ops_low_peak"]]
+    if slow:
+        actions.append(f"{slow[0]['op']} on {slow[0]['shapes']} reaches {slow[0]['peak_fraction']:.0%} of peak: matrices "
+                       "this small or thin leave the device's units idle; raise the (micro-)batch size, batch the "
+                       "small products into one (bmm, grouped GEMMs), or let torch.compile(mode='max-autotune') "
+                       "pick kernels for these shapes.")
+    fp32 = [g for g in groups if g["dtype"] == "fp32"]
+    cpu = (merged.get("info") or {}).get("cpu") if isinstance((merged.get("info") or {}).get("cpu"), dict) else {}
+    if fp32 and not device:
+        isa = f" ({cpu['isa']})" if cpu.get("isa") else ""
+        if cpu.get("bf16_units") is False:
+            actions.append(f"This CPU{isa} has no bf16 matrix units (AMX, AVX512-BF16), so lower precision will not "
+                           "speed these fp32 ops up here: the step is their FLOPs. Do fewer (narrower layers, "
+                           "smaller batches per step), or run them on a GPU, where bf16 tensor cores run the same "
+                           "products many times faster.")
+        else:
+            change = "half_precision_matrix_ops"
+            actions.append("Run them in bf16: torch.autocast('cpu', dtype=torch.bfloat16) around the forward and loss "
+                           + ("uses this CPU's bf16 matrix units." if cpu.get("bf16_units") else
+                              "uses the bf16 matrix units of CPUs that have them (AMX, AVX512-BF16)."))
+    if not actions:
+        actions.append("They run near the device's peak for their dtype: the step is their FLOPs. Lower precision "
+                       "(bf16, fp8 where the device has it) or fewer FLOPs (narrower layers, shorter sequences) "
+                       "is what makes it faster.")
+    return {"text": text, "action": " ".join(actions), "change": change,
+            "evidence": {"ranks": sorted(found), "ms_per_step": m["ms_per_step"],
+                         "compute_ms_per_step": m["compute_ms_per_step"], "groups": m["groups"],
+                         "cpu": cpu or None}}
+
+
 def _collective_groups(analysis: dict) -> list[dict]:
     """The rank's collectives by (name, process group): calls, median bytes, and the time not
     hidden behind computation, per traced step; most exposed first."""
@@ -436,6 +499,8 @@ RULES: tuple[CauseRule, ...] = (
     CauseRule("launch_bound", "host", _launch_bound, supersedes=("Capture the step with CUDA graphs",),
               change="no_launch_cost"),
     CauseRule("fp32_math", "compute", _fp32_math, supersedes=("Use lower precision",), change="tensor_core_math"),
+    # Its change is the detector's: bf16 replayed only on a CPU that may have bf16 units.
+    CauseRule("matrix_ops", "compute", _matrix_ops, change="half_precision_matrix_ops"),
     CauseRule("elementwise_chain", "memory", _elementwise_chain, supersedes=("Fuse elementwise chains",),
               change="fuse_elementwise_chain"),
     CauseRule("exposed_collectives", "comm", _exposed_collectives,
@@ -462,7 +527,7 @@ def causes(ctx: JobContext) -> list[dict]:
             continue
         found = rule.detect(ctx)
         if found:
-            pred = _prediction(ctx, rule.change)
+            pred = _prediction(ctx, found.pop("change", rule.change))
             gain = predicted_gain(pred, None, "")["gain"] if pred else \
                 "No prediction: no change the replay can make removes exactly this cause"
             out.append({"id": rule.id, "phase": phase, "supersedes": list(rule.supersedes), **found,

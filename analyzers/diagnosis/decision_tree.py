@@ -190,7 +190,8 @@ def read_config(path: Path) -> dict:
 WHAT_IF_PARTS = ("data", "host", "launch", "sync", "slack", "comm", "memory", "compute", "straggler")
 # What a cause's change can remove, and the part that time lies in (measured per step by
 # diag.analyzers.trace.removals).
-REMOVALS = {"elementwise_chain": "memory", "fp32_math": "compute", "host_sync_points": "host",
+REMOVALS = {"elementwise_chain": "memory", "fp32_math": "compute", "half_precision_matrix_ops": "compute",
+            "host_sync_points": "host",
             "exposed_collective": "comm"}
 
 

@@ -25,6 +25,7 @@ from diag.analyzers.trace import (
     fusion,
     gpu_time,
     host_device,
+    matrix_ops,
     overlap,
     precision,
     roofline,
@@ -175,7 +176,11 @@ def facts_of_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: 
     math, math_saving = precision.math_facts(trace, classes, win, device) if on_device else (None, None)
     coll_records = overlap.mark_after_backward(
         _exposed(_tag_steps(collectives(trace, classes), windows), att["parts"].get("comm")), trace, win, on_device)
-    removals = removal_measures.per_window(trace, win, classes, att, layers, chain_saving, math_saving, coll_records)
+    matrix, matrix_saving = matrix_ops.matrix_facts(trace, op_info, win, comp_t, device, on_device,
+                                                    float(tree.thresholds["cpu_half_precision_speedup"]),
+                                                    att["parts"].get("compute", iv.EMPTY))
+    removals = removal_measures.per_window(trace, win, classes, att, layers, chain_saving, math_saving, coll_records,
+                                           matrix_saving)
 
     # Each step's critical path and its duration under each what-if change.
     critical_path, what_if_entries, what_if_error = _what_if(trace, tree, steps, windows, classes, layers, att,
@@ -210,6 +215,7 @@ def facts_of_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: 
         "copies": host_device.copy_facts(trace, win) if on_device else [],
         "launches": host_device.launch_facts(trace, win) if on_device else None,
         "math": math,
+        "matrix_ops": matrix,
         "elementwise_chains": chains,
         # The job's own frames that call the ops pulling values to the host (windows with stacks).
         "sync_sites": call_sites.call_sites(trace, win, SYNC_OP_NAMES),
@@ -237,11 +243,12 @@ def facts_of_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: 
 
 
 class _Ops:
-    """FLOP-carrying CPU ops: rows, FLOPs, bytes, intensity, peak dtype, top-level mask."""
+    """FLOP-carrying CPU ops: rows, FLOPs, bytes, intensity, peak dtype, top-level mask, and
+    each op's top-level op (its index)."""
 
-    def __init__(self, rows, flops, nbytes, ai, dtype, top, ext_to_row):
+    def __init__(self, rows, flops, nbytes, ai, dtype, top, ext_to_row, owner):
         self.rows, self.flops, self.bytes, self.ai, self.dtype, self.top = rows, flops, nbytes, ai, dtype, top
-        self.ext_to_row = ext_to_row
+        self.ext_to_row, self.owner = ext_to_row, owner
 
 
 def _op_info(trace: Trace, device) -> _Ops:
@@ -277,19 +284,22 @@ def _op_info(trace: Trace, device) -> _Ops:
     with np.errstate(divide="ignore", invalid="ignore"):
         ai = flops / nbytes
     # Top-level FLOP ops: not nested inside another FLOP op of the same thread (no double count).
+    # Each op's top-level op (itself where it is one): the op a matmul inside a linear counts for.
     top = np.ones(len(rows), dtype=bool)
+    owner = np.arange(len(rows), dtype=np.int64)
     if len(rows) > 1:
         ts, end, tid = trace.cpu_ts[rows], trace.cpu_ts[rows] + trace.cpu_dur[rows], trace.cpu_tid[rows]
         order = np.lexsort((-(end - ts), ts, tid))
-        reach_start, reach_end, reach_tid = -np.inf, -np.inf, -1
+        reach_start, reach_end, reach_tid, reach = -np.inf, -np.inf, -1, -1
         for o in order.tolist():
             if tid[o] == reach_tid and end[o] <= reach_end and ts[o] >= reach_start:
                 top[o] = False
+                owner[o] = reach
                 continue
-            reach_start, reach_end, reach_tid = ts[o], end[o], tid[o]
+            reach_start, reach_end, reach_tid, reach = ts[o], end[o], tid[o], o
     ext = trace.cpu_ext[rows]
     ext_to_row = {int(e): j for j, e in enumerate(ext.tolist()) if e >= 0}
-    return _Ops(rows, flops, nbytes, ai, dtypes, top, ext_to_row)
+    return _Ops(rows, flops, nbytes, ai, dtypes, top, ext_to_row, owner)
 
 
 def _device_classes(trace: Trace, ops: _Ops, device) -> np.ndarray:

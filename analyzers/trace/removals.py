@@ -61,7 +61,7 @@ def _top_collective_us(records: list[dict], win: np.ndarray) -> np.ndarray | Non
 
 
 def per_window(trace: Trace, win: np.ndarray, classes, att, layers, chain_saving, math_saving,
-               collectives: list[dict]) -> dict[str, tuple[str, np.ndarray, np.ndarray]]:
+               collectives: list[dict], matrix_saving=None) -> dict[str, tuple[str, np.ndarray, np.ndarray]]:
     """{measure: (part, µs removed, µs of the part)} per window, for the measures this trace gives."""
     out = {}
 
@@ -71,6 +71,7 @@ def per_window(trace: Trace, win: np.ndarray, classes, att, layers, chain_saving
 
     add("elementwise_chain", "memory", chain_saving)
     add("fp32_math", "compute", math_saving)
+    add("half_precision_matrix_ops", "compute", matrix_saving)
     if classes is None:  # on a device the sync ops' time is waiting, which the graph's edges hold
         add("host_sync_points", "host", _sync_ops_host_us(trace, win, att))
     top = _top_collective_us(collectives, win)
