@@ -93,6 +93,7 @@ class TraceRankFacts(_WaitSplit):
     top_ops: list[dict]
     copies: list[dict]  # device copies by kind, per traced step (trace.host_device)
     launches: dict | None  # kernel launches per traced step (trace.host_device)
+    allocator: list[dict]  # cudaMalloc/cudaFree-family calls per traced step (trace.host_device)
     math: dict | None  # matrix kernels' time by precision per traced step (trace.precision)
     matrix_ops: dict | None  # matrix ops by shape and dtype, rate against peak (trace.matrix_ops)
     elementwise_chains: list[dict]  # runs of elementwise ops, fusion candidates (trace.fusion)
@@ -164,6 +165,7 @@ class RunRankFacts(TypedDict):
     top_ops: list[dict]
     copies: list[dict]
     launches: dict | None
+    allocator: list[dict]
     math: dict | None
     matrix_ops: dict | None
     elementwise_chains: list[dict]

@@ -371,3 +371,61 @@ def test_a_collective_after_backward_from_half_its_calls(after, late):
     (cause,) = cs.causes(_ctx({0: _coll_rank(2, 64e6, 20000.0, after=after)}, bound="comm", shares={"comm": 0.5}))
     assert ("start after backward has ended" in cause["text"]) is late
     assert cause["action"].startswith("Start all_reduce during backward") is late
+
+
+# -- device-memory allocation in the driver -----------------------------------------------------
+
+ALEXNET = "a100_alexnet_benchmark_allocator.json.gz"  # tests/fixtures/real, HTA's test data
+
+
+def test_allocator_calls_are_named_on_a_real_a100_trace():
+    """HTA's AlexNet benchmark holds the host 8.5 s in cudaFree and cudaMalloc, judged whole
+    (no steps): the calls and times are the file's own, and replaying the step without them
+    takes exactly their time off the host-bound step."""
+    import gzip
+    import json
+    from pathlib import Path
+
+    from diag.analyzers.analyze import analyze_paths
+
+    path = Path(__file__).parent / "fixtures" / "real" / ALEXNET
+    doc = analyze_paths([str(path)], jobs=1)
+    (cause,) = [c for c in doc["diagnosis"]["causes"] if c["id"] == "allocator_calls"]
+    with gzip.open(path) as f:
+        runtime = [e for e in json.load(f)["traceEvents"] if e.get("cat") == "cuda_runtime"]
+    calls = {c["name"]: c for c in cause["evidence"]["calls"]}
+    for name in ("cudaFree", "cudaMalloc"):
+        mine = [e["dur"] for e in runtime if e["name"] == name]
+        assert calls[name]["calls_per_step"] == len(mine)
+        assert calls[name]["ms_per_step"] == pytest.approx(sum(mine) / 1e3, rel=1e-6)
+        assert calls[name]["longest_ms"] == pytest.approx(max(mine) / 1e3, rel=1e-6)
+    assert "cudaFree 15 times" in cause["text"] and "judged whole, start-up included" in cause["text"]
+    assert "empty_cache()" in cause["action"] and "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in cause["action"]
+    pred = cause["what_if"]
+    assert pred["change"] == "no_allocator_calls"
+    assert pred["baseline_step_ms"] - pred["predicted_step_ms"] == pytest.approx(cause["evidence"]["ms_per_step"],
+                                                                                 rel=1e-3)
+
+
+def test_a_trace_without_allocator_calls_names_none(real_data):
+    doc = _analyse(real_data, "v100_1rank_compute.json.gz")
+    assert doc["ranks"][0]["allocator"] == []
+    assert "allocator_calls" not in {c["id"] for c in doc["diagnosis"]["causes"]}
+
+
+def _alloc_rank(ms, names=("cudaFree",), step_ms=100.0):
+    calls = [{"name": n, "calls_per_step": 2.0, "ms_per_step": ms / len(names), "longest_ms": ms / 4} for n in names]
+    return {"analysis": {"steps": [{"step": 0, "evidence": "trace", "duration_ms": step_ms}], "allocator": calls}}
+
+
+@pytest.mark.parametrize("ms,named", [(4.9, False), (5.1, True)])
+def test_allocator_calls_from_five_percent_of_the_step(ms, named):
+    assert dt.load_tree().thresholds["allocator_step_share"] == 0.05
+    found = cs.causes(_ctx({0: _alloc_rank(ms)}))
+    assert [c["id"] for c in found] == (["allocator_calls"] if named else [])
+
+
+def test_allocations_alone_ask_for_fixed_sizes_and_hip_names_its_own_setting():
+    (cause,) = cs.causes(_ctx({0: _alloc_rank(20.0, names=("hipMalloc",))}))
+    assert "pad batches to a few fixed lengths" in cause["action"] and "empty_cache" not in cause["action"]
+    assert "PYTORCH_HIP_ALLOC_CONF=expandable_segments:True" in cause["action"]

@@ -242,6 +242,56 @@ def _launch_bound(ctx: JobContext) -> dict | None:
     }
 
 
+def _allocator_calls(ctx: JobContext) -> dict | None:
+    """Device-memory allocation and release calls (cudaMalloc, cudaFree, their HIP and driver
+    forms) holding the host `allocator_step_share` of the step or more: PyTorch's caching
+    allocator calls the driver only when its cache misses or is emptied."""
+    minimum = ctx.tree.thresholds["allocator_step_share"]
+    found = {}
+    for rank, merged in ctx.ranks.items():
+        analysis = merged.get("analysis") or {}
+        calls = [c for c in analysis.get("allocator") or [] if isinstance(c, dict) and c.get("ms_per_step")]
+        step_ms = _traced_step_ms(analysis)
+        total = sum(float(c["ms_per_step"]) for c in calls)
+        if calls and step_ms and total >= minimum * step_ms:
+            found[rank] = (calls, total, step_ms, analysis)
+    if not found:
+        return None
+    calls, total, step_ms, analysis = found[min(found)]
+    listed = ", ".join(f"{c['name']} {_times(c['calls_per_step'])} ({_ms(c['ms_per_step'])}, the longest "
+                       f"{_ms(c['longest_ms'])})" for c in calls[:3])
+    hip = any(str(c["name"]).startswith("hip") for c in calls)
+    conf = "PYTORCH_HIP_ALLOC_CONF" if hip else "PYTORCH_CUDA_ALLOC_CONF"
+    frees = any(re.search(r"Free|Release|Unmap", str(c["name"])) for c in calls)
+    text = (f"On {_ranks(sorted(found))}, per traced step {listed}: the host spends {_ms(total)} "
+            f"({total / step_ms:.0%} of the step) allocating and freeing device memory in the driver.")
+    iters = analysis.get("iterations") if isinstance(analysis.get("iterations"), dict) else {}
+    if iters and not iters.get("used"):
+        text += (" The trace was judged whole, start-up included: its longest calls may be one-off start-up "
+                 "(the first allocations, the CUDA context), not a loop's churn.")
+    if frees:
+        action = ("Stop giving memory back inside the loop: remove torch.cuda.empty_cache() calls from it; if there "
+                  "are none, the caching allocator frees its cache to retry allocations at the memory limit "
+                  "(torch.cuda.memory_stats()['num_alloc_retries'] > 0), so lower the peak (a smaller micro-batch, "
+                  f"activation checkpointing) and set {conf}=expandable_segments:True so that segments grow "
+                  "instead of being freed and re-allocated.")
+    else:
+        action = (f"Keep the allocator's cache warm: tensors of new sizes every step (variable sequence lengths) "
+                  f"carve new segments, so pad batches to a few fixed lengths, and set {conf}=expandable_segments:True "
+                  "so that segments grow in place.")
+    return {"text": text, "action": action,
+            "evidence": {"ranks": sorted(found), "ms_per_step": round(total, 4), "step_ms": round(step_ms, 3),
+                         "calls": calls, "alloc_conf": conf}}
+
+
+def _times(n: float) -> str:
+    return "once" if n == 1 else f"{n:g} times"
+
+
+def _ms(ms: float) -> str:
+    return f"{ms / 1e3:.2f} s" if ms >= 1e3 else f"{ms:.2f} ms"
+
+
 def _fp32_math(ctx: JobContext) -> dict | None:
     """Matrix kernels that run fp32 on the CUDA cores, or TF32 where bf16 doubles the peak, for
     `fp32_math_share` of the compute kernels' time or more (precision from the kernels' names)."""
@@ -294,8 +344,7 @@ def _matrix_group_text(g: dict) -> str:
     rate = f" at {g['tflops'] * 1e3:.0f} GFLOP/s" if g.get("tflops") and g["tflops"] < 1 else \
         (f" at {g['tflops']:.1f} TFLOP/s" if g.get("tflops") else "")
     peak = f" ({g['peak_fraction']:.0%} of the device's {g['dtype']} peak)" if g.get("peak_fraction") else ""
-    times = "once" if g["calls_per_step"] == 1 else f"{g['calls_per_step']:g} times"
-    return f"{g['op']} on {g['shapes']} in {g['dtype']}, {times}, {g['ms_per_step']:.1f} ms{rate}{peak}"
+    return f"{g['op']} on {g['shapes']} in {g['dtype']}, {_times(g['calls_per_step'])}, {g['ms_per_step']:.1f} ms{rate}{peak}"
 
 
 def _matrix_ops(ctx: JobContext) -> dict | None:
@@ -314,8 +363,8 @@ def _matrix_ops(ctx: JobContext) -> dict | None:
         return None
     m, merged = found[min(found)]
     groups, device = m["groups"][:3], (merged.get("analysis") or {}).get("timeline") == "device"
-    text = (f"On {_ranks(sorted(found))}, matrix ops take {m['ms_per_step']:.1f} ms of the "
-            f"{m['compute_ms_per_step']:.1f} ms of compute per traced step; the most: "
+    text = (f"On {_ranks(sorted(found))}, matrix ops run {m['ms_per_step']:.1f} ms per traced step (compute in all: "
+            f"{m['compute_ms_per_step']:.1f} ms); the most: "
             + "; ".join(_matrix_group_text(g) for g in groups) + ".")
     actions, change = [], None
     odd = next((g for g in groups if g.get("misaligned")), None)
@@ -399,7 +448,7 @@ def _exposed_collectives(ctx: JobContext) -> dict | None:
     pg = f" on process group {g['pg']}" if g.get("pg") not in (None, "", "default_pg", "0") else ""
     hidden = g["hidden_fraction"]
     busbw = ((ctx.job.get("collectives") or {}).get("busbw") or {}).get("median_gbps")
-    times = "once" if g["calls_per_step"] == 1 else f"{g['calls_per_step']:g} times"
+    times = _times(g["calls_per_step"])
     text = (f"On {_ranks(sorted(found))}, {g['name']}{pg} of {size} runs {times} per traced "
             f"step and exposes {g['exposed_ms_per_step']:.1f} ms per step ({g['exposed_ms_per_step'] / step_ms:.0%} of the "
             f"step; {hidden:.0%} of its time hidden behind computation)"
@@ -473,7 +522,7 @@ def _elementwise_chain(ctx: JobContext) -> dict | None:
     if not found:
         return None
     chain, step_ms = found[min(found)]
-    times = "once" if chain["per_step"] == 1 else f"{chain['per_step']:g} times"
+    times = _times(chain["per_step"])
     return {
         "text": f"On {_ranks(sorted(found))}, a chain of {chain['length']} elementwise ops with no matrix math between "
                 f"them ({chain['name']}) runs {times} per traced step, {chain['ms_per_step']:.1f} ms per step "
@@ -498,6 +547,7 @@ RULES: tuple[CauseRule, ...] = (
     CauseRule("pageable_copies", "data", _pageable_copies, supersedes=("Set pin_memory=True",), also=("host",)),
     CauseRule("launch_bound", "host", _launch_bound, supersedes=("Capture the step with CUDA graphs",),
               change="no_launch_cost"),
+    CauseRule("allocator_calls", "host", _allocator_calls, change="no_allocator_calls"),
     CauseRule("fp32_math", "compute", _fp32_math, supersedes=("Use lower precision",), change="tensor_core_math"),
     # Its change is the detector's: bf16 replayed only on a CPU that may have bf16 units.
     CauseRule("matrix_ops", "compute", _matrix_ops, change="half_precision_matrix_ops"),

@@ -191,6 +191,7 @@ def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None
         "top_ops": _merge_table(analysed, "top_ops"),
         "copies": host_device.merge_list([(a.get("copies"), n) for a, n in traced]),
         "launches": host_device.merge_per_step([(a.get("launches"), n) for a, n in traced]),
+        "allocator": host_device.merge_list([(a.get("allocator"), n) for a, n in traced]),
         "math": host_device.merge_per_step([(a.get("math"), n) for a, n in traced]),
         "matrix_ops": host_device.merge_per_step([(a.get("matrix_ops"), n) for a, n in traced]),
         "elementwise_chains": host_device.merge_list([(a.get("elementwise_chains"), n) for a, n in traced]),

@@ -214,6 +214,7 @@ def facts_of_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: 
         "top_ops": _top_ops(trace),
         "copies": host_device.copy_facts(trace, win) if on_device else [],
         "launches": host_device.launch_facts(trace, win) if on_device else None,
+        "allocator": host_device.allocator_facts(trace, win) if on_device else [],
         "math": math,
         "matrix_ops": matrix,
         "elementwise_chains": chains,

@@ -6,7 +6,10 @@ window, divided by the number of windows):
   memory kind ("Memcpy HtoD (Pageable -> Device)"), with the host time of the runtime calls
   that issued them (a copy from pageable memory holds its call until the data is staged);
 - `launches`: kernels per step, their median duration, the host time of the launch calls,
-  and the CPU ops that launch the most kernels (the region to capture in a CUDA graph).
+  and the CPU ops that launch the most kernels (the region to capture in a CUDA graph);
+- `allocator`: the runtime and driver calls that allocate or free device or pinned memory,
+  by name: calls, host time and the longest call per step (the caching allocator calls them
+  only when its cache misses, or when it is emptied).
 Pure: reads the trace's columns, returns plain data.
 """
 
@@ -24,6 +27,12 @@ LAUNCH_RE = re.compile(r"^(?:cuda|hip)(?:LaunchKernel(?:ExC)?|LaunchCooperativeK
                        r"ModuleLaunchKernel|LaunchKernelEx)(?:_v\d+|_ptsz)?$|^cuLaunchKernel(?:Ex)?$")
 GRAPH_RE = re.compile(r"^(?:cuda|hip)GraphLaunch")
 TOP_LAUNCHERS = 3
+# cudaMalloc/cudaFree and their HIP, async, host and managed forms; the driver's virtual-memory
+# calls that expandable segments map and unmap pages with.
+ALLOCATOR_RE = re.compile(r"^(?:cuda|hip)(?:Malloc|Free)(?:Async|Host|Managed|FromPoolAsync)?(?:_v\d+|_ptsz)?$|"
+                          r"^(?:cuda|hip)(?:HostAlloc|HostMalloc|HostFree|ExtMallocWithFlags)$|"
+                          r"^cuMem(?:Alloc|Free|AllocHost|FreeHost|AllocManaged|AllocAsync|FreeAsync|Create|Release|"
+                          r"Map|Unmap|AddressReserve|AddressFree)(?:_v\d+)?$")
 
 
 def _rt_ms_by_corr(trace: Trace, corr: np.ndarray) -> float:
@@ -77,6 +86,26 @@ def launch_facts(trace: Trace, win: np.ndarray) -> dict | None:
         "runtime": "hip" if hip else "cuda",
         "top_launchers": _top_launchers(trace, kern, n),
     }
+
+
+def allocator_mask(trace: Trace) -> np.ndarray:
+    """Which runtime rows are allocator calls (ALLOCATOR_RE)."""
+    ids = [i for i, name in enumerate(trace.names) if ALLOCATOR_RE.match(name)]
+    return np.isin(trace.rt_name, ids) if ids else np.zeros(len(trace.rt_name), dtype=bool)
+
+
+def allocator_facts(trace: Trace, win: np.ndarray) -> list[dict]:
+    """Per allocator call name: calls, host milliseconds and the longest call per traced step,
+    most time first."""
+    n = len(win)
+    sel = np.flatnonzero(allocator_mask(trace) & (iv.window_of(trace.rt_ts, win) >= 0)) if n else []
+    out = []
+    for nid in np.unique(trace.rt_name[sel]).tolist() if len(sel) else []:
+        dur = trace.rt_dur[sel[trace.rt_name[sel] == nid]]
+        out.append({"name": trace.names[nid], "calls_per_step": round(len(dur) / n, 3),
+                    "ms_per_step": round(float(dur.sum()) / 1e3 / n, 4), "longest_ms": round(float(dur.max()) / 1e3, 4)})
+    out.sort(key=lambda c: -c["ms_per_step"])
+    return out
 
 
 def _top_launchers(trace: Trace, kern: np.ndarray, n: int) -> list[dict]:

@@ -15,6 +15,7 @@ import numpy as np
 from diag.analyzers import intervals as iv
 from diag.analyzers.analysis_types import SYNC_OP_NAMES
 from diag.analyzers.trace import event_classes as ec
+from diag.analyzers.trace import host_device
 from diag.analyzers.trace.columns import Trace
 
 # A device op's class, as the replay's parts group them (whatif.graph.DEV_CLASS).
@@ -74,6 +75,12 @@ def per_window(trace: Trace, win: np.ndarray, classes, att, layers, chain_saving
     add("half_precision_matrix_ops", "compute", matrix_saving)
     if classes is None:  # on a device the sync ops' time is waiting, which the graph's edges hold
         add("host_sync_points", "host", _sync_ops_host_us(trace, win, att))
+    else:  # the calls lie in the host's time between the chain's calls, which only each step's graph totals
+        alloc = np.flatnonzero(host_device.allocator_mask(trace))
+        k = iv.window_of(trace.rt_ts[alloc], win)
+        removed = np.bincount(k[k >= 0], weights=trace.rt_dur[alloc][k >= 0], minlength=len(win))
+        if np.any(removed > 0):
+            out["allocator_calls"] = ("host", removed, None)
     top = _top_collective_us(collectives, win)
     add("exposed_collective", "comm", None if top is None else COMPRESSED_BYTES * top)
     return out

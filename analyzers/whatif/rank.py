@@ -34,7 +34,7 @@ def rank_steps(changes, windows, trace=None, dev_classes=None, data_spans=None, 
 
     Device traces need trace, dev_classes and data_spans; CPU traces att (the attribution)
     and layers (the class layers it was made from). `removals` ({measure: (part, µs removed,
-    µs of the part)} per window, trace.removals) gives the changes that remove a cause their
+    µs of the part or None where the step's graph knows it)} per window, trace.removals) gives the changes that remove a cause their
     scale step by step; a change whose measure is absent predicts nothing."""
     rank_changes = [c for c in changes if c.get("scope", "rank") == "rank"]
     if dev_classes is not None:
@@ -42,9 +42,10 @@ def rank_steps(changes, windows, trace=None, dev_classes=None, data_spans=None, 
     return _chain_steps(rank_changes, windows, att, layers, removals or {})
 
 
-def _scales(changes, k: int, removals: dict, skip=frozenset()) -> dict:
+def _scales(changes, k: int, removals: dict, skip=frozenset(), part_us: dict | None = None) -> dict:
     """Each change's {part: factor} in window k: as written, or so that its measure's time is
-    gone; none for the changes in `skip`."""
+    gone; none for the changes in `skip`. A measure without its part's total (the host part of
+    a device step, which only the step's graph knows) takes it from `part_us`."""
     out = {}
     for c in changes:
         if c["id"] in skip:
@@ -53,10 +54,12 @@ def _scales(changes, k: int, removals: dict, skip=frozenset()) -> dict:
             out[c["id"]] = c["scale"]
             continue
         m = removals.get(c["remove"])
-        if m is None or not m[2][k] > 0:
+        if m is None or (m[2] is not None and not m[2][k] > 0):
             continue
         part, removed, total = m
-        out[c["id"]] = {part: max(0.0, 1.0 - float(removed[k]) / float(total[k]))}
+        whole = float(total[k]) if total is not None else float((part_us or {}).get(part) or 0.0)
+        if whole > 0:
+            out[c["id"]] = {part: max(0.0, 1.0 - float(removed[k]) / whole)}
     return out
 
 
@@ -71,7 +74,8 @@ def _graph_steps(changes, windows, trace, dev_classes, data_spans, removals) -> 
         cp = wr.critical_path(g)
         info: dict = {}
         skip = frozenset(cid for cid, steps in on.items() if k not in steps)
-        replayed = wr.replay(g, {BASE: {}, **_scales(changes, k, removals, skip)}, order, info)
+        scales = _scales(changes, k, removals, skip, {"host": wr.host_us(g)})
+        replayed = wr.replay(g, {BASE: {}, **scales}, order, info)
         out[k] = {
             "critical_path": {"length_ms": cp["length_us"] / 1e3, "nodes": cp["nodes"],
                               "by_class_ms": {c: v / 1e3 for c, v in cp["by_class_us"].items()},

@@ -26,23 +26,69 @@ PARTS = ("data", "host", "launch", "sync", "slack", "comm", "memory", "compute")
 
 def topo_order(g: StepGraph) -> list[tuple[int, int]]:
     """(kind, index) in an order where every node comes after what it depends on:
-    kind 0 = device node, 1 = host call. Keyed by original end, lifted past dependencies."""
+    kind 0 = device node, 1 = host call; among the nodes ready at once, the earliest
+    measured end first. A call that waits for work it launched itself (a blocking copy)
+    comes after that work, which is ready once the call has started (`_self_waits`)."""
+    import heapq
+
     n_h, n_d = g.n_host, len(g.d_start)
-    key_h = np.maximum.accumulate(g.h_end) if n_h else g.h_end
-    key_d = np.maximum(g.d_end, np.where(g.d_launch >= 0, key_h[np.maximum(g.d_launch, 0)], g.lo)) if n_d and n_h \
-        else g.d_end.copy()
-    for j in range(n_d):  # a stream predecessor or awaited op on another stream first
-        for dep in (g.d_pred[j], g.d_xdep[j]):
-            if dep >= 0 and key_d[dep] > key_d[j]:
-                key_d[j] = key_d[dep]
+    self_wait = _self_waits(g)
+    after: list[list[tuple[int, int]]] = [[] for _ in range(n_h + n_d)]  # node -> nodes waiting on it
+    need = [0] * (n_h + n_d)
+
+    def edge(a: tuple[int, int], b: tuple[int, int]) -> None:
+        after[a[1] if a[0] == 1 else n_h + a[1]].append(b)
+        need[b[1] if b[0] == 1 else n_h + b[1]] += 1
+
+    for i in range(1, n_h):
+        edge((1, i - 1), (1, i))
+    for j in range(n_d):
+        lk = int(g.d_launch[j])
+        if lk >= 0:
+            if not self_wait[j]:
+                edge((1, lk), (0, j))
+            elif lk > 0:  # ready when its call starts: after the call before it
+                edge((1, lk - 1), (0, j))
+        for dep in (int(g.d_pred[j]), int(g.d_xdep[j])):
+            if dep >= 0:
+                edge((0, dep), (0, j))
     for i in np.flatnonzero(g.h_wait_on >= 0).tolist():
-        waits = _awaited(g, i)
-        top = float(key_d[waits].max()) if len(waits) else -np.inf
-        if top > key_h[i]:
-            key_h[i:] = np.maximum(key_h[i:], top)
-    keys = [(float(key_d[j]), 0, j) for j in range(n_d)] + [(float(key_h[i]), 1, i) for i in range(n_h)]
-    keys.sort()
-    return [(kind, idx) for _, kind, idx in keys]
+        for j in _awaited(g, i).tolist():
+            edge((0, j), (1, i))
+    end = [float(x) for x in g.h_end] + [float(x) for x in g.d_end]
+    heap = [(end[k], 1 if k < n_h else 0, k) for k in range(n_h + n_d) if need[k] == 0]
+    heapq.heapify(heap)
+    by_end = sorted(range(n_h + n_d), key=lambda k: end[k])
+    placed, out = [False] * (n_h + n_d), []
+    while len(out) < n_h + n_d:
+        if not heap:
+            # A cycle through a wait the measured times suggested (a stream running work in
+            # another order than it was launched, clocks that disagree): the next host call goes
+            # first, and its waits for work not yet replayed hold it no longer (_replay).
+            k = next((i for i in range(n_h) if not placed[i]), None)
+            k = k if k is not None else next(x for x in by_end if not placed[x])
+            heap.append((end[k], 1 if k < n_h else 0, k))
+            need[k] = 0
+        _, _, k = heapq.heappop(heap)
+        if placed[k]:
+            continue
+        placed[k] = True
+        out.append((1, k) if k < n_h else (0, k - n_h))
+        for b in after[k]:
+            kb = b[1] if b[0] == 1 else n_h + b[1]
+            need[kb] -= 1
+            if need[kb] == 0 and not placed[kb]:
+                heapq.heappush(heap, (end[kb], b[0], kb))
+    return out
+
+
+def _self_waits(g: StepGraph) -> np.ndarray:
+    """Per device node, whether the call that launched it also waits for it."""
+    out = np.zeros(len(g.d_start), dtype=bool)
+    for i in np.flatnonzero(g.h_wait_on >= 0).tolist():
+        mine = _awaited(g, i)
+        out[mine[g.d_launch[mine] == i]] = True
+    return out
 
 
 def replay(g: StepGraph, scales: dict[str, dict], order=None, info: dict | None = None) -> dict[str, float]:
@@ -91,12 +137,15 @@ def _prep(g: StepGraph) -> tuple:
             np.where(waits, g.h_end - g.d_end[np.maximum(g.h_wait_on, 0)] if len(g.d_end) else 0.0, 0.0).tolist(),
             waits.tolist())
     n = len(g.d_start)
-    launched = g.d_launch >= 0
-    ready = np.where(launched, g.h_end[np.maximum(g.d_launch, 0)] if g.n_host else lo, np.minimum(lo, g.d_start))
+    launched, self_wait = g.d_launch >= 0, _self_waits(g)
+    # Ready when the launching call returns, or when it starts where that call waits for it.
+    call = np.maximum(g.d_launch, 0)
+    at_call = np.where(self_wait, g.h_start[call], g.h_end[call]) if g.n_host else lo
+    ready = np.where(launched, at_call, np.minimum(lo, g.d_start))
     for dep in (g.d_pred, g.d_xdep):
         ready = np.where(dep >= 0, np.maximum(ready, g.d_end[np.maximum(dep, 0)] if n else 0.0), ready)
     dev = (g.d_launch.tolist(), g.d_pred.tolist(), g.d_xdep.tolist(), np.maximum(0.0, g.d_start - ready).tolist(),
-           (g.d_end - g.d_start).tolist(), g.d_end.tolist(), np.minimum(lo, g.d_start).tolist())
+           (g.d_end - g.d_start).tolist(), g.d_end.tolist(), np.minimum(lo, g.d_start).tolist(), self_wait.tolist())
     g._prepped = (host, dev)
     return g._prepped
 
@@ -108,7 +157,8 @@ def _replay(g: StepGraph, scale: dict | None, order, own_only: bool = False) -> 
         span = g.hi - g.lo
         return span * s["host"]  # no device activity launched in the step: host time only
     order = order if order is not None else topo_order(g)
-    (gap_data, gap_host, call, sync_extra, waits), (d_launch, d_pred, d_xdep, slack, dur, d_end, early) = _prep(g)
+    (gap_data, gap_host, call, sync_extra, waits), (d_launch, d_pred, d_xdep, slack, dur, d_end, early,
+                                                    self_wait) = _prep(g)
     f_data, f_host, f_launch, f_sync, f_slack = s["data"], s["host"], s["launch"], s["sync"], s["slack"]
     f_dev = [s[c] for c in g.d_cls]
     lo = g.lo
@@ -116,15 +166,20 @@ def _replay(g: StepGraph, scale: dict | None, order, own_only: bool = False) -> 
     new_d = [None] * len(d_end)
     for kind, i in order:
         if kind == 1:
-            start = (new_h[i - 1] if i > 0 else lo) + gap_data[i] * f_data + gap_host[i] * f_host
+            prev = (new_h[i - 1] if new_h[i - 1] is not None else g.h_end[i - 1]) if i > 0 else lo
+            start = prev + gap_data[i] * f_data + gap_host[i] * f_host
             if waits[i]:
-                dev = max(d_end[j] if new_d[j] is None else new_d[j] for j in _awaited(g, i).tolist())
+                # Work not replayed yet is work this call cannot have waited for (topo_order).
+                dev = max((new_d[j] for j in _awaited(g, i).tolist() if new_d[j] is not None), default=start)
                 new_h[i] = (start if start > dev else dev) + sync_extra[i] * f_sync
             else:
                 new_h[i] = start + call[i] * f_launch
         else:
             lk = d_launch[i]
-            if lk >= 0:
+            if lk >= 0 and self_wait[i]:  # its call waits for it: ready when the call starts
+                prev = (new_h[lk - 1] if new_h[lk - 1] is not None else g.h_end[lk - 1]) if lk > 0 else lo
+                ready = prev + gap_data[lk] * f_data + gap_host[lk] * f_host
+            elif lk >= 0:
                 ready = new_h[lk]
                 if ready is None:
                     ready = g.h_end[lk]
@@ -151,6 +206,15 @@ def _replay(g: StepGraph, scale: dict | None, order, own_only: bool = False) -> 
     tail = g.hi - h_end[-1]
     end = new_h[-1] + g.tail_data * s["data"] + (tail - g.tail_data) * s["host"]
     return float(end - g.lo)
+
+
+def host_us(g: StepGraph) -> float:
+    """The step's `host` part as the replay counts it: the host's time between runtime calls
+    and after the last, less what lies in DataLoader spans."""
+    if g.n_host == 0:
+        return float(g.hi - g.lo)
+    prev_end = np.concatenate(([g.lo], g.h_end[:-1]))
+    return float(np.sum(g.h_start - prev_end - g.h_gap_data) + (g.hi - g.h_end[-1] - g.tail_data))
 
 
 def _awaited(g: StepGraph, i: int) -> np.ndarray:
