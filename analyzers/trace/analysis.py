@@ -170,24 +170,34 @@ def facts_of_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: 
             "flops": float(flops_w[k]) if flops_w is not None else None,
         })
 
+    total_time = float(np.sum(win[:, 1] - win[:, 0]))
+    rank_shares = normalize_shares(totals, total_time)
+
+    def worth(*phases: str) -> bool:
+        """Whether a phase is large enough on this rank for a cause rule to name what is in it:
+        the facts cost time on a large trace, and none is named from `cause_facts_min_share`
+        of the traced time or less."""
+        return any(rank_shares.get(p, 0.0) >= tree.thresholds["cause_facts_min_share"] for p in phases)
+
     # Per traced step: device copies, launches, matrix math by precision, elementwise chains (the
     # cause rules' facts), and what removing each cause would take away (their what-ifs).
-    chains, chain_saving = fusion.elementwise_chains(trace, win)
-    math, math_saving = precision.math_facts(trace, classes, win, device) if on_device else (None, None)
-    coll_records = overlap.mark_after_backward(
-        _exposed(_tag_steps(collectives(trace, classes), windows), att["parts"].get("comm")), trace, win, on_device)
+    chains, chain_saving = fusion.elementwise_chains(trace, win) if worth("memory") else ([], None)
+    math, math_saving = precision.math_facts(trace, classes, win, device) if on_device and worth("compute") \
+        else (None, None)
+    coll_records = _exposed(_tag_steps(collectives(trace, classes), windows), att["parts"].get("comm"))
+    if worth("comm", "wait"):
+        coll_records = overlap.mark_after_backward(coll_records, trace, win, on_device)
     matrix, matrix_saving = matrix_ops.matrix_facts(trace, op_info, win, comp_t, device, on_device,
                                                     float(tree.thresholds["cpu_half_precision_speedup"]),
-                                                    att["parts"].get("compute", iv.EMPTY))
+                                                    att["parts"].get("compute", iv.EMPTY)) if worth("compute") \
+        else (None, None)
     removals = removal_measures.per_window(trace, win, classes, att, layers, chain_saving, math_saving, coll_records,
-                                           matrix_saving)
+                                           matrix_saving, allocator=on_device and worth("host"))
 
     # Each step's critical path and its duration under each what-if change.
     critical_path, what_if_entries, what_if_error = _what_if(trace, tree, steps, windows, classes, layers, att,
                                                              on_device, removals)
 
-    total_time = float(np.sum(win[:, 1] - win[:, 0]))
-    rank_shares = normalize_shares(totals, total_time)
     rank_m = _measurements(rank_shares, mem_t.sum(), comp_t.sum(), total_time, peak_frac_w, None,
                            bw_bytes, bw_time, device)
     mem_frac = _memory_used_frac(trace, props)
@@ -212,9 +222,9 @@ def facts_of_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: 
         "gpu_time": gpu_time_out,
         "top_kernels": _top_kernels(trace, classes, op_info) if on_device else [],
         "top_ops": _top_ops(trace),
-        "copies": host_device.copy_facts(trace, win) if on_device else [],
-        "launches": host_device.launch_facts(trace, win) if on_device else None,
-        "allocator": host_device.allocator_facts(trace, win) if on_device else [],
+        "copies": host_device.copy_facts(trace, win) if on_device and worth("data", "host") else [],
+        "launches": host_device.launch_facts(trace, win) if on_device and worth("host") else None,
+        "allocator": host_device.allocator_facts(trace, win) if on_device and worth("host") else [],
         "math": math,
         "matrix_ops": matrix,
         "elementwise_chains": chains,

@@ -15,7 +15,6 @@ import sys
 
 import numpy as np
 
-from diag.analyzers import intervals as iv
 from diag.analyzers.trace.columns import Trace
 
 OP_KIND, PY_KIND = 0, 2  # cpu event kinds: cpu_op, user_annotation, python_function
@@ -40,7 +39,7 @@ def call_sites(trace: Trace, win: np.ndarray, op_names) -> list[dict]:
     if not n or not np.any(trace.cpu_kind == PY_KIND):
         return []
     ids = [i for i, name in enumerate(trace.names) if name in op_names]
-    ops = np.flatnonzero((iv.window_of(trace.cpu_ts, win) >= 0) & (trace.cpu_kind == OP_KIND)
+    ops = np.flatnonzero((trace.step_of("cpu", win) >= 0) & (trace.cpu_kind == OP_KIND)
                          & np.isin(trace.cpu_name, ids))
     if not len(ops):
         return []

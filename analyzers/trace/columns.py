@@ -13,6 +13,7 @@ from operator import is_, is_not, itemgetter
 
 import numpy as np
 
+from diag.analyzers import intervals as iv
 from diag.analyzers.trace.roofline import FLOP_OPS
 from diag.analyzers.trace.schema import (
     _C_GPU_ANN,
@@ -87,6 +88,28 @@ class Trace:
     # Fields of an unexpected type that were converted or ignored, events dropped, and a few
     # examples (diag.analyzers.trace.tolerant); None when the trace decoded as it is.
     repairs: dict | None = None
+
+    def step_of(self, column: str, win: np.ndarray) -> np.ndarray:
+        """Each event's row in the step windows `win` (-1 outside them all) for the column
+        "cpu", "dev" or "rt": found once per column and windows, as each per-step fact asks
+        for it. Read-only."""
+        cache = self.__dict__.setdefault("_step_of", {})
+        key = (column, win.shape, win.tobytes())
+        if key not in cache:
+            found = iv.window_of(getattr(self, f"{column}_ts"), win).astype(np.int32)
+            found.flags.writeable = False
+            cache[key] = found
+        return cache[key]
+
+    def launcher_rows(self) -> np.ndarray:
+        """Per device row, the CPU row whose External id it carries (the op that launched it;
+        -1: none), found once. Read-only."""
+        cache = self.__dict__.setdefault("_step_of", {})
+        if "launchers" not in cache:
+            found = index_of(self.cpu_ext, self.dev_ext).astype(np.int32 if len(self.cpu_ext) < 2**31 else np.int64)
+            found.flags.writeable = False
+            cache["launchers"] = found
+        return cache["launchers"]
 
     def name_of(self, ids) -> list[str]:
         return [self.names[i] for i in np.asarray(ids).tolist()]
@@ -500,7 +523,7 @@ def index_of(keys: np.ndarray, want: np.ndarray) -> np.ndarray:
     keys = keys[pos]
     top = int(keys.max())
     if top < 8 * len(keys) + (1 << 20):
-        table = np.full(top + 1, -1, dtype=np.int64)
+        table = np.full(top + 1, -1, dtype=np.int32 if pos[-1] < 2**31 else np.int64)
         table[keys] = pos
         return np.where((want >= 0) & (want <= top), table[np.clip(want, 0, top)], -1)
     ids, first = np.unique(keys, return_index=True)

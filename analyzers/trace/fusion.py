@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from diag.analyzers import intervals as iv
 from diag.analyzers.trace import event_classes as ec
-from diag.analyzers.trace.columns import Trace, index_of
+from diag.analyzers.trace.columns import Trace
 
 MIN_CHAIN = 3
 MAX_NAMES = 8
@@ -39,11 +38,29 @@ def _outermost(trace: Trace, rows: np.ndarray) -> np.ndarray:
     return order[~nested]
 
 
+def _unique_rows(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique(key, axis=0, return_inverse=True) through one 64-bit hash per row (a sort of
+    numbers, several times faster than one of rows), checked: a collision falls back."""
+    mult = np.uint64(0x9E3779B97F4A7C15)
+    h = np.zeros(len(key), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for col in key.T:
+            h = (h ^ col.astype(np.uint64)) * mult
+    _, first, inverse = np.unique(h, return_index=True, return_inverse=True)
+    uniq = key[first]
+    if not np.array_equal(uniq[inverse], key):
+        uniq, inverse = np.unique(key, axis=0, return_inverse=True)
+    return uniq, inverse.reshape(-1)
+
+
 def _op_time_us(trace: Trace, rows: np.ndarray) -> np.ndarray:
     """Each op's kernels' device time where the trace has kernels, else its CPU time."""
     if not len(trace.dev_ts):
         return trace.cpu_dur[rows]
-    op = index_of(trace.cpu_ext[rows], trace.dev_ext)
+    at = np.full(len(trace.cpu_ts), -1, dtype=np.int64)
+    at[rows] = np.arange(len(rows))
+    launcher = trace.launcher_rows()
+    op = np.where(launcher >= 0, at[np.maximum(launcher, 0)], -1)
     hit = op >= 0
     return np.bincount(op[hit], weights=trace.dev_dur[hit], minlength=len(rows))
 
@@ -55,7 +72,7 @@ def elementwise_chains(trace: Trace, win: np.ndarray) -> tuple[list[dict], np.nd
     n = len(win)
     if not n or not len(trace.cpu_ts):
         return [], None
-    k = iv.window_of(trace.cpu_ts, win)
+    k = trace.step_of("cpu", win)
     rows = np.flatnonzero((k >= 0) & (trace.cpu_kind == 0))
     if not len(rows):
         return [], None
@@ -91,8 +108,7 @@ def elementwise_chains(trace: Trace, win: np.ndarray) -> tuple[list[dict], np.nd
     at = starts[:, None] + offs[None, :]
     key = np.where(offs[None, :] < lengths[:, None], names_mem[np.minimum(at, len(idx) - 1)], -1)
     key = np.column_stack([key, lengths])
-    uniq, inverse = np.unique(key, axis=0, return_inverse=True)
-    inverse = inverse.reshape(-1)
+    uniq, inverse = _unique_rows(key)
     count = np.bincount(inverse, minlength=len(uniq))
     time_by = np.bincount(inverse, weights=total, minlength=len(uniq))
     groups = {}

@@ -19,7 +19,6 @@ import re
 
 import numpy as np
 
-from diag.analyzers import intervals as iv
 from diag.analyzers.trace.columns import Trace, index_of
 
 KERNEL, MEMCPY = 0, 1  # device event kinds (columns: 0 kernel, 1 memcpy, 2 memset, 3 sync)
@@ -39,13 +38,13 @@ def _rt_ms_by_corr(trace: Trace, corr: np.ndarray) -> float:
     """Host milliseconds of the runtime calls whose correlation ids are in `corr`."""
     if not len(corr) or not len(trace.rt_corr):
         return 0.0
-    return float(trace.rt_dur[np.isin(trace.rt_corr, corr[corr >= 0])].sum()) / 1e3
+    return float(trace.rt_dur[index_of(corr, trace.rt_corr) >= 0].sum()) / 1e3
 
 
 def copy_facts(trace: Trace, win: np.ndarray) -> list[dict]:
     """Per copy name: calls, MB, device and host milliseconds per traced step, most time first."""
     n = len(win)
-    sel = np.flatnonzero((trace.dev_kind == MEMCPY) & (iv.window_of(trace.dev_ts, win) >= 0)) if n else []
+    sel = np.flatnonzero((trace.dev_kind == MEMCPY) & (trace.step_of("dev", win) >= 0)) if n else []
     out = []
     for nid in np.unique(trace.dev_name[sel]).tolist() if len(sel) else []:
         rows = sel[trace.dev_name[sel] == nid]
@@ -68,10 +67,10 @@ def launch_facts(trace: Trace, win: np.ndarray) -> dict | None:
     n = len(win)
     if not n:
         return None
-    kern = np.flatnonzero((trace.dev_kind == KERNEL) & (iv.window_of(trace.dev_ts, win) >= 0))
+    kern = np.flatnonzero((trace.dev_kind == KERNEL) & (trace.step_of("dev", win) >= 0))
     if not len(kern):
         return None
-    rt = np.flatnonzero(iv.window_of(trace.rt_ts, win) >= 0)
+    rt = np.flatnonzero(trace.step_of("rt", win) >= 0)
     ids = np.flatnonzero(np.bincount(trace.rt_name[rt], minlength=len(trace.names))).tolist()
     launch = np.isin(trace.rt_name[rt], [i for i in ids if LAUNCH_RE.match(trace.names[i])])
     graphs = int(np.isin(trace.rt_name[rt], [i for i in ids if GRAPH_RE.match(trace.names[i])]).sum())
@@ -98,7 +97,7 @@ def allocator_facts(trace: Trace, win: np.ndarray) -> list[dict]:
     """Per allocator call name: calls, host milliseconds and the longest call per traced step,
     most time first."""
     n = len(win)
-    sel = np.flatnonzero(allocator_mask(trace) & (iv.window_of(trace.rt_ts, win) >= 0)) if n else []
+    sel = np.flatnonzero(allocator_mask(trace) & (trace.step_of("rt", win) >= 0)) if n else []
     out = []
     for nid in np.unique(trace.rt_name[sel]).tolist() if len(sel) else []:
         dur = trace.rt_dur[sel[trace.rt_name[sel] == nid]]

@@ -18,7 +18,7 @@ import numpy as np
 
 from diag.analyzers import intervals as iv
 from diag.analyzers.trace import roofline
-from diag.analyzers.trace.columns import Trace, index_of
+from diag.analyzers.trace.columns import Trace
 
 TOP_GROUPS = 5
 # Tensor cores take operands in 16-byte rows: a GEMM dimension that is not a multiple of
@@ -67,9 +67,9 @@ def _op_time_us(trace: Trace, ops, on_device: bool) -> np.ndarray:
     if not on_device:
         return trace.cpu_dur[ops.rows].astype(np.float64)
     out = np.zeros(len(ops.rows))
-    kern = np.flatnonzero((trace.dev_kind == 0) & (trace.dev_ext >= 0))
-    launcher = index_of(trace.cpu_ext, trace.dev_ext[kern]) if len(kern) else np.zeros(0, np.int64)
-    kern, launcher = kern[launcher >= 0], launcher[launcher >= 0]
+    launchers = trace.launcher_rows()
+    kern = np.flatnonzero((trace.dev_kind == 0) & (launchers >= 0))
+    launcher = launchers[kern]
     top = np.flatnonzero(ops.top)
     if not len(kern) or not len(top):
         return out

@@ -33,10 +33,18 @@ def backward_end(trace: Trace, win: np.ndarray, on_device: bool) -> np.ndarray:
     if not len(rows) or not len(win):
         return out
     if on_device:
-        spans = iv.from_arrays(trace.cpu_ts[rows], trace.cpu_ts[rows] + trace.cpu_dur[rows])
-        ops = np.flatnonzero((trace.cpu_kind == OP_KIND) & (trace.cpu_ext >= 0))
-        inside = ops[iv.window_of(trace.cpu_ts[ops], spans) >= 0]
-        kern = np.flatnonzero(np.isin(trace.dev_ext, trace.cpu_ext[inside]) & (trace.dev_ext >= 0))
+        # The device work whose launching op ran inside a backward node, on that node's thread.
+        launcher = trace.launcher_rows()
+        dev = np.flatnonzero(launcher >= 0)
+        op = launcher[dev]
+        dev, op = dev[trace.cpu_kind[op] == OP_KIND], op[trace.cpu_kind[op] == OP_KIND]
+        inside = np.zeros(len(dev), dtype=bool)
+        for tid in np.unique(trace.cpu_tid[rows]).tolist():
+            mine = rows[trace.cpu_tid[rows] == tid]
+            spans = iv.from_arrays(trace.cpu_ts[mine], trace.cpu_ts[mine] + trace.cpu_dur[mine])
+            on_thread = trace.cpu_tid[op] == tid
+            inside[on_thread] = iv.window_of(trace.cpu_ts[op[on_thread]], spans) >= 0
+        kern = dev[inside]
         ends, steps = trace.dev_ts[kern] + trace.dev_dur[kern], _step_of(trace.dev_ts[kern], win)
     else:
         ends, steps = trace.cpu_ts[rows] + trace.cpu_dur[rows], iv.window_of(trace.cpu_ts[rows], win)

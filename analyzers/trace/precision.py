@@ -16,7 +16,6 @@ import re
 
 import numpy as np
 
-from diag.analyzers import intervals as iv
 from diag.analyzers.trace import event_classes as ec
 from diag.analyzers.trace.columns import Trace
 
@@ -47,7 +46,7 @@ def math_facts(trace: Trace, dev_classes: np.ndarray, win: np.ndarray, device) -
     n = len(win)
     if not n or not len(trace.dev_ts):
         return None, None
-    k = iv.window_of(trace.dev_ts, win)
+    k = trace.step_of("dev", win)
     sel = np.flatnonzero((k >= 0) & (dev_classes == ec.COMPUTE) & (trace.dev_kind == 0))
     if not len(sel):
         return None, None

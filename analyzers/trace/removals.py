@@ -24,7 +24,7 @@ COMPRESSED_BYTES = 0.5  # the bf16 compression hook sends fp32 gradients in half
 
 
 def _device_part_us(trace: Trace, win: np.ndarray, classes: np.ndarray, part: str) -> np.ndarray:
-    k = iv.window_of(trace.dev_ts, win)
+    k = trace.step_of("dev", win)
     sel = (k >= 0) & np.isin(classes, _DEVICE_PART[part])
     return np.bincount(k[sel], weights=trace.dev_dur[sel], minlength=len(win))
 
@@ -62,8 +62,10 @@ def _top_collective_us(records: list[dict], win: np.ndarray) -> np.ndarray | Non
 
 
 def per_window(trace: Trace, win: np.ndarray, classes, att, layers, chain_saving, math_saving,
-               collectives: list[dict], matrix_saving=None) -> dict[str, tuple[str, np.ndarray, np.ndarray]]:
-    """{measure: (part, µs removed, µs of the part)} per window, for the measures this trace gives."""
+               collectives: list[dict], matrix_saving=None, allocator: bool = True
+               ) -> dict[str, tuple[str, np.ndarray, np.ndarray]]:
+    """{measure: (part, µs removed, µs of the part)} per window, for the measures this trace
+    gives (the allocator calls' only where `allocator`)."""
     out = {}
 
     def add(name: str, part: str, removed) -> None:
@@ -75,7 +77,7 @@ def per_window(trace: Trace, win: np.ndarray, classes, att, layers, chain_saving
     add("half_precision_matrix_ops", "compute", matrix_saving)
     if classes is None:  # on a device the sync ops' time is waiting, which the graph's edges hold
         add("host_sync_points", "host", _sync_ops_host_us(trace, win, att))
-    else:  # the calls lie in the host's time between the chain's calls, which only each step's graph totals
+    elif allocator:  # the calls lie in the host's time between the chain's calls, which only each step's graph totals
         alloc = np.flatnonzero(host_device.allocator_mask(trace))
         k = iv.window_of(trace.rt_ts[alloc], win)
         removed = np.bincount(k[k >= 0], weights=trace.rt_dur[alloc][k >= 0], minlength=len(win))

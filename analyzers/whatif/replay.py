@@ -28,37 +28,57 @@ def topo_order(g: StepGraph) -> list[tuple[int, int]]:
     """(kind, index) in an order where every node comes after what it depends on:
     kind 0 = device node, 1 = host call; among the nodes ready at once, the earliest
     measured end first. A call that waits for work it launched itself (a blocking copy)
-    comes after that work, which is ready once the call has started (`_self_waits`)."""
-    import heapq
-
+    comes after that work, which is ready once the call has started (`_self_waits`).
+    Nodes are numbered host calls first, then device nodes (n_host + j)."""
     n_h, n_d = g.n_host, len(g.d_start)
     self_wait = _self_waits(g)
-    after: list[list[tuple[int, int]]] = [[] for _ in range(n_h + n_d)]  # node -> nodes waiting on it
-    need = [0] * (n_h + n_d)
+    src, dst = _edges(g, self_wait)
+    end = np.concatenate((g.h_end, g.d_end)).astype(np.float64)
+    # Most steps' measured ends already respect every edge: then that order is the answer.
+    by_end = np.lexsort((np.concatenate((np.ones(n_h), np.zeros(n_d))), end))
+    pos = np.empty(n_h + n_d, dtype=np.int64)
+    pos[by_end] = np.arange(n_h + n_d)
+    if not np.any(pos[src] >= pos[dst]):
+        return [(1, int(k)) if k < n_h else (0, int(k) - n_h) for k in by_end.tolist()]
+    return _kahn(n_h, n_d, src, dst, end, by_end)
 
-    def edge(a: tuple[int, int], b: tuple[int, int]) -> None:
-        after[a[1] if a[0] == 1 else n_h + a[1]].append(b)
-        need[b[1] if b[0] == 1 else n_h + b[1]] += 1
 
-    for i in range(1, n_h):
-        edge((1, i - 1), (1, i))
-    for j in range(n_d):
-        lk = int(g.d_launch[j])
-        if lk >= 0:
-            if not self_wait[j]:
-                edge((1, lk), (0, j))
-            elif lk > 0:  # ready when its call starts: after the call before it
-                edge((1, lk - 1), (0, j))
-        for dep in (int(g.d_pred[j]), int(g.d_xdep[j])):
-            if dep >= 0:
-                edge((0, dep), (0, j))
+def _edges(g: StepGraph, self_wait: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The graph's dependencies as (from, to) node numbers."""
+    n_h, n_d = g.n_host, len(g.d_start)
+    src, dst = [np.arange(n_h - 1)], [np.arange(1, n_h)]  # the host chain
+    j = np.arange(n_d)
+    launched = g.d_launch >= 0
+    # A node waits for its launch call, or where that call waits for it, for the call before it.
+    on = launched & ~self_wait
+    src.append(g.d_launch[on])
+    dst.append(n_h + j[on])
+    early = launched & self_wait & (g.d_launch > 0)
+    src.append(g.d_launch[early] - 1)
+    dst.append(n_h + j[early])
+    for dep in (g.d_pred, g.d_xdep):
+        src.append(n_h + dep[dep >= 0])
+        dst.append(n_h + j[dep >= 0])
     for i in np.flatnonzero(g.h_wait_on >= 0).tolist():
-        for j in _awaited(g, i).tolist():
-            edge((0, j), (1, i))
-    end = [float(x) for x in g.h_end] + [float(x) for x in g.d_end]
-    heap = [(end[k], 1 if k < n_h else 0, k) for k in range(n_h + n_d) if need[k] == 0]
+        awaited = _awaited(g, i)
+        src.append(n_h + awaited)
+        dst.append(np.full(len(awaited), i, dtype=np.int64))
+    return (np.concatenate(src).astype(np.int64) if src else np.zeros(0, np.int64),
+            np.concatenate(dst).astype(np.int64) if dst else np.zeros(0, np.int64))
+
+
+def _kahn(n_h: int, n_d: int, src: np.ndarray, dst: np.ndarray, end: np.ndarray, by_end: np.ndarray) -> list:
+    import heapq
+
+    order = np.argsort(src, kind="stable")
+    src, dst = src[order], dst[order]
+    starts = np.searchsorted(src, np.arange(n_h + n_d + 1)).tolist()
+    dst_l = dst.tolist()
+    need = np.bincount(dst, minlength=n_h + n_d).tolist()
+    end_l = end.tolist()
+    heap = [(end_l[k], 1 if k < n_h else 0, k) for k in range(n_h + n_d) if need[k] == 0]
     heapq.heapify(heap)
-    by_end = sorted(range(n_h + n_d), key=lambda k: end[k])
+    by_end = by_end.tolist()
     placed, out = [False] * (n_h + n_d), []
     while len(out) < n_h + n_d:
         if not heap:
@@ -67,18 +87,17 @@ def topo_order(g: StepGraph) -> list[tuple[int, int]]:
             # first, and its waits for work not yet replayed hold it no longer (_replay).
             k = next((i for i in range(n_h) if not placed[i]), None)
             k = k if k is not None else next(x for x in by_end if not placed[x])
-            heap.append((end[k], 1 if k < n_h else 0, k))
+            heap.append((end_l[k], 1 if k < n_h else 0, k))
             need[k] = 0
         _, _, k = heapq.heappop(heap)
         if placed[k]:
             continue
         placed[k] = True
         out.append((1, k) if k < n_h else (0, k - n_h))
-        for b in after[k]:
-            kb = b[1] if b[0] == 1 else n_h + b[1]
+        for kb in dst_l[starts[k]:starts[k + 1]]:
             need[kb] -= 1
             if need[kb] == 0 and not placed[kb]:
-                heapq.heappush(heap, (end[kb], b[0], kb))
+                heapq.heappush(heap, (end_l[kb], 1 if kb < n_h else 0, kb))
     return out
 
 
@@ -116,10 +135,17 @@ def replay(g: StepGraph, scales: dict[str, dict], order=None, info: dict | None 
     backlog = max(0.0, run(own_scale, True) - run({}, False))
     if info is not None:
         info["backlog_us"] = backlog
+    # The step's own device work, end to end, is at most the sum of its durations: where the
+    # whole step is longer, the floor cannot bind and is not replayed.
+    own_us: dict[str, float] = {}
+    for j, cls in enumerate(g.d_cls):
+        if g.d_launch[j] >= 0:
+            own_us[cls] = own_us.get(cls, 0.0) + float(g.d_end[j] - g.d_start[j])
     out = {}
     for cid, scale in scales.items():
-        own = run({**(scale or {}), **own_scale}, True) - backlog
-        out[cid] = max(run(scale or {}, False), own)
+        full = run(scale or {}, False)
+        bound = sum(us * float((scale or {}).get(cls, 1.0)) for cls, us in own_us.items()) - backlog
+        out[cid] = max(full, run({**(scale or {}), **own_scale}, True) - backlog) if bound > full else full
     return out
 
 
