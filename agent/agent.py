@@ -28,7 +28,7 @@ from pathlib import Path
 from diag import calibrate, rundir
 from diag.collectors import device_map, launch_env, nccl_env
 from diag.collectors.device_clock import DeviceClock, HeldSteps
-from diag.collectors.loader_facts import loader_facts
+from diag.collectors.loader_facts import loader_facts, time_collate
 from diag.collectors.profiler_guard import ProfilerGuard
 from diag.collectors.profiler_windows import ProfilerWindows, WindowSettings
 from diag.collectors.run_writer import RunWriter
@@ -187,6 +187,10 @@ class Agent:
         timer = self.timer or self.start().timer
         if not self._loader_used:
             self.record_loader(iterable)
+        try:
+            time_collate(iterable, lambda s: self.timer.add_collate(s) if self.timer is not None else None)
+        except Exception as exc:  # a loader that refuses the attribute is trained untimed
+            self._log(f"agent: collate time not measured ({type(exc).__name__}: {exc})")
         it = iter(iterable)
         first = not self._loader_used and timer.step == 0
         self._loader_used = True
@@ -575,6 +579,8 @@ class Agent:
             "start_unix": t.start_unix,
             "duration_s": t.duration_s,
             "data_wait_s": t.data_wait_s,
+            # Of the data wait, collating batches in this process (a DataLoader with num_workers=0).
+            "collate_s": t.collate_s,
             "samples": t.samples,
             "tokens": t.tokens,
             "peak_mem_bytes": self._peak.read(time.monotonic()),

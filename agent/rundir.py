@@ -59,6 +59,7 @@ STEP_FIELDS = {
     "start_unix": "wall-clock start of the step, seconds since the epoch",
     "duration_s": "step wall time from a monotonic clock",
     "data_wait_s": "time spent waiting for the next batch (null without agent.loader())",
+    "collate_s": "of the data wait, collating batches in this process: a DataLoader with num_workers=0 (else null)",
     "samples": "samples in the step, from agent.step(samples=...)",
     "tokens": "tokens in the step, from agent.step(tokens=...)",
     "peak_mem_bytes": "the device's peak allocated memory so far (the allocator's, never reset by diag), where available",

@@ -6,7 +6,10 @@ Ratios are computed from our own previous reading (not psutil's shared
 - ``cpu_ratio``: busy share of all cores, 0-1;
 - ``process_cpu_ratio`` and ``dataloader_workers_cpu_ratio``: CPU seconds per wall second
   (1.0 = one core busy; a process may exceed 1). A worker seen for the first time is
-  averaged over its life so far, so a freshly started worker is not reported idle.
+  averaged over its life so far, so a freshly started worker is not reported idle;
+- ``cpu_iowait_ratio``: share of all cores' time idle with I/O outstanding (Linux);
+- ``process_read_bytes_per_second`` and ``dataloader_workers_read_bytes_per_second``:
+  bytes read from storage (not the page cache) per second, where the OS accounts them.
 
 Network totals leave out loopback: a single-node job's gloo traffic is not the network.
 
@@ -79,13 +82,30 @@ def _cpu_busy_total(t) -> tuple[float, float]:
 class _Proc:
     """One watched process: psutil handle and the previous CPU reading."""
 
-    __slots__ = ("proc", "cpu_s", "t", "helper")
+    __slots__ = ("proc", "cpu_s", "t", "helper", "read", "read_t", "io")
 
     def __init__(self, proc: psutil.Process, helper: bool):
         self.proc = proc
         self.helper = helper
         self.cpu_s: float | None = None
         self.t = 0.0
+        self.read: int | None = None
+        self.read_t = 0.0
+        self.io = hasattr(proc, "io_counters")  # not on macOS
+
+    def read_rate(self, now_mono: float) -> float | None:
+        """Bytes per second read from storage since the previous call (None: first call, or
+        no I/O accounting here)."""
+        if not self.io:
+            return None
+        try:
+            n = int(self.proc.io_counters().read_bytes)
+        except (psutil.AccessDenied, NotImplementedError, AttributeError):
+            self.io = False
+            return None
+        prev, prev_t = self.read, self.read_t
+        self.read, self.read_t = n, now_mono
+        return max(n - prev, 0) / max(now_mono - prev_t, 1e-6) if prev is not None else None
 
     def cpu_ratio(self, now_mono: float) -> float:
         times = self.proc.cpu_times()
@@ -116,7 +136,7 @@ class HostMetrics(MetricSet):
         self.exclude_pids = exclude_pids  # the agent's own helper processes, never workers
         self._self = _Proc(psutil.Process(self.pid), helper=False)
         self._workers: dict[int, _Proc] = {}
-        self._cpu_prev: tuple[float, float] | None = None
+        self._cpu_prev: tuple[float, float, float | None] | None = None
         self._pids_failed = False
         self.probe()
 
@@ -138,12 +158,17 @@ class HostMetrics(MetricSet):
     # ---- readers -----------------------------------------------------------------------
 
     def _read_cpu(self, host: dict) -> None:
-        busy, total = _cpu_busy_total(psutil.cpu_times())
-        prev, self._cpu_prev = self._cpu_prev, (busy, total)
+        t = psutil.cpu_times()
+        busy, total = _cpu_busy_total(t)
+        iowait = getattr(t, "iowait", None)  # Linux only
+        prev, self._cpu_prev = self._cpu_prev, (busy, total, iowait)
         if prev is None:  # the probe primes the baseline
             return
         d_total = total - prev[1]
         host["cpu_ratio"] = min(max((busy - prev[0]) / d_total, 0.0), 1.0) if d_total > 0 else 0.0
+        if iowait is not None and prev[2] is not None:
+            # Idle time with I/O outstanding: CPUs that would work if reads came back sooner.
+            host["cpu_iowait_ratio"] = min(max((iowait - prev[2]) / d_total, 0.0), 1.0) if d_total > 0 else 0.0
 
     def _read_memory(self, host: dict) -> None:
         vm = psutil.virtual_memory()
@@ -170,11 +195,15 @@ class HostMetrics(MetricSet):
 
     def _read_process(self, host: dict) -> None:
         proc = self._self.proc
+        now = time.monotonic()
         with proc.oneshot():
-            ratio = self._self.cpu_ratio(time.monotonic())
+            ratio = self._self.cpu_ratio(now)
             rss = proc.memory_info().rss
+            read = self._self.read_rate(now)
         host["process_cpu_ratio"] = ratio
         host["process_rss_bytes"] = int(rss)
+        if read is not None:
+            host["process_read_bytes_per_second"] = read
 
     def _worker_pids(self) -> list[int]:
         if self.dataloader_pids is not None and not self._pids_failed:
@@ -199,7 +228,7 @@ class HostMetrics(MetricSet):
         pids = self._worker_pids()
         seen = set()
         count = 0
-        cpu = 0.0
+        cpu = read = 0.0
         for pid in pids:
             if pid in seen or pid == self.pid:
                 continue
@@ -218,6 +247,8 @@ class HostMetrics(MetricSet):
                 if entry.helper:
                     continue
                 cpu += entry.cpu_ratio(now)
+                rate = entry.read_rate(now)
+                read = read + rate if rate is not None else read
                 count += 1
             except psutil.Error:  # exited between listing and reading
                 self._workers.pop(pid, None)
@@ -226,6 +257,8 @@ class HostMetrics(MetricSet):
             del self._workers[pid]
         host["dataloader_workers"] = count
         host["dataloader_workers_cpu_ratio"] = cpu
+        # Storage reads of the workers seen twice or more (a new worker has no rate yet).
+        host["dataloader_workers_read_bytes_per_second"] = read
 
 
 def _is_helper(proc: psutil.Process) -> bool:

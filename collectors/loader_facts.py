@@ -66,3 +66,50 @@ def loader_facts(obj) -> dict | None:
         "persistent_workers": bool(obj.persistent_workers),
         "cpus": usable_cpus(),
     }
+
+
+class TimedCollate:
+    """A DataLoader's collate_fn, timed: with num_workers=0 it runs in the training process,
+    inside the data wait, and `on_time` gets each call's seconds. It returns and raises what
+    the function does; one failure of `on_time` stops the timing, never the batch; pickled,
+    it is the function itself."""
+
+    __slots__ = ("fn", "on_time", "__weakref__")
+
+    def __init__(self, fn, on_time):
+        self.fn, self.on_time = fn, on_time
+
+    def __reduce__(self):
+        # Sent to worker processes (num_workers raised later, a spawn start method): the
+        # job's own function, untimed, so that nothing of the agent has to pickle.
+        return _unwrapped, (self.fn,)
+
+    def __call__(self, batch):
+        import time
+
+        t0 = time.perf_counter()
+        out = self.fn(batch)
+        if self.on_time is not None:
+            try:
+                self.on_time(time.perf_counter() - t0)
+            except Exception:
+                self.on_time = None
+        return out
+
+
+def _unwrapped(fn):
+    return fn
+
+
+def time_collate(loader, on_time) -> bool:
+    """Time a torch DataLoader's collate_fn where it runs in this process (num_workers=0),
+    before an iterator is made from it; True when it is timed."""
+    torch = sys.modules.get("torch")
+    loader_class = getattr(getattr(getattr(torch, "utils", None), "data", None), "DataLoader", None)
+    if loader_class is None or not isinstance(loader, loader_class) or loader.num_workers != 0:
+        return False
+    fn = loader.collate_fn
+    if isinstance(fn, TimedCollate) or not callable(fn):
+        return isinstance(fn, TimedCollate)
+    loader.collate_fn = TimedCollate(fn, on_time)
+    return True

@@ -26,12 +26,13 @@ class StepTiming:
     data_wait_s: float | None
     samples: float | None
     tokens: float | None
+    collate_s: float | None = None  # of the data wait, collating in this process (num_workers=0)
 
 
 class StepTimer:
     """Counts steps and times them; `finish()` closes one step and opens the next."""
 
-    __slots__ = ("step", "_t0", "_unix_offset", "_wait", "_waited")
+    __slots__ = ("step", "_t0", "_unix_offset", "_wait", "_waited", "_collate")
 
     def __init__(self, first_step: int = 0):
         self.step = first_step
@@ -39,12 +40,14 @@ class StepTimer:
         self._t0 = time.perf_counter()
         self._wait = 0.0
         self._waited = False
+        self._collate: float | None = None
 
     def restart(self) -> None:
         """Open the current step now (used when the loop starts later than the agent)."""
         self._t0 = time.perf_counter()
         self._wait = 0.0
         self._waited = False
+        self._collate = None
 
     def rebase(self) -> None:
         """Start the current step now: the agent's own work between steps (stopping a
@@ -55,6 +58,9 @@ class StepTimer:
         self._wait += seconds
         self._waited = True
 
+    def add_collate(self, seconds: float) -> None:
+        self._collate = (self._collate or 0.0) + seconds
+
     def finish(self, samples=None, tokens=None) -> StepTiming:
         now = time.perf_counter()
         t = StepTiming(
@@ -64,11 +70,13 @@ class StepTimer:
             data_wait_s=self._wait if self._waited else None,
             samples=samples,
             tokens=tokens,
+            collate_s=self._collate,
         )
         self.step += 1
         self._t0 = now
         self._wait = 0.0
         self._waited = False
+        self._collate = None
         return t
 
 

@@ -15,7 +15,9 @@ from diag.collectors.host_metrics import HostMetrics, child_pids, dataloader_wor
 HOST_KEYS = {
     "cpu_ratio", "memory_used_bytes", "memory_total_bytes", "disk_read_bytes_total", "disk_write_bytes_total",
     "net_rx_bytes_total", "net_tx_bytes_total", "process_cpu_ratio", "process_rss_bytes",
-    "dataloader_workers", "dataloader_workers_cpu_ratio",
+    "dataloader_workers", "dataloader_workers_cpu_ratio", "dataloader_workers_read_bytes_per_second",
+    # Linux: psutil's iowait and per-process storage reads.
+    "cpu_iowait_ratio", "process_read_bytes_per_second",
 }
 
 
@@ -75,6 +77,20 @@ def test_host_record_has_every_key_in_base_units(logs):
     for key in ("disk_read_bytes_total", "disk_write_bytes_total", "net_rx_bytes_total", "net_tx_bytes_total"):
         assert later[key] >= rec[key], key
     assert rec["dataloader_workers"] == 0 and rec["dataloader_workers_cpu_ratio"] == 0.0
+    assert 0.0 <= rec["cpu_iowait_ratio"] <= 1.0 and rec["process_read_bytes_per_second"] >= 0.0
+
+
+def test_storage_reads_are_left_out_where_the_os_refuses_them(logs, monkeypatch):
+    """psutil raises AccessDenied for another user's process (and where /proc/<pid>/io is
+    hidden): the read rate is then absent, the rest of the record as before, nothing logged."""
+    def refused(self):
+        raise psutil.AccessDenied(self.pid)
+
+    monkeypatch.setattr(psutil.Process, "io_counters", refused)
+    host = HostMetrics(logs.append)
+    rec = host.read()
+    assert "process_read_bytes_per_second" not in rec and "process_cpu_ratio" in rec
+    assert rec["dataloader_workers_read_bytes_per_second"] == 0.0 and logs == []
 
 
 def test_loopback_traffic_is_not_counted_as_network(logs):

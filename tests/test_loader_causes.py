@@ -77,3 +77,85 @@ def test_workers_that_wait_on_reads_are_idle(tmp_path):
     (cause,) = [c for c in doc["diagnosis"]["causes"] if c["id"] == "data_loader_workers"]
     assert cause["evidence"]["kind"] == "idle" and cause["evidence"]["workers_cpu"] < 0.3 * WORKERS
     assert "wait on reads" in cause["text"] and "prefetch_factor (now 2)" in cause["action"]
+
+
+class Samples(torch.utils.data.Dataset):
+    """Samples that are cheap to read, or take 20 ms each (a slow store)."""
+
+    def __init__(self, read_s: float):
+        self.read_s = read_s
+
+    def __len__(self):
+        return 1 << 20
+
+    def __getitem__(self, i):
+        if self.read_s:
+            time.sleep(self.read_s)
+        return torch.full((8,), float(i))
+
+
+def heavy_collate(batch):
+    """Stacks the batch after 60 ms of work in the training process (per-batch decoding)."""
+    time.sleep(0.06)
+    return torch.stack(batch)
+
+
+def _run_in_process(tmp_path, dataset, collate) -> tuple[dict, list]:
+    loader = torch.utils.data.DataLoader(dataset, batch_size=4, num_workers=0, collate_fn=collate)
+    model = torch.nn.Linear(8, 1)
+    seen = []
+    with diag.Agent(run_dir=tmp_path / "run", export=False, profile=False, report=False, nccl_log=False,
+                    verbose=False, sample_interval_s=0.25) as agent:
+        for _, x in zip(range(16), agent.loader(loader)):
+            seen.append(x)
+            model(x).sum().backward()
+            agent.step(samples=4)
+    return analyze_run_dir(tmp_path / "run"), seen
+
+
+def test_collating_in_the_training_process_is_told_from_reading(tmp_path):
+    """num_workers=0: the agent times the loader's collate_fn, so the data wait splits into
+    collating (60 ms per batch here) and reading the samples; the batches are the function's own."""
+    doc, seen = _run_in_process(tmp_path, Samples(0.0), heavy_collate)
+    (cause,) = [c for c in doc["diagnosis"]["causes"] if c["id"] == "data_loader_no_workers"]
+    ev = cause["evidence"]
+    assert 60.0 <= ev["collate_ms"] <= ev["data_wait_ms"] and ev["collate_ms"] >= 0.5 * ev["data_wait_ms"]
+    assert "collate_fn takes" in cause["text"] and "Collating is the larger part" in cause["action"]
+    assert torch.equal(seen[0], torch.stack([torch.full((8,), float(i)) for i in range(4)]))
+    steps = [s for s in doc["ranks"][0]["steps"] if s.get("collate_ms") is not None]
+    assert len(steps) >= 15
+
+
+def test_reading_in_the_training_process_is_not_called_collating(tmp_path):
+    doc, _ = _run_in_process(tmp_path / "read", Samples(0.02), None)
+    (cause,) = [c for c in doc["diagnosis"]["causes"] if c["id"] == "data_loader_no_workers"]
+    ev = cause["evidence"]
+    # Four 20 ms reads per batch; the default collate stacks four small tensors.
+    assert ev["data_wait_ms"] >= 80.0 and ev["collate_ms"] < 0.1 * ev["data_wait_ms"]
+    assert "Collating is the larger part" not in cause["action"]
+
+
+def test_the_timed_collate_is_the_jobs_own_function_to_everything_but_the_clock():
+    import pickle
+
+    from diag.collectors.loader_facts import TimedCollate, time_collate
+
+    times = []
+    timed = TimedCollate(torch.stack, times.append)
+    assert torch.equal(timed([torch.ones(2), torch.zeros(2)]), torch.stack([torch.ones(2), torch.zeros(2)]))
+    assert len(times) == 1
+    with pytest.raises(RuntimeError):  # the function's own error, unchanged
+        timed([torch.ones(2), torch.ones(3)])
+    # Pickled for a worker process: the bare function, nothing of the agent.
+    assert pickle.loads(pickle.dumps(TimedCollate(torch.stack, lambda s: None))) is torch.stack
+
+    def broken(_):
+        raise ValueError("clock gone")
+
+    failing = TimedCollate(torch.stack, broken)
+    failing([torch.ones(1)])
+    assert failing.on_time is None and torch.equal(failing([torch.ones(1)]), torch.ones(1, 1))
+    # Only a loader that collates in this process is timed.
+    with_workers = torch.utils.data.DataLoader(Samples(0.0), batch_size=2, num_workers=1)
+    assert not time_collate(with_workers, times.append) and not isinstance(with_workers.collate_fn, TimedCollate)
+    assert not time_collate(iter([1, 2]), times.append)

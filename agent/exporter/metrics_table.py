@@ -159,6 +159,8 @@ METRICS: tuple[Metric, ...] = (
       "sample.gpu", appears="gpu"),
     # ---- host ----
     M("diag_host_cpu_ratio", "gauge", "ratio", "Host CPU utilisation over all cores.", "sample.host"),
+    M("diag_host_cpu_iowait_ratio", "gauge", "ratio",
+      "Share of all cores' time idle while I/O is outstanding (Linux).", "sample.host"),
     M("diag_host_memory_used_bytes", "gauge", "bytes", "Host memory in use.", "sample.host"),
     M("diag_host_memory_total_bytes", "gauge", "bytes", "Host memory capacity.", "sample.host"),
     M("diag_host_disk_bytes_total", "counter", "bytes", "Bytes read from and written to local disks.",
@@ -172,6 +174,10 @@ METRICS: tuple[Metric, ...] = (
     M("diag_dataloader_workers", "gauge", "", "Live DataLoader worker processes.", "sample.host"),
     M("diag_dataloader_workers_cpu_ratio", "gauge", "ratio",
       "CPU used by the DataLoader worker processes, in cores.", "sample.host"),
+    M("diag_process_read_bytes_per_second", "gauge", "bytes_per_second",
+      "Bytes the training process read from storage per second.", "sample.host"),
+    M("diag_dataloader_workers_read_bytes_per_second", "gauge", "bytes_per_second",
+      "Bytes the DataLoader worker processes read from storage per second.", "sample.host"),
     # ---- communication ----
     M("diag_nccl_bus_bandwidth_bytes_per_second", "gauge", "bytes_per_second",
       "Average bus bandwidth of the last `diag nccl` run, by collective (nccl-tests busbw).",

@@ -181,6 +181,9 @@ class Handle:
         ("process_rss_bytes", "diag_process_resident_memory_bytes", ()),
         ("dataloader_workers", "diag_dataloader_workers", ()),
         ("dataloader_workers_cpu_ratio", "diag_dataloader_workers_cpu_ratio", ()),
+        ("cpu_iowait_ratio", "diag_host_cpu_iowait_ratio", ()),
+        ("process_read_bytes_per_second", "diag_process_read_bytes_per_second", ()),
+        ("dataloader_workers_read_bytes_per_second", "diag_dataloader_workers_read_bytes_per_second", ()),
     )
 
     def _sample(self, sample: dict) -> None:

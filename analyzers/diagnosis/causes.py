@@ -45,26 +45,74 @@ def _ranks(ranks: list[int]) -> str:
     return f"rank{'s' if len(ranks) > 1 else ''} {shown}"
 
 
+def _median(vals: list[float]) -> float | None:
+    vals = sorted(vals)
+    return vals[len(vals) // 2] if vals else None
+
+
+def _host_median(merged: dict, key: str) -> float | None:
+    """The median of a host sample figure over the rank's samples (None where none has it)."""
+    return _median([float(s["host"][key]) for s in merged.get("samples") or [] if isinstance(s.get("host"), dict)
+                    and isinstance(s["host"].get(key), (int, float)) and not isinstance(s["host"][key], bool)])
+
+
+def _collate_split(analysis: dict) -> tuple[float, float] | None:
+    """(median data wait, median collate time) in ms per step, over the steps that timed both."""
+    rows = [(float(s["data_wait_ms"]), float(s["collate_ms"])) for s in analysis.get("steps") or []
+            if isinstance(s, dict) and isinstance(s.get("data_wait_ms"), (int, float))
+            and isinstance(s.get("collate_ms"), (int, float))]
+    return (_median([w for w, _ in rows]), _median([c for _, c in rows])) if rows else None
+
+
+def _io_text(merged: dict) -> tuple[str, dict]:
+    """What the rank's samples say about reads: the CPUs' I/O wait and the bytes read from
+    storage per second by the process and its workers; ("", {}) where they say nothing."""
+    ev = {k: _host_median(merged, k) for k in ("cpu_iowait_ratio", "process_read_bytes_per_second",
+                                               "dataloader_workers_read_bytes_per_second")}
+    parts = []
+    if ev["cpu_iowait_ratio"] is not None:
+        parts.append(f"the CPUs wait on I/O {ev['cpu_iowait_ratio']:.0%} of their time")
+    read = (ev["process_read_bytes_per_second"] or 0.0) + (ev["dataloader_workers_read_bytes_per_second"] or 0.0)
+    if ev["process_read_bytes_per_second"] is not None or ev["dataloader_workers_read_bytes_per_second"] is not None:
+        parts.append(f"the process and its workers read {read / 1e6:.1f} MB/s from storage")
+    return (" and ".join(parts), {k: round(v, 4) for k, v in ev.items() if v is not None})
+
+
 def _no_loader_workers(ctx: JobContext) -> dict | None:
-    """The DataLoader loads in the training process: num_workers=0."""
+    """The DataLoader loads in the training process: num_workers=0. The agent times its
+    collate_fn, so the wait splits into reading the samples and collating them; a collate
+    taking `collate_wait_share` of the wait or more is named as the larger part."""
     loaders = _loaders(ctx)
     idle = sorted(r for r, ld in loaders.items() if ld["num_workers"] == 0)
     if not idle:
         return None
     ld = loaders[idle[0]]
+    merged = ctx.ranks[idle[0]]
     cpus, local, per_rank = ld.get("cpus"), ld.get("local_ranks") or 1, _per_rank_cpus(ld)
     # One CPU per rank stays with the training process itself.
     start = max(1, per_rank - 1) if per_rank else None
     where = f"{ld['class']} over {ld['dataset']}"
     sizing = (f"start at num_workers={start} ({cpus} CPUs for {local} local rank{'s' if local > 1 else ''}, one "
               f"left to the training process)" if start else "start at the number of CPU cores per rank")
-    return {
-        "text": f"The {where} has num_workers=0 on {_ranks(idle)}: every batch is read and collated on the "
-                "training thread, inside the step.",
-        "action": f"Give the {where} worker processes: {sizing}, with persistent_workers=True so that they "
-                  "outlive each epoch.",
-        "evidence": {"ranks": idle, "loader": ld},
-    }
+    text = (f"The {where} has num_workers=0 on {_ranks(idle)}: every batch is read and collated on the "
+            "training thread, inside the step.")
+    action = (f"Give the {where} worker processes: {sizing}, with persistent_workers=True so that they "
+              "outlive each epoch.")
+    split = _collate_split(merged.get("analysis") or {})
+    if split and split[0]:
+        wait, collate = split
+        text += (f" Of its median wait of {wait:.1f} ms per step, collate_fn takes {collate:.1f} ms and reading the "
+                 f"samples {max(wait - collate, 0.0):.1f} ms.")
+        if collate >= ctx.tree.thresholds["collate_wait_share"] * wait:
+            action += (" Collating is the larger part: store samples ready to batch (tensors of one size), index "
+                       "whole batches at once (a BatchSampler passed as sampler, batch_size=None), or do the "
+                       "per-sample work in the Dataset, which the workers run.")
+    io, io_ev = _io_text(merged)
+    if io:
+        text += f" Meanwhile {io}."
+    return {"text": text, "action": action,
+            "evidence": {"ranks": idle, "loader": ld, "data_wait_ms": split[0] if split else None,
+                         "collate_ms": split[1] if split else None, **io_ev}}
 
 
 def _per_rank_cpus(loader: dict) -> int | None:
@@ -74,10 +122,9 @@ def _per_rank_cpus(loader: dict) -> int | None:
 
 def _workers_cpu(merged: dict) -> float | None:
     """The median CPU seconds per second of the rank's DataLoader workers, over its samples."""
-    vals = sorted(float(s["host"]["dataloader_workers_cpu_ratio"]) for s in merged.get("samples") or []
-                  if isinstance(s.get("host"), dict) and (s["host"].get("dataloader_workers") or 0) > 0
-                  and isinstance(s["host"].get("dataloader_workers_cpu_ratio"), (int, float)))
-    return vals[len(vals) // 2] if vals else None
+    return _median([float(s["host"]["dataloader_workers_cpu_ratio"]) for s in merged.get("samples") or []
+                    if isinstance(s.get("host"), dict) and (s["host"].get("dataloader_workers") or 0) > 0
+                    and isinstance(s["host"].get("dataloader_workers_cpu_ratio"), (int, float))])
 
 
 def _loader_workers(ctx: JobContext) -> dict | None:
@@ -111,14 +158,16 @@ def _loader_workers(ctx: JobContext) -> dict | None:
                   "(decode on the GPU with torchvision.io / DALI, augment batches on the device, store the dataset "
                   "pre-processed), or give each rank more CPUs.")
     else:
+        io, _ = _io_text(ctx.ranks[rank])
         text = (f"The {where} on {_ranks(ranks)} has {w} workers, but they use {used:.2f} CPUs ({used / w:.0%} of "
-                "theirs) while the step waits for data: the workers wait on reads, not on the CPU.")
+                "theirs) while the step waits for data: the workers wait on reads, not on the CPU"
+                + (f"; {io}" if io else "") + ".")
         action = ("Make the reads faster or earlier: copy the dataset to local NVMe, read larger sequential shards "
                   "(WebDataset, a packed format) instead of many small files, and raise prefetch_factor "
                   f"(now {ld.get('prefetch_factor')}) so that more batches are in flight.")
     return {"text": text, "action": action,
             "evidence": {"ranks": ranks, "kind": kind, "loader": ld, "workers_cpu": round(used, 3),
-                         "cpus_per_rank": per_rank}}
+                         "cpus_per_rank": per_rank, **_io_text(ctx.ranks[rank])[1]}}
 
 
 # The call in the job's code that makes each op that brings a value to the host.
@@ -128,9 +177,8 @@ SYNC_OPS = dict(zip(SYNC_OP_NAMES, (".item()", "bool(tensor) or `if tensor:`", "
 
 def _traced_step_ms(analysis: dict) -> float | None:
     """The median duration of the rank's traced steps."""
-    d = sorted(float(s["duration_ms"]) for s in analysis.get("steps") or [] if isinstance(s, dict)
-               and s.get("evidence") == "trace" and isinstance(s.get("duration_ms"), (int, float)))
-    return d[len(d) // 2] if d else None
+    return _median([float(s["duration_ms"]) for s in analysis.get("steps") or [] if isinstance(s, dict)
+                    and s.get("evidence") == "trace" and isinstance(s.get("duration_ms"), (int, float))])
 
 
 def _host_sync_points(ctx: JobContext) -> dict | None:

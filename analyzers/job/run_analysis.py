@@ -271,7 +271,8 @@ def _rank_steps(records: list[dict], trace_steps: dict, comps: list, samples: li
                      "shares": sampled.shares[j], "evidence": "sampled"}
         dw = rec.get("data_wait_s")
         entry["data_wait_ms"] = 1000.0 * dw if _finite(dw) else None
-        for key, seconds in (("device_ms", rec.get("device_s")), ("data_idle_ms", rec.get("data_idle_s"))):
+        for key, seconds in (("device_ms", rec.get("device_s")), ("data_idle_ms", rec.get("data_idle_s")),
+                             ("collate_ms", rec.get("collate_s"))):
             if _finite(seconds):
                 entry[key] = 1000.0 * seconds
         for k in _STEP_EXTRAS:
