@@ -449,6 +449,46 @@ def _matrix_ops(ctx: JobContext) -> dict | None:
                          "cpu": cpu or None}}
 
 
+# torch.optim optimizers with a fused implementation (one kernel launch for all parameters).
+FUSED_OPTIMIZERS = ("Adam", "AdamW", "SGD", "Adagrad")
+
+
+def _optimizer_step(ctx: JobContext) -> dict | None:
+    """An optimizer that is not fused, whose step holds the host or the device for
+    `optimizer_step_share` of the step or more: a for-loop or foreach update makes a pass over
+    memory (and a launch) per tensor or per op that a fused one makes once."""
+    minimum = ctx.tree.thresholds["optimizer_step_share"]
+    found = {}
+    for rank, merged in ctx.ranks.items():
+        analysis = merged.get("analysis") or {}
+        opt, step_ms = analysis.get("optimizer"), _traced_step_ms(analysis)
+        if not isinstance(opt, dict) or opt.get("implementation") == "fused" or not step_ms:
+            continue
+        cost = max(float(opt.get("ms_per_step") or 0.0), float(opt.get("kernel_ms_per_step") or 0.0))
+        if cost >= minimum * step_ms:
+            found[rank] = (opt, cost, step_ms)
+    if not found:
+        return None
+    opt, cost, step_ms = found[min(found)]
+    name, impl = opt["name"], opt["implementation"]
+    text = (f"On {_ranks(sorted(found))}, the {name} optimizer's step ({impl}: {opt['ops_per_step']:g} ops"
+            + (f" and {opt['kernels_per_step']:g} kernels" if opt.get("kernels_per_step") else "")
+            + f" per traced step) holds the host {opt['ms_per_step']:.1f} ms"
+            + (f" and the device {opt['kernel_ms_per_step']:.1f} ms" if opt.get("kernel_ms_per_step") else "")
+            + f" per step, {cost / step_ms:.0%} of the step.")
+    if name in FUSED_OPTIMIZERS:
+        action = (f"Construct it fused: torch.optim.{name}(params, ..., fused=True) updates every parameter in a few "
+                  "kernels, each tensor read and written once"
+                  + ("; foreach=True where fused is not available for the device." if impl == "for-loop" else "."))
+    else:
+        action = (f"Fuse {name}'s update: torch.compile(optimizer.step) turns its "
+                  + ("per-parameter" if impl == "for-loop" else "foreach") + " ops into a few kernels"
+                  + (", or pass foreach=True where it takes it" if impl == "for-loop" else "")
+                  + "; where its step does expensive work of its own (a preconditioner), run that less often.")
+    return {"text": text, "action": action,
+            "evidence": {"ranks": sorted(found), "step_ms": round(step_ms, 3), "ms_per_step": round(cost, 4), **opt}}
+
+
 def _collective_groups(analysis: dict) -> list[dict]:
     """The rank's collectives by (name, process group): calls, median bytes, and the time not
     hidden behind computation, per traced step; most exposed first."""
@@ -578,9 +618,26 @@ def _elementwise_chain(ctx: JobContext) -> dict | None:
                 "next reads again.",
         "action": "Fuse the chain: torch.compile the module that runs it (its ops become one kernel that reads "
                   "the inputs once), or use the fused op where one exists (F.layer_norm, F.gelu, torch.addcmul, "
-                  "a fused optimizer).",
+                  "a fused optimizer)." + _hand_written(chain["ops"]),
         "evidence": {"ranks": sorted(found), "step_ms": round(step_ms, 3), **chain},
     }
+
+
+# Chains that compute by hand what one fused op computes: (ops the chain holds, what it is, the op).
+HAND_WRITTEN = (
+    ({"aten::exp", "aten::sum", "aten::div"}, "a softmax", "torch.softmax(x, dim)"),
+    ({"aten::mean", "aten::rsqrt"}, "a normalisation", "F.layer_norm or torch.nn.RMSNorm"),
+    ({"aten::mean", "aten::sqrt", "aten::div"}, "a normalisation", "F.layer_norm or torch.nn.RMSNorm"),
+    ({"aten::var", "aten::sqrt"}, "a normalisation", "F.layer_norm or F.batch_norm"),
+    ({"aten::tanh", "aten::pow", "aten::mul"}, "a tanh-approximated GELU", "F.gelu(x, approximate='tanh')"),
+)
+
+
+def _hand_written(ops: list[str]) -> str:
+    """What a chain's ops compute by hand, where a fused op computes it (empty otherwise)."""
+    names = set(ops)
+    hit = next(((what, op) for need, what, op in HAND_WRITTEN if need <= names), None)
+    return f" Its ops ({', '.join(ops)}) compute {hit[0]} by hand: {hit[1]} does it in one kernel." if hit else ""
 
 
 RULES: tuple[CauseRule, ...] = (
@@ -601,6 +658,9 @@ RULES: tuple[CauseRule, ...] = (
     CauseRule("matrix_ops", "compute", _matrix_ops, change="half_precision_matrix_ops"),
     CauseRule("elementwise_chain", "memory", _elementwise_chain, supersedes=("Fuse elementwise chains",),
               change="fuse_elementwise_chain"),
+    # What a fused update saves is its passes over memory and its launches, which the trace does
+    # not measure apart: no change of its own.
+    CauseRule("optimizer_step", "memory", _optimizer_step, also=("host",)),
     CauseRule("exposed_collectives", "comm", _exposed_collectives,
               supersedes=("Accumulate gradients", "Tune DDP bucket_cap_mb", "Compress gradients"),
               change="compressed_collective"),

@@ -26,6 +26,7 @@ from diag.analyzers.trace import (
     gpu_time,
     host_device,
     matrix_ops,
+    optimizer,
     overlap,
     precision,
     roofline,
@@ -227,6 +228,7 @@ def facts_of_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: 
         "allocator": host_device.allocator_facts(trace, win) if on_device and worth("host") else [],
         "math": math,
         "matrix_ops": matrix,
+        "optimizer": optimizer.optimizer_facts(trace, win),
         "elementwise_chains": chains,
         # The job's own frames that call the ops pulling values to the host (windows with stacks).
         "sync_sites": call_sites.call_sites(trace, win, SYNC_OP_NAMES),
