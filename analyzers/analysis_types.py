@@ -97,6 +97,7 @@ class TraceRankFacts(_WaitSplit):
     math: dict | None  # matrix kernels' time by precision per traced step (trace.precision)
     matrix_ops: dict | None  # matrix ops by shape and dtype, rate against peak (trace.matrix_ops)
     optimizer: dict | None  # the optimizer's step: class, implementation, host and device time (trace.optimizer)
+    fsdp: dict | None  # FSDP's version, units and prefetches per step (trace.overlap)
     elementwise_chains: list[dict]  # runs of elementwise ops, fusion candidates (trace.fusion)
     sync_sites: list[dict]  # the job's frames calling the SYNC_OP_NAMES ops (trace.call_sites)
     collectives: list[dict]  # each collective call, for matching across ranks
@@ -170,6 +171,7 @@ class RunRankFacts(TypedDict):
     math: dict | None
     matrix_ops: dict | None
     optimizer: dict | None
+    fsdp: dict | None
     elementwise_chains: list[dict]
     sync_sites: list[dict]
     collectives: list[dict]

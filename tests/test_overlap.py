@@ -69,3 +69,55 @@ def test_ddp_buckets_start_while_backward_runs(traces):
     after = _after(traces, "ddp")
     assert after and not all(after)
     assert any(a is False for a in after)
+
+
+def _fsdp_job(tmp_path, mode: str):
+    """A real 2-rank gloo job of 4 FSDP2 blocks (tests/fsdp_trace_worker.py), analysed whole."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from diag.analyzers.analyze import analyze_paths
+
+    out = tmp_path / mode
+    out.mkdir()
+    worker = Path(__file__).parent / "fsdp_trace_worker.py"
+    proc = subprocess.run([sys.executable, str(worker), str(free_port()), str(out), mode],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out, analyze_paths([str(out / "rank-0.json"), str(out / "rank-1.json")], jobs=1)
+
+
+def _labels(path, prefix: str) -> int:
+    import json
+
+    events = json.loads(path.read_text())["traceEvents"]
+    steps = [(e["ts"], e["ts"] + e["dur"]) for e in events if str(e.get("name")).startswith("ProfilerStep#")]
+    return sum(1 for e in events if e.get("ph") == "X" and str(e.get("name")).startswith(prefix)
+               and any(lo <= e["ts"] < hi for lo, hi in steps)), len(steps)
+
+
+@pytest.mark.parametrize("mode", ["default", "nosync", "forward,nosync"])
+def test_fsdp_collectives_are_told_fsdps_own_levers(tmp_path, mode):
+    """FSDP2's exposed collectives get FSDP's own levers, not DDP's: the gradient reduction its
+    accumulation switch and bf16 reduction; the all-gathers (alone where gradients are not
+    synced) prefetching, said to be missing in forward only where the trace has no forward
+    prefetch. The prefetches per step are the trace's own labels."""
+    out, doc = _fsdp_job(tmp_path, mode)
+    fsdp = doc["ranks"][0]["fsdp"]
+    backward, steps = _labels(out / "rank-0.json", "FSDP::backward_prefetch for ")
+    forward, _ = _labels(out / "rank-0.json", "FSDP::forward_prefetch for ")
+    assert fsdp["version"] == 2 and fsdp["units"] == 4
+    assert fsdp["backward_prefetches_per_step"] == backward / steps > 0
+    assert fsdp["forward_prefetches_per_step"] == forward / steps
+    assert (forward > 0) is ("forward" in mode)
+    (cause,) = [c for c in doc["diagnosis"]["causes"] if c["id"] == "exposed_collectives"]
+    assert "ddp" not in cause["action"].lower() and cause["evidence"]["fsdp"] == fsdp
+    if "nosync" in mode:
+        assert cause["evidence"]["name"] == "all_gather"
+    if cause["evidence"]["name"] == "all_gather":
+        assert "set_modules_to_forward_prefetch" in cause["action"]
+        assert ("none is prefetched in forward here" in cause["action"]) is ("forward" not in mode)
+    else:  # FSDP's gradient reduction (gloo runs the reduce-scatter as an all-reduce), with sync on
+        assert cause["evidence"]["name"] in ("reduce_scatter", "all_reduce") and "nosync" not in mode
+        assert "set_requires_gradient_sync(False)" in cause["action"]

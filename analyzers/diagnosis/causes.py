@@ -561,6 +561,10 @@ def _exposed_collectives(ctx: JobContext) -> dict | None:
                   f"ddp.no_sync() so {g['name']} runs once per accumulation; halve its bytes with the bf16 compression "
                   "hook (ddp.register_comm_hook(None, torch.distributed.algorithms.ddp_comm_hooks.default_hooks."
                   "bf16_compress_hook)); a smaller bucket_cap_mb starts the first buckets while backward still runs.")
+    model = analysis.get("model") if isinstance(analysis.get("model"), dict) else {}
+    fsdp = analysis.get("fsdp") if isinstance(analysis.get("fsdp"), dict) else None
+    if fsdp and re.search(r"all_?gather|reduce_?scatter|all_?reduce", g["name"], re.IGNORECASE):
+        action = _fsdp_action(g["name"], fsdp)
     # What the run's own fabric measurement and NCCL log say, joined in.
     nccl = ctx.nccl or {}
     told = [f for f in nccl.get("log_findings") or [] if f.get("severity") in ("warning", "error", "critical")]
@@ -569,15 +573,36 @@ def _exposed_collectives(ctx: JobContext) -> dict | None:
     if told:
         text += f" NCCL's log: {told[0]['message']}"
         action += f" First: {told[0]['advice']}" if told[0].get("advice") else ""
-    model = analysis.get("model") if isinstance(analysis.get("model"), dict) else {}
     one = _dominant_param(model, th["dominant_param_share"])
-    if one and not small:
+    if one and not small and not fsdp:
         action += (f" One parameter, {one['name']}, is {one['share']:.0%} of the gradient: if it is an embedding "
                    "table, sparse gradients (nn.Embedding(..., sparse=True)) or a sharded table send only the rows "
                    "a step uses.")
     return {"text": text, "action": action,
             "evidence": {"ranks": sorted(found), "step_ms": round(step_ms, 3), "busbw_gbps": busbw,
-                         "dominant_param": one, "nccl_log_findings": [f["id"] for f in told], **g}}
+                         "dominant_param": one, "nccl_log_findings": [f["id"] for f in told], "fsdp": fsdp, **g}}
+
+
+def _fsdp_action(name: str, fsdp: dict) -> str:
+    """What makes FSDP's exposed all-gathers or gradient reductions overlap, by FSDP version
+    (under FSDP an all-reduce reduces gradients too: HSDP's replicas, gloo's reduce-scatter)."""
+    if not re.search(r"all_?gather", name, re.IGNORECASE):
+        sync = "model.set_requires_gradient_sync(False)" if fsdp.get("version") == 2 else "model.no_sync()"
+        return (f"FSDP's gradient {name} is exposed: skip it on all but the last micro-batch of an accumulation "
+                f"({sync} on the others), and reduce in bf16 (FSDP2: MixedPrecisionPolicy(reduce_dtype=torch.bfloat16); "
+                "FSDP1: MixedPrecision(reduce_dtype=torch.bfloat16)).")
+    if fsdp.get("version") == 2:
+        fwd = fsdp.get("forward_prefetches_per_step") or 0
+        return ("Prefetch FSDP's all-gathers: "
+                + ("none is prefetched in forward here; " if not fwd else "")
+                + "give each block the next ones to gather ahead (block.set_modules_to_forward_prefetch([next_block]), "
+                  "and set_modules_to_backward_prefetch to reach further than the one unit it prefetches by default), "
+                  "keep the root unsharded after forward (fully_shard(model, reshard_after_forward=False)) so that "
+                  "backward starts without an all-gather, and gather in bf16 (MixedPrecisionPolicy(param_dtype="
+                  "torch.bfloat16)); fewer, larger FSDP units send fewer, larger all-gathers.")
+    return ("Prefetch FSDP's all-gathers: FullyShardedDataParallel(..., forward_prefetch=True, backward_prefetch="
+            "BackwardPrefetch.BACKWARD_PRE, limit_all_gathers=True), gather in bf16 (MixedPrecision(param_dtype="
+            "torch.bfloat16)), and wrap fewer, larger units (auto_wrap_policy) so that each all-gather is larger.")
 
 
 def _mb(nbytes: float | None) -> str:

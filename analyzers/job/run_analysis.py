@@ -195,6 +195,7 @@ def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None
         "math": host_device.merge_per_step([(a.get("math"), n) for a, n in traced]),
         "matrix_ops": host_device.merge_per_step([(a.get("matrix_ops"), n) for a, n in traced]),
         "optimizer": host_device.merge_per_step([(a.get("optimizer"), n) for a, n in traced]),
+        "fsdp": host_device.merge_per_step([(a.get("fsdp"), n) for a, n in traced]),
         "elementwise_chains": host_device.merge_list([(a.get("elementwise_chains"), n) for a, n in traced]),
         "sync_sites": host_device.merge_list([(a.get("sync_sites"), n) for a, n in traced]),
         "collectives": [c for w in analysed for c in w["analysis"].get("collectives") or []],

@@ -229,6 +229,7 @@ def facts_of_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: 
         "math": math,
         "matrix_ops": matrix,
         "optimizer": optimizer.optimizer_facts(trace, win),
+        "fsdp": overlap.fsdp_facts(trace, win),
         "elementwise_chains": chains,
         # The job's own frames that call the ops pulling values to the host (windows with stacks).
         "sync_sites": call_sites.call_sites(trace, win, SYNC_OP_NAMES),

@@ -1,4 +1,5 @@
-"""Whether each collective starts after its step's backward pass has ended.
+"""Whether each collective starts after its step's backward pass has ended; and how FSDP
+overlaps its all-gathers.
 
 A gradient all-reduce can hide behind the backward pass only while backward still runs: one
 that starts after it (a manual all_reduce after loss.backward(), DDP's last bucket, or one
@@ -6,9 +7,16 @@ bucket holding every gradient) has nothing left to overlap with. The backward pa
 is its autograd nodes (`autograd::engine::evaluate_function: ...` spans) on the host; on a
 device trace, the kernels those nodes' ops launched (linked by External id). Pure: marks the
 collective records with `after_backward` (None where the step ran no backward).
+
+FSDP labels its work: FSDP2 (`fully_shard`) records `FSDP::pre_forward (<module>)` per unit
+and `FSDP::forward_prefetch for <module>` / `FSDP::backward_prefetch for <module>` where it
+issues a unit's all-gather ahead of its use (backward by default, forward only when set);
+FSDP1 records `FullyShardedDataParallel._pre_forward` and kin.
 """
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 
@@ -63,3 +71,31 @@ def mark_after_backward(records: list[dict], trace: Trace, win: np.ndarray, on_d
     for rec, k in zip(records, steps.tolist()):
         rec["after_backward"] = None if k < 0 or np.isnan(end[k]) else bool(rec["ts_us"] >= end[k])
     return records
+
+
+FSDP2_UNIT = re.compile(r"^FSDP::pre_forward \((.*)\)$")
+FSDP2_PREFETCH = re.compile(r"^FSDP::(forward|backward)_prefetch for ")
+FSDP1_PREFIX = "FullyShardedDataParallel."
+
+
+def fsdp_facts(trace: Trace, win: np.ndarray) -> dict | None:
+    """{"version": 1 or 2, "units", "forward_prefetches_per_step", "backward_prefetches_per_step"}
+    from the labels FSDP records in the traced steps (prefetches: FSDP2 only); None without FSDP."""
+    n = len(win)
+    names = trace.names
+    fsdp1 = [i for i, name in enumerate(names) if name.startswith(FSDP1_PREFIX)]
+    units = {i: m.group(1) for i, name in enumerate(names) if (m := FSDP2_UNIT.match(name))}
+    prefetch = {i: m.group(1) for i, name in enumerate(names) if (m := FSDP2_PREFETCH.match(name))}
+    if not n or not (fsdp1 or units or prefetch):
+        return None
+    k = trace.step_of("cpu", win)
+    counts = np.bincount(trace.cpu_name[k >= 0], minlength=len(names))
+    if not units and not prefetch:
+        return {"version": 1, "units": None, "forward_prefetches_per_step": None,
+                "backward_prefetches_per_step": None} if counts[fsdp1].sum() else None
+    per = {"forward": 0, "backward": 0}
+    for i, kind in prefetch.items():
+        per[kind] += int(counts[i])
+    return {"version": 2, "units": sum(1 for i in units if counts[i]),
+            "forward_prefetches_per_step": round(per["forward"] / n, 2),
+            "backward_prefetches_per_step": round(per["backward"] / n, 2)}
