@@ -9,6 +9,7 @@ import time
 import pynvml
 import pytest
 from fake_gpu_libs import FakeAmdGpu, FakeNvidiaGpu, FakeNvml, forget_amdsmi, install_fake_amdsmi
+from test_host_metrics import HOST_KEYS
 
 from diag.collectors import gpu_amdsmi
 from diag.collectors import sampler as sampler_mod
@@ -22,11 +23,6 @@ GPU_KEYS = {
     "xid_errors_total",
 }
 GPU_EXTRA_KEYS = {"ecc_uncorrected_errors_total", "xid_last_code"}
-HOST_KEYS = {
-    "cpu_ratio", "memory_used_bytes", "memory_total_bytes", "disk_read_bytes_total", "disk_write_bytes_total",
-    "net_rx_bytes_total", "net_tx_bytes_total", "process_cpu_ratio", "process_rss_bytes",
-    "dataloader_workers", "dataloader_workers_cpu_ratio",
-}
 
 
 def _uuid(i):
