@@ -94,6 +94,21 @@ def window_of(ts: np.ndarray, windows: np.ndarray) -> np.ndarray:
     return np.where(inside, k, -1)
 
 
+def span_holding(ts: np.ndarray, groups: np.ndarray, start: np.ndarray, end: np.ndarray,
+                 span_groups: np.ndarray) -> np.ndarray:
+    """Each timestamp's span, as its index into start/end, among the spans of its own group
+    (a thread), [start, end] closed, the spans of a group disjoint; -1 where none holds it."""
+    out = np.full(len(ts), -1, dtype=np.int64)
+    for g in np.unique(span_groups).tolist():
+        mine = np.flatnonzero(span_groups == g)
+        mine = mine[np.argsort(start[mine], kind="stable")]
+        sel = np.flatnonzero(groups == g)
+        i = np.searchsorted(start[mine], ts[sel], side="right") - 1
+        hit = (i >= 0) & (ts[sel] <= end[mine[np.maximum(i, 0)]])
+        out[sel[hit]] = mine[i[hit]]
+    return out
+
+
 def measure_in_windows(a: np.ndarray, windows: np.ndarray) -> np.ndarray:
     """Covered length of a inside each window row [lo, hi); windows may overlap.
 

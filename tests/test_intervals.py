@@ -152,3 +152,11 @@ def test_index_of_ids_dense_and_sparse():
     assert index_of(np.array([5, -1, 3, 9]), want).tolist() == [2, 3, -1, -1, 0]
     assert index_of(np.array([5, -1, 3, 10 ** 12]), want).tolist() == [2, -1, -1, -1, 0]
     assert index_of(np.array([-1]), want).tolist() == [-1] * 5
+
+
+def test_span_holding_looks_only_at_spans_of_the_points_own_group():
+    start, end, groups = np.array([10.0, 0.0, 0.0]), np.array([20.0, 5.0, 30.0]), np.array([1, 1, 2])
+    ts = np.array([0.0, 5.0, 5.5, 20.0, 20.5, 25.0, 25.0])
+    on = np.array([1, 1, 1, 1, 1, 2, 3])
+    # Closed spans: their ends hold; a gap holds nothing; a group without spans gets none.
+    assert iv.span_holding(ts, on, start, end, groups).tolist() == [1, 1, -1, 0, -1, 2, -1]

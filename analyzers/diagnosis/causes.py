@@ -148,6 +148,7 @@ def _loader_workers(ctx: JobContext) -> dict | None:
     where, w = f"{ld['class']} over {ld['dataset']}", ld["num_workers"]
     ranks = sorted(r for r, f in found.items() if f[0] == kind)
     per_rank = _per_rank_cpus(ld)
+    io, io_ev = _io_text(ctx.ranks[rank])
     if kind == "busy":
         spare = per_rank - 1 - w if per_rank else None
         text = (f"The {where} on {_ranks(ranks)} has {w} workers, and they use {used:.1f} CPUs ({used / w:.0%} of "
@@ -158,7 +159,6 @@ def _loader_workers(ctx: JobContext) -> dict | None:
                   "(decode on the GPU with torchvision.io / DALI, augment batches on the device, store the dataset "
                   "pre-processed), or give each rank more CPUs.")
     else:
-        io, _ = _io_text(ctx.ranks[rank])
         text = (f"The {where} on {_ranks(ranks)} has {w} workers, but they use {used:.2f} CPUs ({used / w:.0%} of "
                 "theirs) while the step waits for data: the workers wait on reads, not on the CPU"
                 + (f"; {io}" if io else "") + ".")
@@ -167,7 +167,7 @@ def _loader_workers(ctx: JobContext) -> dict | None:
                   f"(now {ld.get('prefetch_factor')}) so that more batches are in flight.")
     return {"text": text, "action": action,
             "evidence": {"ranks": ranks, "kind": kind, "loader": ld, "workers_cpu": round(used, 3),
-                         "cpus_per_rank": per_rank, **_io_text(ctx.ranks[rank])[1]}}
+                         "cpus_per_rank": per_rank, **io_ev}}
 
 
 # The call in the job's code that makes each op that brings a value to the host.

@@ -93,7 +93,7 @@ class Trace:
         """Each event's row in the step windows `win` (-1 outside them all) for the column
         "cpu", "dev" or "rt": found once per column and windows, as each per-step fact asks
         for it. Read-only."""
-        cache = self.__dict__.setdefault("_step_of", {})
+        cache = self.__dict__.setdefault("_derived", {})
         key = (column, win.shape, win.tobytes())
         if key not in cache:
             found = iv.window_of(getattr(self, f"{column}_ts"), win).astype(np.int32)
@@ -104,7 +104,7 @@ class Trace:
     def launcher_rows(self) -> np.ndarray:
         """Per device row, the CPU row whose External id it carries (the op that launched it;
         -1: none), found once. Read-only."""
-        cache = self.__dict__.setdefault("_step_of", {})
+        cache = self.__dict__.setdefault("_derived", {})
         if "launchers" not in cache:
             found = index_of(self.cpu_ext, self.dev_ext).astype(np.int32 if len(self.cpu_ext) < 2**31 else np.int64)
             found.flags.writeable = False

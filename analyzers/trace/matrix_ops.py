@@ -73,16 +73,10 @@ def _op_time_us(trace: Trace, ops, on_device: bool) -> np.ndarray:
     top = np.flatnonzero(ops.top)
     if not len(kern) or not len(top):
         return out
-    at, tid = trace.cpu_ts[launcher], trace.cpu_tid[launcher]
-    for t in np.unique(trace.cpu_tid[ops.rows[top]]).tolist():
-        mine = top[trace.cpu_tid[ops.rows[top]] == t]
-        mine = mine[np.argsort(trace.cpu_ts[ops.rows[mine]], kind="stable")]
-        start = trace.cpu_ts[ops.rows[mine]]
-        end = start + trace.cpu_dur[ops.rows[mine]]
-        sel = np.flatnonzero(tid == t)
-        i = np.searchsorted(start, at[sel], side="right") - 1
-        inside = (i >= 0) & (at[sel] <= end[np.maximum(i, 0)])
-        np.add.at(out, mine[i[inside]], trace.dev_dur[kern[sel[inside]]])
+    rows = ops.rows[top]
+    i = iv.span_holding(trace.cpu_ts[launcher], trace.cpu_tid[launcher], trace.cpu_ts[rows],
+                        trace.cpu_ts[rows] + trace.cpu_dur[rows], trace.cpu_tid[rows])
+    np.add.at(out, top[i[i >= 0]], trace.dev_dur[kern[i >= 0]])
     return out
 
 
@@ -99,7 +93,7 @@ def matrix_facts(trace: Trace, ops, win: np.ndarray, compute_us: np.ndarray, dev
         return None, None
     time_us = _op_time_us(trace, ops, on_device)
     top = np.flatnonzero(ops.top)
-    k = iv.window_of(trace.cpu_ts[ops.rows[top]], win)
+    k = trace.step_of("cpu", win)[ops.rows[top]]
     top = top[(k >= 0) & (time_us[top] > 0)]
     if not len(top):
         return None, None

@@ -14,6 +14,7 @@ import re
 
 import numpy as np
 
+from diag.analyzers import intervals as iv
 from diag.analyzers.trace.columns import Trace
 
 STEP_RE = re.compile(r"^Optimizer\.step#(\w+)\.step$")
@@ -48,7 +49,7 @@ def optimizer_facts(trace: Trace, win: np.ndarray) -> dict | None:
     spans = np.array(spans)
     start, end, tid = trace.cpu_ts[spans], trace.cpu_ts[spans] + trace.cpu_dur[spans], trace.cpu_tid[spans]
     ops = np.flatnonzero((trace.cpu_kind == OP) & np.isin(trace.cpu_tid, np.unique(tid)))
-    ops = ops[_inside(trace.cpu_ts[ops], trace.cpu_tid[ops], start, end, tid) & ~np.isin(ops, spans)]
+    ops = ops[(iv.span_holding(trace.cpu_ts[ops], trace.cpu_tid[ops], start, end, tid) >= 0) & ~np.isin(ops, spans)]
     launcher = trace.launcher_rows()
     kern = np.flatnonzero((trace.dev_kind == 0) & (launcher >= 0))
     kern = kern[np.isin(launcher[kern], ops)] if len(ops) else kern[:0]
@@ -63,15 +64,3 @@ def optimizer_facts(trace: Trace, win: np.ndarray) -> dict | None:
         "kernel_ms_per_step": round(float(trace.dev_dur[kern].sum()) / 1e3 / n, 4),
     }
 
-
-def _inside(ts: np.ndarray, tids: np.ndarray, start: np.ndarray, end: np.ndarray, span_tid: np.ndarray) -> np.ndarray:
-    """Which (ts, tid) lie inside one of the spans on their own thread."""
-    out = np.zeros(len(ts), dtype=bool)
-    for t in np.unique(span_tid).tolist():
-        mine = np.flatnonzero(span_tid == t)
-        order = mine[np.argsort(start[mine], kind="stable")]
-        s, e = start[order], end[order]
-        sel = np.flatnonzero(tids == t)
-        i = np.searchsorted(s, ts[sel], side="right") - 1
-        out[sel] = (i >= 0) & (ts[sel] <= e[np.maximum(i, 0)])
-    return out
