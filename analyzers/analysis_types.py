@@ -94,6 +94,8 @@ class TraceRankFacts(_WaitSplit):
     copies: list[dict]  # device copies by kind, per traced step (trace.host_device)
     launches: dict | None  # kernel launches per traced step (trace.host_device)
     allocator: list[dict]  # cudaMalloc/cudaFree-family calls per traced step (trace.host_device)
+    cpu_work: list[dict]  # ops of the training thread that run on the CPU, per traced step (trace.host_device)
+    memory_traffic: dict | None  # bandwidth-bound kernels' bytes and rate against peak (trace.memory_traffic)
     math: dict | None  # matrix kernels' time by precision per traced step (trace.precision)
     matrix_ops: dict | None  # matrix ops by shape and dtype, rate against peak (trace.matrix_ops)
     optimizer: dict | None  # the optimizer's step: class, implementation, host and device time (trace.optimizer)
@@ -168,7 +170,9 @@ class RunRankFacts(TypedDict):
     copies: list[dict]
     launches: dict | None
     allocator: list[dict]
+    cpu_work: list[dict]
     math: dict | None
+    memory_traffic: dict | None
     matrix_ops: dict | None
     optimizer: dict | None
     fsdp: dict | None

@@ -16,7 +16,7 @@ from diag.analyzers import intervals as iv
 from diag.analyzers.analyze import analyze_trace
 from diag.analyzers.job.sampled import sampled_shares, step_measurements
 from diag.analyzers.trace.event_classes import is_data_annotation
-from diag.analyzers.trace.load import load_trace
+from diag.analyzers.trace.load import load_trace, step_windows
 from diag.collectors.device_clock import HOLD_S, DeviceClock, DeviceStep, HeldSteps
 
 STEPS = 14
@@ -181,7 +181,7 @@ def test_a_record_with_device_times_is_measured_by_them():
 def test_on_a_recorded_gpu_trace_the_events_measure_the_trace_paths_data_share(real_data):
     """What the events around each DataLoader wait would measure (the wait minus the device
     work beside it), fed to the sampled path, gives each step the trace path's data share;
-    the utilisation alone gives at least it."""
+    the utilisation alone gives at least it. Steps are the trace path's own windows."""
     path = real_data / "traces" / "v100_resnet50_workers0_oldschema.json.gz"
     trace, doc = load_trace(path), analyze_trace(path)
     wanted = np.array([is_data_annotation(trace.names[i]) for i in trace.cpu_name], dtype=bool)
@@ -189,7 +189,8 @@ def test_on_a_recorded_gpu_trace_the_events_measure_the_trace_paths_data_share(r
     device = iv.normalize(np.column_stack([trace.dev_ts, trace.dev_ts + trace.dev_dur]))
     traced = {s["step"]: s["shares"]["data"] for s in doc["steps"]}
     checked = 0
-    for number, start, dur in trace.steps:
+    for number, start, end in step_windows(trace):  # each step until the device ran what it launched
+        dur = end - start
         if number not in traced:
             continue
         wait = iv.clip(waits, start, start + dur)

@@ -17,6 +17,7 @@ from functools import cache
 import numpy as np
 import pytest
 from conftest import FIXTURES
+from device_steps import device_step_windows
 
 from diag.analyzers.analyze import analyze_paths
 from diag.analyzers.trace import event_classes as ec
@@ -88,7 +89,9 @@ def test_loaded_and_analysed(name):
     steps = _steps(name)
     if steps:
         assert [s["step"] for s in rank["steps"]] == [int(e["name"].split("#")[1]) for e in steps]
-        assert [s["duration_ms"] for s in rank["steps"]] == pytest.approx([e["dur"] / 1e3 for e in steps])
+        # Each step until the device ran what it launched (longer than its host span in both).
+        windows = device_step_windows(_raw(name))
+        assert [s["duration_ms"] for s in rank["steps"]] == pytest.approx([(b - a) / 1e3 for a, b in windows])
     else:
         # Without ProfilerStep spans the whole trace is one window: first event start to last end.
         timed = [e for e in _raw(name) if e.get("ph") == "X" and e.get("cat") in (
@@ -143,8 +146,7 @@ def test_expert_parallel_comm_on_its_own_stream_is_overlapped_not_memory():
     """DeepSeek-V3's DualPipe step: DeepEP dispatch/combine run on their own stream under the
     GEMMs. They are communication, and only the part no other device work hides is exposed."""
     name = "deepseek_v3_ep64_train_h800"
-    (step,) = _steps(name)
-    lo, hi = step["ts"], step["ts"] + step["dur"]
+    ((lo, hi),) = device_step_windows(_raw(name))  # the step until its device work ended
     pattern = re.compile(FIXTURE_FACTS[name][0])
 
     def clipped(events):
@@ -163,7 +165,7 @@ def test_expert_parallel_comm_on_its_own_stream_is_overlapped_not_memory():
     assert comm_streams and gemm_streams and not comm_streams & gemm_streams
 
     rank = _doc(name)["ranks"][0]
-    assert rank["shares"]["comm"] == pytest.approx(exposed / step["dur"], rel=1e-6)
+    assert rank["shares"]["comm"] == pytest.approx(exposed / (hi - lo), rel=1e-6)
     assert rank["shares"]["comm"] > 0
     assert {c["name"] for c in rank["collectives"]} == {"all_to_all"}
     assert rank["bound"] != "memory"

@@ -240,7 +240,7 @@ def _pageable_copies(ctx: JobContext) -> dict | None:
     else:
         pin = "Pin the host tensors: pin_memory=True on the DataLoader, or tensor.pin_memory() for those built in the loop"
     return {
-        "text": f"On {_ranks(sorted(found))}, {calls:g} host-to-device copies per traced step ({mb:.1f} MB) read "
+        "text": f"On {_ranks(sorted(found))}, {round(calls, 2):g} host-to-device copies per traced step ({mb:.1f} MB) read "
                 f"pageable memory ({', '.join(c['name'] for c in copies)}): each holds the host until the driver "
                 f"has staged it, {host_ms:.2f} ms per step ({host_ms / step_ms:.1%} of the step), and none can "
                 "overlap with compute.",
@@ -332,8 +332,39 @@ def _allocator_calls(ctx: JobContext) -> dict | None:
                          "calls": calls, "alloc_conf": conf}}
 
 
+def _cpu_work(ctx: JobContext) -> dict | None:
+    """Ops of the training thread that run on the CPU (no runtime call while they run) holding
+    the host `cpu_work_step_share` of the step or more: the device waits while the thread that
+    feeds it computes."""
+    minimum = ctx.tree.thresholds["cpu_work_step_share"]
+    found = {}
+    for rank, merged in ctx.ranks.items():
+        analysis = merged.get("analysis") or {}
+        ops = [o for o in analysis.get("cpu_work") or [] if isinstance(o, dict) and o.get("ms_per_step")]
+        step_ms = _traced_step_ms(analysis)
+        total = sum(float(o["ms_per_step"]) for o in ops)
+        if ops and step_ms and total >= minimum * step_ms:
+            found[rank] = (ops, total, step_ms)
+    if not found:
+        return None
+    ops, total, step_ms = found[min(found)]
+    listed = ", ".join(f"{o['name']} ({_ms(float(o['ms_per_step']))})" for o in ops[:4])
+    loader = _loaders(ctx).get(min(found))
+    where = (f"into the Dataset's __getitem__ or the collate_fn of the {loader['class']} over {loader['dataset']}, "
+             f"run by its workers (it has num_workers={loader['num_workers']})" if loader else
+             "into the Dataset's __getitem__ or collate_fn, run by DataLoader workers (num_workers > 0)")
+    return {
+        "text": f"On {_ranks(sorted(found))}, the training thread runs {_ms(total)} of CPU work per traced step "
+                f"({total / step_ms:.0%} of the step) between its launches, and the device waits for it: {listed}.",
+        "action": f"Move this work off the training thread: {where}; or do it on the device (create the tensors "
+                  "with device= and transform them there).",
+        "evidence": {"ranks": sorted(found), "ms_per_step": round(total, 4), "step_ms": round(step_ms, 3),
+                     "ops": ops, "loader": loader},
+    }
+
+
 def _times(n: float) -> str:
-    return "once" if n == 1 else f"{n:g} times"
+    return "once" if round(n, 2) == 1 else f"{round(n, 2):g} times"
 
 
 def _ms(ms: float) -> str:
@@ -379,13 +410,40 @@ def _fp32_math(ctx: JobContext) -> dict | None:
         action = ("Run the forward and loss under torch.autocast('cuda', dtype=torch.bfloat16), and let the fp32 "
                   "math left run as TF32: torch.set_float32_matmul_precision('high') and "
                   "torch.backends.cudnn.allow_tf32 = True.")
+    text = f"On {_ranks(sorted(found))}, {what}{peak}."
+    odd = _untiled_in_half(ctx.ranks[min(found)], kind)
+    if odd:
+        text += (f" {_ms(odd[0])} of them run on shapes that half precision's tiles do not divide either "
+                 f"({', '.join(odd[1])}): there bf16 kernels stay well under the peak, so the predicted gain "
+                 "is an upper bound.")
+        action += f" Pad those dimensions to multiples of {TILE_ELEMENTS_HALF} as well."
     return {
-        "text": f"On {_ranks(sorted(found))}, {what}{peak}.",
+        "text": text,
         "action": action,
         "evidence": {"ranks": sorted(found), "precision": kind, "ms_per_step": round(ms, 4),
                      "compute_ms_per_step": round(total, 4), "peak_ratio": round(ratio, 2) if ratio else None,
                      "fp32_kernels": m.get("fp32_kernels") or [], "peaks_tflops": peaks or None},
     }
+
+
+TILE_ELEMENTS_HALF = 8  # 16-byte tensor-core rows of 2-byte elements (matrix_ops.TILE_BYTES)
+
+
+def _untiled_in_half(merged: dict, kind: str) -> tuple[float, list[str]] | None:
+    """Of the rank's matrix-op groups in `kind` (fp32, tf32), the time per step on dimensions
+    that are not multiples of 8 (the half-precision tile), and those dimensions; None where
+    none are, or under half the groups' time."""
+    m = (merged.get("analysis") or {}).get("matrix_ops")
+    groups = [g for g in (m or {}).get("groups") or [] if isinstance(g, dict) and g.get("dtype") in (kind, "fp32")]
+    odd_ms, dims = 0.0, []
+    for g in groups:
+        bad = [d.split(" ")[0] for d in g.get("misaligned") or []
+               if isinstance(d, str) and (v := re.match(r"\w+=(\d+)", d)) and int(v.group(1)) % TILE_ELEMENTS_HALF]
+        if bad:
+            odd_ms += float(g.get("ms_per_step") or 0.0)
+            dims += [d for d in bad if d not in dims]
+    total = sum(float(g.get("ms_per_step") or 0.0) for g in groups)
+    return (odd_ms, dims[:4]) if total and odd_ms >= 0.5 * total else None
 
 
 def _matrix_group_text(g: dict) -> str:
@@ -620,6 +678,58 @@ def _dominant_param(model: dict, share: float) -> dict | None:
     return {"name": name, "elements": n, "share": round(n / params, 4)} if n >= share * params else None
 
 
+def _bandwidth_kernels(ctx: JobContext) -> dict | None:
+    """Bandwidth-bound kernels taking `bandwidth_kernels_step_share` of the step or more, named
+    by the ops that launch them with the bandwidth they reach against the memory's peak: a
+    group far under the peak (`slow` in the facts) has a layout to fix, the others bytes to cut."""
+    minimum = ctx.tree.thresholds["bandwidth_kernels_step_share"]
+    found = {}
+    for rank, merged in ctx.ranks.items():
+        analysis = merged.get("analysis") or {}
+        traffic = analysis.get("memory_traffic")
+        step_ms = _traced_step_ms(analysis)
+        if not isinstance(traffic, dict) or not step_ms:
+            continue
+        groups = [g for g in traffic.get("groups") or [] if isinstance(g, dict) and g.get("peak_frac") is not None]
+        total = float(traffic.get("bandwidth_ms_per_step") or 0.0)
+        if groups and total >= minimum * step_ms:
+            found[rank] = (traffic, groups, total, step_ms)
+    if not found:
+        return None
+    traffic, groups, total, step_ms = found[min(found)]
+    peak = traffic.get("peak_gbps")
+
+    def rate(g: dict) -> str:
+        return f"{_ms(float(g['ms_per_step']))} at {g['achieved_gbps']:,.0f} GB/s ({g['peak_frac']:.0%} of the peak)"
+    listed = "; ".join(f"{g['name']}, {_times(float(g['calls_per_step']))}, {rate(g)}" for g in groups[:3])
+    text = (f"On {_ranks(sorted(found))}, bandwidth-bound kernels run {_ms(total)} per traced step "
+            f"({total / step_ms:.0%} of the step) against the memory's {peak:,.0f} GB/s peak; the most: {listed}.")
+    irregular = [g for g in traffic.get("irregular") or [] if isinstance(g, dict)]
+    if irregular:
+        one = len(irregular[:2]) == 1
+        text += (f" {', '.join(g['op'] + ' (' + _ms(float(g['ms_per_step'])) + ')' for g in irregular[:2])} "
+                 f"read{'s' if one else ''} memory where {'its' if one else 'their'} indices point: "
+                 f"{'its' if one else 'their'} bytes, and so {'its' if one else 'their'} rate, are not known.")
+    slow = [g for g in groups if g.get("slow")]
+    if slow:
+        names = ", ".join(g["name"] for g in slow[:2])
+        action = (f"Fix the memory layout behind {names}: at {slow[0]['peak_frac']:.0%} of the peak they read or "
+                  "write with a stride (a transpose or a strided slice copied, a permute before a contiguous "
+                  "op). Make such a tensor contiguous once where it is built, not every step, or produce it in "
+                  "the layout its consumer reads (channels_last for convolutions).")
+        change = "slow_bandwidth_kernels_at_target"
+    else:
+        best = max(float(g["peak_frac"]) for g in groups)
+        action = (f"These kernels already move their bytes at up to {best:.0%} of the memory's peak: only fewer "
+                  "bytes help. Fuse them (torch.compile), keep activations in bf16 (torch.autocast), and drop "
+                  "copies the next op does not need (.contiguous(), .clone(), dtype casts).")
+        change = None
+    return {"text": text, "action": action, "change": change,
+            "evidence": {"ranks": sorted(found), "ms_per_step": round(total, 4), "step_ms": round(step_ms, 3),
+                         "peak_gbps": peak, "groups": groups, "irregular": irregular,
+                         "rated_share": traffic.get("rated_share")}}
+
+
 def _elementwise_chain(ctx: JobContext) -> dict | None:
     """A run of elementwise ops with no matrix math between them taking `fusion_chain_step_share`
     of the step or more: each op reads and writes whole tensors that one fused kernel would
@@ -674,7 +784,9 @@ RULES: tuple[CauseRule, ...] = (
               change="no_sync_points"),
     # Pinning makes the copy asynchronous: what that wins is a wait the graph holds as an edge, not a
     # duration it can scale, so this cause has no change of its own.
-    CauseRule("pageable_copies", "data", _pageable_copies, supersedes=("Set pin_memory=True",), also=("host",)),
+    CauseRule("pageable_copies", "data", _pageable_copies, supersedes=("Set pin_memory=True",),
+              also=("host", "memory")),
+    CauseRule("cpu_work_on_training_thread", "host", _cpu_work, change="no_cpu_work_on_thread"),
     CauseRule("launch_bound", "host", _launch_bound, supersedes=("Capture the step with CUDA graphs",),
               change="no_launch_cost"),
     CauseRule("allocator_calls", "host", _allocator_calls, change="no_allocator_calls"),
@@ -686,6 +798,7 @@ RULES: tuple[CauseRule, ...] = (
     # What a fused update saves is its passes over memory and its launches, which the trace does
     # not measure apart: no change of its own.
     CauseRule("optimizer_step", "memory", _optimizer_step, also=("host",)),
+    CauseRule("bandwidth_kernels", "memory", _bandwidth_kernels),
     CauseRule("exposed_collectives", "comm", _exposed_collectives,
               supersedes=("Accumulate gradients", "Tune DDP bucket_cap_mb", "Compress gradients"),
               change="compressed_collective"),

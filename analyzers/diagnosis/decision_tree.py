@@ -191,7 +191,8 @@ WHAT_IF_PARTS = ("data", "host", "launch", "sync", "slack", "comm", "memory", "c
 # What a cause's change can remove, and the part that time lies in (measured per step by
 # diag.analyzers.trace.removals).
 REMOVALS = {"elementwise_chain": "memory", "fp32_math": "compute", "half_precision_matrix_ops": "compute",
-            "host_sync_points": "host", "allocator_calls": "host", "exposed_collective": "comm"}
+            "host_sync_points": "host", "allocator_calls": "host", "cpu_work": "host",
+            "slow_bandwidth_kernels": "memory", "exposed_collective": "comm"}
 
 
 def check_change(entry, where: str) -> dict:

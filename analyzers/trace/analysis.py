@@ -26,6 +26,7 @@ from diag.analyzers.trace import (
     gpu_time,
     host_device,
     matrix_ops,
+    memory_traffic,
     optimizer,
     overlap,
     precision,
@@ -42,7 +43,7 @@ from diag.analyzers.trace.attribution import (
     normalize_shares,
 )
 from diag.analyzers.trace.iterations import steady_iterations
-from diag.analyzers.trace.load import Trace, load_trace, step_windows
+from diag.analyzers.trace.load import Trace, load_trace, step_windows, window_array
 from diag.analyzers.whatif import rank as what_if
 from diag.errors import DiagInputError
 from diag.rundir import rank_number, world_size_number
@@ -132,7 +133,7 @@ def facts_of_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: 
     if not trace.steps:  # no ProfilerStep spans: the steady iterations, found from repeating markers
         iterations = steady_iterations(trace, windows[0][1:], tree.thresholds)
         windows = iterations.windows
-    win = np.array([[w[1], w[2]] for w in windows], dtype=np.float64)
+    win = window_array(windows)
 
     op_info = _op_info(trace, device)
     if on_device:
@@ -185,6 +186,10 @@ def facts_of_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: 
     chains, chain_saving = fusion.elementwise_chains(trace, win) if worth("memory") else ([], None)
     math, math_saving = precision.math_facts(trace, classes, win, device) if on_device and worth("compute") \
         else (None, None)
+    th = tree.thresholds
+    traffic, traffic_saving = memory_traffic.traffic_facts(
+        trace, classes, win, device, float(th["bandwidth_target_peak"]), float(th["bandwidth_slow_peak"]),
+        float(th["bandwidth_min_call_mb"]) * 1e6) if on_device and worth("memory") else (None, None)
     coll_records = _exposed(_tag_steps(collectives(trace, classes), windows), att["parts"].get("comm"))
     if worth("comm", "wait"):
         coll_records = overlap.mark_after_backward(coll_records, trace, win, on_device)
@@ -193,7 +198,8 @@ def facts_of_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: 
                                                     att["parts"].get("compute", iv.EMPTY)) if worth("compute") \
         else (None, None)
     removals = removal_measures.per_window(trace, win, classes, att, layers, chain_saving, math_saving, coll_records,
-                                           matrix_saving, allocator=on_device and worth("host"))
+                                           matrix_saving, traffic_saving, host_calls=on_device and worth("host"),
+                                           cpu_work_coverage=float(tree.thresholds["cpu_work_min_op_coverage"]))
 
     # Each step's critical path and its duration under each what-if change.
     critical_path, what_if_entries, what_if_error = _what_if(trace, tree, steps, windows, classes, layers, att,
@@ -226,7 +232,10 @@ def facts_of_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: 
         "copies": host_device.copy_facts(trace, win) if on_device and worth("data", "host") else [],
         "launches": host_device.launch_facts(trace, win) if on_device and worth("host") else None,
         "allocator": host_device.allocator_facts(trace, win) if on_device and worth("host") else [],
+        "cpu_work": host_device.cpu_work_facts(trace, win, float(tree.thresholds["cpu_work_min_op_coverage"]))
+        if on_device and worth("host") else [],
         "math": math,
+        "memory_traffic": traffic,
         "matrix_ops": matrix,
         "optimizer": optimizer.optimizer_facts(trace, win),
         "fsdp": overlap.fsdp_facts(trace, win),
@@ -432,12 +441,9 @@ def _flops_in_windows(trace: Trace, ops: _Ops, win: np.ndarray) -> np.ndarray | 
 
 
 def _sum_in_windows(trace: Trace, rows: np.ndarray, values: np.ndarray, win: np.ndarray) -> np.ndarray:
-    start = trace.cpu_ts[rows]
-    out = np.zeros(len(win))
-    for k, (lo, hi) in enumerate(win):
-        sel = (start >= lo) & (start < hi)
-        out[k] = np.nansum(values[sel])
-    return out
+    k = trace.step_of("cpu", win)[rows]
+    ok = (k >= 0) & np.isfinite(values)
+    return np.bincount(k[ok], weights=values[ok], minlength=len(win)).astype(np.float64)
 
 
 def _bandwidth_in_windows(trace: Trace, cls: np.ndarray, ops: _Ops, win: np.ndarray):
@@ -451,8 +457,8 @@ def _bandwidth_in_windows(trace: Trace, cls: np.ndarray, ops: _Ops, win: np.ndar
     known = np.isfinite(nbytes) & ((cls == ec.BANDWIDTH) | (cls == ec.MEMCPY)) & (trace.dev_dur > 0)
     if not known.any():
         return None, None
-    ts, dur, b = trace.dev_ts[known], trace.dev_dur[known], nbytes[known]
-    k = iv.window_of(ts, win)
+    dur, b = trace.dev_dur[known], nbytes[known]
+    k = trace.step_of("dev", win)[known]
     ok = k >= 0
     bb = np.bincount(k[ok], weights=b[ok], minlength=len(win))
     tt = np.bincount(k[ok], weights=dur[ok], minlength=len(win))

@@ -14,7 +14,7 @@ from operator import is_, is_not, itemgetter
 import numpy as np
 
 from diag.analyzers import intervals as iv
-from diag.analyzers.trace.roofline import FLOP_OPS
+from diag.analyzers.trace.roofline import BANDWIDTH_OPS, FLOP_OPS
 from diag.analyzers.trace.schema import (
     _C_GPU_ANN,
     _C_INSTANT,
@@ -78,6 +78,9 @@ class Trace:
     # Sparse extras: per CPU row index, raw (Input Dims, Input type, Concrete Inputs) of ops
     # with a FLOPs arg or whose FLOPs diag derives from shapes (roofline.FLOP_OPS).
     shapes: dict[int, tuple[bytes, bytes | None, bytes | None]] = field(default_factory=dict)
+    # Per CPU row index, raw (Input Dims, Input type) of the common elementwise, copy and
+    # reduction ops (roofline.BANDWIDTH_OPS): the bytes their kernels move.
+    bw_shapes: dict[int, tuple[bytes, bytes | None]] = field(default_factory=dict)
     # Collective parameters, per row of cpu (key ("cpu", i)) or device (("dev", i)).
     coll_args: dict[tuple[str, int], dict] = field(default_factory=dict)
     peak_allocated: dict[int, float] = field(default_factory=dict)  # device id -> bytes
@@ -92,14 +95,48 @@ class Trace:
     def step_of(self, column: str, win: np.ndarray) -> np.ndarray:
         """Each event's row in the step windows `win` (-1 outside them all) for the column
         "cpu", "dev" or "rt": found once per column and windows, as each per-step fact asks
-        for it. Read-only."""
+        for it. Read-only.
+
+        Where `win` holds ProfilerSteps stretched over their device work (load.step_windows),
+        host events belong to the step whose host span holds them, and device work to the
+        step that launched it: a loop that runs ahead of the device launches step k+1 while
+        step k's kernels still run."""
         cache = self.__dict__.setdefault("_derived", {})
         key = (column, win.shape, win.tobytes())
         if key not in cache:
-            found = iv.window_of(getattr(self, f"{column}_ts"), win).astype(np.int32)
+            spans = self.host_spans(win)
+            if column == "dev" and spans is not win:
+                found = iv.window_of(self.dev_ts, win)
+                launched = self.step_of("rt", win)
+                by_corr = np.argsort(self.rt_corr, kind="stable")
+                corr = self.rt_corr[by_corr]
+                if len(corr):
+                    k = np.clip(np.searchsorted(corr, self.dev_corr), 0, len(corr) - 1)
+                    hit = (corr[k] == self.dev_corr) & (self.dev_corr > 0) & (launched[by_corr[k]] >= 0)
+                    found[hit] = launched[by_corr[k[hit]]]
+            else:
+                found = iv.window_of(getattr(self, f"{column}_ts"), spans)
+            found = found.astype(np.int32)
             found.flags.writeable = False
             cache[key] = found
         return cache[key]
+
+    def host_spans(self, win: np.ndarray) -> np.ndarray:
+        """The host spans of the steps in `win`: the ProfilerStep spans where `win` stretches
+        them over their device work (keep_host_spans), else `win` itself."""
+        return self.__dict__.get("_derived", {}).get(("host_spans", win.shape, win.tobytes()), win)
+
+    def host_span(self, lo: float, hi: float) -> tuple[float, float]:
+        """The host span of the step window [lo, hi), as host_spans gives it for one window."""
+        return self.__dict__.get("_derived", {}).get(("host_span", lo, hi), (lo, hi))
+
+    def keep_host_spans(self, win: np.ndarray, spans: np.ndarray) -> None:
+        if np.array_equal(win, spans):
+            return
+        cache = self.__dict__.setdefault("_derived", {})
+        cache[("host_spans", win.shape, win.tobytes())] = spans
+        for (lo, hi), (h_lo, h_hi) in zip(win.tolist(), spans.tolist()):
+            cache[("host_span", lo, hi)] = (h_lo, h_hi)
 
     def launcher_rows(self) -> np.ndarray:
         """Per device row, the CPU row whose External id it carries (the op that launched it;
@@ -129,12 +166,13 @@ class _Builder:
         self.steps: list[tuple[int, float, float]] = []
         self.gpu_steps: list[float] = []
         self.shapes: dict[int, tuple[bytes, bytes | None]] = {}
+        self.bw_shapes: dict[int, tuple[bytes, bytes | None]] = {}
         self.coll: dict[tuple[str, int], dict] = {}
         self.peak: dict[int, float] = {}
         self.n = 0
         self.n_cpu = 0
         self.n_dev = 0
-        # Per name id: 0 plain, 1 ProfilerStep, 2 collective, 3 FLOP op.
+        # Per name id: 0 plain, 1 ProfilerStep, 2 collective, 3 FLOP op, 4 bandwidth op.
         self._special: list[int] = []
         self._special_kinds = np.zeros(0, dtype=np.int8)
         self._names_cache: list[str] = []
@@ -239,7 +277,13 @@ class _Builder:
             self._special.extend(_special_kind(names[i]) for i in range(known, len(names)))
             self._special_kinds = np.asarray(self._special, dtype=np.int8)
         kinds = self._special_kinds[ids]
-        extra = set(np.flatnonzero(kinds).tolist())
+        # Bandwidth ops are many (most of a step's ops): their shapes are taken in one pass,
+        # where the trace recorded any, outside the row-by-row loop of the rarer extras.
+        bandwidth = np.flatnonzero(kinds == 4).tolist()
+        for j in [j for j in bandwidth if args[j].input_dims]:
+            a = args[j]
+            self.bw_shapes[base + j] = (bytes(a.input_dims), bytes(a.input_type) if a.input_type else None)
+        extra = set(np.flatnonzero((kinds != 0) & (kinds != 4)).tolist())
         extra.update(np.flatnonzero(~np.isnan(flops)).tolist())
         extra.update(_with_collective(args, n))
         for j in sorted(extra):
@@ -268,7 +312,8 @@ class _Builder:
             "dev": {k: _cat(v, _DTYPES[k]) for k, v in self.dev.items()},
             "rt": {k: _cat(v, _DTYPES[k]) for k, v in self.rt.items()},
             "cpu": {k: (v if k == "tid" else _cat(v, _DTYPES[k])) for k, v in self.cpu.items()},
-            "steps": self.steps, "gpu_steps": self.gpu_steps, "shapes": self.shapes, "coll": self.coll,
+            "steps": self.steps, "gpu_steps": self.gpu_steps, "shapes": self.shapes, "bw_shapes": self.bw_shapes,
+            "coll": self.coll,
             "peak": self.peak, "ev_idx": self.ev_idx, "n": self.n, "n_dev": self.n_dev, "n_cpu": self.n_cpu,
             "repairs": self.decode.repairs_done(),
         }
@@ -288,6 +333,7 @@ class _Builder:
         self.steps += part["steps"]
         self.gpu_steps += part["gpu_steps"]
         self.shapes.update({i + self.n_cpu: v for i, v in part["shapes"].items()})
+        self.bw_shapes.update({i + self.n_cpu: v for i, v in part["bw_shapes"].items()})
         base = {"dev": self.n_dev, "cpu": self.n_cpu}
         self.coll.update({(w, i + base[w]): v for (w, i), v in part["coll"].items()})
         for d, v in part["peak"].items():
@@ -346,6 +392,7 @@ class _Builder:
             steps=_dedupe_steps(self.steps),
             gpu_step_ts=np.asarray(self.gpu_steps, dtype=f8),
             shapes=self.shapes,
+            bw_shapes=self.bw_shapes,
             coll_args=self.coll,
             peak_allocated=self.peak,
             n_events=self.n,
@@ -476,6 +523,8 @@ def _special_kind(name: str) -> int:
         return 2
     if name in FLOP_OPS:
         return 3
+    if name in BANDWIDTH_OPS:
+        return 4
     return 0
 
 

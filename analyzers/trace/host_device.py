@@ -7,6 +7,8 @@ window, divided by the number of windows):
   that issued them (a copy from pageable memory holds its call until the data is staged);
 - `launches`: kernels per step, their median duration, the host time of the launch calls,
   and the CPU ops that launch the most kernels (the region to capture in a CUDA graph);
+- `cpu_work`: the ops of the training thread that run on the CPU, during which the process
+  calls no runtime API (preprocessing, CPU tensors' math), by name;
 - `allocator`: the runtime and driver calls that allocate or free device or pinned memory,
   by name: calls, host time and the longest call per step (the caching allocator calls them
   only when its cache misses, or when it is emptied).
@@ -19,6 +21,7 @@ import re
 
 import numpy as np
 
+from diag.analyzers import intervals as iv
 from diag.analyzers.trace.columns import Trace, index_of
 
 KERNEL, MEMCPY = 0, 1  # device event kinds (columns: 0 kernel, 1 memcpy, 2 memset, 3 sync)
@@ -26,6 +29,14 @@ LAUNCH_RE = re.compile(r"^(?:cuda|hip)(?:LaunchKernel(?:ExC)?|LaunchCooperativeK
                        r"ModuleLaunchKernel|LaunchKernelEx)(?:_v\d+|_ptsz)?$|^cuLaunchKernel(?:Ex)?$")
 GRAPH_RE = re.compile(r"^(?:cuda|hip)GraphLaunch")
 TOP_LAUNCHERS = 3
+TOP_CPU_OPS = 5
+# Ops that only rearrange a tensor's metadata or allocate: no CPU work to move off the thread.
+METADATA_OPS = frozenset(f"aten::{op}" for op in (
+    "view", "reshape", "_reshape_alias", "_unsafe_view", "view_as", "as_strided", "flatten", "unflatten",
+    "narrow", "slice", "select", "split", "split_with_sizes", "chunk", "unbind", "t", "transpose", "permute",
+    "expand", "expand_as", "squeeze", "unsqueeze", "detach", "detach_", "alias", "lift_fresh", "empty",
+    "empty_like", "empty_strided", "resize_", "set_", "contiguous", "size", "stride", "numel", "result_type",
+    "unflatten_dense_tensors", "flatten_dense_tensors", "requires_grad_", "is_nonzero"))
 # cudaMalloc/cudaFree and their HIP, async, host and managed forms; the driver's virtual-memory
 # calls that expandable segments map and unmap pages with.
 ALLOCATOR_RE = re.compile(r"^(?:cuda|hip)(?:Malloc|Free)(?:Async|Host|Managed|FromPoolAsync)?(?:_v\d+|_ptsz)?$|"
@@ -105,6 +116,70 @@ def allocator_facts(trace: Trace, win: np.ndarray) -> list[dict]:
                     "ms_per_step": round(float(dur.sum()) / 1e3 / n, 4), "longest_ms": round(float(dur.max()) / 1e3, 4)})
     out.sort(key=lambda c: -c["ms_per_step"])
     return out
+
+
+def cpu_work_facts(trace: Trace, win: np.ndarray, min_coverage: float) -> list[dict]:
+    """Per op name of cpu_work_ops: calls and host milliseconds per traced step, most first."""
+    n = len(win)
+    rows, own = cpu_work_ops(trace, win, min_coverage)
+    names = trace.cpu_name[rows]
+    out = []
+    for nid in np.unique(names).tolist():
+        mine = names == nid
+        out.append({"name": trace.names[nid], "calls_per_step": round(int(mine.sum()) / n, 3),
+                    "ms_per_step": round(float(own[mine].sum()) / 1e3 / n, 4)})
+    out.sort(key=lambda c: -c["ms_per_step"])
+    return [c for c in out if c["ms_per_step"] > 0][:TOP_CPU_OPS]
+
+
+def cpu_work_ops(trace: Trace, win: np.ndarray, min_coverage: float,
+                 host_part: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Ops of the training thread (the one holding the ProfilerSteps) that run on the CPU:
+    outermost among the ops during which the process made no runtime call, outside the
+    DataLoader's spans. Their CPU rows, and each one's time (µs) less the view and allocation
+    ops inside it (rearranging metadata is no CPU work to move), within `host_part` where given.
+    None where the trace lost host events (`op_coverage` under `min_coverage`): there an op
+    whose calls were dropped would look like CPU work."""
+    none = np.zeros(0, dtype=np.int64), np.zeros(0)
+    if not len(win) or not len(trace.rt_ts) or (trace.op_coverage is not None and trace.op_coverage < min_coverage):
+        return none
+    thread = _training_thread(trace)
+    if thread is None:
+        return none
+    rows = np.flatnonzero((trace.cpu_tid == thread) & (trace.cpu_kind == 0) & (trace.step_of("cpu", win) >= 0))
+    rows = rows[np.lexsort((-trace.cpu_dur[rows], trace.cpu_ts[rows]))]
+    start, end = trace.cpu_ts[rows], trace.cpu_ts[rows] + trace.cpu_dur[rows]
+    calls = np.sort(trace.rt_ts)
+    quiet = np.searchsorted(calls, start, side="left") == np.searchsorted(calls, end, side="left")
+    meta = np.isin(trace.cpu_name[rows], [i for i, name in enumerate(trace.names) if name in METADATA_OPS])
+    loader = _loader_spans(trace, thread)
+    in_loader = iv.window_of(start, loader) >= 0 if len(loader) else np.zeros(len(rows), bool)
+    top = []
+    reach = -np.inf
+    for j in np.flatnonzero(quiet & ~meta & ~in_loader).tolist():
+        if start[j] >= reach:  # outermost: ops on one thread nest or follow
+            top.append(j)
+            reach = end[j]
+    if not top:
+        return none
+    top = np.array(top)
+    work = iv.subtract(iv.from_arrays(start[top], end[top]), iv.from_arrays(start[meta], end[meta]))
+    if host_part is not None:
+        work = iv.intersect(work, host_part)
+    return rows[top], iv.measure_in_windows(work, np.column_stack([start[top], end[top]]))
+
+
+def _training_thread(trace: Trace):
+    """The thread id of the ProfilerStep spans, or None."""
+    ids = [i for i, name in enumerate(trace.names) if name.startswith("ProfilerStep#")]
+    rows = np.flatnonzero(np.isin(trace.cpu_name, ids)) if ids else []
+    return trace.cpu_tid[rows[0]] if len(rows) else None
+
+
+def _loader_spans(trace: Trace, thread) -> np.ndarray:
+    ids = [i for i, name in enumerate(trace.names) if name.startswith("enumerate(DataLoader)")]
+    rows = np.flatnonzero(np.isin(trace.cpu_name, ids) & (trace.cpu_tid == thread)) if ids else []
+    return iv.from_arrays(trace.cpu_ts[rows], trace.cpu_ts[rows] + trace.cpu_dur[rows]) if len(rows) else iv.EMPTY
 
 
 def _top_launchers(trace: Trace, kern: np.ndarray, n: int) -> list[dict]:

@@ -42,6 +42,7 @@ import msgspec
 import numpy as np
 
 from diag import inflate
+from diag.analyzers import intervals as iv
 from diag.analyzers.trace.columns import Trace, _Builder
 from diag.analyzers.trace.schema import TOO_DEEP, _decode_any
 from diag.errors import DiagInputError
@@ -612,6 +613,43 @@ def _parse_meta(path: str, head: bytes, tail: bytes, b: _Builder) -> dict:
     return meta
 
 
+def window_array(windows) -> np.ndarray:
+    """[(step, lo, hi), ...] as an (n, 2) array of [lo, hi), the form the facts take."""
+    return np.array([[w[1], w[2]] for w in windows], dtype=np.float64).reshape(-1, 2)
+
+
+def _device_ends(trace: Trace) -> tuple[float, np.ndarray]:
+    """When the device finished the work launched before the first ProfilerStep, and per
+    ProfilerStep, the end of the last device activity launched inside its host span (matched
+    by correlation id to the runtime call that launched it); -inf where none."""
+    ends = np.full(len(trace.steps), -np.inf)
+    if not trace.has_device or not len(trace.rt_ts):
+        return -np.inf, ends
+    host = np.array([[ts, ts + dur] for _, ts, dur in trace.steps], dtype=np.float64)
+    if np.any(host[1:, 0] < host[:-1, 1]):  # overlapping host spans: which step launched what is unclear
+        return -np.inf, ends
+    # Step -1 holds the calls made before the first step; device work whose launch the trace
+    # lacks counts there too when it began before the first step.
+    launched_in = np.where(trace.rt_ts < host[0, 0], len(host), iv.window_of(trace.rt_ts, host))
+    known = (launched_in >= 0) & (trace.rt_corr > 0)
+    corr, step = trace.rt_corr[known], launched_in[known]
+    order = np.argsort(corr, kind="stable")
+    corr, step = corr[order], step[order]
+    dev_step = np.full(len(trace.dev_ts), -1)
+    if len(corr):
+        k = np.clip(np.searchsorted(corr, trace.dev_corr), 0, len(corr) - 1)
+        hit = (corr[k] == trace.dev_corr) & (trace.dev_corr > 0)
+        dev_step[hit] = step[k[hit]]
+    # Work the trace has no launch for (the profiler's warm-up records none) and that ran
+    # before the first step's own work is the queue that step found.
+    first_own = trace.dev_ts[dev_step == 0].min() if np.any(dev_step == 0) else host[0, 1]
+    dev_step[(dev_step < 0) & (trace.dev_ts < first_own)] = len(host)
+    out = np.full(len(host) + 1, -np.inf)
+    ok = dev_step >= 0
+    np.maximum.at(out, dev_step[ok], (trace.dev_ts + trace.dev_dur)[ok])
+    return float(out[-1]), out[:-1]
+
+
 def _decoded_any(data: bytes):
     """Any JSON value; nesting too deep is a DecodeError like other damage."""
     try:
@@ -642,11 +680,22 @@ def _not_a_trace(path: str, data: bytes):
 
 
 def step_windows(trace: Trace) -> list[tuple[int | None, float, float]]:
-    """(step, start, end) per ProfilerStep; without steps the whole trace is one window."""
+    """(step, start, end) per ProfilerStep; without steps the whole trace is one window.
+
+    On a device, a step lasts until the device has run what the step launched: a loop that
+    never waits for the device runs its host steps far ahead, and their host spans alone
+    would leave most kernels outside every step. Each step then starts where the one before
+    it ended, so that no time is counted twice."""
     if trace.steps:
+        before, ends = _device_ends(trace)
         out = []
-        for num, ts, dur in trace.steps:
-            out.append((num, ts, ts + dur))
+        prev_end = before  # device work launched before the first step: the warm-up's queue
+        for k, (num, ts, dur) in enumerate(trace.steps):
+            lo = max(ts, prev_end)
+            hi = max(ts + dur, float(ends[k]), lo)
+            out.append((num, lo, hi))
+            prev_end = hi
+        trace.keep_host_spans(window_array(out), window_array([(n, ts, ts + dur) for n, ts, dur in trace.steps]))
         return out
     lo, hi = [], []
     for ts, dur in ((trace.dev_ts, trace.dev_dur), (trace.cpu_ts, trace.cpu_dur), (trace.rt_ts, trace.rt_dur)):

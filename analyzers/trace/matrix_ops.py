@@ -54,10 +54,6 @@ def misaligned(dims: dict[str, int] | None, dtype: str) -> list[str]:
     return [f"{k}={v} (not a multiple of {step})" for k, v in dims.items() if v % step]
 
 
-def _shapes_text(dims: list) -> str:
-    """The op's tensor inputs as "512x1024, 768x1024" (scalars and empty lists left out)."""
-    tensors = [x for x in dims if isinstance(x, list) and x and all(isinstance(v, int) for v in x)]
-    return ", ".join("x".join(map(str, t)) for t in tensors[:3])
 
 
 def _op_time_us(trace: Trace, ops, on_device: bool) -> np.ndarray:
@@ -103,7 +99,7 @@ def matrix_facts(trace: Trace, ops, win: np.ndarray, compute_us: np.ndarray, dev
         name = trace.names[trace.cpu_name[r]]
         sh = trace.shapes.get(r)
         dims = roofline.parse_shapes(sh[0], sh[1])[0] if sh else []
-        shapes = _shapes_text(dims)
+        shapes = roofline.shapes_text(dims)
         g = groups.setdefault((name, shapes, ops.dtype[j]), {"op": name, "shapes": shapes, "dtype": ops.dtype[j],
                                                               "dims": gemm_dims(name, dims), "calls": 0,
                                                               "us": 0.0, "flops": 0.0})

@@ -37,13 +37,23 @@ def _part_us(trace, win, classes, att, layers, part: str) -> np.ndarray:
     return np.asarray(att["us"][part], dtype=np.float64)
 
 
-def _sync_ops_host_us(trace: Trace, win: np.ndarray, att) -> np.ndarray:
+def _sync_ops_host_us(trace: Trace, win: np.ndarray, att, calls_kept: bool = False) -> np.ndarray:
     """The host time attributed inside the ops that pull values to the host (their own and
-    their children's, where it is host time), per window."""
+    their children's, where it is host time), per step: each op counts in the step whose
+    host span holds it. With `calls_kept`, less the runtime calls' own time, which a step's
+    graph holds apart from its host gaps."""
     ids = [i for i, name in enumerate(trace.names) if name in SYNC_OP_NAMES]
     sel = (trace.cpu_kind == 0) & np.isin(trace.cpu_name, ids)
     spans = iv.from_arrays(trace.cpu_ts[sel], trace.cpu_ts[sel] + trace.cpu_dur[sel])
-    return iv.measure_in_windows(iv.intersect(spans, att["parts"].get("host", iv.EMPTY)), win)
+    host = iv.intersect(spans, att["parts"].get("host", iv.EMPTY))
+    if calls_kept and len(trace.rt_ts):
+        host = iv.subtract(host, iv.from_arrays(trace.rt_ts, trace.rt_ts + trace.rt_dur))
+    if not len(spans):
+        return np.zeros(len(win))
+    step = iv.window_of(spans[:, 0], trace.host_spans(win))
+    per_span = iv.measure_in_windows(host, spans)
+    ok = step >= 0
+    return np.bincount(step[ok], weights=per_span[ok], minlength=len(win)).astype(np.float64)
 
 
 def _top_collective_us(records: list[dict], win: np.ndarray) -> np.ndarray | None:
@@ -62,10 +72,11 @@ def _top_collective_us(records: list[dict], win: np.ndarray) -> np.ndarray | Non
 
 
 def per_window(trace: Trace, win: np.ndarray, classes, att, layers, chain_saving, math_saving,
-               collectives: list[dict], matrix_saving=None, allocator: bool = True
-               ) -> dict[str, tuple[str, np.ndarray, np.ndarray]]:
+               collectives: list[dict], matrix_saving=None, traffic_saving=None, host_calls: bool = True,
+               cpu_work_coverage: float = 1.0) -> dict[str, tuple[str, np.ndarray, np.ndarray]]:
     """{measure: (part, µs removed, µs of the part)} per window, for the measures this trace
-    gives (the allocator calls' only where `allocator`)."""
+    gives (the CPU work's and the allocator calls' only where `host_calls`; the CPU work's
+    only on traces holding `cpu_work_coverage` of the host events)."""
     out = {}
 
     def add(name: str, part: str, removed) -> None:
@@ -75,11 +86,24 @@ def per_window(trace: Trace, win: np.ndarray, classes, att, layers, chain_saving
     add("elementwise_chain", "memory", chain_saving)
     add("fp32_math", "compute", math_saving)
     add("half_precision_matrix_ops", "compute", matrix_saving)
-    if classes is None:  # on a device the sync ops' time is waiting, which the graph's edges hold
+    add("slow_bandwidth_kernels", "memory", traffic_saving)
+    if classes is None:
         add("host_sync_points", "host", _sync_ops_host_us(trace, win, att))
-    elif allocator:  # the calls lie in the host's time between the chain's calls, which only each step's graph totals
+    else:
+        # On a device an op that pulls a value costs its waits, which the graph's edges hold,
+        # and the host's time around its calls while the device idles, removed here. That host
+        # time lies between the chain's calls, which only each step's graph totals.
+        removed = _sync_ops_host_us(trace, win, att, calls_kept=True)
+        if np.any(removed > 0):
+            out["host_sync_points"] = ("host", removed, None)
+    if classes is not None and host_calls:  # both lie in the host's time between the chain's calls
+        rows, host_us = host_device.cpu_work_ops(trace, win, cpu_work_coverage, att["parts"].get("host", iv.EMPTY))
+        k = trace.step_of("cpu", win)[rows]
+        removed = np.bincount(k[k >= 0], weights=host_us[k >= 0], minlength=len(win)).astype(np.float64)
+        if np.any(removed > 0):
+            out["cpu_work"] = ("host", removed, None)
         alloc = np.flatnonzero(host_device.allocator_mask(trace))
-        k = iv.window_of(trace.rt_ts[alloc], win)
+        k = trace.step_of("rt", win)[alloc]
         removed = np.bincount(k[k >= 0], weights=trace.rt_dur[alloc][k >= 0], minlength=len(win))
         if np.any(removed > 0):
             out["allocator_calls"] = ("host", removed, None)

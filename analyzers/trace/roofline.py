@@ -36,6 +36,26 @@ FLOP_OPS = frozenset({
     "aten::linear", "aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::convolution",
     "aten::_convolution", "aten::convolution_backward", "aten::scaled_dot_product_attention",
 })
+# Elementwise, copy and reduction ops whose shapes are kept at load: the bytes their kernels
+# move, for the achieved bandwidth of the bandwidth-bound kernels they launch.
+_ELEMENTWISE = ("add", "sub", "mul", "div", "neg", "abs", "pow", "sqrt", "rsqrt", "exp", "log", "relu", "gelu",
+                "silu", "sigmoid", "tanh", "clamp", "where", "masked_fill", "fill", "zero", "lerp", "addcmul",
+                "addcdiv", "threshold_backward", "gelu_backward", "silu_backward", "sigmoid_backward",
+                "tanh_backward", "dropout", "native_dropout", "native_dropout_backward", "bernoulli", "uniform",
+                "normal", "eq", "ne", "lt", "gt", "le", "ge", "maximum", "minimum", "square", "reciprocal", "sign",
+                "floor", "ceil", "round", "cos", "sin", "erf", "hardtanh", "leaky_relu", "elu", "mish")
+_COPIES = ("copy_", "clone", "_to_copy", "cat", "stack", "index", "index_select", "gather", "scatter", "scatter_add",
+           "index_put_", "index_add_", "embedding", "embedding_dense_backward", "flip", "roll", "repeat",
+           "constant_pad_nd", "masked_select", "nonzero", "sort", "topk", "cumsum")
+_REDUCTIONS = ("sum", "mean", "amax", "amin", "max", "min", "norm", "linalg_vector_norm", "var", "std", "var_mean",
+               "argmax", "argmin", "prod", "all", "any", "softmax", "_softmax", "log_softmax", "_log_softmax",
+               "_softmax_backward_data", "_log_softmax_backward_data", "native_layer_norm",
+               "native_layer_norm_backward", "native_group_norm", "native_group_norm_backward",
+               "native_batch_norm", "native_batch_norm_backward", "_fused_rms_norm", "nll_loss",
+               "nll_loss_forward", "nll_loss_backward", "mse_loss", "cross_entropy_loss")
+REDUCTION_NAMES = frozenset(_REDUCTIONS)
+BANDWIDTH_OPS = frozenset(f"aten::{op}{suffix}" for op in _ELEMENTWISE + _COPIES + _REDUCTIONS
+                          for suffix in ("", "_")) - FLOP_OPS
 _INTS = re.compile(r"-?\d+")
 
 
@@ -114,10 +134,17 @@ def parse_shapes(dims_raw: bytes, types_raw: bytes | None) -> tuple[list, list]:
     return dims, types
 
 
-def _numel(shape) -> int | None:
+def numel(shape) -> int | None:
+    """Elements of a tensor's recorded shape (None: not a tensor's shape)."""
     if not isinstance(shape, list) or not shape or not all(isinstance(x, int) for x in shape):
         return None
     return math.prod(shape)
+
+
+def shapes_text(dims: list) -> str:
+    """An op's tensor inputs as "512x1024, 768x1024" (scalars and empty lists left out)."""
+    tensors = [x for x in dims if isinstance(x, list) and x and all(isinstance(v, int) for v in x)]
+    return ", ".join("x".join(map(str, t)) for t in tensors[:3])
 
 
 def op_dtype(types: list) -> str:
@@ -132,7 +159,7 @@ def op_bytes(name: str, dims: list, types: list, out_numel: int | None = None) -
     """Bytes an op must move at least: its tensor inputs plus its output."""
     tensors = []
     for i, d in enumerate(dims):
-        n = _numel(d)
+        n = numel(d)
         t = types[i] if i < len(types) else None
         if n is not None and t in DTYPE_BYTES:
             tensors.append((d, n, DTYPE_BYTES[t]))
@@ -140,13 +167,13 @@ def op_bytes(name: str, dims: list, types: list, out_numel: int | None = None) -
         return None
     read = sum(n * b for _, n, b in tensors)
     elem = tensors[0][2]
-    out = out_numel if out_numel is not None else _output_numel(name, [d for d, _, _ in tensors])
+    out = out_numel if out_numel is not None else _outputnumel(name, [d for d, _, _ in tensors])
     if out is None:
         out = max(n for _, n, _ in tensors)
     return float(read + out * elem)
 
 
-def _output_numel(name: str, shapes: list) -> int | None:
+def _outputnumel(name: str, shapes: list) -> int | None:
     base = name.split("::")[-1]
     try:
         if base in ("mm", "matmul") and len(shapes) >= 2:

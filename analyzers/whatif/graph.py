@@ -64,10 +64,30 @@ class StepGraph:
     d_launch: np.ndarray  # host chain index; -1: launched before the step
     d_pred: np.ndarray  # device node before it on its stream, or -1
     d_xdep: np.ndarray  # device node on another stream it waited for, or -1
+    # Where the host's part of the step ends: `hi`, except in a step stretched over device
+    # work that outlasted its host span (load.step_windows), which ends with that work.
+    host_hi: float | None = None
+    window_lo: float | None = None  # where the step's window begins (lo may be earlier: its host part)
 
     @property
     def n_host(self) -> int:
         return len(self.h_start)
+
+    @property
+    def host_end(self) -> float:
+        """Where the host's part of the step ends."""
+        return self.hi if self.host_hi is None else self.host_hi
+
+    def last_own_device_node(self) -> int:
+        """In a step that ends with its own device work (stretched past its host part), the
+        device node it launched that ended last; -1 otherwise."""
+        if self.host_end >= self.hi:
+            return -1
+        own = np.flatnonzero(self.d_launch >= 0)
+        if not len(own):
+            return -1
+        j = int(own[np.argmax(self.d_end[own])])
+        return j if self.d_end[j] > self.host_end else -1
 
 
 def _in_spans(lo: np.ndarray, hi: np.ndarray, spans: np.ndarray) -> np.ndarray:
@@ -100,22 +120,28 @@ def step_graphs(trace, dev_classes: np.ndarray, data_spans: np.ndarray, windows)
     index = _TraceIndex(trace, blocking, (by_corr, corr_sorted), dev_classes, data_spans)
     out = []
     for step, lo, hi in windows:
-        sel = np.flatnonzero(chain_mask & (trace.rt_ts >= lo) & (trace.rt_ts < hi))
+        # A step stretched over its device work holds the calls of its own host span, which
+        # may begin while the device still runs the step before.
+        h_lo, h_hi = trace.host_span(lo, hi)
+        sel = np.flatnonzero(chain_mask & (trace.rt_ts >= h_lo) & (trace.rt_ts < h_hi))
         sel = sel[np.argsort(trace.rt_ts[sel], kind="stable")]
         wait_all = all_name[trace.rt_name[sel]] if len(sel) else np.zeros(0, bool)
-        out.append(_one_step(index, step, lo, hi, sel, wait_all))
+        g = _one_step(index, step, min(lo, h_lo), hi, sel, wait_all, min(hi, h_hi))
+        g.window_lo = float(lo)
+        out.append(g)
     return out
 
 
-def _one_step(index: _TraceIndex, step, lo, hi, sel, wait_all) -> StepGraph:
-    """The graph of one step [lo, hi): `sel` its host chain's runtime calls in time order,
-    `wait_all` which of them wait for all device work."""
+def _one_step(index: _TraceIndex, step, lo, hi, sel, wait_all, host_hi) -> StepGraph:
+    """The graph of one step [lo, hi) whose host part ends at host_hi: `sel` its host chain's
+    runtime calls in time order, `wait_all` which of them wait for all device work."""
     trace, blocking, corr_index, dev_classes, data_spans = index
     h_start = trace.rt_ts[sel].astype(float)
-    h_end = np.minimum(h_start + trace.rt_dur[sel], hi)
+    h_end = np.minimum(h_start + trace.rt_dur[sel], host_hi)
     prev_end = np.concatenate(([lo], h_end[:-1]))[: len(h_start)]
     h_gap_data = _in_spans(prev_end, h_start, data_spans)
-    tail_data = float(_in_spans(np.array([h_end[-1] if len(h_end) else lo]), np.array([hi]), data_spans)[0])
+    tail_data = float(_in_spans(np.array([h_end[-1] if len(h_end) else lo]), np.array([host_hi]),
+                                data_spans)[0])
     # Device nodes launched by the chain's calls (every device row with a call's correlation id),
     # and those still running from earlier steps' launches (a queue the step's own launches wait
     # behind): launch -1, ready at the step's start.
@@ -144,7 +170,7 @@ def _one_step(index: _TraceIndex, step, lo, hi, sel, wait_all) -> StepGraph:
     h_wait_on = _blocking_waits(sel, blocking, h_start, h_end, launch, d_end)
     return StepGraph(step, float(lo), float(hi), h_start, h_end, h_gap_data, h_wait_on, wait_all, tail_data,
                      d_start, d_end, [DEV_CLASS.get(int(c), "compute") for c in dev_classes[dev_rows].tolist()],
-                     launch, d_pred, d_xdep)
+                     launch, d_pred, d_xdep, host_hi)
 
 
 def _cross_stream(d_start, d_end, streams, d_pred, launch_end) -> np.ndarray:

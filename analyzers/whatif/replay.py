@@ -188,6 +188,11 @@ def _replay(g: StepGraph, scale: dict | None, order, own_only: bool = False) -> 
     f_data, f_host, f_launch, f_sync, f_slack = s["data"], s["host"], s["launch"], s["sync"], s["slack"]
     f_dev = [s[c] for c in g.d_cls]
     lo = g.lo
+    # A step stretched over its device work began its host part while the device still ran the
+    # step before; a change to that work belongs to the step before, not to this one.
+    queue_fixed = g.host_end < g.hi
+    # Its duration counts from where the step before ended.
+    origin = g.window_lo if queue_fixed and g.window_lo is not None else lo
     new_h = [None] * g.n_host
     new_d = [None] * len(d_end)
     for kind, i in order:
@@ -212,6 +217,9 @@ def _replay(g: StepGraph, scale: dict | None, order, own_only: bool = False) -> 
             elif own_only:  # the previous step's work: not part of this step's own device time
                 new_d[i] = lo
                 continue
+            elif queue_fixed:  # the previous step's work, which that step's replay changes
+                new_d[i] = d_end[i]
+                continue
             else:  # launched before the step: as measured, ready at the step's start at the latest
                 ready = early[i]
             p = d_pred[i]
@@ -227,11 +235,13 @@ def _replay(g: StepGraph, scale: dict | None, order, own_only: bool = False) -> 
             new_d[i] = ready + slack[i] * f_slack + dur[i] * f_dev[i]
     if own_only:  # the device span of the step's own launches
         own = [new_d[j] for j in range(len(d_end)) if d_launch[j] >= 0]
-        return float(max(own) - lo) if own else 0.0
-    h_end = g.h_end
-    tail = g.hi - h_end[-1]
+        return float(max(own) - origin) if own else 0.0
+    tail = g.host_end - g.h_end[-1]
     end = new_h[-1] + g.tail_data * s["data"] + (tail - g.tail_data) * s["host"]
-    return float(end - g.lo)
+    if g.host_end < g.hi:  # stretched over its device work: the step ends when that work does
+        own = [new_d[j] for j in range(len(d_end)) if d_launch[j] >= 0]
+        end = max([end, *own])
+    return float(end - origin)
 
 
 def host_us(g: StepGraph) -> float:
@@ -240,7 +250,7 @@ def host_us(g: StepGraph) -> float:
     if g.n_host == 0:
         return float(g.hi - g.lo)
     prev_end = np.concatenate(([g.lo], g.h_end[:-1]))
-    return float(np.sum(g.h_start - prev_end - g.h_gap_data) + (g.hi - g.h_end[-1] - g.tail_data))
+    return float(np.sum(g.h_start - prev_end - g.h_gap_data) + (g.host_end - g.h_end[-1] - g.tail_data))
 
 
 def _awaited(g: StepGraph, i: int) -> np.ndarray:
@@ -264,42 +274,57 @@ def present(g: StepGraph) -> list[str]:
 
 def critical_path(g: StepGraph) -> dict:
     """The critical path of the measured step, walked back from its end: µs per class, and
-    its length (the measured step's duration when the graph explains the whole step)."""
+    its length (the measured step's duration when the graph explains the whole step).
+
+    A step stretched over its device work began where the step before it ended (`window_lo`):
+    the path is cut there, as the work before belongs to that step."""
     out: dict = defaultdict(float)
     if g.n_host == 0:
         out["host"] = g.hi - g.lo
         return {"length_us": g.hi - g.lo, "by_class_us": dict(out), "nodes": 0}
+    cut = g.window_lo if g.window_lo is not None and g.host_end < g.hi else -np.inf
+
+    def part(a: float, b: float) -> float:
+        return max(0.0, b - max(a, cut))
+
     last = g.n_host - 1
-    out["data"] += g.tail_data
-    out["host"] += (g.hi - g.h_end[last]) - g.tail_data
     mode, i, nodes = "host", last, 0
+    if g.last_own_device_node() >= 0:  # the step ends with device work the host ran ahead of
+        mode, i = "dev", g.last_own_device_node()
+    else:
+        out["data"] += g.tail_data
+        out["host"] += (g.host_end - g.h_end[last]) - g.tail_data
     while True:
         nodes += 1
         if mode == "host":
-            if i < 0:
+            if i < 0 or g.h_end[i] <= cut:
                 break
             a = g.h_wait_on[i]
             if a >= 0 and g.d_end[a] > g.h_start[i]:
-                out["host"] += g.h_end[i] - g.d_end[a]  # the blocking call's own part, after the wait
+                out["host"] += part(g.d_end[a], g.h_end[i])  # the blocking call's own part, after the wait
                 mode, i = "dev", int(a)
                 continue
-            _host_call(out, g, i)
+            _host_call(out, g, i, cut)
             i -= 1
             continue
         k = i
-        out[g.d_cls[k]] += g.d_end[k] - g.d_start[k]
+        out[g.d_cls[k]] += part(g.d_start[k], g.d_end[k])
         lk, p, x = g.d_launch[k], g.d_pred[k], g.d_xdep[k]
-        best, kind = (g.h_end[lk], "launch") if lk >= 0 else (g.lo, "before")
+        # A copy that blocks its own call (pageable memory) begins with the call, not after it:
+        # the call outlasts the copy's start.
+        own_wait = lk >= 0 and (g.h_wait_on[lk] == k or g.h_end[lk] > g.d_start[k])
+        best, kind = ((g.h_start[lk] if own_wait else g.h_end[lk]), "launch") if lk >= 0 else (g.lo, "before")
         if p >= 0 and g.d_end[p] > best:
             best, kind = g.d_end[p], "pred"
         if x >= 0 and g.d_end[x] > best:
             best, kind = g.d_end[x], "xdep"
-        out["host"] += max(0.0, g.d_start[k] - best)  # launch latency, or the device idle between ops
-        if kind == "before":  # launched before the step, queued since its start: the path begins here
+        out["host"] += part(best, g.d_start[k])  # launch latency, or the device idle between ops
+        if kind == "before" or best <= cut:  # the path begins here
             break
         if kind == "launch":
-            # The launching call itself ended the wait: continue along the host chain from it.
-            _host_call(out, g, lk)
+            # The launching call itself ended the wait: continue along the host chain from it
+            # (from the gap before it, where the call's own time is the copy just counted).
+            _host_call(out, g, lk, cut, gap_only=own_wait)
             mode, i = "host", int(lk) - 1
         else:
             i = int(p if kind == "pred" else x)
@@ -307,9 +332,13 @@ def critical_path(g: StepGraph) -> dict:
     return {"length_us": length, "by_class_us": {c: float(v) for c, v in out.items() if v}, "nodes": nodes}
 
 
-def _host_call(out: dict, g: StepGraph, i: int) -> None:
-    """Host call i on the critical path: the call itself, and the gap before it (DataLoader
-    time as data, the rest as host)."""
+def _host_call(out: dict, g: StepGraph, i: int, cut: float = -np.inf, gap_only: bool = False) -> None:
+    """Host call i on the critical path: the call itself (unless `gap_only`), and the gap
+    before it (DataLoader time as data, the rest as host), from `cut` on."""
     prev = g.h_end[i - 1] if i > 0 else g.lo
-    out["host"] += (g.h_end[i] - g.h_start[i]) + (g.h_start[i] - prev) - g.h_gap_data[i]
-    out["data"] += g.h_gap_data[i]
+    data = g.h_gap_data[i]
+    if prev < cut:
+        prev = cut
+        data = min(data, max(0.0, g.h_start[i] - cut))
+    out["host"] += (0.0 if gap_only else g.h_end[i] - g.h_start[i]) + (g.h_start[i] - prev) - data
+    out["data"] += data
