@@ -221,11 +221,15 @@ def _rank_main(local_rank: int, cfg: dict, done=None) -> None:
         opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
         agent.watch(ddp, opt)  # parameters, gradients and optimizer state, for the memory section and `diag plan --run`
         # The DataLoader itself, not an iterator over it: the agent records its settings.
+        slow_down = float(cfg.get("slow_down") or 0.0)
         for _, batch in zip(range(steps), agent.loader(batches)):
+            t0 = time.perf_counter()
             opt.zero_grad(set_to_none=True)
             loss = step_fn(ddp, batch)
             loss.backward()
             opt.step()
+            if slow_down:  # an induced regression: the step's own work takes (1 + slow_down) times as long
+                time.sleep(slow_down * (time.perf_counter() - t0))
             agent.step(samples=samples)
         dist.barrier()
     dist.destroy_process_group()
@@ -250,6 +254,7 @@ class DemoSettings:
     verbose: bool = False
     linger_s: float = 0.0  # keep the endpoints serving this long after the report
     thresholds: dict | None = None  # decision-tree thresholds for diag.Agent
+    slow_down: float = 0.0  # an induced regression: each step's work is followed by this fraction of it, idle
 
 
 def run_demo(settings: DemoSettings = DemoSettings(), on_ready=None) -> dict:
@@ -287,6 +292,7 @@ def run_demo(settings: DemoSettings = DemoSettings(), on_ready=None) -> dict:
         "verbose": settings.verbose,
         "linger_s": max(float(linger_s or 0.0), 0.0) if export else 0.0,
         "thresholds": dict(settings.thresholds or {}),
+        "slow_down": float(settings.slow_down),
     }
     # fork is fast (no re-import of torch) and safe here: the parent has run no torch ops.
     method = "fork" if sys.platform.startswith("linux") else "spawn"

@@ -58,6 +58,14 @@ COMMANDS: dict[str, tuple] = {
     "diag compare runs/before runs/after --applied no_data_wait": (
         "run", "diag compare {before} {after} --applied no_data_wait --out cmp",
         "before: `diag demo --bottleneck data`; after: `diag demo`"),
+    "python3 -m pip install -e .": ("not here", "the install .ci/run performs"),
+    "diag run --run-dir runs/pr -- torchrun --nproc-per-node 8 train.py --max-steps 200": (
+        "run", "diag demo --run-dir runs/pr",
+        "the demo job stands in for the user's train.py: a short two-rank training under the agent, the same "
+        "job as the baseline"),
+    "diag compare perf/baseline runs/pr --gate --max-slowdown 5% --junit gate.xml": (
+        "run", "diag compare {baseline} runs/pr --gate --max-slowdown 5% --junit gate.xml",
+        "the baseline is the run `diag demo` made first: the same code, so the gate passes"),
     "diag nccl --nproc-per-node 4 -b 8 -e 1M -f 2": ("run", "diag nccl --nproc-per-node 4 -b 8 -e 1M -f 2", ""),
     "torchrun --nproc-per-node 8 -m diag nccl -b 8 -e 8G -f 2 --intra nvlink4 --inter ib_ndr --nics-per-node 8": (
         "run", "torchrun --nproc-per-node 2 -m diag nccl -b 8 -e 64K -f 2 --intra nvlink4 --inter ib_ndr "
@@ -85,6 +93,15 @@ def _blocks() -> list[tuple[str, str]]:
     return [(m.group(1), m.group(2)) for m in BLOCK.finditer(README.read_text(encoding="utf-8"))]
 
 
+def _workflow_lines(code: str) -> list[str]:
+    """The shell lines of a GitHub Actions workflow's `run:` steps."""
+    import yaml
+
+    doc = yaml.safe_load(code)
+    return [line for job in doc["jobs"].values() for step in job["steps"] if "run" in step
+            for line in _lines(step["run"])]
+
+
 def _lines(code: str) -> list[str]:
     out = []
     for line in code.splitlines():
@@ -107,6 +124,10 @@ def test_every_sample_is_covered():
             assert any(marker in code for marker in PYTHON_SAMPLES), f"README Python block not run:\n{code}"
         elif lang == "toml":
             tomllib.loads(code)
+        elif lang == "yaml":
+            for line in _workflow_lines(code):
+                assert line in COMMANDS, f"README workflow line not run by tests/test_readme.py: {line!r}"
+                seen.add(line)
         else:
             pytest.fail(f"README block of unknown kind {lang!r}:\n{code}")
     assert not set(COMMANDS) - seen, f"listed but no longer in the README: {set(COMMANDS) - seen}"
@@ -172,6 +193,18 @@ def test_demo_and_its_analysis(workdir, demo):
     check = run_line("diag compare runs/before runs/after --applied no_data_wait", workdir, before=data_dir,
                      after=run_dir).stdout
     assert "Prediction check, no_data_wait (as given): diag predicted" in check, check
+
+
+@pytest.mark.slow
+def test_ci_gate_sample(workdir, demo):
+    """The workflow's two steps: a second run of the same job passes the gate against the first."""
+    _, baseline = demo
+    run_line("diag run --run-dir runs/pr -- torchrun --nproc-per-node 8 train.py --max-steps 200", workdir)
+    out = run_line("diag compare perf/baseline runs/pr --gate --max-slowdown 5% --junit gate.xml", workdir,
+                   baseline=baseline).stdout
+    assert out.startswith("diag gate: PASS: step time"), out
+    junit = (workdir / "gate.xml").read_text()
+    assert '<testsuite name="diag.gate"' in junit and 'failures="0"' in junit and 'name="step time"' in junit
 
 
 @pytest.mark.slow

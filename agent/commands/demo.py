@@ -26,6 +26,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--threshold", action="append", metavar="NAME=VALUE", default=[],
                         help="a decision-tree threshold for the agent (repeatable), as diag.Agent(thresholds=...) "
                              "takes it: the live verdicts, the report and later analyses of the run all use it")
+    parser.add_argument("--slow-down", type=float, default=0.0, metavar="FRACTION",
+                        help="an induced regression, to try `diag compare --gate` on: each step's work is followed "
+                             "by an idle wait of this fraction of it (0.2: steps about 20%% slower; default 0)")
     parser.add_argument("--json", action="store_true",
                         help="print the diagnosis document (diag.diagnosis/1, as in summary.json) instead of the summary")
     parser.add_argument("--verbose", action="store_true", help="show the agent's messages from every rank")
@@ -49,9 +52,11 @@ def run(args) -> int:
               file=sys.stderr, flush=True)
     if args.linger < 0:
         raise DiagInputError(f"--linger must be 0 or more seconds, got {args.linger:g}")
+    if not 0 <= args.slow_down <= 10:
+        raise DiagInputError(f"--slow-down must be between 0 and 10, got {args.slow_down:g}")
     settings = DemoSettings(args.bottleneck, ranks=args.ranks, steps=args.steps, run_dir=args.run_dir,
                             export=not args.no_export, port_base=args.port_base, verbose=args.verbose,
-                            linger_s=args.linger, thresholds=thresholds)
+                            linger_s=args.linger, thresholds=thresholds, slow_down=args.slow_down)
     run_demo(settings, on_ready=lambda result: _show(result, args))
     return 0
 

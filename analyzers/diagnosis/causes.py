@@ -290,19 +290,27 @@ def _launch_bound(ctx: JobContext) -> dict | None:
     }
 
 
+def _timed_items_over(ctx: JobContext, key: str, share: str) -> dict[int, tuple]:
+    """Per rank whose facts `key` (a list of {"name", "ms_per_step", ...}) add up to the
+    threshold `share` of its traced step or more: (items, their ms per step, the step's ms,
+    the rank's analysis)."""
+    minimum = ctx.tree.thresholds[share]
+    found = {}
+    for rank, merged in ctx.ranks.items():
+        analysis = merged.get("analysis") or {}
+        items = [c for c in analysis.get(key) or [] if isinstance(c, dict) and c.get("ms_per_step")]
+        step_ms = _traced_step_ms(analysis)
+        total = sum(float(c["ms_per_step"]) for c in items)
+        if items and step_ms and total >= minimum * step_ms:
+            found[rank] = (items, total, step_ms, analysis)
+    return found
+
+
 def _allocator_calls(ctx: JobContext) -> dict | None:
     """Device-memory allocation and release calls (cudaMalloc, cudaFree, their HIP and driver
     forms) holding the host `allocator_step_share` of the step or more: PyTorch's caching
     allocator calls the driver only when its cache misses or is emptied."""
-    minimum = ctx.tree.thresholds["allocator_step_share"]
-    found = {}
-    for rank, merged in ctx.ranks.items():
-        analysis = merged.get("analysis") or {}
-        calls = [c for c in analysis.get("allocator") or [] if isinstance(c, dict) and c.get("ms_per_step")]
-        step_ms = _traced_step_ms(analysis)
-        total = sum(float(c["ms_per_step"]) for c in calls)
-        if calls and step_ms and total >= minimum * step_ms:
-            found[rank] = (calls, total, step_ms, analysis)
+    found = _timed_items_over(ctx, "allocator", "allocator_step_share")
     if not found:
         return None
     calls, total, step_ms, analysis = found[min(found)]
@@ -336,18 +344,10 @@ def _cpu_work(ctx: JobContext) -> dict | None:
     """Ops of the training thread that run on the CPU (no runtime call while they run) holding
     the host `cpu_work_step_share` of the step or more: the device waits while the thread that
     feeds it computes."""
-    minimum = ctx.tree.thresholds["cpu_work_step_share"]
-    found = {}
-    for rank, merged in ctx.ranks.items():
-        analysis = merged.get("analysis") or {}
-        ops = [o for o in analysis.get("cpu_work") or [] if isinstance(o, dict) and o.get("ms_per_step")]
-        step_ms = _traced_step_ms(analysis)
-        total = sum(float(o["ms_per_step"]) for o in ops)
-        if ops and step_ms and total >= minimum * step_ms:
-            found[rank] = (ops, total, step_ms)
+    found = _timed_items_over(ctx, "cpu_work", "cpu_work_step_share")
     if not found:
         return None
-    ops, total, step_ms = found[min(found)]
+    ops, total, step_ms, _ = found[min(found)]
     listed = ", ".join(f"{o['name']} ({_ms(float(o['ms_per_step']))})" for o in ops[:4])
     loader = _loaders(ctx).get(min(found))
     where = (f"into the Dataset's __getitem__ or the collate_fn of the {loader['class']} over {loader['dataset']}, "

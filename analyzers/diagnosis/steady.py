@@ -69,5 +69,29 @@ def median_ratio_interval(before, after, z: float = Z_95) -> tuple[float, float,
     return ratio, ratio * math.exp(-z * rel), ratio * math.exp(z * rel)
 
 
+def level_drift(values, blocks: int = 4, min_block: int = 4) -> float | None:
+    """How far a run's own pace wanders, relative to its median: the standard deviation of the
+    medians of `blocks` consecutive blocks of its steps (None with fewer than `min_block` steps
+    a block). A rerun on the same machine can land anywhere within about this much: the
+    machine's load changes over minutes, which the step-to-step scatter does not show."""
+    vals = _finite(values)
+    size = len(vals) // blocks
+    if size < min_block:
+        return None
+    medians = [statistics.median(vals[i * size:(i + 1) * size]) for i in range(blocks)]
+    whole = statistics.median(vals)
+    return statistics.stdev(medians) / whole if whole > 0 else None
+
+
+def level_ratio_interval(before, after, z: float = Z_95) -> tuple[float, float, float]:
+    """median_ratio_interval widened by each run's level_drift: the interval of two runs'
+    levels rather than of two samples of one level."""
+    mb, ma = statistics.median(before), statistics.median(after)
+    ratio = ma / mb
+    rel = math.hypot(_relative_se(before, mb), _relative_se(after, ma), level_drift(before) or 0.0,
+                     level_drift(after) or 0.0)
+    return ratio, ratio * math.exp(-z * rel), ratio * math.exp(z * rel)
+
+
 def _relative_se(values, median: float) -> float:
     return (median_standard_error(values) or 0.0) / median if median > 0 else 0.0

@@ -1,0 +1,160 @@
+"""The regression gate of `diag compare BEFORE AFTER --gate`: did AFTER get worse than BEFORE
+beyond the runs' own noise, and may the two be compared at all?
+
+Runs are comparable when they have the same world size, the same device kind, the same model
+(class and parameter count from the agent's model facts) and the same batch (samples per
+step); otherwise the gate says which differ and gives no pass or fail.
+
+Tracked figures, each against its noise band and its limit (`--max-slowdown`, else
+`gate_max_slowdown`). The band is the interval (`noise_interval_z`) of the two runs' levels:
+each median's robust standard error and each run's own drift (the spread of the medians of
+its quarters, steady.level_drift). Drift matters: on a shared machine two runs of the same
+code differ by more than their step-to-step scatter says, and about as much as each run's
+pace wanders within itself.
+- step time: worse when the whole interval of median(after) / median(before) lies above
+  1 + limit;
+- throughput and MFU: the run's rate, whose interval is the step time's inverted (the same
+  work per step, as comparability requires): worse when it lies wholly below 1 - limit;
+- each phase (data, host, comm, wait, memory, compute) in milliseconds of a step: worse when
+  the whole interval of its growth lies above `limit` of BEFORE's median step, so a phase
+  that takes the time another gave back is no regression of the step.
+Pure: two analysis documents and their report models in, plain data out.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from diag.analyzers.diagnosis import change
+from diag.analyzers.diagnosis.inputs import CLASSES
+from diag.analyzers.diagnosis.steady import level_drift, level_ratio_interval, median_standard_error
+
+GATE_SCHEMA = "diag.gate/1"
+PASS, REGRESSION, NOT_COMPARABLE = "pass", "regression", "not_comparable"
+EXIT_STATUS = {PASS: 0, REGRESSION: 1, NOT_COMPARABLE: 2}
+
+
+def run_identity(doc: dict, model: dict) -> dict:
+    """What must match for two runs to be compared: world size, device kind, model, batch."""
+    run = model.get("run") or {}
+    ranks = [r for r in doc.get("ranks") or [] if isinstance(r, dict)]
+    facts = next((r["model"] for r in ranks if isinstance(r.get("model"), dict)), None) or {}
+    return {
+        "world size": run.get("world_size"),
+        "device": _device_kind(run.get("devices")),
+        "model": f"{facts['class']} with {facts['params']:,} parameters" if facts.get("class") and
+        isinstance(facts.get("params"), int) else None,
+        "batch": _batch(ranks),
+    }
+
+
+def _device_kind(devices) -> str | None:
+    """'2 x NVIDIA H100' -> 'NVIDIA H100': the kind, whatever the count (the world size says it)."""
+    kinds = sorted({str(d).split(" x ", 1)[-1] for d in devices or []})
+    return ", ".join(kinds) or None
+
+
+def _batch(ranks: list[dict]) -> float | None:
+    """Samples per step, summed over ranks (the median of each rank's recorded steps)."""
+    per_rank = []
+    for r in ranks:
+        samples = [s.get("samples") for s in r.get("steps") or [] if isinstance(s, dict)]
+        samples = [float(x) for x in samples if isinstance(x, (int, float)) and x > 0]
+        if samples:
+            per_rank.append(statistics.median(samples))
+    return sum(per_rank) if per_rank else None
+
+
+def differences(before: dict, after: dict) -> list[str]:
+    """Why two runs' identities do not allow a comparison (empty: they do). A fact one run
+    lacks is no difference: it cannot be checked, and the gate says so in its notes."""
+    out = []
+    for key, a in before.items():
+        b = after.get(key)
+        if a is not None and b is not None and a != b:
+            out.append(f"{key}: {_shown(a)} before, {_shown(b)} after")
+    return out
+
+
+def _shown(v) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def gate(doc_a: dict, model_a: dict, doc_b: dict, model_b: dict, tree, max_slowdown: float | None = None) -> dict:
+    """The gate's result ("pass", "regression", "not_comparable"), its exit status, the reasons,
+    the figures with their bands, and notes on what could not be checked."""
+    th = tree.thresholds
+    limit = float(th["gate_max_slowdown"] if max_slowdown is None else max_slowdown)
+    ident_a, ident_b = run_identity(doc_a, model_a), run_identity(doc_b, model_b)
+    notes = [f"{k} is not recorded in {'BEFORE' if ident_a[k] is None else 'AFTER'}: not checked"
+             for k in ident_a if ident_a[k] is None or ident_b[k] is None]
+    out = {"schema": GATE_SCHEMA, "limit": limit, "before": ident_a, "after": ident_b, "notes": notes, "figures": []}
+    reasons = differences(ident_a, ident_b)
+    ta = change.steady_steps(model_a.get("step_times_s") or [], tree)
+    tb = change.steady_steps(model_b.get("step_times_s") or [], tree)
+    if len(ta) < change.MIN_STEPS or len(tb) < change.MIN_STEPS:
+        reasons.append(f"too few steps after warm-up to compare ({len(ta)} before, {len(tb)} after; "
+                       f"at least {change.MIN_STEPS} each)")
+    if reasons:
+        return {**out, "result": NOT_COMPARABLE, "exit_status": EXIT_STATUS[NOT_COMPARABLE], "reasons": reasons,
+                "summary": "diag gate: NOT COMPARABLE: " + "; ".join(reasons)}
+    z = float(th["noise_interval_z"])
+    ratio, lo, hi = level_ratio_interval(ta, tb, z)
+    base_ms = statistics.median(ta) * 1e3
+    figures = [_figure("step time", "ms", base_ms, statistics.median(tb) * 1e3, ratio, lo, hi, limit, higher_is_worse=True)]
+    for key, name in (("samples_per_s", "throughput"), ("tokens_per_s", "throughput (tokens)"), ("mfu", "MFU")):
+        a, b = (model_a.get("throughput") or {}).get(key), (model_b.get("throughput") or {}).get(key)
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a > 0 and b > 0:
+            figures.append(_figure(name, "/s" if key != "mfu" else "", a, b, b / a, 1 / hi, 1 / lo, limit,
+                                   higher_is_worse=False))
+    figures += _phase_figures(doc_a, doc_b, base_ms, limit, z)
+    worse = [f for f in figures if f["worse"]]
+    result = REGRESSION if worse else PASS
+    head = (f"step time {figures[0]['change']:+.1%} (noise band {figures[0]['band'][0]:+.1%} to "
+            f"{figures[0]['band'][1]:+.1%}, limit +{limit:.0%})")
+    summary = (f"diag gate: REGRESSION: {', '.join(_worse_text(f) for f in worse)}" if worse
+               else f"diag gate: PASS: {head}; no tracked figure worse beyond its noise")
+    return {**out, "result": result, "exit_status": EXIT_STATUS[result], "reasons": [_worse_text(f) for f in worse],
+            "figures": figures, "summary": summary}
+
+
+def _figure(name, unit, before, after, ratio, lo, hi, limit, higher_is_worse: bool) -> dict:
+    worse = lo > 1 + limit if higher_is_worse else hi < 1 - limit
+    return {"name": name, "unit": unit, "before": before, "after": after, "change": ratio - 1,
+            "band": [lo - 1, hi - 1], "limit": limit if higher_is_worse else -limit, "worse": bool(worse)}
+
+
+def _worse_text(f: dict) -> str:
+    return (f"{f['name']} {f['change']:+.1%} (noise band {f['band'][0]:+.1%} to {f['band'][1]:+.1%}, "
+            f"limit {f['limit']:+.0%})")
+
+
+def _phase_ms(doc: dict) -> dict[str, list[float]]:
+    """Per phase, its milliseconds in each analysed rank-step."""
+    out: dict[str, list[float]] = {p: [] for p in CLASSES}
+    for r in doc.get("ranks") or []:
+        for s in (r.get("steps") or []) if isinstance(r, dict) else []:
+            shares, dur = s.get("shares"), s.get("duration_ms")
+            if isinstance(shares, dict) and isinstance(dur, (int, float)) and dur > 0:
+                for p in CLASSES:
+                    if isinstance(shares.get(p), (int, float)):
+                        out[p].append(float(shares[p]) * dur)
+    return out
+
+
+def _phase_figures(doc_a, doc_b, base_ms: float, limit: float, z: float) -> list[dict]:
+    """Each phase's growth in ms per step, against `limit` of BEFORE's median step."""
+    pa, pb = _phase_ms(doc_a), _phase_ms(doc_b)
+    out = []
+    for p in CLASSES:
+        a, b = pa[p], pb[p]
+        if len(a) < change.MIN_STEPS or len(b) < change.MIN_STEPS:
+            continue
+        ma, mb = statistics.median(a), statistics.median(b)
+        se = ((median_standard_error(a) or 0.0) ** 2 + (median_standard_error(b) or 0.0) ** 2
+              + ((level_drift(a) or 0.0) * ma) ** 2 + ((level_drift(b) or 0.0) * mb) ** 2) ** 0.5
+        grow, half = (mb - ma) / base_ms, z * se / base_ms
+        out.append({"name": f"{p} phase", "unit": "ms", "before": ma, "after": mb, "change": grow,
+                    "band": [grow - half, grow + half], "limit": limit, "worse": bool(grow - half > limit),
+                    "relative_to": "BEFORE's median step"})
+    return out
