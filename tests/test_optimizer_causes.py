@@ -59,8 +59,8 @@ def test_a_cheap_optimizer_is_no_cause_on_a_real_v100_trace(real_data):
     assert "optimizer_step" not in {c["id"] for c in doc["diagnosis"]["causes"]}
 
 
-def _opt_rank(ms, name="AdamW", impl="for-loop"):
-    opt = {"name": name, "implementation": impl, "calls_per_step": 1.0, "ms_per_step": ms, "ops_per_step": 400.0,
+def _opt_rank(ms, name="AdamW", impl="for-loop", ops=400.0):
+    opt = {"name": name, "implementation": impl, "calls_per_step": 1.0, "ms_per_step": ms, "ops_per_step": ops,
            "kernels_per_step": 400.0, "kernel_ms_per_step": ms / 2}
     return {"analysis": {"steps": [{"step": 0, "evidence": "trace", "duration_ms": 100.0}], "optimizer": opt}}
 
@@ -70,6 +70,15 @@ def test_an_optimizer_from_five_percent_of_the_step(ms, named):
     assert dt.load_tree().thresholds["optimizer_step_share"] == 0.05
     found = cs.causes(_ctx({0: _opt_rank(ms)}))
     assert [c["id"] for c in found] == (["optimizer_step"] if named else [])
+
+
+@pytest.mark.parametrize("ops,named", [(7.0, False), (8.0, True)])
+def test_a_for_loop_over_a_few_tensors_has_nothing_to_fuse(ops, named):
+    """The host demo's SGD loops over 2 tensors for 5% of its step: its cost is the update itself."""
+    assert dt.load_tree().thresholds["optimizer_min_loop_ops"] == 8
+    found = cs.causes(_ctx({0: _opt_rank(50.0, impl="for-loop", ops=ops)}))
+    assert [c["id"] for c in found] == (["optimizer_step"] if named else [])
+    assert [c["id"] for c in cs.causes(_ctx({0: _opt_rank(50.0, impl="foreach", ops=1.0)}))] == ["optimizer_step"]
 
 
 def test_a_fused_optimizer_is_never_named_and_others_are_compiled():

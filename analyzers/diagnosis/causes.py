@@ -514,13 +514,17 @@ FUSED_OPTIMIZERS = ("Adam", "AdamW", "SGD", "Adagrad")
 def _optimizer_step(ctx: JobContext) -> dict | None:
     """An optimizer that is not fused, whose step holds the host or the device for
     `optimizer_step_share` of the step or more: a for-loop or foreach update makes a pass over
-    memory (and a launch) per tensor or per op that a fused one makes once."""
+    memory (and a launch) per tensor or per op that a fused one makes once. A for-loop over
+    fewer than `optimizer_min_loop_ops` tensors is not named: there is nothing to fuse."""
     minimum = ctx.tree.thresholds["optimizer_step_share"]
+    min_loop = ctx.tree.thresholds["optimizer_min_loop_ops"]
     found = {}
     for rank, merged in ctx.ranks.items():
         analysis = merged.get("analysis") or {}
         opt, step_ms = analysis.get("optimizer"), _traced_step_ms(analysis)
         if not isinstance(opt, dict) or opt.get("implementation") == "fused" or not step_ms:
+            continue
+        if opt.get("implementation") == "for-loop" and float(opt.get("ops_per_step") or 0.0) < min_loop:
             continue
         cost = max(float(opt.get("ms_per_step") or 0.0), float(opt.get("kernel_ms_per_step") or 0.0))
         if cost >= minimum * step_ms:
