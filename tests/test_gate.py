@@ -133,10 +133,10 @@ def test_max_slowdown_refuses_what_is_not_one(text):
 # -- on real demo runs ----------------------------------------------------------------------
 
 
-def _demo(tmp, name: str, *extra: str):
+def _demo(tmp, name: str, *extra: str, steps: int = 24):
     run_dir = tmp / name
-    subprocess.run([sys.executable, "-m", "diag", "demo", "--no-export", "--steps", "32", "--run-dir", str(run_dir),
-                    *extra], check=True, capture_output=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "diag", "demo", "--no-export", "--steps", str(steps), "--run-dir",
+                    str(run_dir), *extra], check=True, capture_output=True, timeout=300)
     return run_dir
 
 
@@ -167,6 +167,6 @@ def test_the_gate_on_real_demo_runs(tmp_path):
     assert int(suite.get("failures")) >= 1 and any(c.get("name") == "host phase" and c.find("failure") is not None
                                                    for c in suite.iter("testcase"))
 
-    other = _compare(base, _demo(tmp_path, "one", "--ranks", "1"), tmp_path)
+    other = _compare(base, _demo(tmp_path, "one", "--ranks", "1", steps=8), tmp_path)
     assert other.returncode == 2 and "world size: 2 before, 1 after" in other.stdout, other.stdout
     assert json.loads((tmp_path / "cmp" / "compare.json").read_text())["after"]["world_size"] == 1
