@@ -15,23 +15,27 @@ def host_steps(events: list[dict]) -> list[tuple[float, float]]:
                   and e.get("cat") not in ("gpu_user_annotation",) and e.get("ph") == "X")
 
 
+def launch_steps(events: list[dict]) -> dict[int, int]:
+    """Correlation id -> the step whose host span holds the runtime call that made it; -1 for
+    calls made before the first step. Calls between steps are left out."""
+    steps = host_steps(events)
+    out = {}
+    for e in events:
+        if e.get("cat") in RUNTIME_CATS and "correlation" in (e.get("args") or {}):
+            k = -1 if steps and e["ts"] < steps[0][0] else next(
+                (i for i, (lo, hi) in enumerate(steps) if lo <= e["ts"] < hi), None)
+            if k is not None:
+                out[e["args"]["correlation"]] = k
+    return out
+
+
 def device_step_windows(events: list[dict]) -> list[tuple[float, float]]:
     steps = host_steps(events)
     if not steps:
         return []
-    launch = {e["args"]["correlation"]: e["ts"] for e in events
-              if e.get("cat") in RUNTIME_CATS and "correlation" in (e.get("args") or {})}
+    launched = launch_steps(events)
     device = [e for e in events if e.get("cat") in DEVICE_CATS]
-
-    def step_of(e) -> int | None:  # -1: launched before the first step
-        ts = launch.get((e.get("args") or {}).get("correlation"))
-        if ts is None:
-            return None
-        if ts < steps[0][0]:
-            return -1
-        return next((k for k, (lo, hi) in enumerate(steps) if lo <= ts < hi), None)
-
-    owner = [step_of(e) for e in device]
+    owner = [launched.get((e.get("args") or {}).get("correlation")) for e in device]
     first_own = min((e["ts"] for e, k in zip(device, owner) if k == 0), default=steps[0][1])
     before = [e["ts"] + e["dur"] for e, k in zip(device, owner) if k == -1 or (k is None and e["ts"] < first_own)]
     prev_end = max(before, default=float("-inf"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import types
 
 import pytest
+from device_steps import host_steps, launch_steps
 
 from diag.analyzers.diagnosis import causes as cs
 from diag.analyzers.diagnosis import decision_tree as dt
@@ -95,11 +96,9 @@ def _launched_in_steps(events, pred):
     """The device events matching pred whose launching runtime call (same correlation id)
     starts inside a host ProfilerStep span, and the number of spans: a step's device work,
     which may run after its host span when the loop runs ahead of the device."""
-    steps = [(e["ts"], e["ts"] + e["dur"]) for e in events if str(e.get("name", "")).startswith("ProfilerStep#")
-             and e.get("cat") != "gpu_user_annotation"]
-    launched = {e["args"]["correlation"] for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver", "runtime")
-                and "correlation" in (e.get("args") or {}) and any(lo <= e["ts"] < hi for lo, hi in steps)}
-    return [e for e in events if pred(e) and (e.get("args") or {}).get("correlation") in launched], len(steps)
+    launched = {c for c, k in launch_steps(events).items() if k >= 0}
+    return [e for e in events if pred(e) and (e.get("args") or {}).get("correlation") in launched], \
+        len(host_steps(events))
 
 
 def test_pageable_copies_are_named_on_a_real_data_bound_trace(real_data):

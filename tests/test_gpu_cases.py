@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from device_steps import device_step_windows, host_steps
+from device_steps import device_step_windows, host_steps, launch_steps
 
 from diag.analyzers.analyze import analyze_paths
 from diag.analyzers.diagnosis import causes as cs
@@ -34,18 +34,6 @@ def _events(case: str) -> list[dict]:
 
 def _causes(case: str) -> dict[str, dict]:
     return {c["id"]: c for c in _doc(case)["diagnosis"]["causes"]}
-
-
-def _launch_step(events) -> dict[int, int]:
-    """Correlation id -> the host step whose span holds the runtime call."""
-    steps = host_steps(events)
-    out = {}
-    for e in events:
-        if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {}):
-            k = next((i for i, (lo, hi) in enumerate(steps) if lo <= e["ts"] < hi), None)
-            if k is not None:
-                out[e["args"]["correlation"]] = k
-    return out
 
 
 def test_a_loop_that_runs_ahead_of_the_device_is_judged_on_the_device_time_of_each_step():
@@ -130,7 +118,7 @@ def test_a_transposed_copy_is_named_far_below_the_memory_peak():
     step, in the kernel aten::copy_ launches; its rate is those bytes over that kernel's time,
     against the H200's 4.8 TB/s."""
     events = _events("strided_gather")
-    launched = _launch_step(events)
+    launched = {c: k for c, k in launch_steps(events).items() if k >= 0}
     copies = {e["args"]["External id"] for e in events if e.get("cat") == "cpu_op" and e["name"] == "aten::copy_"
               and e["args"].get("Input Dims", [])[:2] == [[8192, 8192], [8192, 8192]]}
     kernels = [e for e in events if e.get("cat") == "kernel" and e["args"].get("External id") in copies
@@ -211,7 +199,7 @@ def test_fp32_math_on_untiled_shapes_says_its_gain_is_an_upper_bound():
 def test_a_pageable_copy_that_makes_the_step_memory_bound_is_named():
     events = _events("pageable_copy")
     steps = host_steps(events)
-    launched = _launch_step(events)
+    launched = {c: k for c, k in launch_steps(events).items() if k >= 0}
     pageable = [e for e in events if e.get("cat") == "gpu_memcpy" and "Pageable" in e["name"]
                 and e["args"].get("correlation") in launched]
     cause = _causes("pageable_copy")["pageable_copies"]

@@ -107,13 +107,10 @@ class Trace:
             spans = self.host_spans(win)
             if column == "dev" and spans is not win:
                 found = iv.window_of(self.dev_ts, win)
-                launched = self.step_of("rt", win)
-                by_corr = np.argsort(self.rt_corr, kind="stable")
-                corr = self.rt_corr[by_corr]
-                if len(corr):
-                    k = np.clip(np.searchsorted(corr, self.dev_corr), 0, len(corr) - 1)
-                    hit = (corr[k] == self.dev_corr) & (self.dev_corr > 0) & (launched[by_corr[k]] >= 0)
-                    found[hit] = launched[by_corr[k[hit]]]
+                launched, call = self.step_of("rt", win), self.launch_calls()
+                hit = np.flatnonzero(call >= 0)
+                hit = hit[launched[call[hit]] >= 0]
+                found[hit] = launched[call[hit]]
             else:
                 found = iv.window_of(getattr(self, f"{column}_ts"), spans)
             found = found.astype(np.int32)
@@ -137,6 +134,22 @@ class Trace:
         cache[("host_spans", win.shape, win.tobytes())] = spans
         for (lo, hi), (h_lo, h_hi) in zip(win.tolist(), spans.tolist()):
             cache[("host_span", lo, hi)] = (h_lo, h_hi)
+
+    def launch_calls(self) -> np.ndarray:
+        """Per device row, the runtime row that launched it (the first with its correlation id;
+        -1: none, or no id), found once. Read-only."""
+        cache = self.__dict__.setdefault("_derived", {})
+        if "launch_calls" not in cache:
+            found = np.full(len(self.dev_corr), -1, dtype=np.int64)
+            by_corr = np.argsort(self.rt_corr, kind="stable")
+            corr = self.rt_corr[by_corr]
+            if len(corr):
+                k = np.clip(np.searchsorted(corr, self.dev_corr), 0, len(corr) - 1)
+                hit = (corr[k] == self.dev_corr) & (self.dev_corr > 0)
+                found[hit] = by_corr[k[hit]]
+            found.flags.writeable = False
+            cache["launch_calls"] = found
+        return cache["launch_calls"]
 
     def launcher_rows(self) -> np.ndarray:
         """Per device row, the CPU row whose External id it carries (the op that launched it;

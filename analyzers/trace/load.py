@@ -631,15 +631,8 @@ def _device_ends(trace: Trace) -> tuple[float, np.ndarray]:
     # Step -1 holds the calls made before the first step; device work whose launch the trace
     # lacks counts there too when it began before the first step.
     launched_in = np.where(trace.rt_ts < host[0, 0], len(host), iv.window_of(trace.rt_ts, host))
-    known = (launched_in >= 0) & (trace.rt_corr > 0)
-    corr, step = trace.rt_corr[known], launched_in[known]
-    order = np.argsort(corr, kind="stable")
-    corr, step = corr[order], step[order]
-    dev_step = np.full(len(trace.dev_ts), -1)
-    if len(corr):
-        k = np.clip(np.searchsorted(corr, trace.dev_corr), 0, len(corr) - 1)
-        hit = (corr[k] == trace.dev_corr) & (trace.dev_corr > 0)
-        dev_step[hit] = step[k[hit]]
+    call = trace.launch_calls()
+    dev_step = np.where(call >= 0, launched_in[np.maximum(call, 0)], -1)
     # Work the trace has no launch for (the profiler's warm-up records none) and that ran
     # before the first step's own work is the queue that step found.
     first_own = trace.dev_ts[dev_step == 0].min() if np.any(dev_step == 0) else host[0, 1]
