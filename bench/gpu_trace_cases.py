@@ -43,14 +43,15 @@ def _train_step(model, opt, x):
     return loss
 
 
-def case_cpu_ops_on_thread():
+def case_cpu_ops_on_thread(fixed: bool = False):
     """CPU-side augmentation with torch ops on the training thread while the GPU waits."""
     model = _mlp(1024)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    mean, std = torch.rand(1, 3, 1, 1), torch.rand(1, 3, 1, 1) + 0.5
+    where = DEV if fixed else "cpu"
+    mean, std = torch.rand(1, 3, 1, 1, device=where), torch.rand(1, 3, 1, 1, device=where) + 0.5
 
     def step():
-        img = torch.rand(64, 3, 160, 160)
+        img = torch.rand(64, 3, 160, 160, device=where)
         img = torch.flip(img, [3])
         img = (img - mean) / std
         img = torch.nn.functional.interpolate(img, size=(128, 128), mode="bilinear", align_corners=False)
@@ -89,7 +90,7 @@ def case_strided_gather():
     return step
 
 
-def case_empty_cache():
+def case_empty_cache(fixed: bool = False):
     """torch.cuda.empty_cache() in the loop: the allocator frees and reallocates every step."""
     model = _mlp(2048)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -97,11 +98,12 @@ def case_empty_cache():
     def step():
         x = torch.randn(512, 2048, device=DEV)
         _train_step(model, opt, x)
-        torch.cuda.empty_cache()
+        if not fixed:
+            torch.cuda.empty_cache()
     return step
 
 
-def case_item_sync():
+def case_item_sync(fixed: bool = False):
     """A Python loop over .item(): the host blocks on the device once per element."""
     model = _mlp(1024)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -110,8 +112,8 @@ def case_item_sync():
         x = torch.randn(256, 1024, device=DEV)
         out = model(x)
         scores = out[:, 0]
-        kept = [float(scores[i].item()) for i in range(32)]
-        loss = out.square().mean() + 0.0 * sum(kept)
+        kept = scores[:32].sum() if fixed else sum(float(scores[i].item()) for i in range(32))
+        loss = out.square().mean() + 0.0 * kept
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -133,26 +135,27 @@ def case_launch_bound():
     return step
 
 
-def case_pageable_copy():
+def case_pageable_copy(fixed: bool = False):
     """A 64 MiB batch copied from pageable host memory every step."""
     model = _mlp(4096)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    host = torch.randn(4096, 4096)
+    host = torch.randn(4096, 4096).pin_memory() if fixed else torch.randn(4096, 4096)
 
     def step():
-        x = host.to(DEV)
+        x = host.to(DEV, non_blocking=fixed)
         _train_step(model, opt, x[:512])
     return step
 
 
-def case_matmul_fp32_odd():
+def case_matmul_fp32_odd(fixed: bool = False):
     """fp32 matmuls without TF32, with shapes the tensor-core tile does not divide."""
     model = _mlp(4095)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x = torch.randn(4097, 4095, device=DEV)
 
     def step():
-        _train_step(model, opt, x)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=fixed):
+            _train_step(model, opt, x)
     return step
 
 
@@ -167,73 +170,15 @@ def case_matmul_bf16():
     return step
 
 
-def fixed_cpu_ops_on_thread():
-    """The same augmentation on the device."""
-    model = _mlp(1024)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    mean, std = torch.rand(1, 3, 1, 1, device=DEV), torch.rand(1, 3, 1, 1, device=DEV) + 0.5
-
-    def step():
-        img = torch.rand(64, 3, 160, 160, device=DEV)
-        img = torch.flip(img, [3])
-        img = (img - mean) / std
-        img = torch.nn.functional.interpolate(img, size=(128, 128), mode="bilinear", align_corners=False)
-        _train_step(model, opt, img.flatten(1)[:, :1024].contiguous())
-    return step
-
-
-def fixed_empty_cache():
-    """No empty_cache() in the loop."""
-    model = _mlp(2048)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-
-    def step():
-        _train_step(model, opt, torch.randn(512, 2048, device=DEV))
-    return step
-
-
-def fixed_item_sync():
-    """The 32 values reduced on the device; nothing read back."""
-    model = _mlp(1024)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-
-    def step():
-        out = model(torch.randn(256, 1024, device=DEV))
-        loss = out.square().mean() + 0.0 * out[:32, 0].sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-    return step
-
-
-def fixed_pageable_copy():
-    """The batch in pinned memory, copied with non_blocking=True."""
-    model = _mlp(4096)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    host = torch.randn(4096, 4096).pin_memory()
-
-    def step():
-        _train_step(model, opt, host.to(DEV, non_blocking=True)[:512])
-    return step
-
-
-def fixed_matmul_fp32_odd():
-    """The same products under bf16 autocast."""
-    model = _mlp(4095)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    x = torch.randn(4097, 4095, device=DEV)
-
-    def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(x).float().square().mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-    return step
-
-
 CASES = {name[len("case_"):]: fn for name, fn in globals().items() if name.startswith("case_")}
-FIXED = {name[len("fixed_"):]: fn for name, fn in globals().items() if name.startswith("fixed_")}
+# The cases with a fixed variant (`fixed=True`: the cause removed as diag's action says).
+FIXED = {
+    "cpu_ops_on_thread": "The same augmentation on the device.",
+    "empty_cache": "No empty_cache() in the loop.",
+    "item_sync": "The 32 values reduced on the device; nothing read back.",
+    "pageable_copy": "The batch in pinned memory, copied with non_blocking=True.",
+    "matmul_fp32_odd": "The same products under bf16 autocast.",
+}
 
 
 def _wall_ms(step, n: int = 20, warmup: int = 3) -> float:
@@ -253,7 +198,7 @@ def record(name: str, out: Path) -> dict:
     torch.backends.cudnn.allow_tf32 = False
     step = CASES[name]()
     wall = _wall_ms(step)
-    fixed = _wall_ms(FIXED[name]()) if name in FIXED else None
+    fixed = _wall_ms(CASES[name](fixed=True)) if name in FIXED else None
     raw = out / f"{name}.json"
     sched = torch.profiler.schedule(wait=0, warmup=2, active=3, repeat=1)
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
@@ -269,7 +214,7 @@ def record(name: str, out: Path) -> dict:
     del step
     torch.cuda.empty_cache()
     return {"case": name, "induces": CASES[name].__doc__.strip(), "wall_step_ms": round(wall, 3),
-            "fixed": FIXED[name].__doc__.strip() if name in FIXED else None,
+            "fixed": FIXED.get(name),
             "fixed_wall_step_ms": round(fixed, 3) if fixed is not None else None}
 
 
