@@ -28,6 +28,7 @@ from pathlib import Path
 from diag import calibrate, rundir
 from diag.collectors import device_map, launch_env, nccl_env
 from diag.collectors.device_clock import DeviceClock, HeldSteps
+from diag.collectors.live_state import LiveState
 from diag.collectors.loader_facts import loader_facts, time_collate
 from diag.collectors.profiler_guard import ProfilerGuard
 from diag.collectors.profiler_windows import ProfilerWindows, WindowSettings
@@ -97,6 +98,8 @@ class Agent:
         self.analyse_during_run = cfg.profiler.analyse_during_run
         self.heartbeat_s = r.heartbeat_s
         self.flush_s = r.flush_s
+        self.live_s = max(float(r.live_s or 0.0), 0.0)
+        self.live = LiveState()  # the last steps and sample, for diag top (live.json)
         self.export_linger_s = max(float(cfg.exporter.linger_s or 0.0), 0.0)
         self._on_closed = on_closed
         self._linger_stop = threading.Event()
@@ -402,7 +405,7 @@ class Agent:
         try:
             self.exporter = runtime.start(
                 identity, port_base=self.config.exporter.port, bind=self.config.exporter.bind,
-                enabled=True, log=self._log,
+                enabled=True, log=self._log, on_profile=self._profile_request,
             )
         except Exception as exc:
             self.exporter = None
@@ -487,6 +490,7 @@ class Agent:
 
     def _on_sample(self, sample: dict) -> None:
         self.verdicts.latest_sample = sample
+        self.live.add_sample(sample)
         if self.writer is not None:
             self.writer.write_record("samples", sample)
         if self.exporter is not None:
@@ -510,7 +514,7 @@ class Agent:
             self.thread_cpu_s = time.thread_time() - cpu0
 
     def _loop(self) -> None:
-        last_beat = last_poll = last_flush = time.monotonic()
+        last_beat = last_poll = last_flush = last_live = time.monotonic()
         while not self._stop.wait(0.2):
             try:
                 self._drain()
@@ -523,9 +527,14 @@ class Agent:
                             self._event("profiler", f"on-demand window requested at step {first}")
                     self._poll_workers()
                     self._poll_nccl()
+                    if self.exporter is not None and self.windows is not None:
+                        self.exporter.observe_profiler(self.windows.window_steps)
                 if now - last_flush >= self.flush_s:
                     last_flush = now
                     self.writer.flush()
+                if self.live_s and now - last_live >= self.live_s:
+                    last_live = now
+                    self._write_live()
                 if now - last_beat >= self.heartbeat_s:
                     last_beat = now
                     self._record_dist()
@@ -533,6 +542,33 @@ class Agent:
                                           collectors=self._collectors())
             except Exception as exc:  # keep the thread alive; report once
                 self._log(f"agent: background error ({type(exc).__name__}: {exc})")
+
+    def _write_live(self, status: str = "running") -> None:
+        """live.json: what `diag top` shows of this rank, within a second or two of the step."""
+        if self.writer is None or self.launch is None:
+            return
+        identity = {"rank": self.launch.rank, "local_rank": self.launch.local_rank, "host": self.launch.hostname,
+                    "world_size": self.launch.world_size, "pid": os.getpid(),
+                    "exporter_port": getattr(self.exporter, "port", None)}
+        window = self.windows.window_steps if self.windows is not None else None
+        self.writer.write_live(self.live.document(identity, self._steps_done, window, status))
+
+    def _profile_request(self, first_step: int | None) -> int | None:
+        """A profiler window asked for over the metrics endpoint (`diag top`'s `p`): the first step
+        is the one the caller chose for every rank, so the ranks profile the same steps."""
+        if self.windows is None or not self.windows.enabled:
+            return None
+        # One on-demand window at a time: a caller repeating the request (or flooding the port)
+        # gets the window already asked for, never a run of windows.
+        pending = self.windows.requested_step
+        if pending is not None:
+            return pending
+        active = self.windows.window_steps
+        if active is not None:
+            return active[0]
+        first = self.windows.request(first_step)
+        self._event("profiler", f"on-demand window requested at step {first} over the metrics endpoint")
+        return first
 
     def _record_dist(self) -> None:
         """The process group's backend and size in rank.json, once it is initialised."""
@@ -570,6 +606,7 @@ class Agent:
             self._steps_done += 1
             self._last_step = t.step
             self.writer.write_record("steps", rec)
+            self.live.add_step(rec)
             if self.exporter is not None:
                 self.exporter.observe_step(rec)
 
@@ -665,6 +702,8 @@ class Agent:
         if self.writer is not None:
             try:
                 self.writer.heartbeat(steps=self._steps_done, last_step=self._last_step, collectors=self._collectors())
+                if self.live_s:
+                    self._write_live(status)
                 self.writer.close(status, error)
             except Exception as exc:
                 self._log(f"agent: closing the run directory failed ({type(exc).__name__}: {exc})")
@@ -688,6 +727,23 @@ class Agent:
                 self.exporter.close()
             except Exception:
                 pass
+
+    def summary(self, wait_s: float = 0.0) -> dict | None:
+        """The job's diagnosis as a plain dict: the summary.json rank 0 writes at close (the
+        diagnosis, step statistics, throughput), with the report's paths under "report". None
+        while no report exists: before close, with the report off, or on another rank before rank
+        0 wrote it (`wait_s` waits that long for it)."""
+        path = self.run_dir / "summary.json" if self.run_dir is not None else None
+        deadline = time.monotonic() + max(wait_s, 0.0)
+        while path is not None:
+            doc = rundir.read_json(path) if path.exists() else None
+            if isinstance(doc, dict):
+                paths = self.report_paths or {k: path.with_name(f"report.{k}") for k in ("html", "md")}
+                return {**doc, "report": {k: str(v) for k, v in paths.items() if Path(v).exists()}}
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.2)
+        return None
 
     def stop_linger(self) -> None:
         """End the endpoint's linger after close (safe from a signal handler or another thread)."""

@@ -17,6 +17,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("analyze", "analyze", "classify every step of torch.profiler traces or a run directory"),
     ("report", "report", "write the HTML/Markdown/JSON bottleneck report for a run directory"),
     ("compare", "compare", "compare two runs: step time, phase shares, verdicts, throughput"),
+    ("top", "top", "a live view of a running job, rank by rank, from its run directory or endpoints"),
     ("run", "run", "run a launcher command with NCCL logging routed into a run directory"),
     ("nccl", "nccl", "measure collective bus bandwidth like nccl-tests, or parse its output"),
     ("nccl-log", "nccl_log", "parse NCCL_DEBUG=INFO logs and PyTorch NCCL errors into findings"),

@@ -28,6 +28,33 @@ from pathlib import Path
 
 BOTTLENECKS = ("data", "comm", "compute", "memory", "host", "none")
 DEFAULT_STEPS = 32
+# Induced stragglers: one rank's batches arrive late, as from a slow or skewed input pipeline.
+STRAGGLERS = ("persistent", "rotating", "transient")
+ROTATE_EVERY = 3  # rotating: the late rank moves on every this many steps
+
+
+def late_rank(kind: str | None, step: int, world: int, steps: int) -> int | None:
+    """The rank whose batch of `step` arrives late: rank 1 throughout (persistent), each rank in
+    turn (rotating), or the last rank for a sixth of the run from its middle (transient)."""
+    if kind == "persistent":
+        return 1 % world
+    if kind == "rotating":
+        return (step // ROTATE_EVERY) % world
+    if kind == "transient":
+        start = steps // 2
+        return world - 1 if start <= step < start + max(3, steps // 6) else None
+    return None
+
+
+LATE_BATCH_S = 0.05  # how late a straggler's batch arrives
+
+
+def _late_batches(batches, kind: str, rank: int, world: int, steps: int):
+    """The batches, each LATE_BATCH_S late where `late_rank` names this rank."""
+    for step, batch in enumerate(batches):
+        if late_rank(kind, step, world, steps) == rank:
+            time.sleep(LATE_BATCH_S)
+        yield batch
 
 
 def free_port() -> int:
@@ -217,6 +244,8 @@ def _rank_main(local_rank: int, cfg: dict, done=None) -> None:
         dist.init_process_group("gloo", rank=local_rank, world_size=cfg["ranks"],
                                 timeout=__import__("datetime").timedelta(seconds=120))
         model, batches, step_fn, samples = _build(cfg["bottleneck"], local_rank)
+        if cfg.get("straggler"):
+            batches = _late_batches(batches, cfg["straggler"], local_rank, cfg["ranks"], steps)
         ddp = torch.nn.parallel.DistributedDataParallel(model)
         opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
         agent.watch(ddp, opt)  # parameters, gradients and optimizer state, for the memory section and `diag plan --run`
@@ -255,6 +284,7 @@ class DemoSettings:
     linger_s: float = 0.0  # keep the endpoints serving this long after the report
     thresholds: dict | None = None  # decision-tree thresholds for diag.Agent
     slow_down: float = 0.0  # an induced regression: each step's work is followed by this fraction of it, idle
+    straggler: str | None = None  # an induced straggler, one of STRAGGLERS
 
 
 def run_demo(settings: DemoSettings = DemoSettings(), on_ready=None) -> dict:
@@ -293,6 +323,7 @@ def run_demo(settings: DemoSettings = DemoSettings(), on_ready=None) -> dict:
         "linger_s": max(float(linger_s or 0.0), 0.0) if export else 0.0,
         "thresholds": dict(settings.thresholds or {}),
         "slow_down": float(settings.slow_down),
+        "straggler": settings.straggler,
     }
     # fork is fast (no re-import of torch) and safe here: the parent has run no torch ops.
     method = "fork" if sys.platform.startswith("linux") else "spawn"

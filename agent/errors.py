@@ -28,6 +28,11 @@ def visible(text: str) -> str:
     return text.translate(_VISIBLE)
 
 
+def raw_stream(stream):
+    """The stream under a VisibleStream (a view that escapes every string itself writes there)."""
+    return stream._stream if isinstance(stream, VisibleStream) else stream
+
+
 class VisibleStream:
     """A text stream that writes `visible` text: what `diag` prints can move no cursor,
     set no title and hide no text, whatever names it quotes."""

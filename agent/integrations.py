@@ -3,6 +3,9 @@
     trainer = lightning.pytorch.Trainer(callbacks=[diag.integrations.lightning_callback(run_dir="runs/x")])
     trainer = transformers.Trainer(..., callbacks=[diag.integrations.hf_callback(run_dir="runs/x")])
 
+With `log_diagnosis=True` the diagnosis goes, at the end of training, to the trainer's own
+loggers (MLflow, W&B, TensorBoard, ...) as `diag/...` metrics and tags (`diag.trackers`).
+
 Both frameworks own the loop, so the agent cannot wrap the DataLoader. The data wait of
 a step is the time from the end of the previous step to the start of this one, which
 is where both frameworks fetch the next batch (plus their own small bookkeeping).
@@ -12,6 +15,8 @@ The frameworks are imported only when a callback is created; neither is a depend
 from __future__ import annotations
 
 import time
+
+from diag import trackers
 
 
 def _batch_size(batch) -> int | None:
@@ -45,8 +50,9 @@ class _StepClock:
         self.last_end = time.perf_counter()
 
 
-def lightning_callback(**agent_options):
-    """A `lightning.pytorch.Callback` (or `pytorch_lightning.Callback`) running the agent during fit."""
+def lightning_callback(log_diagnosis: bool = False, **agent_options):
+    """A `lightning.pytorch.Callback` (or `pytorch_lightning.Callback`) running the agent during fit;
+    with `log_diagnosis`, rank 0 logs the diagnosis to the trainer's loggers at the end of fit."""
     try:
         from lightning.pytorch import Callback
     except ImportError:
@@ -85,12 +91,15 @@ def lightning_callback(**agent_options):
         def on_fit_end(self, trainer, pl_module):
             if self.agent is not None:
                 self.agent.close("completed")
+                if log_diagnosis and self.agent.rank == 0:
+                    trackers.log_lightning(trainer, self.agent.summary(), self.agent._log)
 
     return DiagLightningCallback()
 
 
-def hf_callback(**agent_options):
-    """A `transformers.TrainerCallback` running the agent during `Trainer.train()`.
+def hf_callback(log_diagnosis: bool = False, **agent_options):
+    """A `transformers.TrainerCallback` running the agent during `Trainer.train()`; with
+    `log_diagnosis`, rank 0 logs the diagnosis to the integrations `report_to` names at the end.
 
     The Trainer has no exception hook: a crashed run is closed by the agent's exit
     handler with status "interrupted", and is still reportable.
@@ -127,5 +136,7 @@ def hf_callback(**agent_options):
         def on_train_end(self, args, state, control, **kwargs):
             if self.agent is not None:
                 self.agent.close("completed")
+                if log_diagnosis and self.agent.rank == 0:
+                    trackers.log_hf(args, self.agent.summary(), self.agent._log)
 
     return DiagTrainerCallback()

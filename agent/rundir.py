@@ -9,12 +9,15 @@ Layout (schema "diag.run/1"):
       rank-00000/
         rank.json                   this rank's facts (RANK_SCHEMA); on a CPU host with a
                                     `diag calibrate` file, its peaks ("host_peaks")
+        live.json                   the last steps and sample, rewritten every live_s while
+                                    the rank runs (diag.live/1), for `diag top`
         steps/steps-000000.jsonl    one JSON object per training step (STEP_FIELDS)
         samples/samples-000000.jsonl  device and host metric samples, ~1 Hz
         events/events-000000.jsonl  the agent's own log: collectors switched off, windows, faults
         windows/window-000120.json  analysis summary of the profiler window starting at step 120
         traces/*.pt.trace.json.gz   Kineto traces of profiler windows, within a size budget
         nccl/                       NCCL_DEBUG_FILE output
+      profile.trigger               touched to ask every rank for a profiler window
       nccl_bench.json               `diag nccl --run-dir` results (NCCL_BENCH)
       nccl_log.json                 the job's NCCL logs parsed by `diag run` (NCCL_LOG_DOC)
       rank-00001/ ...
@@ -41,6 +44,10 @@ RUN_SCHEMA = "diag.run/1"
 RANK_SCHEMA = "diag.rank/1"
 MANIFEST = "manifest.json"
 RANK_FILE = "rank.json"
+# The rank's latest steps and sample, rewritten every `live_s` for `diag top` (diag.live/1).
+LIVE_FILE = "live.json"
+# Touched (its modification time changes) to ask every rank for a profiler window.
+TRIGGER_FILE = "profile.trigger"
 STREAMS = ("steps", "samples", "events")
 WINDOWS = "windows"
 TRACES = "traces"

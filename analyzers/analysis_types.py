@@ -142,6 +142,7 @@ class RunStepFacts(_StepWhatIf):
     shares: dict[str, float] | None
     evidence: str  # "trace" (inside a profiler window) | "sampled" (always-on measurements)
     data_wait_ms: NotRequired[float | None]
+    start_unix: NotRequired[float]  # when the step began (the agent's wall clock)
     device_ms: NotRequired[float]  # device time between the step's timing events
     data_idle_ms: NotRequired[float]  # the device's idle time within the step's data waits
     samples: NotRequired[float]

@@ -1,6 +1,7 @@
 """Overhead of diag.Agent on a CPU training loop (steps of ~20-50 ms), with and without it, interleaved.
 
     python bench/bench_agent_overhead.py [--blocks 8] [--block-steps 60] [--windows 3] [--export both]
+                                         [--top none|run-dir|endpoints]
 
 Machines running other work drift by tens of percent within seconds, so the comparison
 is made in short alternating blocks: a block of steps without the agent, then a block
@@ -27,6 +28,10 @@ with a fresh agent, and so on. Each step's time is measured by this script's own
    the GIL while torch writes the file.
    The step path's own cost is also timed directly (loader() + step() with no work),
    which no load from other processes can blur.
+   With `--top run-dir` or `--top endpoints`, a `diag top` process watches the always-on
+   blocks the whole time, refreshing every second from the run directory's live.json files
+   or by scraping the rank's metrics endpoint (each block's agent reuses one run directory
+   and one port, so the one `diag top` follows them all), and the ratio is taken with it.
 3. The sampling thread's CPU time (and the agent's own background thread's) as a share
    of one core, at the default 1 Hz (target <= 1%).
 """
@@ -85,11 +90,12 @@ def baseline_block(loop, steps):
     return timed_steps(batches(steps), train_step)
 
 
-def agent_block(loop, steps, run_dir, **options):
+def agent_block(loop, steps, run_dir, port_base=0, **options):
     import diag
 
     batches, train_step = loop
-    agent = diag.Agent(run_dir=run_dir, export=True, export_port_base=0, report=False, verbose=False, **options)
+    agent = diag.Agent(run_dir=run_dir, export=True, export_port_base=port_base, report=False, verbose=False,
+                       **options)
     with agent:
         walls, cpus = timed_steps(agent.loader(batches(steps)), train_step, agent)
     return walls, cpus, agent
@@ -140,6 +146,26 @@ def step_path_cost(run_dir, calls=20000) -> float:
     return (agent_s - plain_s) / calls
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _attach_top(how: str, run_dir: str, port: int):
+    """A `diag top` process refreshing every second for the whole always-on phase, or None."""
+    import subprocess
+
+    if how == "none":
+        return None
+    os.makedirs(run_dir, exist_ok=True)
+    target = [run_dir] if how == "run-dir" else ["--targets", f"127.0.0.1:{port}"]
+    return subprocess.Popen([sys.executable, "-m", "diag", "top", *target, "--interval", "1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--blocks", type=int, default=8, help="alternating block pairs for the always-on ratio")
@@ -151,6 +177,8 @@ def main() -> int:
     p.add_argument("--export", choices=("default", "thread", "both"), default="both",
                    help="how windows write their traces: diag's default (a forked child where that stalls "
                         "training less than a thread), always a thread, or runs of each, alternating")
+    p.add_argument("--top", choices=("none", "run-dir", "endpoints"), default="none",
+                   help="watch the always-on blocks with diag top, from the run directory or the endpoint")
     a = p.parse_args()
 
     import torch
@@ -165,15 +193,21 @@ def main() -> int:
     modes = ["default", "thread"] if a.export == "both" else [a.export]
     with tempfile.TemporaryDirectory(prefix="diag-bench-") as tmp:
         baseline_block(loop, 30)  # warm-up
+        port = _free_port() if a.top == "endpoints" else 0
+        top = _attach_top(a.top, os.path.join(tmp, "on"), port)
         for b in range(a.blocks):
             w, c = baseline_block(loop, a.block_steps)
             base_w += w[skip:]
             base_c += c[skip:]
-            w, c, agent = agent_block(loop, a.block_steps, os.path.join(tmp, f"on{b}"), profile=False)
+            run_dir = os.path.join(tmp, "on" if top else f"on{b}")
+            w, c, agent = agent_block(loop, a.block_steps, run_dir, port_base=port, profile=False, overwrite=True)
             on_w += w[skip:]
             on_c += c[skip:]
             print(f"block {b + 1}/{a.blocks}: baseline {1000 * statistics.median(base_w[-len(w) + skip:]):.2f} ms, "
                   f"always-on {1000 * statistics.median(w[skip:]):.2f} ms", file=sys.stderr, flush=True)
+        if top is not None:
+            top.terminate()
+            top.wait(10)
         for k in range(a.windows * len(modes)):
             mode = modes[k % len(modes)]
             w, c, agent, sched, spans = window_block(loop, os.path.join(tmp, f"win{k}"),
@@ -207,7 +241,8 @@ def main() -> int:
     med_base, med_on = statistics.median(base_w), statistics.median(on_w)
     print(f"loop: median step {1000 * med_base:.2f} ms without the agent (width {a.width}, batch {a.batch}, "
           f"{a.threads} thread(s)); {a.blocks} alternating block pairs of {a.block_steps} steps")
-    print(f"always-on median step time ratio: {med_on / med_base:.4f} (target <= 1.005)")
+    watched = f", diag top attached ({a.top})" if a.top != "none" else ""
+    print(f"always-on median step time ratio{watched}: {med_on / med_base:.4f} (target <= 1.005)")
     print(f"always-on median training-thread CPU time ratio: "
           f"{statistics.median(on_c) / statistics.median(base_c):.4f}")
     print(f"step-path cost (loader + step, no training work): {1e6 * cost:.1f} us per step = "

@@ -32,7 +32,7 @@ from pathlib import Path
 from diag import rundir
 from diag.collectors.profiler_guard import ProfilerGuard
 
-TRIGGER_FILE = "profile.trigger"
+TRIGGER_FILE = rundir.TRIGGER_FILE
 TRACE_SUFFIX = ".pt.trace.json"
 # A child writing a trace that has not finished in this long is stuck (a lock another thread
 # held at the fork): it is killed and the window counts as failed.
@@ -242,6 +242,17 @@ class ProfilerWindows:
         if self._demand is not None:
             candidates.append(max(self._demand - self.warmup, step))
         return min(candidates) if candidates else 1 << 62
+
+    @property
+    def requested_step(self) -> int | None:
+        """The first step of an on-demand window asked for and not yet begun, or None."""
+        return self._demand
+
+    @property
+    def window_steps(self) -> tuple[int, int] | None:
+        """The active steps (first, last) of the window being profiled, or None."""
+        first, last = self._first, self._last
+        return (first, last) if first is not None and last is not None else None
 
     def request(self, first_step: int | None = None) -> int:
         """Profile a window whose first active step is `first_step` (default: a few steps ahead)."""

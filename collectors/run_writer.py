@@ -349,6 +349,9 @@ class RunWriter:
         self.info["updated_unix"] = time.time()
         self._guard(rundir.atomic_write_json, self.rank_path / rundir.RANK_FILE, dict(self.info))
 
+    def write_live(self, doc: dict) -> None:
+        self._guard(rundir.atomic_write_json, self.rank_path / rundir.LIVE_FILE, doc)
+
     def close(self, status: str, error: str | None = None) -> None:
         self.flush()
         now = time.time()

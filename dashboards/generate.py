@@ -19,13 +19,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+from grafana_foundation_sdk.builders import bargauge, common, prometheus, stat, table, timeseries
+from grafana_foundation_sdk.builders import dashboard as gdash
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common as common_m
+from grafana_foundation_sdk.models import dashboard as gdash_m
+from grafana_foundation_sdk.models import prometheus as prometheus_m
 
 from diag.analyzers.diagnosis.decision_tree import load_tree
 from diag.exporter import docs
 from diag.exporter.metrics_table import series_names
 
 HERE = Path(__file__).resolve().parent
-DS = {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}
+DS = gdash_m.DataSourceRef(type_val="prometheus", uid="${DS_PROMETHEUS}")
 SEL = 'run=~"$run", host=~"$host", rank=~"$rank"'
 RI = "$__rate_interval"
 # Series produced by Prometheus itself for every target; allowed in the exporter dashboard.
@@ -100,6 +106,14 @@ TRAINING = [
                            "straggler; in synchronous data parallelism every other rank waits for it."),
     P("Stall timer per rank", [(f"time() - diag_last_step_timestamp_seconds{sel()}", "rank {{rank}}")], "s",
       description="Seconds since each rank's last step ended."),
+    P("Device step time p50 / p95 per rank",
+      [(f"histogram_quantile(0.5, sum by (rank, le) (rate(diag_step_device_seconds_bucket{sel()}[{RI}])))",
+        "p50 rank {{rank}}"),
+       (f"histogram_quantile(0.95, sum by (rank, le) (rate(diag_step_device_seconds_bucket{sel()}[{RI}])))",
+        "p95 rank {{rank}}")],
+      "s", description="The device's own step time, between timing events on the training stream at each step "
+                       "boundary (CUDA or HIP ranks; empty on CPU ranks). Well under the step time: the device "
+                       "waits for the host."),
     P("Data wait share per rank", [(share_of_step(f"diag_data_wait_seconds_total{sel()}"), "rank {{rank}}")],
       "percentunit", description="Share of step time spent waiting for the next batch (agent.loader()).",
       max=1),
@@ -114,6 +128,21 @@ TRAINING = [
         f"sum by (run) (rate(diag_step_duration_seconds_sum{sel()}[{RI}]))", "{{phase}}")],
       "percentunit", description="Share of step time attributed to each phase by the decision tree.",
       stacked=True, max=1),
+    row("Stragglers over time"),
+    P("Straggler episode at the end of the run",
+      [(f"max by (run, kind) (diag_job_straggler_episode_active{sel()})", "{{kind}} {{run}}")],
+      "short", description="1 while the job's last recorded steps are in a straggler episode of this kind "
+                           "(persistent: one rank late for most of the run; rotating: the late rank moves; "
+                           "transient: a burst), from the diagnosis (rank 0 at the report, or diag export).",
+      width=8, max=1),
+    P("Job time lost to stragglers",
+      [(f"max by (run, kind) (diag_job_straggler_lost_seconds{sel()})", "{{kind}} {{run}}")],
+      "s", "bargauge", "Time the job waited beyond its median rank in straggler episodes, by kind, from the "
+                       "diagnosis.", 8),
+    P("Profiler window recording",
+      [(f"max by (run, rank) (diag_profiler_window_active{sel()})", "rank {{rank}}")],
+      "short", description="1 while a profiler window records the rank's steps (scheduled, or requested with "
+                           "diag top's p or RUN_DIR/profile.trigger).", width=8, max=1),
 ]
 
 GPU = [
@@ -122,7 +151,7 @@ GPU = [
       "percentunit", max=1),
     P("GPU memory used / total",
       [(f"diag_gpu_memory_used_bytes{sel()} / diag_gpu_memory_total_bytes{sel()}", "rank {{rank}}")],
-      "percentunit", "NVML's view, which includes PyTorch's cached but free blocks.", max=1),
+      "percentunit", description="NVML's view, which includes PyTorch's cached but free blocks.", max=1),
     P("Peak allocated memory per step",
       [(f"diag_step_peak_memory_bytes{sel()}", "peak rank {{rank}}"),
        (f"diag_gpu_memory_total_bytes{sel()}", "capacity rank {{rank}}")], "bytes"),
@@ -149,7 +178,7 @@ GPU = [
     P("Host CPU", [(f"diag_host_cpu_ratio{sel()}", "{{host}}"),
                    (f"diag_process_cpu_ratio{sel()}", "process rank {{rank}}"),
                    (f"diag_dataloader_workers_cpu_ratio{sel()}", "loader workers rank {{rank}}")],
-      "percentunit", "Host utilisation (0-1) and the training and DataLoader processes (cores)."),
+      "percentunit", description="Host utilisation (0-1) and the training and DataLoader processes (cores)."),
     P("Host memory", [(f"diag_host_memory_used_bytes{sel()}", "used {{host}}"),
                       (f"diag_host_memory_total_bytes{sel()}", "total {{host}}"),
                       (f"diag_process_resident_memory_bytes{sel()}", "rss rank {{rank}}")], "bytes"),
@@ -202,83 +231,81 @@ DASHBOARDS = {
 }
 
 
-def _templating() -> dict:
+def _variables() -> list:
+    """The data source, then job, run, host and rank, each narrowing the next."""
+
     def query_var(name, label, metric="diag_build_info", extra=""):
         q = f"label_values({metric}{{{extra}}}, {label})" if extra else f"label_values({metric}, {label})"
-        return {
-            "name": name, "label": name, "type": "query", "datasource": DS,
-            "definition": q, "query": {"query": q, "refId": "PrometheusVariableQueryEditor-VariableQuery"},
-            "refresh": 2, "sort": 3 if name == "rank" else 1, "multi": True, "includeAll": True,
-            "allValue": ".*", "current": {}, "hide": 0, "options": [], "regex": "",
-        }
+        return (gdash.QueryVariable(name).label(name).datasource(DS)
+                .query({"query": q, "refId": "PrometheusVariableQueryEditor-VariableQuery"})
+                .refresh(gdash_m.VariableRefresh.ON_TIME_RANGE_CHANGED)
+                .sort(gdash_m.VariableSort.NUMERICAL_ASC if name == "rank" else gdash_m.VariableSort.ALPHABETICAL_ASC)
+                .multi(True).include_all(True).all_value(".*"))
 
-    return {"list": [
-        {"name": "DS_PROMETHEUS", "label": "Prometheus", "type": "datasource", "query": "prometheus",
-         "current": {}, "hide": 0, "refresh": 1, "regex": "", "options": []},
+    return [
+        gdash.DatasourceVariable("DS_PROMETHEUS").label("Prometheus").type("prometheus"),
         query_var("job", "job"),
         query_var("run", "run", extra='job=~"$job"'),
         query_var("host", "host", extra='job=~"$job", run=~"$run"'),
         query_var("rank", "rank", extra='job=~"$job", run=~"$run", host=~"$host"'),
-    ]}
+    ]
 
 
-def _panel(p: P, pid: int, x: int, y: int) -> dict:
-    targets = []
-    for i, (expr, legend) in enumerate(p.targets):
-        t = {"datasource": DS, "expr": expr, "legendFormat": legend, "refId": chr(ord("A") + i)}
-        if p.kind == "table":
-            t.update({"format": "table", "instant": True})
-        targets.append(t)
-    defaults: dict = {"unit": p.unit}
-    if p.max is not None:
-        defaults.update({"min": 0, "max": p.max})
-    options: dict
-    if p.kind == "timeseries":
-        defaults["custom"] = {"stacking": {"mode": "normal" if p.stacked else "none", "group": "A"},
-                              "fillOpacity": 30 if p.stacked else 0, "lineWidth": 1}
-        options = {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
-                   "tooltip": {"mode": "multi", "sort": "desc"}}
-    elif p.kind == "stat":
-        options = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-                   "colorMode": "value", "graphMode": "area", "textMode": "auto"}
-    elif p.kind == "bargauge":
-        options = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-                   "orientation": "horizontal", "displayMode": "gradient"}
-    else:
-        options = {"showHeader": True}
-    panel = {
-        "id": pid, "type": p.kind, "title": p.title, "description": p.description, "datasource": DS,
-        "gridPos": {"h": p.height, "w": p.width, "x": x, "y": y},
-        "targets": targets, "fieldConfig": {"defaults": defaults, "overrides": []}, "options": options,
-    }
+def _target(p: P, i: int, expr: str, legend: str):
+    t = prometheus.Dataquery().expr(expr).legend_format(legend).ref_id(chr(ord("A") + i)).datasource(DS)
     if p.kind == "table":
+        t = t.format(prometheus_m.PromQueryFormat.TABLE).instant()
+    return t
+
+
+def _panel(p: P, pid: int):
+    """One panel through the SDK's builder of its type: its options, units and queries are typed."""
+    kind = {"timeseries": timeseries, "stat": stat, "table": table, "bargauge": bargauge}[p.kind]
+    b = (kind.Panel().id(pid).title(p.title).description(p.description).datasource(DS)
+         .span(p.width).height(p.height).unit(p.unit))
+    for i, (expr, legend) in enumerate(p.targets):
+        b = b.with_target(_target(p, i, expr, legend))
+    if p.max is not None:
+        b = b.min(0).max(p.max)
+    if p.kind == "timeseries":
+        b = (b.stacking(common.StackingConfig().mode(
+                common_m.StackingMode.NORMAL if p.stacked else common_m.StackingMode.NONE).group("A"))
+             .fill_opacity(30 if p.stacked else 0).line_width(1)
+             .legend(common.VizLegendOptions().display_mode(common_m.LegendDisplayMode.LIST)
+                     .placement(common_m.LegendPlacement.BOTTOM).show_legend(True))
+             .tooltip(common.VizTooltipOptions().mode(common_m.TooltipDisplayMode.MULTI)
+                      .sort(common_m.SortOrder.DESCENDING)))
+    elif p.kind in ("stat", "bargauge"):
+        b = b.reduce_options(common.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
+        if p.kind == "stat":
+            b = (b.color_mode(common_m.BigValueColorMode.VALUE).graph_mode(common_m.BigValueGraphMode.AREA)
+                 .text_mode(common_m.BigValueTextMode.AUTO))
+        else:
+            b = b.orientation(common_m.VizOrientation.HORIZONTAL).display_mode(common_m.BarGaugeDisplayMode.GRADIENT)
+    else:
         # One row per series with its labels as columns; the constant 1 of *_info is noise.
-        panel["transformations"] = [
-            {"id": "organize", "options": {"excludeByName": {"Time": True, "__name__": True}}}]
-    return panel
+        b = b.show_header(True).with_transformation(gdash_m.DataTransformerConfig(
+            id_val="organize", options={"excludeByName": {"Time": True, "__name__": True}}))
+    return b
 
 
 def dashboard(uid: str, title: str, items: list) -> dict:
-    panels, pid, x, y, row_h = [], 1, 0, 0, 0
+    """The dashboard as Grafana's own SDK builds it (pinned to the Grafana 11 line); its types
+    check every panel, query, unit and option, and its layout places the panels row by row."""
+    b = (gdash.Dashboard(title).uid(uid).tags(["diag"]).timezone("browser").editable()
+         .tooltip(gdash_m.DashboardCursorSync.CROSSHAIR).refresh("30s").time("now-1h", "now").version(1)
+         .link(gdash.DashboardLink("diag dashboards").type(gdash_m.DashboardLinkType.DASHBOARDS)
+               .tags(["diag"]).as_dropdown(True)))
+    for v in _variables():
+        b = b.with_variable(v)
+    pid = 1
     for item in items:
         if isinstance(item, str):
-            y += row_h
-            x, row_h = 0, 0
-            panels.append({"id": pid, "type": "row", "title": item, "collapsed": False,
-                           "gridPos": {"h": 1, "w": 24, "x": 0, "y": y}, "panels": []})
-            pid, y = pid + 1, y + 1
-            continue
-        if x + item.width > 24:
-            x, y, row_h = 0, y + row_h, 0
-        panels.append(_panel(item, pid, x, y))
-        pid, x, row_h = pid + 1, x + item.width, max(row_h, item.height)
-    return {
-        "uid": uid, "title": title, "tags": ["diag"], "timezone": "browser", "editable": True,
-        "schemaVersion": 39, "version": 1, "refresh": "30s", "graphTooltip": 1,
-        "time": {"from": "now-1h", "to": "now"}, "annotations": {"list": []},
-        "links": [{"title": "diag dashboards", "type": "dashboards", "tags": ["diag"], "asDropdown": True}],
-        "templating": _templating(), "panels": panels,
-    }
+            b = b.with_row(gdash.Row(item).id(pid))
+        else:
+            b = b.with_panel(_panel(item, pid))
+        pid += 1
+    return json.loads(JSONEncoder(sort_keys=True, indent=2).encode(b.build()))
 
 
 # ---------------------------------------------------------------------------- alerts

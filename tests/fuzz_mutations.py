@@ -27,7 +27,8 @@ TIMEOUT_S = 20.0
 
 @dataclass
 class Seed:
-    kind: str  # "trace", "nccl_tests", "nccl_log" or "run" (a segment of a run directory)
+    kind: str  # "trace", "nccl_tests", "nccl_log", "run" (a segment of a run directory), or what
+    # `diag top` reads: "live" (a rank's live.json) and "metrics" (a scrape of its endpoint)
     name: str
     data: bytes  # uncompressed
     template: str | None = None  # "run": the run directory the mutated segment goes into
@@ -45,6 +46,29 @@ def run_seeds(root: Path) -> list[Seed]:
         rel = str(seg.relative_to(run))
         out.append(Seed("run", rel, seg.read_bytes(), template=str(run), segment=rel))
     return out
+
+
+def live_seeds() -> list[Seed]:
+    """What `diag top` reads, as the agent writes it: a live.json of the real LiveState and a
+    scrape of the real exporter, after steps and a GPU sample."""
+    from diag.collectors.live_state import LiveState
+    from diag.exporter.registry import render_text
+    from diag.exporter.runtime import Handle
+
+    state, handle = LiveState(), Handle({"run": "r", "rank": "1", "local_rank": 1, "host": "node-1", "gpu": "0"})
+    sample = {"t": 1.8e9, "gpu": {"utilization_ratio": 0.9, "memory_used_bytes": 3 << 30, "memory_total_bytes": 8 << 30,
+                                  "power_watts": 300.0, "clock_events": ["sw_power_cap"], "xid_errors_total": 1}}
+    for i in range(40):
+        rec = {"step": i, "start_unix": 1.8e9 + i * 0.1, "duration_s": 0.1, "device_s": 0.09, "data_wait_s": 0.01,
+               "samples": 32, "tokens": None, "bound": "compute", "evidence": "sampled",
+               "shares": {"data": 0.1, "host": 0.1, "comm": 0.1, "memory": 0.1, "compute": 0.6}}
+        state.add_step(rec)
+        handle.observe_step(rec)
+    state.add_sample(sample)
+    handle.observe_sample(sample)
+    doc = state.document({"rank": 1, "host": "node-1"}, 40, (42, 44))
+    return [Seed("live", "live.json", json.dumps(doc).encode()),
+            Seed("metrics", "metrics.txt", render_text([handle.state]))]
 
 
 def seeds(real_data: Path | None, fixtures: Path) -> list[Seed]:
@@ -372,6 +396,10 @@ def run_one(kind: str, path: str, template: str | None = None, segment: str | No
             nccl_tests.parse_file(path)
         elif kind == "run":
             _run_inputs(template, segment, path)
+        elif kind in ("live", "metrics"):
+            found = _top_screen(kind, path)
+            if found:
+                return "escaping", f"diag top's screen keeps a control character: {found!r}"
         else:
             from diag.analyzers.nccl import log as nccl_log
 
@@ -384,6 +412,32 @@ def run_one(kind: str, path: str, template: str | None = None, segment: str | No
         return "over_memory", f"MemoryError within {MEMORY_CEILING >> 30} GiB"
     except Exception:
         return "traceback", traceback.format_exc(limit=8)
+
+
+def _top_screen(kind: str, path: str) -> str | None:
+    """Read one input as `diag top` would (a rank's live.json, or a scrape's body), judge and draw
+    it; a control character that reached the drawn screen, or None."""
+    import time
+
+    from diag.analyzers.diagnosis.decision_tree import load_tree
+    from diag.analyzers.diagnosis.live import judge_live
+    from diag.analyzers.job.live import EndpointHistory
+    from diag.top.screen import ViewState, render_text, screen
+    from diag.top.sources import RunDirSource, parse_scrape
+
+    now = time.time()
+    if kind == "live":
+        rank_dir = Path(path + ".d") / "rank-00001"
+        rank_dir.mkdir(parents=True)
+        (rank_dir / "live.json").write_bytes(Path(path).read_bytes())
+        ranks = RunDirSource(rank_dir.parent).read(now)
+    else:
+        body = Path(path).read_bytes().decode("utf-8", "replace")
+        live, _, _ = parse_scrape(body, EndpointHistory(), now, "h:1")
+        ranks = [live] if live is not None else []
+    opened = ranks[0].rank if ranks else None
+    text = render_text(screen(path, ranks, judge_live(ranks, load_tree(), now), ViewState(opened=opened), now, 1.0))
+    return next((c for c in text if ord(c) < 0x20 and c not in "\n" or c == "\x7f"), None)
 
 
 def _args(item, check_every: int) -> tuple:

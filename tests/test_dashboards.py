@@ -63,6 +63,7 @@ def test_dashboard_structure(name):
     assert len(ids) == len(set(ids))
     known = set(series_names())
     for p in panels(dash):
+        assert p["type"] in ("timeseries", "stat", "table", "bargauge"), (p["title"], p["type"])
         assert p["datasource"]["uid"] == "${DS_PROMETHEUS}"
         assert p["gridPos"]["x"] + p["gridPos"]["w"] <= 24
         assert p["targets"], p["title"]

@@ -37,21 +37,71 @@ def _lightning_module(fail_at: int | None = None):
     return Model()
 
 
-def _lightning_fit(run_dir, fail_at=None, **options):
+def _lightning_fit(run_dir, fail_at=None, logger=False, **options):
     import lightning.pytorch as pl
 
     data = torch.utils.data.TensorDataset(torch.randn(96, 16), torch.randn(96, 1))
     loader = torch.utils.data.DataLoader(data, batch_size=8)
     cb = diag.integrations.lightning_callback(run_dir=run_dir, export=False, skip_first=2, every=5, active=2,
                                               **options)
-    trainer = pl.Trainer(max_epochs=1, callbacks=[cb], accelerator="cpu", devices=1, logger=False,
+    trainer = pl.Trainer(max_epochs=1, callbacks=[cb], accelerator="cpu", devices=1, logger=logger,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(_lightning_module(fail_at), loader)
     return cb
 
 
-def test_lightning_callback(tmp_path):
-    cb = _lightning_fit(tmp_path / "run", report=True, report_wait_s=5)
+def _tracked(summary: dict) -> tuple[dict, dict]:
+    """What the trackers must hold: numbers and text taken from summary.json itself."""
+    diagnosis = summary["diagnosis"]
+    return ({"diag/step_time_ms": summary["step_stats"]["median_ms"],
+             "diag/samples_per_s": summary["throughput"]["samples_per_s"],
+             **{f"diag/share/{p}": v for p, v in diagnosis["phase_shares"].items() if v is not None}},
+            {"diag/verdict": diagnosis["bound"], "diag/headline": diagnosis["headline"]["text"]})
+
+
+def _assert_tracked(summary: dict, mlruns) -> None:
+    """MLflow's file store and the W&B run hold summary.json's figures, as logged by the callback."""
+    metrics, tags = _tracked(summary)
+    logged_metrics, logged_tags = _mlflow_run(mlruns)
+    assert {k: logged_metrics[k] for k in metrics} == pytest.approx(metrics)
+    assert {k: logged_tags[k] for k in tags} == tags
+    wandb_summary = _wandb_summary()
+    assert {k: wandb_summary[k] for k in metrics} == pytest.approx(metrics)
+    assert {k: wandb_summary[k] for k in tags} == tags
+
+
+def _mlflow_run(tracking_dir) -> tuple[dict, dict]:
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"file:{tracking_dir}")
+    (exp,) = [e for e in client.search_experiments() if e.name != "Default"] or client.search_experiments()
+    (run,) = client.search_runs([exp.experiment_id])
+    return run.data.metrics, run.data.tags
+
+
+def _wandb_summary() -> dict:
+    """The open W&B run's summary as the SDK holds it (offline, the run's file is wandb-core's
+    binary log, which only wandb sync reads); then the run ends."""
+    import wandb
+
+    assert wandb.run is not None and wandb.run.offline
+    summary = {k: wandb.run.summary.get(k) for k in wandb.run.summary.keys()}  # noqa: SIM118 - no __iter__
+    wandb.finish()
+    return summary
+
+
+def test_lightning_callback(tmp_path, monkeypatch):
+    """Also: with log_diagnosis, the diagnosis reaches the trainer's MLflow (a local file store) and
+    W&B (offline) loggers, as summary.json holds it."""
+    from lightning.pytorch.loggers import MLFlowLogger, WandbLogger
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps its file store behind this switch
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    loggers = [MLFlowLogger(experiment_name="diag-test", tracking_uri=f"file:{tmp_path / 'mlruns'}"),
+               WandbLogger(project="diag-test", save_dir=str(tmp_path), offline=True)]
+    cb = _lightning_fit(tmp_path / "run", logger=loggers, report=True, report_wait_s=5, log_diagnosis=True)
+    _assert_tracked(cb.agent.summary(), tmp_path / "mlruns")
     rd = rundir.RunDir(cb.agent.run_dir)
     steps = rd.steps(0)
     assert [s["step"] for s in steps] == list(range(12)) and all(s["samples"] == 8 for s in steps)
@@ -99,17 +149,34 @@ def _hf_trainer(tmp_path, monkeypatch, **options):
     config = transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2)
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(config)
+    report_to = options.pop("report_to", [])
     cb = diag.integrations.hf_callback(run_dir=tmp_path / "run", export=False, skip_first=1, every=3, active=1,
                                        **options)
     args = transformers.TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4,
-                                          num_train_epochs=1, report_to=[], use_cpu=True, save_strategy="no",
+                                          num_train_epochs=1, report_to=report_to, use_cpu=True, save_strategy="no",
                                           logging_strategy="no", disable_tqdm=True)
     return transformers.Trainer(model=model, args=args, train_dataset=_Tokens(), callbacks=[cb]), cb
 
 
 def test_hf_trainer_callback(tmp_path, monkeypatch):
-    trainer, cb = _hf_trainer(tmp_path, monkeypatch, report=True, report_wait_s=5)
+    """Also: with log_diagnosis, the diagnosis reaches the MLflow run (a local file store) and the W&B
+    run (offline) that the Trainer's own integrations opened, as summary.json holds it."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"file:{tmp_path / 'mlruns'}")
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "diag-test")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    import mlflow
+
+    # As in a fresh process: an earlier test's logger left MLflow's process-wide experiment behind.
+    mlflow.set_tracking_uri(f"file:{tmp_path / 'mlruns'}")
+    monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
+    monkeypatch.setenv("WANDB_PROJECT", "diag-test")
+    trainer, cb = _hf_trainer(tmp_path, monkeypatch, report=True, report_wait_s=5, log_diagnosis=True,
+                              report_to=["mlflow", "wandb"])
     trainer.train()
+    _assert_tracked(cb.agent.summary(), tmp_path / "mlruns")
     rd = rundir.RunDir(cb.agent.run_dir)
     steps = rd.steps(0)
     assert [s["step"] for s in steps] == list(range(8)) and all(s["samples"] == 4 for s in steps)

@@ -27,7 +27,7 @@ def _record(path):
     with torch.autograd.profiler.profile() as prof:
         for i in range(STEPS):
             if i < SLOW_FIRST:
-                sum(k * k for k in range(400_000))
+                sum(k * k for k in range(1_500_000))
             loss = model(torch.randn(128, 512)).pow(2).mean()
             opt.zero_grad()
             loss.backward()

@@ -44,6 +44,8 @@ LAYERS = {
     "agent/report": ("diag.__version__", "diag.errors", "diag.rundir", "diag.report", f"{_ANALYZERS}.analyze",
                      f"{_ANALYZERS}.views", f"{_ANALYZERS}.diagnosis"),
     "agent/exporter": ("diag.__version__", "diag.exporter", f"{_ANALYZERS}.diagnosis"),
+    # diag top: reads live.json or the endpoints into the live facts, draws the live judgement.
+    "agent/top": ("diag.errors", "diag.rundir", "diag.top", f"{_ANALYZERS}.job.live", f"{_ANALYZERS}.diagnosis.live"),
     # In the training process: the collectors, and the tree for the live verdicts.
     "agent/agent.py": ("diag.collectors", "diag.config", "diag.errors", "diag.exporter", "diag.report", "diag.rundir",
                        "diag.window_analysis", "diag.calibrate", "diag.live_verdict", "diag.nccl_watch",
@@ -58,7 +60,8 @@ LAYERS = {
     "agent/window_worker.py": ("diag.rundir", f"{_ANALYZERS}.diagnosis.decision_tree", f"{_ANALYZERS}.analyze"),
     "agent/config.py": ("diag.errors", "diag.collectors", f"{_ANALYZERS}.diagnosis.decision_tree"),
     "agent/calibrate.py": ("diag.rundir", f"{_ANALYZERS}.trace.devices"),
-    "agent/integrations.py": ("diag.agent",),
+    "agent/integrations.py": ("diag.agent", "diag.trackers"),
+    "agent/trackers.py": (),
     "agent/ray_pool.py": ("diag.errors",),
     "agent/nccl_table.py": ("diag.errors",),
     "agent/cli.py": ("diag.__version__", "diag.errors"),
@@ -111,7 +114,7 @@ def test_every_module_has_a_layer(folder):
 # The judgements of the diagnosis layer, by the names that make them (ARCHITECTURE.md, "Judgements").
 JUDGEMENT_CALLS = {"evaluate", "verdict_from", "advise", "Walker", "walk", "walk_one", "judge", "judge_trace",
                    "judge_run_rank", "sampled_verdicts", "resolve", "own_work", "straggler_what_if", "likely_cause",
-                   "step_time_change", "scaling_rating", "with_likely_causes"}
+                   "step_time_change", "scaling_rating", "with_likely_causes", "judge_live"}
 
 
 def test_judgements_are_made_in_the_diagnosis_layer():

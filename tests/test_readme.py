@@ -66,6 +66,19 @@ COMMANDS: dict[str, tuple] = {
     "diag compare perf/baseline runs/pr --gate --max-slowdown 5% --junit gate.xml": (
         "run", "diag compare {baseline} runs/pr --gate --max-slowdown 5% --junit gate.xml",
         "the baseline is the run `diag demo` made first: the same code, so the gate passes"),
+    "diag demo --straggler rotating": ("run", "diag demo --straggler rotating --steps 24 --no-export --json",
+                                       "a shorter run, its diagnosis printed as JSON to check"),
+    "diag top runs/demo-<timestamp>": (
+        "run", "diag top {demo_dir} --once --width 160",
+        "the finished demo's run directory, drawn once as text (its ranks show completed); tests/test_top.py "
+        "watches a running demo"),
+    "diag top --targets node1:9870,node1:9871,node2:9870,node2:9871": (
+        "not here", "needs ranks serving on those hosts; tests/test_top.py runs `diag top --targets` on a running "
+        "demo's two endpoints"),
+    "diag top --slurm-nodelist 'gpu[01-04]' --ranks-per-node 8": (
+        "run", "diag top --slurm-nodelist 'localhost' --ranks-per-node 2 --port-base 1 --once --width 160",
+        "no Slurm cluster here: the nodelist names this machine and a port base nothing serves on, so both ranks "
+        "show unreachable with the reason"),
     "diag nccl --nproc-per-node 4 -b 8 -e 1M -f 2": ("run", "diag nccl --nproc-per-node 4 -b 8 -e 1M -f 2", ""),
     "torchrun --nproc-per-node 8 -m diag nccl -b 8 -e 8G -f 2 --intra nvlink4 --inter ib_ndr --nics-per-node 8": (
         "run", "torchrun --nproc-per-node 2 -m diag nccl -b 8 -e 64K -f 2 --intra nvlink4 --inter ib_ndr "
@@ -208,6 +221,23 @@ def test_ci_gate_sample(workdir, demo):
 
 
 @pytest.mark.slow
+def test_straggler_sample(workdir):
+    diagnosis = json.loads(run_line("diag demo --straggler rotating", workdir).stdout)
+    episodes = diagnosis["straggler_episodes"]
+    assert episodes["pattern"] == "rotating" and {0, 1} <= set(episodes["episodes"][0]["ranks"]), episodes
+    assert any(f["id"] == "straggler_rotating" for f in diagnosis["findings"])
+
+
+@pytest.mark.slow
+def test_top_samples(workdir, demo):
+    _, run_dir = demo
+    seen = run_line("diag top runs/demo-<timestamp>", workdir, demo_dir=run_dir).stdout
+    assert "ranks 0/2 running" in seen and seen.count("completed") == 2, seen
+    nodes = run_line("diag top --slurm-nodelist 'gpu[01-04]' --ranks-per-node 8", workdir).stdout
+    assert nodes.count("unreachable") == 2 and "endpoints localhost:1, localhost:2" in nodes, nodes
+
+
+@pytest.mark.slow
 def test_plan_samples(workdir, demo):
     fit = run_line("diag plan --model llama3-8b --gpus 8 --device h100-sxm --zero 3 --global-batch 64 "
                    "--intra nvlink4", workdir).stdout
@@ -330,6 +360,8 @@ def test_python_sample_runs(marker, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("DIAG_EXPORTER", "0")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     names = PYTHON_SAMPLES[marker]()
     exec(compile(code, "README.md", "exec"), names)  # the README's own code, run as written
     if marker == "with diag.Agent(":
@@ -342,6 +374,7 @@ def test_python_sample_runs(marker, tmp_path, monkeypatch):
         assert (tmp_path / "runs" / "exp1" / "report.html").is_file()
     else:
         names["trainer"].fit  # noqa: B018 - the Lightning trainer exists, with the callback
+        assert type(names["trainer"].logger).__name__ == "MLFlowLogger"
         assert any(type(cb).__name__ == "DiagTrainerCallback" for cb in names["hf_trainer"].callback_handler.callbacks)
         assert any(type(cb).__name__ == "DiagLightningCallback" for cb in names["trainer"].callbacks)
 

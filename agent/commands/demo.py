@@ -11,7 +11,7 @@ HELP = "run a small CPU training job under the agent and report on it"
 
 
 def add_arguments(parser) -> None:
-    from diag.demo import BOTTLENECKS, DEFAULT_STEPS
+    from diag.demo import BOTTLENECKS, DEFAULT_STEPS, STRAGGLERS
 
     parser.add_argument("--bottleneck", choices=BOTTLENECKS, default="none",
                         help="the bottleneck to induce (default: none, a healthy compute-bound run)")
@@ -29,6 +29,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--slow-down", type=float, default=0.0, metavar="FRACTION",
                         help="an induced regression, to try `diag compare --gate` on: each step's work is followed "
                              "by an idle wait of this fraction of it (0.2: steps about 20%% slower; default 0)")
+    parser.add_argument("--straggler", choices=STRAGGLERS, default=None,
+                        help="an induced straggler: one rank's batches arrive 50 ms late, rank 1 in every "
+                             "step (persistent), each rank in turn (rotating), or the last rank for a sixth of "
+                             "the run (transient)")
     parser.add_argument("--json", action="store_true",
                         help="print the diagnosis document (diag.diagnosis/1, as in summary.json) instead of the summary")
     parser.add_argument("--verbose", action="store_true", help="show the agent's messages from every rank")
@@ -56,7 +60,8 @@ def run(args) -> int:
         raise DiagInputError(f"--slow-down must be between 0 and 10, got {args.slow_down:g}")
     settings = DemoSettings(args.bottleneck, ranks=args.ranks, steps=args.steps, run_dir=args.run_dir,
                             export=not args.no_export, port_base=args.port_base, verbose=args.verbose,
-                            linger_s=args.linger, thresholds=thresholds, slow_down=args.slow_down)
+                            linger_s=args.linger, thresholds=thresholds, slow_down=args.slow_down,
+                            straggler=args.straggler)
     run_demo(settings, on_ready=lambda result: _show(result, args))
     return 0
 

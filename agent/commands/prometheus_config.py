@@ -83,8 +83,10 @@ def _int_env(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def build(args) -> tuple[str, str | None]:
-    """(text to write, scrape block hint for stderr or None)."""
+def host_ports(args) -> tuple[list[str], int, int]:
+    """(hosts, ranks per node, port base) of --hosts or --slurm-nodelist, --ranks-per-node and
+    --port-base, with Slurm's and the agent's variables as defaults; rank r of a node serves on
+    port base + r, as the agents do."""
     hosts = hosts_from(args)
     rpn = args.ranks_per_node if args.ranks_per_node is not None else (_int_env("SLURM_NTASKS_PER_NODE") or 1)
     base = args.port_base if args.port_base is not None else (_int_env("DIAG_EXPORTER_PORT") or DEFAULT_PORT_BASE)
@@ -92,6 +94,12 @@ def build(args) -> tuple[str, str | None]:
         raise DiagInputError(f"--ranks-per-node must be at least 1, not {rpn}")
     if base < 1 or base + rpn - 1 > 65535:
         raise DiagInputError(f"ports {base}-{base + rpn - 1} are outside 1-65535")
+    return hosts, rpn, base
+
+
+def build(args) -> tuple[str, str | None]:
+    """(text to write, scrape block hint for stderr or None)."""
+    hosts, rpn, base = host_ports(args)
     if not _DURATION.match(args.scrape_interval):
         raise DiagInputError(f"--scrape-interval {args.scrape_interval!r} is not a duration such as 15s")
     if not re.match(r"^[A-Za-z_][A-Za-z0-9_-]*$", args.job_name):

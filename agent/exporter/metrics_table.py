@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from diag.analyzers.diagnosis.straggler_episodes import KINDS
 from diag.analyzers.diagnosis.throttle import CLOCK_EVENTS
 
 PREFIX = "diag_"
@@ -34,6 +35,7 @@ STEP_PHASES = CLASSES + ("unattributed",)
 # NVML clock event (throttle) reasons, named as the NVML sampler names them in samples
 # (the sample record: diag.collectors.sampler). Unknown reason bits are exported as reason="other".
 CLOCK_EVENT_REASONS = tuple(CLOCK_EVENTS)
+STRAGGLER_KINDS = KINDS  # straggler episodes over time (diagnosis.straggler_episodes)
 DIRECTIONS_NET = ("rx", "tx")
 DIRECTIONS_DISK = ("read", "write")
 OBSERVATION_KINDS = ("step", "sample", "window", "nccl", "event", "diagnosis")
@@ -111,6 +113,13 @@ METRICS: tuple[Metric, ...] = (
     M("diag_job_phase_ratio", "gauge", "ratio",
       "Share of step time in each phase over the steps the job verdict rests on (the diagnosis's "
       "measurement set).", "diagnosis", labels=("phase",), appears="event"),
+    M("diag_job_straggler_episode_active", "gauge", "",
+      "1 when the job's last recorded steps are in a straggler episode of this kind (persistent: one rank "
+      "late for most of the run; rotating: the late rank moves; transient: a burst), else 0; from the "
+      "diagnosis.", "diagnosis", labels=("kind",), label_values=STRAGGLER_KINDS, appears="event"),
+    M("diag_job_straggler_lost_seconds", "gauge", "seconds",
+      "Job time lost waiting for late ranks in straggler episodes of this kind, beyond the median rank; "
+      "from the diagnosis.", "diagnosis", labels=("kind",), label_values=STRAGGLER_KINDS, appears="event"),
     M("diag_data_wait_seconds_total", "counter", "seconds",
       "Time spent waiting for the next batch, measured by agent.loader().", "step"),
     M("diag_last_step_timestamp_seconds", "gauge", "seconds",
@@ -131,6 +140,8 @@ METRICS: tuple[Metric, ...] = (
     M("diag_step_peak_memory_bytes", "gauge", "bytes",
       "Peak device memory allocated so far, as the caching allocator counts it (diag never resets "
       "it), at the last step.", "step", appears="gpu"),
+    M("diag_profiler_window_active", "gauge", "",
+      "1 while a profiler window records this rank's steps (scheduled or requested), else 0.", "agent"),
     M("diag_oom_errors_total", "counter", "",
       "Out-of-memory errors reported in the agent's events (an OutOfMemoryError raised in the training "
       "loop); 0 from the start, so the first error is an increase.", "agent"),

@@ -67,6 +67,7 @@ class MetricState:
                 self.values[m.name] = dict.fromkeys(keys, 0.0)
         self.values["diag_build_info"] = {_build_labels(): 1.0}
         self.values["diag_last_step_timestamp_seconds"] = {(): start_time or time.time()}
+        self.values["diag_profiler_window_active"] = {(): 0.0}
         self.collect_duration = 0.0
 
     # --- writers (caller holds self.lock) ---

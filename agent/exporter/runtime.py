@@ -28,7 +28,7 @@ import numbers
 import os
 import time
 
-from diag.exporter.metrics_table import BOUNDS, CLASSES, CLOCK_EVENT_REASONS
+from diag.exporter.metrics_table import BOUNDS, CLASSES, CLOCK_EVENT_REASONS, STRAGGLER_KINDS
 from diag.exporter.registry import MetricState, make_registry, render_text
 from diag.exporter.server import MetricsServer
 
@@ -96,6 +96,11 @@ class Handle:
     def observe_event(self, event: dict) -> None:
         """An agent event record (collector switched off, fault, ...); OOM errors are counted."""
         self._guard("event", self._event, event)
+
+    def observe_profiler(self, window_steps) -> None:
+        """Whether a profiler window records steps now (`ProfilerWindows.window_steps`)."""
+        with self.state.lock:
+            self.state.set("diag_profiler_window_active", 1.0 if window_steps else 0.0)
 
     def _guard(self, kind: str, fn, obj) -> None:
         try:
@@ -272,6 +277,15 @@ class Handle:
         with self.state.lock:
             self.state.replace("diag_job_bound", {(b,): float(b == bound) for b in BOUNDS} if bound else {})
             self.state.replace("diag_job_phase_ratio", ratios)
+            episodes = doc.get("straggler_episodes")
+            if isinstance(episodes, dict) and isinstance(episodes.get("episodes"), list):
+                eps = [e for e in episodes["episodes"] if isinstance(e, dict) and e.get("kind") in STRAGGLER_KINDS]
+                self.state.replace("diag_job_straggler_episode_active",
+                                   {(k,): float(any(e["kind"] == k and e.get("ongoing") is True for e in eps))
+                                    for k in STRAGGLER_KINDS})
+                self.state.replace("diag_job_straggler_lost_seconds",
+                                   {(k,): sum(_num(e.get("cost_ms")) or 0.0 for e in eps if e["kind"] == k) / 1000.0
+                                    for k in STRAGGLER_KINDS})
 
     def _event(self, event: dict) -> None:
         if _is_oom(event):
@@ -320,8 +334,9 @@ def _env_port() -> int | None:
 
 
 def start(identity: dict, port_base: int | None = None, bind: str | None = None, enabled: bool = True,
-          log=print) -> Handle | None:
-    """Start this rank's endpoint. None when turned off or when no server could start."""
+          log=print, on_profile=None) -> Handle | None:
+    """Start this rank's endpoint. None when turned off or when no server could start.
+    `on_profile(first_step or None)` answers POST /profile (a profiler window on request)."""
     try:
         if not enabled or os.environ.get("DIAG_EXPORTER", "").strip().lower() in _OFF:
             return None
@@ -332,7 +347,7 @@ def start(identity: dict, port_base: int | None = None, bind: str | None = None,
         local = int(local) if isinstance(local, int) and local >= 0 else 0
         wanted = 0 if base == 0 else base + local
         handle = Handle(identity, bind=bind)
-        server = _serve(handle, wanted, bind, log)
+        server = _serve(handle, wanted, bind, log, on_profile)
         if server is None:
             return None
         handle._server, handle.port = server, server.port
@@ -342,7 +357,7 @@ def start(identity: dict, port_base: int | None = None, bind: str | None = None,
         return None
 
 
-def _serve(handle: Handle, wanted: int, bind: str, log):
+def _serve(handle: Handle, wanted: int, bind: str, log, on_profile=None):
     state = handle.state
 
     def on_error():
@@ -355,7 +370,7 @@ def _serve(handle: Handle, wanted: int, bind: str, log):
         if port > 65535:
             break
         try:
-            server = MetricsServer((bind, port), lambda: render_text([state]), on_error)
+            server = MetricsServer((bind, port), lambda: render_text([state]), on_error, on_profile)
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE and wanted:
                 continue

@@ -2,11 +2,14 @@
 
 A small threading HTTP server from the standard library. Each connection is served on its
 own daemon thread, and HTTP/1.1 keep-alive lets Prometheus reuse one connection per target.
-Only GET and HEAD are answered; the exposition is the only document served.
+GET and HEAD answer with the exposition. POST /profile?step=N asks the rank for a profiler
+window whose first step is N (`diag top`'s `p`, which gives every rank the same N so they
+profile the same steps); it changes nothing else, and a rank with profiling off answers 409.
 """
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -44,6 +47,37 @@ class _Handler(BaseHTTPRequestHandler):
         if not head:
             self.wfile.write(body)
 
+    def _send(self, status: int, body: bytes, ctype: str = "text/plain") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):  # noqa: N802 - the http.server naming
+        path, _, query = self.path.partition("?")
+        # A body is never read: drain what a client sent, bounded, so the connection stays usable.
+        length = self.headers.get("Content-Length", "0")
+        if length.isdigit() and 0 < int(length) <= 4096:
+            self.rfile.read(int(length))
+        if path != "/profile" or self.server.on_profile is None:
+            self._send(404, b"not found; POST /profile?step=N requests a profiler window\n")
+            return
+        step = _query_step(query)
+        if step is False:
+            self._send(400, b"step must be a step number\n")
+            return
+        try:
+            first = self.server.on_profile(step)
+        except Exception as exc:
+            self.server.on_error()
+            self._send(500, f"diag exporter: {type(exc).__name__}\n".encode())
+            return
+        if first is None:
+            self._send(409, b"profiling is off on this rank\n")
+            return
+        self._send(200, json.dumps({"first_step": first}).encode(), "application/json")
+
     def do_GET(self):  # noqa: N802 - the http.server naming
         self._answer(head=False)
 
@@ -54,17 +88,27 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
+def _query_step(query: str):
+    """The `step` of a query string: an int, None when absent, False when malformed."""
+    for part in query.split("&"):
+        key, _, value = part.partition("=")
+        if key == "step":
+            return int(value) if value.isdigit() and len(value) <= 12 else False
+    return None
+
+
 class MetricsServer(ThreadingHTTPServer):
     daemon_threads = True
     # SO_REUSEADDR: a port left in TIME_WAIT by an earlier run is reused; on Linux a port
     # another process listens on still fails with EADDRINUSE, which start() reports.
     allow_reuse_address = True
 
-    def __init__(self, address, render, on_error=lambda: None):
+    def __init__(self, address, render, on_error=lambda: None, on_profile=None):
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         self.render = render
         self.on_error = on_error
+        self.on_profile = on_profile
         super().__init__(address, _Handler)
         self.thread: threading.Thread | None = None
 

@@ -204,6 +204,8 @@ def _heatmap_figures(model: dict, ch: dict) -> list[dict]:
     for key, fid, title, xlab in (
         ("heatmap_step", "fig-heat-step", "Step time per rank (ms)", "step"),
         ("heatmap_wait", "fig-heat-wait", "Waiting time at collectives per rank (ms)", "collective (in order)"),
+        ("heatmap_lateness", "fig-heat-late", "How late each rank was, step by step (ms behind the median rank)",
+         "step"),
     ):
         hm = ch.get(key)
         if not hm:
@@ -511,12 +513,29 @@ def _ranks(model: dict, ids: set) -> str:
         inner.append("<p class=\"note\">Waiting time is how much longer a rank spent in a collective than the "
                      "fastest rank did, usually because it arrived first and waited for the others. A rank that "
                      "waits much less than everyone else (a dark row) is the one they wait for: a straggler.</p>")
+    inner.append(_chart("fig-heat-late", ids, "No lateness over time: it needs the steps of at least two ranks."))
+    episodes = (model.get("straggler_episodes") or {}).get("episodes") or []
+    if "fig-heat-late" in ids:
+        inner.append("<p class=\"note\">Each row is a rank, each column a step (or a bucket of steps): how much later "
+                     "than the median rank it was ready for the step's collectives (its data wait, or its pace where "
+                     "a window traced the step). One bright row is a persistent straggler; brightness moving between "
+                     "rows, a rotating one; a bright patch, a transient one.</p>")
+    if episodes:
+        inner.append("<h3>Straggler episodes</h3><table><tr><th>kind</th><th>rank</th><th class=\"num\">steps</th>"
+                     "<th class=\"num\">straggled</th><th class=\"num\">job time lost (s)</th>"
+                     "<th class=\"num\">share</th></tr>" + "".join(
+                         f"<tr><td>{esc(e['kind'])}</td><td>{esc(e['rank'] if e['rank'] is not None else ', '.join(str(r) for r in e['ranks'][:8]))}</td>"
+                         f"<td class=\"num\">{esc(e['first_step'])}-{esc(e['last_step'])}</td>"
+                         f"<td class=\"num\">{esc(e['straggled_steps'])}</td>"
+                         f"<td class=\"num\">{num(e['cost_ms'] / 1000.0, '{:.2f}')}</td>"
+                         f"<td class=\"num\">{pct(e.get('share_of_job_time'))}</td></tr>" for e in episodes[:20])
+                     + "</table>")
     strag = model.get("stragglers") or []
     if strag:
         inner.append("<h3>Stragglers</h3><ul>" + "".join(
             f"<li><b>rank {esc(s['rank'])}</b>: {esc(s['evidence_text'])} "
             f"<a href=\"#ev-straggler-{esc(s['rank'])}\">evidence</a></li>" for s in strag) + "</ul>")
-    elif len(model.get("ranks") or []) > 1:
+    elif len(model.get("ranks") or []) > 1 and not episodes:
         inner.append("<p>No straggler was named: no rank is consistently late for the others.</p>")
     rows = model.get("ranks") or []
     if rows:

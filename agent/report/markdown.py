@@ -128,6 +128,15 @@ def render(model: dict) -> str:
         out += ["## Stragglers", ""]
         out += [f"- rank {s['rank']}: {md_text(s['evidence_text'])}" for s in strag]
         out.append("")
+    episodes = (model.get("straggler_episodes") or {}).get("episodes") or []
+    if episodes:
+        out += ["## Straggler episodes", "", "| kind | rank | steps | straggled | job time lost (s) |",
+                "|---|---|---|---:|---:|"]
+        for e in episodes[:20]:
+            who = e["rank"] if e["rank"] is not None else ", ".join(str(r) for r in e["ranks"][:8])
+            out.append(f"| {md_text(e['kind'])} | {md_text(str(who))} | {e['first_step']}-{e['last_step']} | "
+                       f"{e['straggled_steps']} | {e['cost_ms'] / 1000.0:.2f} |")
+        out.append("")
     for key, title in (("top_kernels", "Top kernels"), ("top_ops", "Top operators")):
         rows = model.get(key) or []
         if not rows:

@@ -51,6 +51,7 @@ from diag.analyzers.diagnosis.inputs import (
 from diag.analyzers.diagnosis.memory import memory_section
 from diag.analyzers.diagnosis.recommendations import recommendations
 from diag.analyzers.diagnosis.straggler_cause import with_likely_causes
+from diag.analyzers.diagnosis.straggler_episodes import episode_finding, straggler_episodes
 from diag.analyzers.diagnosis.verdict import has_all_shares, job_verdict, rank_measurements
 
 SCHEMA = "diag.diagnosis/1"
@@ -100,7 +101,10 @@ def _judge(job: dict, ranks: dict, run: dict, tree) -> dict:
     )
     bound, world, steps, job_shares, stragglers = ctx.bound, ctx.world, ctx.job_steps, ctx.shares, ctx.stragglers
     path = _decision_path(job, ranks, bound)
-    findings = merged_findings(job, ranks)
+    episodes = straggler_episodes(ranks, tree)
+    over_time = episode_finding(episodes, tree)
+    findings = merged_findings({**job, "findings": [*(job.get("findings") or []), over_time]} if over_time else job,
+                               ranks)
     basis = mset["basis"] if mset else f"{int(steps.has_shares.sum())} step(s) of {len(ranks)} rank(s)"
     ev = evidence(ranks, allt, steps, job_shares, basis, stragglers, ctx.nccl, findings)
     headline = _headline(ctx)
@@ -122,6 +126,8 @@ def _judge(job: dict, ranks: dict, run: dict, tree) -> dict:
         "decision_path": path,
         "confidence": confidence,
         "stragglers": stragglers,
+        # Who the others waited for, step by step, in episodes (persistent, rotating, transient).
+        "straggler_episodes": episodes,
         "findings": findings,
         "evidence": ev,
         "recommendations": recs,

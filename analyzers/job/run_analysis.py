@@ -45,7 +45,7 @@ SCHEMA = "diag.analysis/1"
 FINAL_STATUSES = ("completed", "failed", "interrupted")
 # A running rank whose heartbeat is this much older than the newest one has stopped.
 STALE_S = 120.0
-_STEP_EXTRAS = ("samples", "tokens", "peak_mem_bytes", "mfu")  # step record fields kept as they are
+_STEP_EXTRAS = ("start_unix", "samples", "tokens", "peak_mem_bytes", "mfu")  # step record fields kept as they are
 TOP_N = 20
 
 

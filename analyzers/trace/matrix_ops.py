@@ -126,7 +126,8 @@ def _group(g: dict, n: int, device, on_device: bool) -> dict:
         "op": g["op"], "shapes": g["shapes"], "dtype": g["dtype"],
         "calls_per_step": round(g["calls"] / n, 2),
         "ms_per_step": round(g["us"] / 1e3 / n, 4),
-        "tflops": round(tflops, 4) if tflops else None,
+        # Four significant digits: a CPU's matmuls run at hundredths of a TFLOP/s.
+        "tflops": float(f"{tflops:.4g}") if tflops else None,
         "peak_fraction": round(tflops * 1e12 / peak, 4) if tflops and peak else None,
         # Tiles matter on tensor cores; a CPU's vector units are not judged by them.
         "misaligned": misaligned(g["dims"], g["dtype"]) if on_device else [],

@@ -87,6 +87,7 @@ def build_model(doc: dict, run: dict | None = None, limits: Limits | None = None
         "throughput": _throughput_series(ranks, steps, limits, notes),
         "heatmap_step": _step_heatmap(ranks, limits, notes),
         "heatmap_wait": _wait_heatmap(doc, ranks, limits, notes),
+        "heatmap_lateness": _lateness_heatmap(diagnosis.get("straggler_episodes")),
         "timelines": _timelines(ranks, limits, notes),
         "nccl_busbw": busbw,
     }
@@ -116,7 +117,8 @@ def build_model(doc: dict, run: dict | None = None, limits: Limits | None = None
 
 # The diagnosis document's parts that the page shows as they are.
 _FROM_DIAGNOSIS = ("bound", "headline", "confidence", "decision_path", "phase_shares", "measurements", "evidence",
-                   "recommendations", "causes", "stragglers", "findings", "memory", "what_if")
+                   "recommendations", "causes", "stragglers", "straggler_episodes", "findings", "memory",
+                   "what_if")
 
 
 def _busbw_chart(run: dict) -> dict | None:
@@ -252,6 +254,15 @@ def _step_heatmap(ranks, limits, notes) -> dict | None:
     z = _bucket_mean(grid.T, starts).T
     return {"x": all_steps[starts].tolist(), "ranks": [r["rank"] for r in rows],
             "z": [_list(row, 3) for row in z], "unit": "ms", "label": "step time"}
+
+
+def _lateness_heatmap(episodes: dict | None) -> dict | None:
+    """The diagnosis's rank x time lateness, as the step heatmap's shape; None without ranks to compare."""
+    chart = (episodes or {}).get("chart")
+    if not chart or not chart.get("first_steps"):
+        return None
+    return {"x": chart["first_steps"], "ranks": chart["ranks"], "z": chart["lateness_ms"], "unit": "ms",
+            "label": "lateness behind the median rank"}
 
 
 def _bucket_cols(grid: np.ndarray, starts: np.ndarray) -> list:

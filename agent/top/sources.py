@@ -1,0 +1,181 @@
+"""Where `diag top` reads a running job: the run directory, or the ranks' metrics endpoints.
+
+- `RunDirSource`: every rank's `live.json` on the shared file system; `p` touches the run
+  directory's `profile.trigger`, which every rank watches.
+- `EndpointSource`: each rank's `/metrics`, scraped in parallel with a short timeout, for
+  ranks on nodes that share no file system; `p` posts `/profile?step=N` to every rank with
+  one N, a few steps past the furthest rank, so all ranks profile the same steps.
+
+Each read returns one `RankLive` per rank; a rank that cannot be read this time keeps its last
+figures, marked unreachable with the reason. Reads are bounded in time and size.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from diag import rundir
+from diag.analyzers.job.live import (
+    EndpointHistory,
+    RankLive,
+    rank_from_live_doc,
+    rank_from_metrics,
+    unreachable,
+)
+
+MAX_LIVE_BYTES = 4 << 20  # a live.json is a few kB; anything near this is not one
+MAX_METRICS_BYTES = 2 << 20  # a rank serves under 200 series, some 40 kB
+# prometheus_client's parser takes time quadratic in a line's whitespace: no line of diag's
+# exposition comes near this, so a longer one is dropped unread.
+MAX_LINE_BYTES = 4 << 10
+PROFILE_LEAD_STEPS = 5  # the window starts this many steps past the furthest rank
+
+
+class RunDirSource:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._last: dict[int, RankLive] = {}
+
+    def describe(self) -> str:
+        return f"run directory {self.path}"
+
+    def read(self, now: float | None = None) -> list[RankLive]:
+        rd = rundir.RunDir(self.path)
+        out = []
+        for rank in rd.ranks():
+            f = rd.rank_path(rank) / rundir.LIVE_FILE
+            problems: list[str] = []
+            doc = _read_small_json(f, problems)
+            if doc is None or doc.get("schema") != "diag.live/1":
+                why = problems[0] if problems else f"{f.name}: not written yet (the agent writes it every live_s)"
+                if doc is not None:
+                    why = f"{f}: not a diag.live/1 document"
+                out.append(unreachable(rank, "run_dir", str(f), why, self._last.get(rank)))
+                continue
+            live = rank_from_live_doc(doc, rank, str(f))
+            self._last[rank] = live
+            out.append(live)
+        return out
+
+    def request_profile(self) -> str:
+        trigger = self.path / rundir.TRIGGER_FILE
+        rundir.atomic_write_text(trigger, f"diag top at {time.time():.3f}\n")
+        return f"profiler window requested on every rank ({trigger})"
+
+
+def _read_small_json(path: Path, problems: list[str]) -> dict | None:
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return None
+    if size > MAX_LIVE_BYTES:
+        problems.append(f"{path}: {size} bytes, too large for a live.json")
+        return None
+    return rundir.read_json(path, problems)
+
+
+class EndpointSource:
+    def __init__(self, targets: list[str], timeout_s: float = 1.5):
+        self.targets = list(dict.fromkeys(targets))
+        self.timeout_s = timeout_s
+        self._history: dict[str, EndpointHistory] = {t: EndpointHistory() for t in self.targets}
+        self._last: dict[str, RankLive] = {}
+        self._pool = ThreadPoolExecutor(max_workers=max(1, min(32, len(self.targets))),
+                                        thread_name_prefix="diag-top")
+
+    def describe(self) -> str:
+        shown = ", ".join(self.targets[:3]) + (f" and {len(self.targets) - 3} more" if len(self.targets) > 3 else "")
+        return f"endpoints {shown}"
+
+    def read(self, now: float | None = None) -> list[RankLive]:
+        now = time.time() if now is None else now
+        bodies = list(self._pool.map(self._scrape, self.targets))
+        out = []
+        for i, (target, (body, error)) in enumerate(zip(self.targets, bodies)):
+            live = None
+            if body is not None:
+                live, self._history[target], error = parse_scrape(body, self._history[target], now, target)
+            if live is None:
+                last = self._last.get(target)
+                live = unreachable(last.rank if last else -1 - i, "endpoint", target, error or "no answer", last)
+            else:
+                self._last[target] = live
+            out.append(live)
+        return out
+
+    def _scrape(self, target: str) -> tuple[str | None, str | None]:
+        try:
+            with urllib.request.urlopen(f"http://{target}/metrics", timeout=self.timeout_s) as resp:
+                data = resp.read(MAX_METRICS_BYTES + 1)
+        except (OSError, ValueError, urllib.error.URLError) as exc:
+            return None, _reason(exc)
+        if len(data) > MAX_METRICS_BYTES:
+            return None, f"more than {MAX_METRICS_BYTES >> 20} MiB of metrics"
+        return data.decode("utf-8", "replace"), None
+
+    def request_profile(self) -> str:
+        steps = [r.steps_done for r in self._last.values() if r.steps_done is not None]
+        step = (max(steps) if steps else 0) + PROFILE_LEAD_STEPS
+        answers = list(self._pool.map(lambda t: self._post_profile(t, step), self.targets))
+        firsts = sorted({a for a in answers if isinstance(a, int)})
+        failed = [a for a in answers if isinstance(a, str)]
+        # A rank with a window already asked for or recording answers with that window's step.
+        where = f"from step {', '.join(map(str, firsts))}" if firsts else "on no step"
+        msg = f"profiler window {where} requested on {len(answers) - len(failed)} of {len(self.targets)} ranks"
+        return msg + (f" ({failed[0]})" if failed else "")
+
+    def _post_profile(self, target: str, step: int) -> int | str:
+        """The first step the rank will profile, or why it did not answer."""
+        req = urllib.request.Request(f"http://{target}/profile?step={step}", data=b"", method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                first = json.loads(resp.read(4096) or b"{}").get("first_step")
+        except urllib.error.HTTPError as exc:
+            return f"{target}: {exc.code} {exc.reason}"
+        except (OSError, ValueError, AttributeError) as exc:
+            return f"{target}: {_reason(exc)}"
+        return first if isinstance(first, int) and not isinstance(first, bool) else f"{target}: no step in the answer"
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _reason(exc: BaseException) -> str:
+    inner = getattr(exc, "reason", None)
+    return str(inner if inner is not None else exc)[:160] or type(exc).__name__
+
+
+def parse_scrape(body: str, history: EndpointHistory, now: float, target: str
+                 ) -> tuple[RankLive | None, EndpointHistory, str | None]:
+    """(the rank, the history for the next scrape, why there is none) of one scrape's body."""
+    try:
+        live, history = rank_from_metrics(_series(body), history, now, endpoint=target)
+    except ValueError as exc:  # the parser's one error for text that is not an exposition
+        return None, history, f"not a Prometheus exposition ({str(exc)[:80]})"
+    return live, history, None if live is not None else "no diag rank metrics at this endpoint"
+
+
+def _series(body: str) -> dict[str, list[tuple[dict, float]]]:
+    """{sample name: [(labels, value), ...]} of the diag metrics in an exposition; a value no
+    float holds (an integer of hundreds of digits) and a line longer than MAX_LINE_BYTES are
+    left out."""
+    out: dict[str, list[tuple[dict, float]]] = {}
+    if any(len(line) > MAX_LINE_BYTES for line in body.split("\n")):
+        body = "\n".join(line for line in body.split("\n") if len(line) <= MAX_LINE_BYTES)
+    for fam in text_string_to_metric_families(body):
+        if not fam.name.startswith("diag_"):
+            continue
+        for s in fam.samples:
+            try:
+                value = float(s.value)
+            except (OverflowError, TypeError, ValueError):
+                continue
+            out.setdefault(s.name, []).append((dict(s.labels), value))
+    return out

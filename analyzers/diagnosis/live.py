@@ -1,0 +1,125 @@
+"""The judgement of a running job from its ranks' latest figures: what `diag top` shows of the job.
+
+From each rank's `RankLive` (`diag.analyzers.job.live`):
+- its pace: its step time less its waiting for peers, where a window measured that. In a job
+  synchronised by collectives every rank's step lasts as long as the slowest one's work, so
+  the rank with the longest pace sets it, when it leads the others by more than the noise;
+- a straggler: the pace-setting rank when its pace exceeds the other ranks' median by more
+  than `straggler_step_excess` of their step and by more than the noise bands of both (the
+  interval of each median, `steady`); or a rank whose data wait exceeds the others' by that
+  much, since its peers then wait for it inside their collectives, where the step record
+  does not see it. Its likely cause is where its excess lies: waiting for data, the device
+  (with the clock-event reasons it reports), or the host;
+- stalled ranks: running, but no step for `live_stall_steps` median steps and at least
+  `live_stall_min_s` seconds;
+- the job: its verdict (the ranks' most common), throughput (the ranks' sum), MFU (their
+  median), and whether a profiler window records.
+Pure: returns a new dict; every threshold is a name in `decision_tree.toml`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+
+from diag.analyzers.diagnosis.steady import median_half_width
+
+LIVE_STATUSES = ("running",)
+
+
+def judge_live(ranks: list, tree, now: float) -> dict:
+    """{"verdict", "samples_per_s", "tokens_per_s", "mfu", "profiling", "pace_rank", "straggler",
+    "stalled", "pace_ms"} of the ranks' figures."""
+    th = tree.thresholds
+    live = [r for r in ranks if r.status in LIVE_STATUSES and r.step_ms is not None]
+    pace = {r.rank: r.step_ms - (r.wait_ms or 0.0) for r in live}
+    counts = Counter(r.bound for r in live if r.bound)
+    mfus = [r.mfu for r in live if r.mfu is not None]
+    return {
+        "verdict": counts.most_common(1)[0][0] if counts else None,
+        "samples_per_s": _sum(r.samples_per_s for r in live),
+        "tokens_per_s": _sum(r.tokens_per_s for r in live),
+        "mfu": statistics.median(mfus) if mfus else None,
+        "profiling": any(r.profiling for r in ranks),
+        "pace_rank": _pace_rank(live, pace, th["noise_interval_z"]),
+        "pace_ms": {k: round(v, 3) for k, v in pace.items()},
+        "straggler": _straggler(live, pace, th),
+        "stalled": _stalled(ranks, th, now),
+    }
+
+
+def _pace_rank(live: list, pace: dict, z: float) -> int | None:
+    """The rank with the longest pace, when it leads the others' median by more than the noise
+    bands of both; None when every rank keeps the same pace (a synchronised job without
+    measured waits looks so) or there is one rank."""
+    if len(live) < 2:
+        return None
+    top = max(live, key=lambda r: (pace[r.rank], -r.rank))
+    peers = [r for r in live if r.rank != top.rank]
+    lead = pace[top.rank] - statistics.median(pace[r.rank] for r in peers)
+    band = _band(top, z) + statistics.median(_band(r, z) for r in peers)
+    return top.rank if lead > band else None
+
+
+def _sum(values) -> float | None:
+    vals = [v for v in values if v is not None]
+    return sum(vals) if vals else None
+
+
+def _band(r, z: float) -> float:
+    return median_half_width(list(r.recent_step_ms), z) or 0.0
+
+
+def _straggler(live: list, pace: dict, th: dict) -> dict | None:
+    if len(live) < 2:
+        return None
+    z, excess = th["noise_interval_z"], th["straggler_step_excess"]
+    by_rank = {r.rank: r for r in live}
+    candidates = []
+    for r in live:
+        peers = [p for p in live if p.rank != r.rank]
+        peers_step = statistics.median(p.step_ms for p in peers)
+        band = _band(r, z) + statistics.median(_band(p, z) for p in peers)
+        floor = max(excess * peers_step, band)
+        lag = pace[r.rank] - statistics.median(pace[p.rank] for p in peers)
+        data_lag = _lag(r, peers, "data_wait_ms")
+        worst = max(lag, data_lag or 0.0)
+        if worst > floor:
+            candidates.append((worst, r.rank, lag, data_lag, peers))
+    if not candidates:
+        return None
+    worst, rank, lag, data_lag, peers = max(candidates)
+    cause, text = _likely_cause(by_rank[rank], peers, th)
+    return {"rank": rank, "excess_ms": round(worst, 3), "pace_lag_ms": round(lag, 3),
+            "data_wait_lag_ms": round(data_lag, 3) if data_lag is not None else None,
+            "cause": cause, "text": text}
+
+
+def _lag(r, peers: list, attr: str) -> float | None:
+    own = getattr(r, attr)
+    others = [getattr(p, attr) for p in peers if getattr(p, attr) is not None]
+    return own - statistics.median(others) if own is not None and others else None
+
+
+def _likely_cause(r, peers: list, th: dict) -> tuple[str, str]:
+    """Where the straggler's excess lies: waiting for data, its device, or its host."""
+    step = statistics.median(p.step_ms for p in peers)
+    floor = th["straggler_cause_min_excess"] * step
+    data, device = _lag(r, peers, "data_wait_ms"), _lag(r, peers, "device_ms")
+    if data is not None and data >= floor and data >= (device or 0.0):
+        return "data_loader", (f"waits {data:.1f} ms more per step for its DataLoader than its peers: "
+                               "its input pipeline")
+    if device is not None and device >= floor:
+        reasons = ", ".join(r.clock_events)
+        if reasons:
+            return "throttling", f"its device takes {device:.1f} ms more per step, with clocks reduced ({reasons})"
+        return "device", f"its device takes {device:.1f} ms more per step than its peers'"
+    return "host", "its own work takes longer on the host (CPU time, Python, I/O or other processes)"
+
+
+def _stalled(ranks: list, th: dict, now: float) -> list[int]:
+    steps = [r.step_ms for r in ranks if r.step_ms is not None]
+    typical_s = statistics.median(steps) / 1000.0 if steps else 0.0
+    limit = max(th["live_stall_min_s"], th["live_stall_steps"] * typical_s)
+    return sorted(r.rank for r in ranks if r.status in LIVE_STATUSES and r.last_step_unix is not None
+                  and now - r.last_step_unix > limit)

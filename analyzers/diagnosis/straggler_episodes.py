@@ -1,0 +1,303 @@
+"""Stragglers over time: which rank the others wait for, step by step, grouped into episodes.
+
+Each step s and rank r get a lateness L[s, r] (ms): how much later than the ranks' median it was
+ready for the step's collectives. What a late step costs the job is counted against the median
+rank, of an even number of ranks the faster middle one, an actual rank (as in the job's
+what-if): with two ranks, the whole gap.
+- In a traced step, where a window matched the collectives across ranks: the rank's pace (its
+  step less its waiting for peers) against the median rank's.
+- In any other step: its data wait against the median rank's. In a job synchronised by its
+  collectives every rank's step lasts as long as the slowest rank's, so the step records of
+  the others do not show it; a rank that waits longer for its batch makes the others wait as
+  much longer in their collectives. A rank slower at its own compute shows in windows only.
+
+A step is straggled when its latest rank's lateness exceeds `straggler_episode_min_share` of
+the median step and the run's own noise: z times the spread of each rank's lateness from one
+step to the next (its robust sigma, over the square root of 2), which a rank late by the same
+amount in every step does not widen, times the lead that the latest rank reaches by chance in no
+more than the tail `noise_interval_z` leaves (2.5% of the steps at 1.96) when no rank is late: the
+latest of many ranks is the largest of many draws, so the factor grows with the ranks.
+
+Straggled steps, with gaps of up to `straggler_episode_gap_steps` bridged, form episodes of at
+least `straggler_episode_min_steps` steps. Where the episodes span `straggler_persistent_fraction`
+of the run, its straggler is chronic and every episode is of its kind:
+- persistent: one rank is the late one in `straggler_episode_same_rank` of their straggled
+  steps (a bad node, or its data shard);
+- rotating: no rank is that dominant (contention shared by the nodes, or data skew).
+Otherwise each episode is a burst of its own: transient when one rank is that dominant in it (a
+checkpoint, a noisy neighbour, a thermal event), rotating when not.
+Its cost is what the job waited beyond the median rank over its steps; an episode that reaches
+the last recorded steps is ongoing. Pure: new values.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections import Counter
+from functools import lru_cache
+from statistics import NormalDist
+
+import numpy as np
+
+from diag.analyzers.diagnosis.steady import robust_sigma
+
+CHART_BINS = 120  # columns of the rank x time chart at most
+KINDS = ("persistent", "rotating", "transient")
+# The null distribution of the latest rank's lead: simulated steps, ranks (beyond, the lead grows
+# by little), and the seed that keeps it fixed.
+NULL_STEPS, NULL_MAX_RANKS, NULL_SEED = 2000, 256, 20261126
+
+
+def straggler_episodes(ranks: dict, tree) -> dict | None:
+    """The episodes of the merged ranks' analysed steps, or None with fewer than two ranks
+    sharing steps. `ranks`: rank -> merged rank (`inputs.merge_ranks`)."""
+    table = _lateness_table(ranks)
+    if table is None:
+        return None
+    steps, rank_ids, basis, step_ms, start, source = table
+    th = tree.thresholds
+    # Judged against the ranks' median; the cost is counted against the lower median rank, an
+    # actual rank, as the job's what-if counts it.
+    with warnings.catch_warnings():  # a step whose ranks recorded no data wait has no median: NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        late = basis - np.nanmedian(basis, axis=1)[:, None]
+    behind = basis - _lower_median(basis)[:, None]
+    # Each measure its own noise: a trace's pace scatters more than a data wait.
+    factor = _null_lead_factor(len(rank_ids), 1.0 - NormalDist().cdf(th["noise_interval_z"]))
+    noise = {src: factor * _sigma_ms(late, source, src) for src in (0, 1)}
+    median_step = float(np.nanmedian(step_ms)) if np.isfinite(step_ms).any() else 0.0
+    floor = np.maximum(th["straggler_episode_min_share"] * median_step, np.where(source == 1, noise[1], noise[0]))
+    worst = np.where(np.isfinite(late), late, -np.inf)
+    who = np.argmax(worst, axis=1)
+    lead = worst[np.arange(len(steps)), who]
+    straggled = lead > floor
+    cost = behind[np.arange(len(steps)), who]
+    runs = _runs(straggled, th["straggler_episode_gap_steps"], th["straggler_episode_min_steps"])
+    chronic = _chronic_kind(runs, who, straggled, rank_ids, th, len(steps))
+    episodes = [_episode(i0, i1, steps, rank_ids, who, cost, straggled, start, step_ms, th, len(steps), chronic)
+                for i0, i1 in runs]
+    total_ms = float(np.nansum(step_ms))
+    for e in episodes:
+        e["share_of_job_time"] = round(e["cost_ms"] / total_ms, 4) if total_ms > 0 else None
+    return {
+        "observed_steps": len(steps),
+        "traced_steps": int((source == 1).sum()),
+        "noise_ms": {"data_wait": round(noise[0], 3), "trace": round(noise[1], 3)},
+        "threshold_ms": round(float(np.median(floor)), 3),
+        "straggled_steps": int(straggled.sum()),
+        "episodes": episodes,
+        "pattern": max(episodes, key=lambda e: e["cost_ms"])["kind"] if episodes else None,
+        "chart": _chart(steps, rank_ids, behind),
+    }
+
+
+def _rank_columns(r: dict):
+    """(step, duration ms, data wait ms, pace ms, traced, start unix) of a merged rank's analysed
+    steps, as arrays in step order; None without steps."""
+    rows = {}
+    for s in (r.get("analysis") or {}).get("steps") or []:
+        if isinstance(s, dict) and type(s.get("step")) is int and _num(s.get("duration_ms")) is not None:
+            rows[s["step"]] = s
+    if not rows:
+        return None
+    order = sorted(rows)
+    cols = np.full((len(order), 4), np.nan)
+    traced = np.zeros(len(order), dtype=bool)
+    for i, n in enumerate(order):
+        s = rows[n]
+        d = _num(s.get("duration_ms"))
+        dw = _num(s.get("data_wait_ms"))
+        wait = _num(s["shares"].get("wait")) if isinstance(s.get("shares"), dict) else None
+        traced[i] = s.get("evidence") == "trace" and wait is not None
+        cols[i] = (d, np.nan if dw is None else dw, d * (1.0 - wait) if traced[i] else np.nan,
+                   np.nan if _num(s.get("start_unix")) is None else s["start_unix"])
+    return np.array(order, dtype=np.int64), cols, traced
+
+
+def _lateness_table(ranks: dict):
+    """(step numbers, rank ids, when each rank was ready [step, rank] (its pace or data wait, ms),
+    the job's step ms, start unix, source: 1 traced, 0 data wait) over the steps at least two
+    ranks share; None without two ranks. Columnar: a run has up to 10^6 steps per rank."""
+    per = {rid: c for rid, c in ((rid, _rank_columns(r)) for rid, r in ranks.items()) if c is not None}
+    if len(per) < 2:
+        return None
+    rank_ids = sorted(per)
+    numbers, counts = np.unique(np.concatenate([per[r][0] for r in rank_ids]), return_counts=True)
+    steps = numbers[counts >= 2]
+    if not len(steps):
+        return None
+    n, m = len(steps), len(rank_ids)
+    dur, data, pace, start = (np.full((n, m), np.nan) for _ in range(4))
+    traced = np.zeros((n, m), dtype=bool)
+    for j, rid in enumerate(rank_ids):
+        own, cols, tr = per[rid]
+        keep = np.isin(own, steps)
+        at = np.searchsorted(steps, own[keep])
+        dur[at, j], data[at, j], pace[at, j], start[at, j] = cols[keep].T
+        traced[at, j] = tr[keep]
+    # A step is judged on its trace where every rank present in it was traced.
+    present = np.isfinite(dur)
+    by_trace = (traced | ~present).all(axis=1) & (traced.sum(axis=1) >= 2)
+    basis = np.where(by_trace[:, None], pace, data)
+    with warnings.catch_warnings():  # rows with no start time: NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        first_start = np.nanmin(start, axis=1)
+    return steps, rank_ids, basis, np.nanmax(dur, axis=1), first_start, by_trace.astype(np.int8)
+
+
+def _lower_median(a: np.ndarray) -> np.ndarray:
+    """Each row's median of its finite values; of an even count, the lower middle value (an
+    actual rank's). NaN for a row with none."""
+    finite = np.isfinite(a).sum(axis=1)
+    ordered = np.sort(a, axis=1)  # NaN sorts last
+    at = np.maximum((finite - 1) // 2, 0)
+    out = ordered[np.arange(len(a)), at]
+    return np.where(finite > 0, out, np.nan)
+
+
+@lru_cache(maxsize=64)
+def _null_lead_factor(ranks: int, tail: float) -> float:
+    """How many sigmas (as `_sigma_ms` estimates them) the latest rank leads the lower median rank
+    by in no more than `tail` of the steps when no rank is late: from the ranks' lateness drawn
+    as independent normals, a fixed sample, so the same run is always judged the same."""
+    m = min(max(ranks, 2), NULL_MAX_RANKS)
+    x = np.random.default_rng(NULL_SEED).standard_normal((NULL_STEPS, m))
+    late = x - np.median(x, axis=1)[:, None]
+    sigma = robust_sigma((late[1:] - late[:-1]).ravel().tolist()) / math.sqrt(2.0)
+    return float(np.quantile(late.max(axis=1), 1.0 - tail)) / sigma
+
+
+def _sigma_ms(late: np.ndarray, source: np.ndarray, src: int) -> float:
+    """The robust spread of a rank's lateness from one step to the next (over the square root of 2),
+    between consecutive steps both judged on `src` (1: a trace's pace, 0: the data wait)."""
+    same = (source[1:] == src) & (source[:-1] == src)
+    diffs = (late[1:] - late[:-1])[same]
+    sigma = robust_sigma(diffs[np.isfinite(diffs)].tolist())
+    return sigma / math.sqrt(2.0) if sigma else 0.0
+
+
+def _runs(flags: np.ndarray, gap: int, min_steps: int) -> list[tuple[int, int]]:
+    """[first, last] index ranges of flagged steps, gaps of up to `gap` unflagged steps bridged,
+    each with at least `min_steps` flagged steps."""
+    idx = np.flatnonzero(flags)
+    if not len(idx):
+        return []
+    runs, first, prev = [], int(idx[0]), int(idx[0])
+    for i in idx[1:].tolist():
+        if i - prev - 1 > gap:
+            runs.append((first, prev))
+            first = i
+        prev = i
+    runs.append((first, prev))
+    return [(a, b) for a, b in runs if int(flags[a:b + 1].sum()) >= min_steps]
+
+
+def _chronic_kind(runs, who, straggled, rank_ids, th, observed) -> str | None:
+    """Where episodes span `straggler_persistent_fraction` of the run, however profiler windows or
+    quiet steps cut them into pieces, the run has one chronic straggler pattern: persistent when
+    one rank is the late one in `straggler_episode_same_rank` of their straggled steps, else
+    rotating. None for a run mostly free of stragglers."""
+    if sum(i1 - i0 + 1 for i0, i1 in runs) < th["straggler_persistent_fraction"] * observed:
+        return None
+    sel = np.zeros(len(straggled), dtype=bool)
+    for i0, i1 in runs:
+        sel[i0:i1 + 1] = True
+    sel &= straggled
+    top_n = Counter(who[sel].tolist()).most_common(1)[0][1]
+    return "persistent" if top_n >= th["straggler_episode_same_rank"] * int(sel.sum()) else "rotating"
+
+
+def _episode(i0, i1, steps, rank_ids, who, cost, straggled, start, step_ms, th, observed, chronic) -> dict:
+    sel = np.arange(i0, i1 + 1)
+    sel = sel[straggled[sel]]
+    late_counts = Counter(rank_ids[k] for k in who[sel].tolist())
+    top, top_n = late_counts.most_common(1)[0]
+    dominant = top_n >= th["straggler_episode_same_rank"] * len(sel)
+    span = i1 - i0 + 1
+    kind = chronic or ("transient" if dominant else "rotating")
+    end = start[i1] + step_ms[i1] / 1000.0 if np.isfinite(start[i1]) and np.isfinite(step_ms[i1]) else None
+    return {
+        "kind": kind,
+        "rank": top if dominant else None,
+        "ranks": [r for r, _ in late_counts.most_common(16)],
+        "late_steps_by_rank": {str(r): c for r, c in late_counts.most_common(16)},
+        "first_step": int(steps[i0]),
+        "last_step": int(steps[i1]),
+        "steps": span,
+        "straggled_steps": len(sel),
+        "start_unix": float(start[i0]) if np.isfinite(start[i0]) else None,
+        "end_unix": float(end) if end is not None else None,
+        # Still going at the last step the run recorded (gaps bridged): the job's current episode.
+        "ongoing": i1 >= observed - 1 - th["straggler_episode_gap_steps"],
+        "cost_ms": round(float(cost[sel].sum()), 3),
+        "median_lateness_ms": round(float(np.median(cost[sel])), 3),
+    }
+
+
+def _chart(steps: np.ndarray, rank_ids: list, late: np.ndarray) -> dict:
+    """Rank x time: each rank's mean lateness in up to CHART_BINS step ranges."""
+    n = len(steps)
+    bins = max(1, min(CHART_BINS, n))
+    edges = np.linspace(0, n, bins + 1).astype(int)
+    cols, firsts = [], []
+    for a, b in zip(edges[:-1], edges[1:]):
+        if b <= a:
+            continue
+        block = late[a:b]
+        ok = np.isfinite(block)
+        count = ok.sum(axis=0)
+        total = np.where(ok, block, 0.0).sum(axis=0)
+        cols.append(np.divide(total, count, out=np.full(len(rank_ids), np.nan), where=count > 0))
+        firsts.append(int(steps[a]))
+    grid = np.array(cols).T if cols else np.zeros((len(rank_ids), 0))
+    return {"ranks": list(rank_ids), "first_steps": firsts,
+            "lateness_ms": [[round(float(x), 3) if np.isfinite(x) else None for x in row] for row in grid]}
+
+
+def _num(v) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    v = float(v)
+    return v if math.isfinite(v) else None
+
+
+_ADVICE = {
+    "persistent": "The same rank is late step after step: look at its node. Its device (clocks, temperature, "
+                  "XID errors in the samples), its host (CPU saturation, other processes) or its data shard "
+                  "(larger or slower-to-read samples); drain or replace the node, or rebalance its shard.",
+    "rotating": "The late rank moves from step to step: something every node shares, or the data. Look for "
+                "contention on the network or a shared file system, and for data skew (sequence lengths or sample "
+                "sizes that vary between batches: bucket by length, balance the batches across ranks).",
+    "transient": "A burst on one rank: something ran beside the training in those steps (a checkpoint, an "
+                 "evaluation, logging, a noisy neighbour, a garbage-collection pause, a thermal event). Match "
+                 "the steps against that rank's events and samples.",
+}
+
+
+def episode_finding(result: dict | None, tree) -> dict | None:
+    """A finding for the costliest episode (the others counted), or None without episodes."""
+    if not result or not result["episodes"]:
+        return None
+    eps = result["episodes"]
+    e = max(eps, key=lambda x: x["cost_ms"])
+    where = f"steps {e['first_step']}-{e['last_step']}"
+    share = e.get("share_of_job_time")
+    cost = f"the job waited {e['cost_ms'] / 1000.0:.2f} s beyond its median rank" + (
+        f" ({share:.0%} of its time)" if share is not None else "")
+    if e["kind"] == "rotating":
+        ranks = ", ".join(str(r) for r in e["ranks"][:8])
+        msg = f"Rotating straggler over {where}: the late rank moved between ranks {ranks}; {cost}."
+    else:
+        span = e["steps"] / max(result["observed_steps"], 1)
+        msg = (f"{e['kind'].capitalize()} straggler: rank {e['rank']} was late in {e['straggled_steps']} of "
+               f"{where} ({span:.0%} of the run); {cost}.")
+    if len(eps) > 1:
+        kinds = Counter(x["kind"] for x in eps)
+        msg += " " + ", ".join(f"{n} {k}" for k, n in kinds.items()) + f" episode{'s' if len(eps) > 1 else ''} in all."
+    severe = share is not None and share >= tree.thresholds["straggler_episode_min_share"]
+    return {"id": f"straggler_{e['kind']}", "severity": "warning" if severe else "info", "message": msg,
+            "advice": _ADVICE[e["kind"]],
+            "evidence": {"episodes": len(eps), "kind": e["kind"], "rank": e["rank"], "first_step": e["first_step"],
+                         "last_step": e["last_step"], "cost_ms": e["cost_ms"], "share_of_job_time": share,
+                         "noise_ms": result["noise_ms"], "threshold_ms": result["threshold_ms"]}}
