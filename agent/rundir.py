@@ -101,15 +101,16 @@ def rank_dir_name(rank: int) -> str:
     return f"rank-{rank:05d}"
 
 
-def _written_beside(path: Path, data: bytes) -> str:
-    """`data` in a temporary file next to `path` (same file system), flushed to disk."""
+def _written_beside(path: Path, data: bytes, durable: bool = True) -> str:
+    """`data` in a temporary file next to `path` (same file system), flushed to disk when `durable`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
     except BaseException:
         _unlink(tmp)
         raise
@@ -123,8 +124,10 @@ def _unlink(tmp: str) -> None:
         pass
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    tmp = _written_beside(Path(path), data)
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, durable: bool = True) -> None:
+    """`data` at `path`, whole or not at all for any reader; `durable=False` skips the flush to
+    disk, for a file rewritten every second whose loss in a crash costs nothing (live.json)."""
+    tmp = _written_beside(Path(path), data, durable)
     try:
         os.replace(tmp, path)
     except BaseException:
@@ -172,8 +175,8 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def atomic_write_json(path: str | os.PathLike, obj) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=1, default=_json_default) + "\n").encode("utf-8"))
+def atomic_write_json(path: str | os.PathLike, obj, durable: bool = True) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=1, default=_json_default) + "\n").encode("utf-8"), durable)
 
 
 def _json_default(obj):

@@ -31,7 +31,9 @@ with a fresh agent, and so on. Each step's time is measured by this script's own
    With `--top run-dir` or `--top endpoints`, a `diag top` process watches the always-on
    blocks the whole time, refreshing every second from the run directory's live.json files
    or by scraping the rank's metrics endpoint (each block's agent reuses one run directory
-   and one port, so the one `diag top` follows them all), and the ratio is taken with it.
+   and one port, so the one `diag top` follows them all), and the ratio is taken with it. What
+   `diag top` adds inside the training process is timed directly as well: the agent's live.json
+   write and an endpoint's /metrics render, each once per second at `diag top`'s refresh.
 3. The sampling thread's CPU time (and the agent's own background thread's) as a share
    of one core, at the default 1 Hz (target <= 1%).
 """
@@ -146,6 +148,30 @@ def step_path_cost(run_dir, calls=20000) -> float:
     return (agent_s - plain_s) / calls
 
 
+def top_costs(run_dir: str, repeats: int = 200) -> tuple[float, float]:
+    """(seconds per live.json write, seconds per /metrics render) on a real agent after 40 steps:
+    what `diag top` attached at 1 Hz costs the training process each second, on its background
+    thread (the write) or its endpoint's thread (the render), holding the GIL at most that long."""
+    import diag
+    from diag.exporter.registry import render_text
+
+    agent = diag.Agent(run_dir=run_dir, export=True, export_port_base=0, report=False, verbose=False,
+                       profile=False, sampling=False)
+    with agent:
+        for _ in agent.loader(range(40)):
+            agent.step(samples=8)
+        agent._drain(final=True)
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            agent._write_live()
+        write = (time.perf_counter() - t0) / repeats
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            render_text([agent.exporter.state])
+        render = (time.perf_counter() - t0) / repeats
+    return write, render
+
+
 def _free_port() -> int:
     import socket
 
@@ -237,6 +263,7 @@ def main() -> int:
             if agent.thread_cpu_s is not None:
                 thread_share.append(agent.thread_cpu_s / wall)
         cost = statistics.median(step_path_cost(os.path.join(tmp, f"cost{i}")) for i in range(3))
+        write_s, render_s = top_costs(os.path.join(tmp, "topcost"))
 
     med_base, med_on = statistics.median(base_w), statistics.median(on_w)
     print(f"loop: median step {1000 * med_base:.2f} ms without the agent (width {a.width}, batch {a.batch}, "
@@ -247,6 +274,9 @@ def main() -> int:
           f"{statistics.median(on_c) / statistics.median(base_c):.4f}")
     print(f"step-path cost (loader + step, no training work): {1e6 * cost:.1f} us per step = "
           f"ratio {1 + cost / med_base:.5f} on this loop's {1000 * med_base:.1f} ms steps")
+    print(f"what diag top costs the training process, refreshing every second: a live.json write "
+          f"{1e3 * write_s:.2f} ms (agent thread) or a /metrics render {1e3 * render_s:.2f} ms (endpoint thread) "
+          f"per second, at most {100 * max(write_s, render_s):.3f}% of the training's time (the GIL held that long)")
     if window_rows:
         on_ratio = med_on / med_base
         first = sorted(r for n, _, r in window_rows if n == 0)

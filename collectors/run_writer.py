@@ -29,6 +29,8 @@ import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+import msgspec
+
 from diag import rundir
 from diag.collectors.launch_env import LaunchInfo
 from diag.collectors.loader_facts import cpu_facts
@@ -195,6 +197,10 @@ def library_versions() -> dict:
     return out
 
 
+# live.json's encoder; anything not JSON (a numpy number, a path) is written as its text.
+_LIVE_ENCODER = msgspec.json.Encoder(enc_hook=str)
+
+
 class RunWriter:
     """This rank's writer: rank.json, the record streams, window summaries, the manifest.
 
@@ -350,7 +356,11 @@ class RunWriter:
         self._guard(rundir.atomic_write_json, self.rank_path / rundir.RANK_FILE, dict(self.info))
 
     def write_live(self, doc: dict) -> None:
-        self._guard(rundir.atomic_write_json, self.rank_path / rundir.LIVE_FILE, doc)
+        # Every second: encoded in C (the json module's pretty printer takes a millisecond of GIL),
+        # renamed into place whole but not flushed to disk (a crash loses nothing that matters, and a
+        # flush a second per rank would load a shared file system).
+        data = _LIVE_ENCODER.encode(doc) + b"\n"
+        self._guard(rundir.atomic_write_bytes, self.rank_path / rundir.LIVE_FILE, data, False)
 
     def close(self, status: str, error: str | None = None) -> None:
         self.flush()

@@ -87,6 +87,25 @@ def test_a_running_rank_without_a_step_for_long_has_stalled(idle_s, stalled):
     assert judge_live(ranks, TREE, NOW)["stalled"] == stalled
 
 
+@pytest.mark.parametrize("late_ms, episode", [(30.0, True), (2.0, False)])
+def test_the_episode_going_on_is_judged_from_the_ranks_last_steps(late_ms, episode):
+    """Rank 2's batches arrive late in every step the live files hold: a persistent episode, shown
+    live; 2 ms (under straggler_episode_min_share of a 100 ms step) is none."""
+    docs = []
+    for rank in range(3):
+        doc = _live_doc(rank=rank)
+        for i, st in enumerate(doc["steps"]):
+            st["data_wait_s"] = 0.001 * (1 + (i % 3) * 0.1) + (late_ms / 1000.0 if rank == 2 else 0.0)
+        docs.append(rank_from_live_doc(doc, rank))
+    job = judge_live(docs, TREE, NOW)
+    if episode:
+        assert job["episode"]["kind"] == "persistent" and job["episode"]["rank"] == 2
+        text = render_text(screen("src", docs, job, ViewState(), NOW, 1.0), width=200)
+        assert "episode: persistent, rank 2, since step 0" in text
+    else:
+        assert job["episode"] is None
+
+
 def test_the_job_line_sums_throughput_and_takes_the_common_verdict():
     ranks = [_rank(0, samples_per_s=100.0, bound="compute", mfu=0.4),
              _rank(1, samples_per_s=120.0, bound="compute", mfu=0.5, profiling=True),
@@ -231,11 +250,12 @@ def running_demo(tmp_path_factory):
     run_dir = tmp / "demo"
     log = open(tmp / "demo.log", "w")  # noqa: SIM115 - closed below
     env = {**os.environ, "DIAG_RUN_LIVE_S": "0.5", "DIAG_RUN_FLUSH_S": "1"}
+    # Rank 1's batches arrive late in every step: the live episode to see.
     p = subprocess.Popen([sys.executable, "-m", "diag", "demo", "--run-dir", str(run_dir), "--port-base", str(base),
-                          "--steps", str(DEMO_STEPS), "--linger", "30"], stdout=log, stderr=subprocess.STDOUT,
-                         env=env, start_new_session=True)
+                          "--steps", str(DEMO_STEPS), "--linger", "30", "--straggler", "persistent"], stdout=log,
+                         stderr=subprocess.STDOUT, env=env, start_new_session=True)
     deadline = time.time() + 90
-    while time.time() < deadline and not all(_steps_done(run_dir, r) >= 3 for r in (0, 1)):
+    while time.time() < deadline and not all(_steps_done(run_dir, r) >= 8 for r in (0, 1)):
         assert p.poll() is None, (tmp / "demo.log").read_text()[-2000:]
         time.sleep(0.5)
     yield run_dir, [f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}"]
@@ -277,6 +297,8 @@ def test_top_shows_a_running_demo_from_its_run_directory_and_from_its_endpoints(
             assert cells[2].startswith("running") and int(cells[3]) > 0, cells  # status (profiling or not), steps
             assert float(cells[4]) > 0 and float(cells[6]) >= 0  # step ms, data ms
         assert "ranks 2/2 running" in out.stdout and "samples/s" in out.stdout
+        if args[0] == str(run_dir):  # the live files hold the last steps: the episode going on
+            assert "episode: persistent, rank 1" in out.stdout, out.stdout
 
 
 @pytest.mark.slow

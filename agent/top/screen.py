@@ -101,6 +101,11 @@ def pace_line(job: dict) -> Text:
         t.append_text(_safe(s.get("text"), ""))
     else:
         t.append("none")
+    ep = job.get("episode")
+    if ep:
+        who = f"rank {ep['rank']}" if ep.get("rank") is not None else "ranks " + ", ".join(map(str, ep["ranks"][:6]))
+        t.append("   episode: ", style="bold red")
+        t.append(f"{ep['kind']}, {who}, since step {ep['first_step']}")
     if job.get("stalled"):
         t.append("   stalled: ", style="bold red")
         t.append(", ".join(f"rank {r}" for r in job["stalled"][:16]))
@@ -205,6 +210,7 @@ def one_line(ranks: list, job: dict, now: float) -> str:
         f"MFU {_f(job.get('mfu'), '{:.1%}')}",
         f"pace rank {job['pace_rank'] if job.get('pace_rank') is not None else '-'}",
         f"straggler {'rank ' + str(s['rank']) + ' (' + s['cause'] + ')' if s else 'none'}",
+        f"episode {job['episode']['kind'] if job.get('episode') else 'none'}",
         f"stalled {','.join(map(str, job['stalled'])) if job.get('stalled') else 'none'}",
         f"profiling {'yes' if job.get('profiling') else 'no'}",
     ]

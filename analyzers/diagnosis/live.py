@@ -12,6 +12,8 @@ From each rank's `RankLive` (`diag.analyzers.job.live`):
   (with the clock-event reasons it reports), or the host;
 - stalled ranks: running, but no step for `live_stall_steps` median steps and at least
   `live_stall_min_s` seconds;
+- the straggler episode going on, over the last steps the ranks' live.json files hold
+  (`straggler_episodes`, as the report judges the whole run);
 - the job: its verdict (the ranks' most common), throughput (the ranks' sum), MFU (their
   median), and whether a profiler window records.
 Pure: returns a new dict; every threshold is a name in `decision_tree.toml`.
@@ -23,6 +25,7 @@ import statistics
 from collections import Counter
 
 from diag.analyzers.diagnosis.steady import median_half_width
+from diag.analyzers.diagnosis.straggler_episodes import straggler_episodes
 
 LIVE_STATUSES = ("running",)
 
@@ -45,6 +48,7 @@ def judge_live(ranks: list, tree, now: float) -> dict:
         "pace_ms": {k: round(v, 3) for k, v in pace.items()},
         "straggler": _straggler(live, pace, th),
         "stalled": _stalled(ranks, th, now),
+        "episode": _ongoing_episode(live, tree),
     }
 
 
@@ -115,6 +119,17 @@ def _likely_cause(r, peers: list, th: dict) -> tuple[str, str]:
             return "throttling", f"its device takes {device:.1f} ms more per step, with clocks reduced ({reasons})"
         return "device", f"its device takes {device:.1f} ms more per step than its peers'"
     return "host", "its own work takes longer on the host (CPU time, Python, I/O or other processes)"
+
+
+def _ongoing_episode(live: list, tree) -> dict | None:
+    """The straggler episode that reaches the ranks' latest steps, or None."""
+    ranks = {r.rank: {"analysis": {"steps": list(r.recent_steps)}} for r in live if r.recent_steps}
+    result = straggler_episodes(ranks, tree) if len(ranks) >= 2 else None
+    ongoing = [e for e in (result or {}).get("episodes") or () if e.get("ongoing")]
+    if not ongoing:
+        return None
+    e = ongoing[-1]
+    return {k: e[k] for k in ("kind", "rank", "ranks", "first_step", "last_step", "median_lateness_ms")}
 
 
 def _stalled(ranks: list, th: dict, now: float) -> list[int]:

@@ -36,6 +36,9 @@ class RankLive:
     last_step_unix: float | None = None  # when the last step ended
     step_ms: float | None = None  # host wall time of the recent steps (median)
     recent_step_ms: tuple[float, ...] = ()  # the step times the noise band is taken from
+    # The last steps as the run analysis gives them (step, duration_ms, data_wait_ms, evidence,
+    # shares, start_unix), for stragglers over time; a run directory's only (an endpoint has none).
+    recent_steps: tuple[dict, ...] = ()
     device_ms: float | None = None
     data_wait_ms: float | None = None
     wait_ms: float | None = None  # waiting for peers at collectives, where a window measured it
@@ -104,6 +107,7 @@ def rank_from_live_doc(doc: dict, rank: int, path: str | None = None) -> RankLiv
         last_step_unix=last_end,
         step_ms=_median(_ms(s.get("duration_s")) for s in recent),
         recent_step_ms=tuple(d for d in durations if d is not None)[-BAND_HISTORY:],
+        recent_steps=tuple(_analysed_step(s) for s in steps if type(s.get("step")) is int),
         device_ms=_median(_ms(s.get("device_s")) for s in recent),
         data_wait_ms=_median(_ms(s.get("data_wait_s")) for s in recent),
         wait_ms=_median(_wait_ms(s) for s in recent),
@@ -119,6 +123,14 @@ def rank_from_live_doc(doc: dict, rank: int, path: str | None = None) -> RankLiv
         xid_errors=int(x) if (x := _num(gpu.get("xid_errors_total"))) is not None else None,
         window=win, profiling=win is not None, endpoint=path,
     )
+
+
+def _analysed_step(s: dict) -> dict:
+    shares = s.get("shares")
+    return {"step": s["step"], "duration_ms": _ms(s.get("duration_s")), "data_wait_ms": _ms(s.get("data_wait_s")),
+            "evidence": s.get("evidence") if isinstance(s.get("evidence"), str) else None,
+            "shares": {k: v for k, v in shares.items() if _num(v) is not None} if isinstance(shares, dict) else None,
+            "start_unix": _num(s.get("start_unix"))}
 
 
 def _wait_ms(step: dict) -> float | None:
