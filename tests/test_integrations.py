@@ -96,6 +96,7 @@ def test_lightning_callback(tmp_path, monkeypatch):
     from lightning.pytorch.loggers import MLFlowLogger, WandbLogger
 
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps its file store behind this switch
+    monkeypatch.chdir(tmp_path)  # what the trackers write by default goes beside the run, never into the checkout
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     loggers = [MLFlowLogger(experiment_name="diag-test", tracking_uri=f"file:{tmp_path / 'mlruns'}"),
@@ -167,7 +168,12 @@ def test_hf_trainer_callback(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.chdir(tmp_path)  # what the trackers write by default goes beside the run, never into the checkout
     import mlflow
+    import wandb
+
+    # As in a fresh process: W&B read its settings (the run folder among them) at an earlier test's run.
+    wandb.teardown()
 
     # As in a fresh process: an earlier test's logger left MLflow's process-wide experiment behind.
     mlflow.set_tracking_uri(f"file:{tmp_path / 'mlruns'}")
