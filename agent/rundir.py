@@ -313,11 +313,11 @@ def _record(line: bytes):
 MAX_JSON_BYTES = 64 << 20
 
 
-def read_json(path: str | os.PathLike, problems: list | None = None) -> dict | None:
+def read_json(path: str | os.PathLike, problems: list | None = None, max_bytes: int = MAX_JSON_BYTES) -> dict | None:
     try:
         with open(path, "rb") as f:
-            if os.fstat(f.fileno()).st_size > MAX_JSON_BYTES:
-                raise ValueError(f"larger than {MAX_JSON_BYTES >> 20} MiB")
+            if os.fstat(f.fileno()).st_size > max_bytes:
+                raise ValueError(f"larger than {max_bytes >> 20} MiB")
             obj = json.load(f)
         return obj if isinstance(obj, dict) else None
     except FileNotFoundError:

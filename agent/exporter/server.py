@@ -40,19 +40,15 @@ class _Handler(BaseHTTPRequestHandler):
             body, ctype, status = INDEX, "text/html; charset=utf-8", 200
         else:
             body, ctype, status = b"not found; metrics are at /metrics\n", "text/plain", 404
+        self._send(status, body, ctype, head)
+
+    def _send(self, status: int, body: bytes, ctype: str = "text/plain", head: bool = False) -> None:
         self.send_response(status)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         if not head:
             self.wfile.write(body)
-
-    def _send(self, status: int, body: bytes, ctype: str = "text/plain") -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
 
     def do_POST(self):  # noqa: N802 - the http.server naming
         path, _, query = self.path.partition("?")

@@ -52,7 +52,7 @@ class RunDirSource:
         for rank in rd.ranks():
             f = rd.rank_path(rank) / rundir.LIVE_FILE
             problems: list[str] = []
-            doc = _read_small_json(f, problems)
+            doc = rundir.read_json(f, problems, max_bytes=MAX_LIVE_BYTES)
             if doc is None or doc.get("schema") != "diag.live/1":
                 why = problems[0] if problems else f"{f.name}: not written yet (the agent writes it every live_s)"
                 if doc is not None:
@@ -68,17 +68,6 @@ class RunDirSource:
         trigger = self.path / rundir.TRIGGER_FILE
         rundir.atomic_write_text(trigger, f"diag top at {time.time():.3f}\n")
         return f"profiler window requested on every rank ({trigger})"
-
-
-def _read_small_json(path: Path, problems: list[str]) -> dict | None:
-    try:
-        size = path.stat().st_size
-    except OSError:
-        return None
-    if size > MAX_LIVE_BYTES:
-        problems.append(f"{path}: {size} bytes, too large for a live.json")
-        return None
-    return rundir.read_json(path, problems)
 
 
 class EndpointSource:

@@ -41,6 +41,22 @@ def num(v) -> float | None:
     return None if math.isnan(v) or math.isinf(v) else float(v)
 
 
+def bucket_starts(n: int, k: int) -> np.ndarray:
+    """Start indices of at most k contiguous, near-equal buckets over range(n)."""
+    if n <= k:
+        return np.arange(n)
+    return np.unique(np.linspace(0, n, k + 1).astype(int)[:-1])
+
+
+def bucket_mean(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """NaN-aware mean of consecutive buckets (along axis 0), NaN where a bucket has no value."""
+    ok = ~np.isnan(values)
+    sums = np.add.reduceat(np.where(ok, values, 0.0), starts, axis=0)
+    cnt = np.add.reduceat(ok.astype(np.float64), starts, axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(cnt > 0, sums / np.maximum(cnt, 1), np.nan)
+
+
 BOUND_CODE = {p: i for i, p in enumerate(CLASSES)}
 
 

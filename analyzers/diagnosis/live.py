@@ -79,24 +79,46 @@ def _straggler(live: list, pace: dict, th: dict) -> dict | None:
         return None
     z, excess = th["noise_interval_z"], th["straggler_step_excess"]
     by_rank = {r.rank: r for r in live}
+    # Each rank against the median of the others, each median found from one sort: a job of
+    # thousands of ranks is judged at every refresh.
+    peers_step = _others_median({r.rank: r.step_ms for r in live})
+    peers_band = _others_median({r.rank: _band(r, z) for r in live})
+    peers_pace = _others_median(pace)
+    peers_data = _others_median({r.rank: r.data_wait_ms for r in live})
     candidates = []
     for r in live:
-        peers = [p for p in live if p.rank != r.rank]
-        peers_step = statistics.median(p.step_ms for p in peers)
-        band = _band(r, z) + statistics.median(_band(p, z) for p in peers)
-        floor = max(excess * peers_step, band)
-        lag = pace[r.rank] - statistics.median(pace[p.rank] for p in peers)
-        data_lag = _lag(r, peers, "data_wait_ms")
+        floor = max(excess * peers_step[r.rank], _band(r, z) + peers_band[r.rank])
+        lag = pace[r.rank] - peers_pace[r.rank]
+        data_lag = (r.data_wait_ms - peers_data[r.rank]
+                    if r.data_wait_ms is not None and peers_data[r.rank] is not None else None)
         worst = max(lag, data_lag or 0.0)
         if worst > floor:
-            candidates.append((worst, r.rank, lag, data_lag, peers))
+            candidates.append((worst, r.rank, lag, data_lag))
     if not candidates:
         return None
-    worst, rank, lag, data_lag, peers = max(candidates)
-    cause, text = _likely_cause(by_rank[rank], peers, th)
+    worst, rank, lag, data_lag = max(candidates)
+    cause, text = _likely_cause(by_rank[rank], [p for p in live if p.rank != rank], th)
     return {"rank": rank, "excess_ms": round(worst, 3), "pace_lag_ms": round(lag, 3),
             "data_wait_lag_ms": round(data_lag, 3) if data_lag is not None else None,
             "cause": cause, "text": text}
+
+
+def _others_median(values: dict) -> dict:
+    """Per key, the median of the other keys' values (None values left out; None when no other
+    value is known), from one sort."""
+    known = sorted((v, k) for k, v in values.items() if v is not None)
+    ordered = [v for v, _ in known]
+    where = {k: i for i, (_, k) in enumerate(known)}
+    out = {}
+    for k in values:
+        skip = where.get(k, len(ordered))
+        m = len(ordered) - (k in where)
+
+        def at(i, skip=skip):
+            return ordered[i if i < skip else i + 1]
+
+        out[k] = None if m == 0 else at(m // 2) if m % 2 else (at(m // 2 - 1) + at(m // 2)) / 2
+    return out
 
 
 def _lag(r, peers: list, attr: str) -> float | None:

@@ -40,6 +40,7 @@ from statistics import NormalDist
 
 import numpy as np
 
+from diag.analyzers.diagnosis.inputs import bucket_mean, bucket_starts, num
 from diag.analyzers.diagnosis.steady import robust_sigma
 
 CHART_BINS = 120  # columns of the rank x time chart at most
@@ -97,7 +98,7 @@ def _rank_columns(r: dict):
     steps, as arrays in step order; None without steps."""
     rows = {}
     for s in (r.get("analysis") or {}).get("steps") or []:
-        if isinstance(s, dict) and type(s.get("step")) is int and _num(s.get("duration_ms")) is not None:
+        if isinstance(s, dict) and type(s.get("step")) is int and num(s.get("duration_ms")) is not None:
             rows[s["step"]] = s
     if not rows:
         return None
@@ -106,12 +107,12 @@ def _rank_columns(r: dict):
     traced = np.zeros(len(order), dtype=bool)
     for i, n in enumerate(order):
         s = rows[n]
-        d = _num(s.get("duration_ms"))
-        dw = _num(s.get("data_wait_ms"))
-        wait = _num(s["shares"].get("wait")) if isinstance(s.get("shares"), dict) else None
+        d = num(s.get("duration_ms"))
+        dw = num(s.get("data_wait_ms"))
+        wait = num(s["shares"].get("wait")) if isinstance(s.get("shares"), dict) else None
         traced[i] = s.get("evidence") == "trace" and wait is not None
         cols[i] = (d, np.nan if dw is None else dw, d * (1.0 - wait) if traced[i] else np.nan,
-                   np.nan if _num(s.get("start_unix")) is None else s["start_unix"])
+                   np.nan if num(s.get("start_unix")) is None else s["start_unix"])
     return np.array(order, dtype=np.int64), cols, traced
 
 
@@ -237,29 +238,10 @@ def _episode(i0, i1, steps, rank_ids, who, cost, straggled, start, step_ms, th, 
 
 def _chart(steps: np.ndarray, rank_ids: list, late: np.ndarray) -> dict:
     """Rank x time: each rank's mean lateness in up to CHART_BINS step ranges."""
-    n = len(steps)
-    bins = max(1, min(CHART_BINS, n))
-    edges = np.linspace(0, n, bins + 1).astype(int)
-    cols, firsts = [], []
-    for a, b in zip(edges[:-1], edges[1:]):
-        if b <= a:
-            continue
-        block = late[a:b]
-        ok = np.isfinite(block)
-        count = ok.sum(axis=0)
-        total = np.where(ok, block, 0.0).sum(axis=0)
-        cols.append(np.divide(total, count, out=np.full(len(rank_ids), np.nan), where=count > 0))
-        firsts.append(int(steps[a]))
-    grid = np.array(cols).T if cols else np.zeros((len(rank_ids), 0))
-    return {"ranks": list(rank_ids), "first_steps": firsts,
+    starts = bucket_starts(len(steps), CHART_BINS)
+    grid = bucket_mean(late, starts).T
+    return {"ranks": list(rank_ids), "first_steps": steps[starts].tolist(),
             "lateness_ms": [[round(float(x), 3) if np.isfinite(x) else None for x in row] for row in grid]}
-
-
-def _num(v) -> float | None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    v = float(v)
-    return v if math.isfinite(v) else None
 
 
 _ADVICE = {

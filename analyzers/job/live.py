@@ -18,10 +18,10 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
+from diag.analyzers.diagnosis.decision_tree import BOUNDS
+
 RECENT_STEPS = 8  # the figures shown are the median of this many last steps
 BAND_HISTORY = 32  # step times kept for the noise band
-
-BOUNDS = ("data", "host", "comm", "memory", "compute")
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,8 @@ from diag.analyzers.diagnosis.inputs import (
     CLASSES,
     Steps,
     as_float,
+    bucket_mean,
+    bucket_starts,
     concat,
     job_steps,
     mean,
@@ -174,22 +176,6 @@ def _busbw_chart(run: dict) -> dict | None:
 # ---------------------------------------------------------------------------- charts
 
 
-def _edges(n: int, k: int) -> np.ndarray:
-    """Start indices of at most k contiguous, near-equal buckets over range(n)."""
-    if n <= k:
-        return np.arange(n)
-    return np.unique(np.linspace(0, n, k + 1).astype(int)[:-1])
-
-
-def _bucket_mean(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """NaN-aware mean of consecutive buckets (along axis 0), NaN where a bucket has no value."""
-    ok = ~np.isnan(values)
-    sums = np.add.reduceat(np.where(ok, values, 0.0), starts, axis=0)
-    cnt = np.add.reduceat(ok.astype(np.float64), starts, axis=0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(cnt > 0, sums / np.maximum(cnt, 1), np.nan)
-
-
 def _list(a: np.ndarray, digits: int = 4) -> list:
     """Array to a JSON list, NaN as null."""
     return [None if v != v else round(float(v), digits) for v in a.tolist()]
@@ -200,11 +186,11 @@ def _phase_series(steps: Steps, limits, notes) -> dict | None:
     if not m.any():
         return None
     st, sh, traced = steps.step[m], steps.shares[m], steps.traced[m]
-    starts = _edges(len(st), limits.series_points)
+    starts = bucket_starts(len(st), limits.series_points)
     if len(starts) < len(st):
         notes.append(f"Phase shares: {len(st)} steps are shown as {len(starts)} buckets of consecutive steps "
                      "(each bar is the mean of its bucket).")
-    means = _bucket_mean(sh, starts)
+    means = bucket_mean(sh, starts)
     trace = np.logical_or.reduceat(traced, starts)  # a bucket with any traced step is shown as traced
     return {"x": st[starts].tolist(), "y": {p: _list(means[:, i]) for i, p in enumerate(CLASSES)},
             "evidence": ["trace" if t else "sampled" for t in trace.tolist()], "bucketed": len(starts) < len(st)}
@@ -215,15 +201,15 @@ def _throughput_series(ranks, steps: Steps, limits, notes) -> dict | None:
     if not m.any():
         return None
     st, dur = steps.step[m], steps.dur[m]
-    starts = _edges(len(st), limits.series_points)
-    out = {"x": st[starts].tolist(), "step_ms": _list(_bucket_mean(dur, starts) * 1000, 3),
+    starts = bucket_starts(len(st), limits.series_points)
+    out = {"x": st[starts].tolist(), "step_ms": _list(bucket_mean(dur, starts) * 1000, 3),
            "samples_per_s": None, "tokens_per_s": None, "mfu": None}
     tot = np.add.reduceat(dur, starts)
     for key, col in (("samples_per_s", steps.samples[m]), ("tokens_per_s", steps.tokens[m])):
         if np.nansum(col) > 0:
             out[key] = _list(np.add.reduceat(np.nan_to_num(col), starts) / tot, 3)
     if not np.isnan(steps.mfu[m]).all():
-        out["mfu"] = _list(_bucket_mean(steps.mfu[m], starts))
+        out["mfu"] = _list(bucket_mean(steps.mfu[m], starts))
     else:
         # MFU from analysed windows: one point per window start, mean over ranks.
         by_step = defaultdict(list)
@@ -247,11 +233,11 @@ def _step_heatmap(ranks, limits, notes) -> dict | None:
     for i, r in enumerate(rows):
         m = ~np.isnan(r["step_table"].dur)
         grid[i, np.searchsorted(all_steps, r["step_table"].step[m])] = r["step_table"].dur[m] * 1000
-    starts = _edges(len(all_steps), limits.heatmap_columns)
+    starts = bucket_starts(len(all_steps), limits.heatmap_columns)
     if len(starts) < len(all_steps):
         notes.append(f"Step-time heatmap: {len(all_steps)} steps per rank are shown as {len(starts)} columns "
                      "(each cell is the mean step time of its bucket).")
-    z = _bucket_mean(grid.T, starts).T
+    z = bucket_mean(grid.T, starts).T
     return {"x": all_steps[starts].tolist(), "ranks": [r["rank"] for r in rows],
             "z": [_list(row, 3) for row in z], "unit": "ms", "label": "step time"}
 
@@ -266,7 +252,7 @@ def _lateness_heatmap(episodes: dict | None) -> dict | None:
 
 
 def _bucket_cols(grid: np.ndarray, starts: np.ndarray) -> list:
-    return [_list(row, 3) for row in _bucket_mean(grid.T, starts).T]
+    return [_list(row, 3) for row in bucket_mean(grid.T, starts).T]
 
 
 def _wait_heatmap(doc, ranks, limits, notes) -> dict | None:
@@ -292,7 +278,7 @@ def _wait_heatmap(doc, ranks, limits, notes) -> dict | None:
         for r, d in g["dur_us"].items():
             if r in row:
                 wait[row[r], j] = (d - fastest) / 1000.0  # ms
-    starts = _edges(len(groups), limits.heatmap_columns)
+    starts = bucket_starts(len(groups), limits.heatmap_columns)
     if len(starts) < len(groups):
         notes.append(f"Collective-wait heatmap: {len(groups)} matched collectives are shown as {len(starts)} "
                      "columns (each cell is the mean wait of its bucket).")
@@ -367,8 +353,8 @@ def _timelines(ranks, limits, notes) -> dict | None:
             for rank, (t, v) in sorted(series.items()):
                 if len(t) > limits.timeline_points:
                     downsampled = True
-                    starts = _edges(len(t), limits.timeline_points)
-                    t, v = t[starts], _bucket_mean(v, starts)
+                    starts = bucket_starts(len(t), limits.timeline_points)
+                    t, v = t[starts], bucket_mean(v, starts)
                 lines.append({"rank": rank, "t": _list(t, 3), "y": _list(v)})
             entry["lines"] = lines
         out["metrics"].append(entry)
