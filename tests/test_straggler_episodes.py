@@ -212,3 +212,33 @@ def test_the_report_and_the_exporter_show_the_episodes(runs, tmp_path):
     active = {line.split('kind="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
               if line.startswith("diag_job_straggler_episode_active{")}
     assert active == {"persistent": 1.0, "rotating": 0.0, "transient": 0.0}
+
+
+WINDOWS = ((4, 5, 6), (14, 15, 16), (24, 25, 26))
+
+
+@pytest.mark.parametrize("late_windows, episodes", [((1,), 0), ((1, 2), 2)])
+def test_a_pace_late_in_traces_counts_only_where_the_rank_is_late_across_them(late_windows, episodes):
+    """Rank 1's pace is late in some of three profiler windows. In one of them (3 of 9 traced
+    steps, under straggler_step_fraction) it is no episode: a window's steps are not independent
+    draws. In two (6 of 9) they are."""
+    late = {s for w in late_windows for s in WINDOWS[w]}
+    traced = {s for w in WINDOWS for s in w}
+    result = straggler_episodes(_ranks(40, 2, lambda i, r: 25.0 if r == 1 and i in late else 0.0, traced=traced),
+                                TREE)
+    assert len(result["episodes"]) == episodes, result["episodes"]
+    assert all(e["rank"] == 1 and e["kind"] == "transient" for e in result["episodes"])
+
+
+def test_a_late_batch_inside_a_window_counts_on_its_data_wait():
+    """Rank 1's batches are late over steps 13-17; steps 14-16 are traced, where its pace is no later
+    than its peer's (the trace put the wait elsewhere): the data wait still says it."""
+    ranks = _ranks(40, 2, lambda i, r: 30.0 if r == 1 and 13 <= i <= 17 else 0.0, traced={14, 15, 16})
+    for s in ranks[1]["analysis"]["steps"]:
+        if s["step"] in (14, 15, 16):
+            s.update(data_wait_ms=31.0, shares={"wait": 0.01})
+    for s in ranks[0]["analysis"]["steps"]:
+        if s["step"] in (14, 15, 16):
+            s.update(shares={"wait": 0.01})
+    e = _one(straggler_episodes(ranks, TREE))
+    assert (e["kind"], e["rank"], e["first_step"], e["last_step"]) == ("transient", 1, 13, 17)

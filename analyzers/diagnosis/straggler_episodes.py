@@ -16,7 +16,11 @@ the median step and the run's own noise: z times the spread of each rank's laten
 step to the next (its robust sigma, over the square root of 2), which a rank late by the same
 amount in every step does not widen, times the lead that the latest rank reaches by chance in no
 more than the tail `noise_interval_z` leaves (2.5% of the steps at 1.96) when no rank is late: the
-latest of many ranks is the largest of many draws, so the factor grows with the ranks.
+latest of many ranks is the largest of many draws, so the factor grows with the ranks. A traced
+step counts only where its late rank is late in more than `straggler_step_fraction` of the
+traced steps: a window's steps are not independent (the profiler can weigh on one rank for the
+whole window), and that is the consistency `stragglers.py` asks of a rank it names. Its data
+wait is judged too, as in any step: a late batch inside a window still counts.
 
 Straggled steps, with gaps of up to `straggler_episode_gap_steps` bridged, form episodes of at
 least `straggler_episode_min_steps` steps. Where the episodes span `straggler_persistent_fraction`
@@ -56,24 +60,16 @@ def straggler_episodes(ranks: dict, tree) -> dict | None:
     table = _lateness_table(ranks)
     if table is None:
         return None
-    steps, rank_ids, basis, step_ms, start, source = table
+    steps, rank_ids, basis, data, step_ms, start, source = table
     th = tree.thresholds
-    # Judged against the ranks' median; the cost is counted against the lower median rank, an
-    # actual rank, as the job's what-if counts it.
-    with warnings.catch_warnings():  # a step whose ranks recorded no data wait has no median: NaN
-        warnings.simplefilter("ignore", RuntimeWarning)
-        late = basis - np.nanmedian(basis, axis=1)[:, None]
-    behind = basis - _lower_median(basis)[:, None]
-    # Each measure its own noise: a trace's pace scatters more than a data wait.
     factor = _null_lead_factor(len(rank_ids), 1.0 - NormalDist().cdf(th["noise_interval_z"]))
-    noise = {src: factor * _sigma_ms(late, source, src) for src in (0, 1)}
     median_step = float(np.nanmedian(step_ms)) if np.isfinite(step_ms).any() else 0.0
-    floor = np.maximum(th["straggler_episode_min_share"] * median_step, np.where(source == 1, noise[1], noise[0]))
-    worst = np.where(np.isfinite(late), late, -np.inf)
-    who = np.argmax(worst, axis=1)
-    lead = worst[np.arange(len(steps)), who]
-    straggled = lead > floor
-    cost = behind[np.arange(len(steps)), who]
+    noise, who, cost, straggled = _judged(basis, source, factor, median_step, th)
+    straggled = _consistent_in_traces(straggled, who, source, th["straggler_step_fraction"])
+    # A traced step's data wait is measured as any other's: a late batch counts there too.
+    _, who_d, cost_d, straggled_d = _judged(data, np.zeros_like(source), factor, median_step, th)
+    by_data = (source == 1) & ~straggled & straggled_d
+    who, cost, straggled = np.where(by_data, who_d, who), np.where(by_data, cost_d, cost), straggled | by_data
     runs = _runs(straggled, th["straggler_episode_gap_steps"], th["straggler_episode_min_steps"])
     chronic = _chronic_kind(runs, who, straggled, rank_ids, th, len(steps))
     episodes = [_episode(i0, i1, steps, rank_ids, who, cost, straggled, start, step_ms, th, len(steps), chronic)
@@ -85,11 +81,11 @@ def straggler_episodes(ranks: dict, tree) -> dict | None:
         "observed_steps": len(steps),
         "traced_steps": int((source == 1).sum()),
         "noise_ms": {"data_wait": round(noise[0], 3), "trace": round(noise[1], 3)},
-        "threshold_ms": round(float(np.median(floor)), 3),
+        "threshold_ms": round(max(th["straggler_episode_min_share"] * median_step, noise[0]), 3),
         "straggled_steps": int(straggled.sum()),
         "episodes": episodes,
         "pattern": max(episodes, key=lambda e: e["cost_ms"])["kind"] if episodes else None,
-        "chart": _chart(steps, rank_ids, behind),
+        "chart": _chart(steps, rank_ids, basis - _lower_median(basis)[:, None]),
     }
 
 
@@ -118,7 +114,7 @@ def _rank_columns(r: dict):
 
 def _lateness_table(ranks: dict):
     """(step numbers, rank ids, when each rank was ready [step, rank] (its pace or data wait, ms),
-    the job's step ms, start unix, source: 1 traced, 0 data wait) over the steps at least two
+    its data wait [step, rank], the job's step ms, start unix, source: 1 traced, 0 data wait) over the steps at least two
     ranks share; None without two ranks. Columnar: a run has up to 10^6 steps per rank."""
     per = {rid: c for rid, c in ((rid, _rank_columns(r)) for rid, r in ranks.items()) if c is not None}
     if len(per) < 2:
@@ -144,7 +140,7 @@ def _lateness_table(ranks: dict):
     with warnings.catch_warnings():  # rows with no start time: NaN
         warnings.simplefilter("ignore", RuntimeWarning)
         first_start = np.nanmin(start, axis=1)
-    return steps, rank_ids, basis, np.nanmax(dur, axis=1), first_start, by_trace.astype(np.int8)
+    return steps, rank_ids, basis, data, np.nanmax(dur, axis=1), first_start, by_trace.astype(np.int8)
 
 
 def _lower_median(a: np.ndarray) -> np.ndarray:
@@ -176,6 +172,36 @@ def _sigma_ms(late: np.ndarray, source: np.ndarray, src: int) -> float:
     diffs = (late[1:] - late[:-1])[same]
     sigma = robust_sigma(diffs[np.isfinite(diffs)].tolist())
     return sigma / math.sqrt(2.0) if sigma else 0.0
+
+
+def _judged(basis: np.ndarray, source: np.ndarray, factor: float, median_step: float, th: dict):
+    """({source: noise ms}, the latest rank per step, what it cost (ms behind the lower median
+    rank), whether the step is straggled) of the readiness `basis` [step, rank]. Judged against
+    the ranks' median; the cost is counted against the lower median rank, an actual rank, as the
+    job's what-if counts it. Each measure has its own noise: a trace's pace scatters more than a
+    data wait."""
+    with warnings.catch_warnings():  # a step whose ranks recorded no data wait has no median: NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        late = basis - np.nanmedian(basis, axis=1)[:, None]
+    behind = basis - _lower_median(basis)[:, None]
+    noise = {src: factor * _sigma_ms(late, source, src) for src in (0, 1)}
+    floor = np.maximum(th["straggler_episode_min_share"] * median_step, np.where(source == 1, noise[1], noise[0]))
+    worst = np.where(np.isfinite(late), late, -np.inf)
+    who = np.argmax(worst, axis=1)
+    rows = np.arange(len(basis))
+    return noise, who, behind[rows, who], worst[rows, who] > floor
+
+
+def _consistent_in_traces(straggled: np.ndarray, who: np.ndarray, source: np.ndarray, fraction: float) -> np.ndarray:
+    """The straggled steps, less traced ones whose late rank is late in no more than `fraction`
+    of the run's traced steps. A window's few steps are no independent draws (the profiler
+    weighs on one rank for the whole window), so a pace seen late in traces counts where the
+    rank is late across them, as `stragglers.py` requires of a rank it names."""
+    traced = source == 1
+    if not traced.any():
+        return straggled
+    late_share = np.bincount(who[traced & straggled], minlength=int(who.max()) + 1) / int(traced.sum())
+    return straggled & (~traced | (late_share[who] > fraction))
 
 
 def _runs(flags: np.ndarray, gap: int, min_steps: int) -> list[tuple[int, int]]:
