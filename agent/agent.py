@@ -197,7 +197,7 @@ class Agent:
         it = iter(iterable)
         first = not self._loader_used and timer.step == 0
         self._loader_used = True
-        perf = time.perf_counter
+        perf, cpu_clock = time.perf_counter, time.process_time
         while True:
             windows = self.windows
             if first:
@@ -206,7 +206,7 @@ class Agent:
             clock = self.clock
             if clock is not None:
                 clock.data_begin()
-            t0 = perf()
+            t0, c0 = perf(), cpu_clock()
             try:
                 if windows is not None and windows.recording:
                     from torch.autograd.profiler import record_function
@@ -217,7 +217,7 @@ class Agent:
                     batch = next(it)
             except StopIteration:
                 return
-            timer.add_data_wait(perf() - t0)
+            timer.add_data_wait(perf() - t0, cpu_clock() - c0)
             if clock is not None:
                 clock.data_end()
             yield batch
@@ -618,6 +618,10 @@ class Agent:
             "data_wait_s": t.data_wait_s,
             # Of the data wait, collating batches in this process (a DataLoader with num_workers=0).
             "collate_s": t.collate_s,
+            # The process's CPU time over the step and during its data wait: a wait that is CPU
+            # work bounds what DataLoader workers can win by the CPUs, a wait on storage does not.
+            "cpu_s": t.cpu_s,
+            "data_wait_cpu_s": t.data_wait_cpu_s,
             "samples": t.samples,
             "tokens": t.tokens,
             "peak_mem_bytes": self._peak.read(time.monotonic()),

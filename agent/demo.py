@@ -73,27 +73,35 @@ def schedule(steps: int) -> dict:
 # -- the workloads ---------------------------------------------------------------------------
 
 
-def _build(bottleneck: str, rank: int):
-    """(model, batches iterable, step function(model, batch) -> loss tensor, samples per step)."""
+class SlowStorage:
+    """A map-style dataset whose every sample is a read from slow storage (a network file
+    system, an object store): 4 ms of waiting, little CPU. At module level, so that DataLoader
+    workers started by spawn can unpickle it."""
+
+    def __len__(self):
+        return 1 << 20
+
+    def __getitem__(self, i):
+        import torch
+
+        time.sleep(0.004)
+        g = torch.Generator().manual_seed(i)
+        return torch.randn(256, generator=g), int(i % 10)
+
+
+def _build(bottleneck: str, rank: int, workers: int = 0):
+    """(model, batches iterable, step function(model, batch) -> loss tensor, samples per step);
+    `workers` is the data workload's DataLoader num_workers."""
     import torch
     from torch import nn
 
     torch.manual_seed(1234 + rank)
 
     if bottleneck == "data":
-
-        class SlowStorage(torch.utils.data.Dataset):
-            # Each sample is a read from slow storage (network file system, object store).
-            def __len__(self):
-                return 1 << 20
-
-            def __getitem__(self, i):
-                time.sleep(0.004)
-                g = torch.Generator().manual_seed(i)
-                return torch.randn(256, generator=g), int(i % 10)
-
         model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 10))
-        loader = torch.utils.data.DataLoader(SlowStorage(), batch_size=32, num_workers=0)
+        # `workers` applies the data cause's action: worker processes that outlive each epoch.
+        loader = torch.utils.data.DataLoader(SlowStorage(), batch_size=32, num_workers=workers,
+                                             persistent_workers=workers > 0)
         return model, loader, _classify, 32
 
     if bottleneck == "comm":
@@ -243,7 +251,7 @@ def _rank_main(local_rank: int, cfg: dict, done=None) -> None:
         # The agent starts before the process group, so NCCL logging (on GPU jobs) is set up.
         dist.init_process_group("gloo", rank=local_rank, world_size=cfg["ranks"],
                                 timeout=__import__("datetime").timedelta(seconds=120))
-        model, batches, step_fn, samples = _build(cfg["bottleneck"], local_rank)
+        model, batches, step_fn, samples = _build(cfg["bottleneck"], local_rank, cfg.get("loader_workers") or 0)
         if cfg.get("straggler"):
             batches = _late_batches(batches, cfg["straggler"], local_rank, cfg["ranks"], steps)
         ddp = torch.nn.parallel.DistributedDataParallel(model)
@@ -285,6 +293,7 @@ class DemoSettings:
     thresholds: dict | None = None  # decision-tree thresholds for diag.Agent
     slow_down: float = 0.0  # an induced regression: each step's work is followed by this fraction of it, idle
     straggler: str | None = None  # an induced straggler, one of STRAGGLERS
+    loader_workers: int = 0  # the data workload's DataLoader num_workers (its cause's action)
 
 
 def run_demo(settings: DemoSettings = DemoSettings(), on_ready=None) -> dict:
@@ -324,6 +333,7 @@ def run_demo(settings: DemoSettings = DemoSettings(), on_ready=None) -> dict:
         "thresholds": dict(settings.thresholds or {}),
         "slow_down": float(settings.slow_down),
         "straggler": settings.straggler,
+        "loader_workers": settings.loader_workers,
     }
     # fork is fast (no re-import of torch) and safe here: the parent has run no torch ops.
     method = "fork" if sys.platform.startswith("linux") else "spawn"

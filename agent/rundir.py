@@ -67,6 +67,8 @@ STEP_FIELDS = {
     "duration_s": "step wall time from a monotonic clock",
     "data_wait_s": "time spent waiting for the next batch (null without agent.loader())",
     "collate_s": "of the data wait, collating batches in this process: a DataLoader with num_workers=0 (else null)",
+    "cpu_s": "the process's CPU time over the step, all its threads (time.process_time)",
+    "data_wait_cpu_s": "of cpu_s, the CPU time during the data wait (null without agent.loader())",
     "samples": "samples in the step, from agent.step(samples=...)",
     "tokens": "tokens in the step, from agent.step(tokens=...)",
     "peak_mem_bytes": "the device's peak allocated memory so far (the allocator's, never reset by diag), where available",

@@ -145,6 +145,9 @@ class RunStepFacts(_StepWhatIf):
     start_unix: NotRequired[float]  # when the step began (the agent's wall clock)
     device_ms: NotRequired[float]  # device time between the step's timing events
     data_idle_ms: NotRequired[float]  # the device's idle time within the step's data waits
+    collate_ms: NotRequired[float]  # of the data wait, collating in the training process (num_workers=0)
+    cpu_ms: NotRequired[float]  # the process's CPU time over the step, all its threads
+    data_cpu_ms: NotRequired[float]  # of it, during the data wait
     samples: NotRequired[float]
     tokens: NotRequired[float]
     peak_mem_bytes: NotRequired[float]

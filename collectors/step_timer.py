@@ -27,42 +27,49 @@ class StepTiming:
     samples: float | None
     tokens: float | None
     collate_s: float | None = None  # of the data wait, collating in this process (num_workers=0)
+    cpu_s: float | None = None  # the process's CPU time over the step, all its threads
+    data_wait_cpu_s: float | None = None  # of it, during the data wait
 
 
 class StepTimer:
     """Counts steps and times them; `finish()` closes one step and opens the next."""
 
-    __slots__ = ("step", "_t0", "_unix_offset", "_wait", "_waited", "_collate")
+    # The process's CPU time (time.process_time) tells whether a data wait is CPU work on the
+    # training side or a wait on storage: what DataLoader workers can win depends on it.
+    __slots__ = ("step", "_t0", "_cpu0", "_unix_offset", "_wait", "_wait_cpu", "_waited", "_collate")
 
     def __init__(self, first_step: int = 0):
         self.step = first_step
         self._unix_offset = time.time() - time.perf_counter()
-        self._t0 = time.perf_counter()
-        self._wait = 0.0
-        self._waited = False
-        self._collate: float | None = None
+        self.restart()
 
     def restart(self) -> None:
         """Open the current step now (used when the loop starts later than the agent)."""
         self._t0 = time.perf_counter()
+        self._cpu0 = time.process_time()
         self._wait = 0.0
+        self._wait_cpu: float | None = 0.0
         self._waited = False
-        self._collate = None
+        self._collate: float | None = None
 
     def rebase(self) -> None:
         """Start the current step now: the agent's own work between steps (stopping a
         profiler window) is not the training's time."""
         self._t0 = time.perf_counter()
+        self._cpu0 = time.process_time()
 
-    def add_data_wait(self, seconds: float) -> None:
+    def add_data_wait(self, seconds: float, cpu_seconds: float | None = None) -> None:
+        """Add a wait for data; `cpu_seconds` is the process's CPU time during it (None: not
+        measured, as where a framework's hook times the wait from outside)."""
         self._wait += seconds
+        self._wait_cpu = None if cpu_seconds is None or self._wait_cpu is None else self._wait_cpu + cpu_seconds
         self._waited = True
 
     def add_collate(self, seconds: float) -> None:
         self._collate = (self._collate or 0.0) + seconds
 
     def finish(self, samples=None, tokens=None) -> StepTiming:
-        now = time.perf_counter()
+        now, cpu = time.perf_counter(), time.process_time()
         t = StepTiming(
             step=self.step,
             start_unix=self._t0 + self._unix_offset,
@@ -71,10 +78,13 @@ class StepTimer:
             samples=samples,
             tokens=tokens,
             collate_s=self._collate,
+            cpu_s=cpu - self._cpu0,
+            data_wait_cpu_s=self._wait_cpu if self._waited else None,
         )
         self.step += 1
-        self._t0 = now
+        self._t0, self._cpu0 = now, cpu
         self._wait = 0.0
+        self._wait_cpu = 0.0
         self._waited = False
         self._collate = None
         return t

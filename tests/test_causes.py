@@ -38,7 +38,9 @@ def test_a_cause_carries_the_prediction_of_its_own_change():
              "baseline_step_ms": 100.0, "predicted_step_ms": 80.0, "speedup": 1.25, "fixes": "host"}
     (cause,) = cs.causes(_ctx({0: _rank(40)}, what_if=[entry]))
     assert cause["what_if"]["predicted_step_ms"] == 80.0 and cause["what_if"]["change"] == "no_sync_points"
-    assert cause["gain"].startswith("80.0 ms per step against 100.0 ms measured, 1.25x faster (no_sync_points")
+    # The replay removes the cause entirely: a ceiling, labelled so, not the action's own gain.
+    assert cause["gain"].startswith("Not predicted for the change itself; ceiling, with this cause gone entirely: "
+                                    "80.0 ms per step against 100.0 ms measured, 1.25x faster (no_sync_points")
     (cause,) = cs.causes(_ctx({0: _rank(40)}))  # not replayed: said so, no number
     assert cause["what_if"]["predicted_step_ms"] is None and "not replayed" in cause["gain"]
 
@@ -128,20 +130,25 @@ def test_tiny_pageable_copies_are_no_cause_on_a_real_trace(real_data):
     assert "pageable_copies" not in {c["id"] for c in doc["diagnosis"]["causes"]}
 
 
-def test_a_launch_bound_stream_is_named_on_a_real_rocm_trace(real_data):
-    """An MI250 (ROCm 6.2) trace of a tiny model: a few microsecond kernels, each launch far longer."""
+def test_a_cold_first_launch_on_a_real_rocm_trace_is_no_launch_bound_cause(real_data):
+    """An MI250 (ROCm 6.2) trace of a tiny model: 7 kernels of a few microseconds a step, each
+    launched in about 6 µs, but one launch takes 6.5 ms (the first, loading the module). Summed
+    per step it made a launch-bound cause; at the median call the launches hold the host well
+    under 10% of the step, and the slow call is kept apart in the facts."""
+    import statistics
+
     name = "mi250_rocm62_tiny.json.gz"
     doc = _analyse(real_data, name)
-    (cause,) = [c for c in doc["diagnosis"]["causes"] if c["id"] == "launch_bound"]
     events = _trace_events(real_data, name)
     kernels, n = _in_steps(events, lambda e: e.get("cat") == "kernel")
     launches, _ = _in_steps(events, lambda e: e.get("name") in ("hipLaunchKernel", "hipExtModuleLaunchKernel"))
-    ev = cause["evidence"]
-    assert ev["kernels_per_step"] == pytest.approx(len(kernels) / n)
-    assert ev["launch_ms_per_step"] == pytest.approx(sum(e["dur"] for e in launches) / 1e3 / n, rel=1e-3)
-    assert ev["runtime"] == "hip" and "HIP graph" in cause["action"]
-    rec = next(r for r in doc["diagnosis"]["recommendations"] if r["id"] == "phase-host")
-    assert rec["actions"][0] == cause["action"]
+    lf = doc["ranks"][0]["launches"]
+    assert lf["kernels_per_step"] == pytest.approx(len(kernels) / n)
+    assert lf["launch_ms_per_step"] == pytest.approx(sum(e["dur"] for e in launches) / 1e3 / n, rel=1e-3)
+    assert lf["median_launch_us"] == pytest.approx(statistics.median(e["dur"] for e in launches), rel=1e-3)
+    assert lf["max_launch_us"] == pytest.approx(max(e["dur"] for e in launches), rel=1e-3)
+    assert lf["max_launch_us"] > 500 * lf["median_launch_us"]
+    assert "launch_bound" not in {c["id"] for c in doc["diagnosis"]["causes"]}
 
 
 def test_a_host_bound_trace_with_cheap_launches_is_not_launch_bound(real_data):
@@ -440,3 +447,33 @@ def test_allocations_alone_ask_for_fixed_sizes_and_hip_names_its_own_setting():
     (cause,) = cs.causes(_ctx({0: _alloc_rank(20.0, names=("hipMalloc",))}))
     assert "pad batches to a few fixed lengths" in cause["action"] and "empty_cache" not in cause["action"]
     assert "PYTORCH_HIP_ALLOC_CONF=expandable_segments:True" in cause["action"]
+
+
+def test_a_cold_first_launch_makes_no_launch_bound_cause(real_data, tmp_path):
+    """The A100 trace's launches are cheap; one of them made as slow as a cold first launch
+    (lazy module loading: 300 ms) would, summed per step, hold the host past both launch
+    thresholds. Its median call is what the step pays each time: no launch-bound cause, and the
+    slow call is kept apart in the facts."""
+    import gzip
+    import json
+
+    events = _trace_events(real_data, "a100_2rank_nccl.json.gz")
+    launches, n = _in_steps(events, lambda e: e.get("name") == "cudaLaunchKernel")
+    first = min(launches, key=lambda e: e["ts"])
+    first["dur"] = 300_000
+    path = tmp_path / "cold_first_launch.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    from diag.analyzers.analyze import analyze_paths
+
+    doc = analyze_paths([str(path)], jobs=1)
+    lf = doc["ranks"][0]["launches"]
+    th = dt.load_tree().thresholds
+    step_ms = max(s["duration_ms"] for s in doc["ranks"][0]["steps"] if s.get("evidence") == "trace")
+    # Summed, the one slow call would pass both thresholds.
+    assert lf["launch_ms_per_step"] >= th["launch_bound_ratio"] * lf["kernel_ms_per_step"]
+    assert lf["launch_ms_per_step"] >= th["launch_bound_step_share"] * step_ms
+    assert lf["max_launch_us"] == 300_000
+    others = sorted(e["dur"] for e in launches if e is not first)
+    assert lf["median_launch_us"] <= others[len(others) // 2 + 1]
+    assert "launch_bound" not in {c["id"] for c in doc["diagnosis"]["causes"]}

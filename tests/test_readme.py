@@ -200,15 +200,39 @@ def test_demo_and_its_analysis(workdir, demo):
     assert (run_dir / "report.html").is_file()
     doc = json.loads(run_line("diag analyze runs/demo-<timestamp> --json", workdir, demo_dir=run_dir).stdout)
     assert doc["job"]["bound"] == "compute" and out.startswith(f"Verdict: {doc['diagnosis']['headline']['text']}")
+    _assert_no_precision_advice_without_bf16_units(run_dir, doc["diagnosis"], out)
     data = run_line("diag demo --bottleneck data", workdir).stdout
     assert data.startswith("Verdict: Data-bound"), data
     data_dir = workdir / next(x.split(": ", 1)[1] for x in data.splitlines() if x.startswith("Run directory: "))
     # The demo's report ranks its fixes by predicted gain.
     recs = json.loads((data_dir / "summary.json").read_text())["diagnosis"]["recommendations"]
-    assert recs[0]["id"] == "phase-data" and recs[0]["prediction"]["change"] == "no_data_wait", recs[0]
+    # Led by its cause, whose action (a worker count) has its own prediction.
+    assert recs[0]["id"] == "phase-data" and recs[0]["prediction"]["action"].startswith("num_workers="), recs[0]
     check = run_line("diag compare runs/before runs/after --applied no_data_wait", workdir, before=data_dir,
                      after=run_dir).stdout
     assert "Prediction check, no_data_wait (as given): diag predicted" in check, check
+
+
+# What only lower precision would win: the tree's [needs_half_precision] fixes and changes.
+PRECISION_ADVICE = ("Use lower precision", "Keep matrix dimensions multiples of 8", "Train in bf16", "Run them in bf16")
+
+
+def _assert_no_precision_advice_without_bf16_units(run_dir, diagnosis: dict, printed: str) -> None:
+    """On a CPU without bf16 matrix units the default demo (fp32 linear layers) is offered no
+    precision change: not in what it printed, the causes, the recommendations, the what-if
+    table, report.md or report.html."""
+    cpu = json.loads((run_dir / "rank-00000" / "rank.json").read_text())["cpu"]
+    if cpu["bf16_units"] is not False:
+        return
+    views = {"printed": printed, "report.md": (run_dir / "report.md").read_text(),
+             "report.html": (run_dir / "report.html").read_text(),
+             "recommendations": json.dumps(diagnosis["recommendations"]), "causes": json.dumps(diagnosis["causes"])}
+    for name, text in views.items():
+        assert not [a for a in PRECISION_ADVICE if a in text], name
+    for e in diagnosis["what_if"]["changes"]:
+        if e["change"] in ("compute_2x", "half_precision_matrix_ops", "tensor_core_math"):
+            assert e["predicted_step_ms"] is None and e["note"].startswith("withheld:"), e
+    assert "has no bf16 matrix units" in views["printed"]
 
 
 @pytest.mark.slow

@@ -141,6 +141,33 @@ def test_borderline_needs_a_different_verdict_on_the_other_branch(tree):
     assert noise([0.1, 0.2]) is None  # too few steps for a spread
 
 
+@pytest.mark.parametrize("busy,edge", [(0.4949, False), (0.4951, True), (0.5049, True), (0.5051, False)])
+def test_a_whole_trace_share_within_its_resolution_of_the_threshold_is_borderline(tree, busy, edge):
+    """No steps, so no scatter: a deciding share within borderline_resolution (1%) of its
+    threshold, the device busy for under 50% of the step, is still borderline host/compute."""
+    assert tree.thresholds["borderline_resolution"] == 0.01
+    m = {"data_share": 0.0, "host_share": 1 - busy, "comm_share": 0.0, "wait_share": 0.0,
+         "memory_share": 0.0, "compute_share": busy, "memory_to_compute": 0.0, "busy_share": busy}
+    v = dt.evaluate(m, tree)
+    found = borderline(m, v["path"], [], tree, v["bound"])
+    assert (found is not None) is edge
+    if edge:
+        assert found["metric"] == "busy_share" and "within its resolution" in found["text"]
+        assert sorted(found["candidates"]) == ["compute", "host"]
+
+
+def test_the_confidence_never_calls_a_measurement_clear_beside_a_borderline_one():
+    from diag.analyzers.diagnosis import document
+
+    allt = document.concat({})
+    path = {"nodes": [{"metric": "busy_share", "value": 0.499, "threshold": 0.5, "answer": "yes"},
+                      {"metric": "memory_to_compute", "value": 0.1, "threshold": 1.0, "answer": "no"}]}
+    edge = {"candidates": ["host", "compute"], "metric": "busy_share", "text": "borderline host/compute"}
+    c = document._confidence("host", allt, path, {}, 1, edge)
+    assert not any("clear of its threshold" in r for r in c["reasons"])
+    assert any("busy_share = " in r and "within 15% of its threshold" in r for r in c["reasons"])
+
+
 def test_a_single_rank_of_a_job_says_its_waiting_is_not_measured(real_traces, tmp_path):
     import json
 

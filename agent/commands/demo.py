@@ -33,6 +33,9 @@ def add_arguments(parser) -> None:
                         help="an induced straggler: one rank's batches arrive 50 ms late, rank 1 in every "
                              "step (persistent), each rank in turn (rotating), or the last rank for a sixth of "
                              "the run (transient)")
+    parser.add_argument("--num-workers", type=int, default=0, metavar="K",
+                        help="the data workload's DataLoader num_workers (default 0, the induced bottleneck): "
+                             "apply the worker count its cause names and see the step it predicted")
     parser.add_argument("--json", action="store_true",
                         help="print the diagnosis document (diag.diagnosis/1, as in summary.json) instead of the summary")
     parser.add_argument("--verbose", action="store_true", help="show the agent's messages from every rank")
@@ -56,12 +59,16 @@ def run(args) -> int:
               file=sys.stderr, flush=True)
     if args.linger < 0:
         raise DiagInputError(f"--linger must be 0 or more seconds, got {args.linger:g}")
+    if not 0 <= args.num_workers <= 64:
+        raise DiagInputError(f"--num-workers must be between 0 and 64, got {args.num_workers}")
+    if args.num_workers and args.bottleneck != "data":
+        raise DiagInputError("--num-workers applies to --bottleneck data, whose DataLoader it sets")
     if not 0 <= args.slow_down <= 10:
         raise DiagInputError(f"--slow-down must be between 0 and 10, got {args.slow_down:g}")
     settings = DemoSettings(args.bottleneck, ranks=args.ranks, steps=args.steps, run_dir=args.run_dir,
                             export=not args.no_export, port_base=args.port_base, verbose=args.verbose,
                             linger_s=args.linger, thresholds=thresholds, slow_down=args.slow_down,
-                            straggler=args.straggler)
+                            straggler=args.straggler, loader_workers=args.num_workers)
     run_demo(settings, on_ready=lambda result: _show(result, args))
     return 0
 

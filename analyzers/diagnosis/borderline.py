@@ -5,7 +5,9 @@ cores disturb each other, a GC pause lengthens one step. When a node of the deci
 path sits closer to its threshold than that scatter, the other branch is as plausible
 as the one taken, and picking one would be chance. The noise is taken from the run: the
 robust spread of the node's measurement over the rank-steps the verdict rests on
-(`steady.robust_sigma`, the one noise estimate of the diagnosis). No fixed margin.
+(`steady.robust_sigma`, the one noise estimate of the diagnosis), and never less than
+the measurement's resolution (`borderline_resolution` of the threshold), which is all a
+whole trace without steps has.
 
 Pure: plain data in and out.
 """
@@ -55,8 +57,11 @@ def borderline(measurements: dict, path: list[dict], steps: list[dict], tree, bo
             continue
         if not math.isfinite(value):
             continue
-        band = robust_sigma([s.get(node["metric"]) for s in steps])
-        if band is None or band <= 0 or abs(value - threshold) > band:
+        scatter = robust_sigma([s.get(node["metric"]) for s in steps])
+        # The measurement's own resolution bounds the band from below: a share judged on a
+        # whole trace, with no steps to scatter, is no sharper than that.
+        band = max(scatter or 0.0, tree.thresholds["borderline_resolution"] * abs(threshold))
+        if band <= 0 or abs(value - threshold) > band:
             continue
         other = "no" if node["answer"] == "yes" else "yes"
         alt = evaluate(measurements, tree, {**(force or {}), node["node"]: (other, "within the run's noise")})
@@ -71,7 +76,8 @@ def borderline(measurements: dict, path: list[dict], steps: list[dict], tree, bo
             "noise": band,
             "steps": sum(1 for s in steps if isinstance(s.get(node["metric"]), (int, float))),
             "text": (f"borderline {bound}/{alt['bound']}: {node['metric']} = {metric_text(node['metric'], value)} is "
-                     f"within the steps' own scatter (±{metric_text(node['metric'], band)}) of its threshold "
+                     f"within {'the steps' + chr(39) + ' own scatter' if scatter and scatter >= band else 'its resolution'}"
+                     f" (±{metric_text(node['metric'], band)}) of its threshold "
                      f"{metric_text(node['metric'], threshold, threshold=True)}, so {alt['bound']}-bound is as "
                      "plausible"),
         }

@@ -9,6 +9,7 @@ phase's, predicted by replaying the traced steps without that phase's work.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,7 +17,8 @@ from dataclasses import dataclass
 from diag.analyzers.analysis_types import SYNC_OP_NAMES
 from diag.analyzers.diagnosis.context import JobContext
 from diag.analyzers.diagnosis.inputs import traced_steps
-from diag.analyzers.diagnosis.recommendations import predicted_gain
+from diag.analyzers.diagnosis.loader_model import LoaderRates, WorkerPlan, loader_rates, plan_workers
+from diag.analyzers.diagnosis.recommendations import cause_gain
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,7 @@ class CauseRule:
     phase: str  # the class whose time it explains (decision_tree.CLASSES)
     detect: Callable[[JobContext], dict | None]  # -> {"text", "action", "evidence"} or None
     supersedes: tuple[str, ...] = ()  # the verdict's generic fixes (by their start) its action replaces
+    device: bool = True  # it reads the trace's device work (kernels, their ops' time): never on a trace without it
     also: tuple[str, ...] = ()  # other classes its time can land in (a blocking copy: data or host)
     change: str | None = None  # the [[what_if]] change that removes exactly this cause (a detector's
     # own "change" overrides it, where what the cause allows depends on the evidence)
@@ -81,23 +84,28 @@ def _io_text(merged: dict) -> tuple[str, dict]:
 def _no_loader_workers(ctx: JobContext) -> dict | None:
     """The DataLoader loads in the training process: num_workers=0. The agent times its
     collate_fn, so the wait splits into reading the samples and collating them; a collate
-    taking `collate_wait_share` of the wait or more is named as the larger part."""
+    taking `collate_wait_share` of the wait or more is named as the larger part. The worker
+    count named, and the step it gives, come from the run's own rates (loader_model.py)."""
     loaders = _loaders(ctx)
     idle = sorted(r for r, ld in loaders.items() if ld["num_workers"] == 0)
     if not idle:
         return None
     ld = loaders[idle[0]]
     merged = ctx.ranks[idle[0]]
-    cpus, local, per_rank = ld.get("cpus"), ld.get("local_ranks") or 1, _per_rank_cpus(ld)
-    # One CPU per rank stays with the training process itself.
-    start = max(1, per_rank - 1) if per_rank else None
     where = f"{ld['class']} over {ld['dataset']}"
-    sizing = (f"start at num_workers={start} ({cpus} CPUs for {local} local rank{'s' if local > 1 else ''}, one "
-              f"left to the training process)" if start else "start at the number of CPU cores per rank")
     text = (f"The {where} has num_workers=0 on {_ranks(idle)}: every batch is read and collated on the "
             "training thread, inside the step.")
-    action = (f"Give the {where} worker processes: {sizing}, with persistent_workers=True so that they "
-              "outlive each epoch.")
+    planned = _worker_plan(ctx, merged, ld)
+    if planned:
+        rates, plan = planned
+        action = f"Give the {where} worker processes: {_workers_sizing(rates, plan, ld)}"
+    else:
+        per_rank = _per_rank_cpus(ld)
+        start = max(1, per_rank - 1) if per_rank else None
+        sizing = (f"start at num_workers={start} ({ld.get('cpus')} CPUs for {ld.get('local_ranks') or 1} local "
+                  "ranks, one left to the training process)" if start else "start at the number of CPU cores per rank")
+        action = (f"Give the {where} worker processes: {sizing}, with persistent_workers=True so that they "
+                  "outlive each epoch. (Too few steps were timed to size them from this run.)")
     split = _collate_split(merged.get("analysis") or {})
     if split and split[0]:
         wait, collate = split
@@ -110,14 +118,71 @@ def _no_loader_workers(ctx: JobContext) -> dict | None:
     io, io_ev = _io_text(merged)
     if io:
         text += f" Meanwhile {io}."
-    return {"text": text, "action": action,
-            "evidence": {"ranks": idle, "loader": ld, "data_wait_ms": split[0] if split else None,
-                         "collate_ms": split[1] if split else None, **io_ev}}
+    out = {"text": text, "action": action,
+           "evidence": {"ranks": idle, "loader": ld, "data_wait_ms": split[0] if split else None,
+                        "collate_ms": split[1] if split else None, **io_ev}}
+    if planned:
+        out["evidence"]["model"] = _plan_evidence(*planned)
+        out["expect"] = _plan_expectation(*planned)
+    return out
 
 
 def _per_rank_cpus(loader: dict) -> int | None:
     cpus, local = loader.get("cpus"), loader.get("local_ranks") or 1
     return cpus // local if isinstance(cpus, int) and cpus > 0 and isinstance(local, int) and local > 0 else None
+
+
+def _worker_plan(ctx: JobContext, merged: dict, ld: dict) -> tuple[LoaderRates, WorkerPlan] | None:
+    """The rank's loader rates and the worker count they call for; None where the run timed
+    too few steps, or no wait to hide."""
+    th = ctx.tree.thresholds
+    rates = loader_rates((merged.get("analysis") or {}).get("steps") or [], ld["num_workers"], th)
+    if rates is None or rates.wait_ms <= 0.0:
+        return None
+    return rates, plan_workers(rates, _per_rank_cpus(ld), th)
+
+
+def _workers_sizing(rates: LoaderRates, plan: WorkerPlan, ld: dict) -> str:
+    """The worker count to set and why that many, in the run's own figures."""
+    k, per_batch = plan.workers, rates.batch_ms / plan.workers
+    if plan.cpu_bound:
+        made = ("making a batch is CPU work" + (f" ({rates.batch_cpu_ms / rates.batch_ms:.0%} of its "
+                f"{rates.batch_ms:.0f} ms)" if rates.batch_cpu_ms is not None else " (its CPU time was not measured)")
+                + f", so the workers share this rank's CPUs ({ld.get('cpus')} CPUs for "
+                f"{ld.get('local_ranks') or 1} local ranks, one left to the training process)")
+    else:
+        made = (f"making a {rates.batch_ms:.0f} ms batch is mostly waiting ({rates.batch_cpu_ms:.1f} ms of it is CPU "
+                "time), so workers beyond the CPU count still help")
+    if plan.hides:
+        return (f"set num_workers={k}, with persistent_workers=True so that they outlive each epoch: {made}, and "
+                f"{k} of them make a batch every {per_batch:.1f} ms, within the {rates.rest_ms:.1f} ms the rest of "
+                "the step takes.")
+    return (f"set num_workers={k}, with persistent_workers=True, the most this rank can run for these reads: {made}. "
+            f"They make a batch every {per_batch:.1f} ms against the {rates.rest_ms:.1f} ms the rest of the step takes, "
+            "so the step still waits; to hide the rest, make each batch cheaper (less work per sample, faster or "
+            "local storage) or give each rank more CPUs.")
+
+
+def _plan_expectation(rates: LoaderRates, plan: WorkerPlan) -> dict:
+    """The prediction for the worker count named, with its range and ceiling."""
+    limit = {"rest": "the rest of the step, with the input hidden",
+             "workers": f"the {plan.workers} workers' pace, a batch every {rates.batch_ms / plan.workers:.1f} ms",
+             "cpus": "the rank's CPUs, shared by the workers and the training process"}[plan.limit]
+    return {"action": f"num_workers={plan.workers}", "baseline_step_ms": rates.step_ms,
+            "expected_step_ms": plan.expected_ms, "low_ms": plan.low_ms, "high_ms": plan.high_ms,
+            "ceiling_step_ms": plan.ceiling_ms, "limit": plan.limit,
+            "assumes": f"the step is then set by {limit}; the ceiling is the step without its data wait"}
+
+
+def _plan_evidence(rates: LoaderRates, plan: WorkerPlan) -> dict:
+    return {"batch_ms": round(rates.batch_ms, 3), "batch_cpu_ms": _rounded(rates.batch_cpu_ms),
+            "rest_ms": round(rates.rest_ms, 3), "rest_cpu_ms": _rounded(rates.rest_cpu_ms),
+            "step_ms": round(rates.step_ms, 3), "steps": rates.steps, "cpu_bound": plan.cpu_bound,
+            "workers": plan.workers, "workers_cap": plan.cap, "hides": plan.hides}
+
+
+def _rounded(v: float | None) -> float | None:
+    return None if v is None else round(v, 3)
 
 
 def _workers_cpu(merged: dict) -> float | None:
@@ -130,7 +195,9 @@ def _workers_cpu(merged: dict) -> float | None:
 def _loader_workers(ctx: JobContext) -> dict | None:
     """A DataLoader with workers that still keeps the step waiting: workers busy for
     `loader_workers_busy` of their cores or more are CPU-bound (more workers where CPUs are
-    spare, else less work per sample); under `loader_workers_idle` they wait on reads."""
+    spare, else less work per sample); under `loader_workers_idle` they wait on reads, and more
+    of them help whatever the CPU count. Workers that keep the step waiting set its pace, so
+    each makes a batch in about k steps: the count named and its step follow from that."""
     th = ctx.tree.thresholds
     found = {}
     for rank, ld in _loaders(ctx).items():
@@ -149,25 +216,43 @@ def _loader_workers(ctx: JobContext) -> dict | None:
     ranks = sorted(r for r, f in found.items() if f[0] == kind)
     per_rank = _per_rank_cpus(ld)
     io, io_ev = _io_text(ctx.ranks[rank])
+    planned = _worker_plan(ctx, ctx.ranks[rank], ld)
+    if planned:
+        # The samples say whether the workers compute or wait; the step records of a loader with
+        # workers can not (its batches are made in other processes).
+        rates, _ = planned
+        planned = (rates, plan_workers(rates, per_rank, th, cpu_bound=kind == "busy"))
+    more = planned is not None and planned[1].workers > w
     if kind == "busy":
         spare = per_rank - 1 - w if per_rank else None
         text = (f"The {where} on {_ranks(ranks)} has {w} workers, and they use {used:.1f} CPUs ({used / w:.0%} of "
                 "theirs): decoding and augmenting the samples is CPU-bound, and the step still waits for it.")
-        action = (f"Raise num_workers from {w} to {w + spare} ({ld['cpus']} CPUs for {ld.get('local_ranks') or 1} "
-                  "local ranks, one left to the training process)." if spare and spare > 0 else
-                  f"The {per_rank or ld.get('cpus')} CPUs of each rank are all in use: do less per sample on the CPU "
-                  "(decode on the GPU with torchvision.io / DALI, augment batches on the device, store the dataset "
-                  "pre-processed), or give each rank more CPUs.")
+        if more:
+            action = (f"Raise num_workers from {w} to {planned[1].workers} ({ld['cpus']} CPUs for "
+                      f"{ld.get('local_ranks') or 1} local ranks, one left to the training process).")
+        elif spare and spare > 0 and planned is None:
+            action = (f"Raise num_workers from {w} to {w + spare} ({ld['cpus']} CPUs for {ld.get('local_ranks') or 1} "
+                      "local ranks, one left to the training process).")
+        else:
+            action = (f"The {per_rank or ld.get('cpus')} CPUs of each rank are all in use: do less per sample on the "
+                      "CPU (decode on the GPU with torchvision.io / DALI, augment batches on the device, store the "
+                      "dataset pre-processed), or give each rank more CPUs.")
     else:
         text = (f"The {where} on {_ranks(ranks)} has {w} workers, but they use {used:.2f} CPUs ({used / w:.0%} of "
                 "theirs) while the step waits for data: the workers wait on reads, not on the CPU"
                 + (f"; {io}" if io else "") + ".")
-        action = ("Make the reads faster or earlier: copy the dataset to local NVMe, read larger sequential shards "
+        action = ((f"Raise num_workers from {w} to {planned[1].workers}: workers that wait on reads need no CPU of "
+                   "their own. " if more else "")
+                  + "Make the reads faster or earlier: copy the dataset to local NVMe, read larger sequential shards "
                   "(WebDataset, a packed format) instead of many small files, and raise prefetch_factor "
                   f"(now {ld.get('prefetch_factor')}) so that more batches are in flight.")
-    return {"text": text, "action": action,
-            "evidence": {"ranks": ranks, "kind": kind, "loader": ld, "workers_cpu": round(used, 3),
-                         "cpus_per_rank": per_rank, **io_ev}}
+    out = {"text": text, "action": action,
+           "evidence": {"ranks": ranks, "kind": kind, "loader": ld, "workers_cpu": round(used, 3),
+                        "cpus_per_rank": per_rank, **io_ev}}
+    if more:
+        out["evidence"]["model"] = _plan_evidence(*planned)
+        out["expect"] = _plan_expectation(*planned)
+    return out
 
 
 # The call in the job's code that makes each op that brings a value to the host.
@@ -251,9 +336,18 @@ def _pageable_copies(ctx: JobContext) -> dict | None:
     }
 
 
+def _typical_launch_ms(lf: dict) -> float:
+    """The launch calls' host time per step at their median cost: one cold first launch (lazy
+    module loading, hundreds of ms) is start-up, not a cost the step pays every time."""
+    median, calls = lf.get("median_launch_us"), lf.get("launch_calls_per_step")
+    total = float(lf.get("launch_ms_per_step") or 0.0)
+    return min(total, float(median) * float(calls) / 1e3) if median is not None and calls else total
+
+
 def _launch_bound(ctx: JobContext) -> dict | None:
     """Launch calls that take the host `launch_bound_ratio` of the kernels' own time or more,
-    and `launch_bound_step_share` of the step: the device waits for work to be launched."""
+    and `launch_bound_step_share` of the step, at their median cost per call: the device waits
+    for work to be launched."""
     th = ctx.tree.thresholds
     found = {}
     for rank, merged in ctx.ranks.items():
@@ -261,13 +355,14 @@ def _launch_bound(ctx: JobContext) -> dict | None:
         lf, step_ms = analysis.get("launches"), _traced_step_ms(analysis)
         if not isinstance(lf, dict) or not step_ms:
             continue
-        launch_ms, kernel_ms = float(lf.get("launch_ms_per_step") or 0.0), float(lf.get("kernel_ms_per_step") or 0.0)
+        launch_ms, kernel_ms = _typical_launch_ms(lf), float(lf.get("kernel_ms_per_step") or 0.0)
         if launch_ms >= th["launch_bound_ratio"] * kernel_ms and launch_ms >= th["launch_bound_step_share"] * step_ms:
             found[rank] = (lf, step_ms)
     if not found:
         return None
     lf, step_ms = found[min(found)]
-    per_call = 1e3 * lf["launch_ms_per_step"] / lf["launch_calls_per_step"] if lf.get("launch_calls_per_step") else None
+    typical = _typical_launch_ms(lf)
+    per_call = 1e3 * typical / lf["launch_calls_per_step"] if lf.get("launch_calls_per_step") else None
     launchers = ", ".join(f"{t['name']} ({t['kernels_per_step']:g})" for t in lf.get("top_launchers") or [])
     # In-place elementwise ops launching a large part of the kernels: a per-parameter loop.
     elementwise = [t["name"] for t in lf.get("top_launchers") or [] if str(t["name"]).endswith("_")
@@ -278,7 +373,7 @@ def _launch_bound(ctx: JobContext) -> dict | None:
     return {
         "text": f"On {_ranks(sorted(found))}, {lf['kernels_per_step']:g} kernels per traced step run a median "
                 f"{lf['median_kernel_us']:g} µs each, {lf['kernel_ms_per_step']:.2f} ms in all, while launching them "
-                f"holds the host {lf['launch_ms_per_step']:.2f} ms ({lf['launch_ms_per_step'] / step_ms:.0%} of the step"
+                f"holds the host {typical:.2f} ms ({typical / step_ms:.0%} of the step"
                 + (f", {per_call:.0f} µs per launch" if per_call else "") + ")"
                 + (f"; the most come from {launchers}" if launchers else "") + ".",
         "action": "Launch fewer, larger pieces of work: capture the step"
@@ -286,7 +381,8 @@ def _launch_bound(ctx: JobContext) -> dict | None:
                   + f" in {graph}, or compile it with torch.compile(mode='reduce-overhead'); raise the batch size "
                   "so that each kernel does more." + fuse,
         "evidence": {"ranks": sorted(found), "step_ms": round(step_ms, 3),
-                     "launch_us_per_call": round(per_call, 2) if per_call else None, **lf},
+                     "launch_us_per_call": round(per_call, 2) if per_call else None,
+                     "typical_launch_ms_per_step": round(typical, 4), **lf},
     }
 
 
@@ -780,12 +876,13 @@ def _hand_written(ops: list[str]) -> str:
 
 
 RULES: tuple[CauseRule, ...] = (
+    # The loader's settings and waits and the count of sync ops are the host's own facts.
     CauseRule("data_loader_no_workers", "data", _no_loader_workers, supersedes=("Raise DataLoader num_workers",),
-              change="no_data_wait"),
+              change="no_data_wait", device=False),
     CauseRule("data_loader_workers", "data", _loader_workers, supersedes=("Raise DataLoader num_workers",),
-              change="no_data_wait"),
+              change="no_data_wait", device=False),
     CauseRule("host_sync_points", "host", _host_sync_points, supersedes=("Remove synchronisation points",),
-              change="no_sync_points"),
+              change="no_sync_points", device=False),
     # Pinning makes the copy asynchronous: what that wins is a wait the graph holds as an edge, not a
     # duration it can scale, so this cause has no change of its own.
     CauseRule("pageable_copies", "data", _pageable_copies, supersedes=("Set pin_memory=True",),
@@ -817,6 +914,7 @@ def causes(ctx: JobContext) -> list[dict]:
     land in several phases explains the bounding one, else the first large enough."""
     shares = ctx.shares or {}
     minimum = ctx.tree.thresholds["recommendation_min_share"]
+    seeing = _with_device_events(ctx)
     out = []
     for rule in RULES:
         phases = (rule.phase, *rule.also)
@@ -825,15 +923,31 @@ def causes(ctx: JobContext) -> list[dict]:
             (p for p in phases if p != "compute" and (shares.get(p) or 0.0) >= minimum), None)
         if phase is None:
             continue
-        found = rule.detect(ctx)
+        found = rule.detect(seeing if rule.device else ctx)
         if found:
+            # The action's own prediction where the rule models it ("expect"), and the ceiling:
+            # the replay with the cause's time gone entirely.
+            expect = found.pop("expect", None)
             pred = _prediction(ctx, found.pop("change", rule.change))
-            gain = predicted_gain(pred, None, "")["gain"] if pred else \
-                "No prediction: no change the replay can make removes exactly this cause"
             out.append({"id": rule.id, "phase": phase, "supersedes": list(rule.supersedes), **found,
-                        "what_if": pred, "gain": gain})
+                        "what_if": pred, "expected": expect, "gain": cause_gain(expect, pred)})
     # The bounding phase's causes first, then the larger predicted gains.
-    return sorted(out, key=lambda c: (c["phase"] != ctx.bound, -((c["what_if"] or {}).get("speedup") or 1.0)))
+    return sorted(out, key=lambda c: (c["phase"] != ctx.bound, -_speedup(c)))
+
+
+def _with_device_events(ctx: JobContext):
+    """The context without the ranks whose traces lack their GPU's device events: their op
+    times are the host's launches, on which no cause about the device's work may rest."""
+    ranks = {k: r for k, r in ctx.ranks.items() if not (r.get("analysis") or {}).get("device_events_missing")}
+    return ctx if len(ranks) == len(ctx.ranks) else dataclasses.replace(ctx, ranks=ranks)
+
+
+def _speedup(cause: dict) -> float:
+    """What a cause's action is predicted to win, else its ceiling (1.0: nothing predicted)."""
+    e = cause.get("expected")
+    if e and e.get("expected_step_ms"):
+        return e["baseline_step_ms"] / e["expected_step_ms"]
+    return (cause.get("what_if") or {}).get("speedup") or 1.0
 
 
 def _prediction(ctx: JobContext, change: str | None) -> dict | None:

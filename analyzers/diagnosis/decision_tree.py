@@ -84,6 +84,9 @@ class Tree:
     verdicts: dict
     advisories: list = field(default_factory=list)
     what_if: tuple = ()  # the what-if changes: the standard ones, then the config file's
+    # The fixes (by their start) and what-if changes that pay only where lower precision runs
+    # faster: withheld on a CPU without bf16 matrix units (diagnosis/precision.py).
+    needs_half_precision: dict = field(default_factory=dict)
 
     @cached_property
     def walker(self) -> Walker:
@@ -133,6 +136,7 @@ def load_tree(path: str | Path | None = None, overrides: dict | None = None, rec
         nodes=doc["nodes"],
         verdicts=doc["verdicts"],
         advisories=doc.get("advisories", []),
+        needs_half_precision=doc.get("needs_half_precision", {}),
         what_if=tuple(what_if),
     )
 

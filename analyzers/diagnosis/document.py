@@ -49,6 +49,7 @@ from diag.analyzers.diagnosis.inputs import (
     world_size,
 )
 from diag.analyzers.diagnosis.memory import memory_section
+from diag.analyzers.diagnosis.precision import cpu_without_bf16_units, withhold_half_precision
 from diag.analyzers.diagnosis.recommendations import recommendations
 from diag.analyzers.diagnosis.straggler_cause import with_likely_causes
 from diag.analyzers.diagnosis.straggler_episodes import episode_finding, straggler_episodes
@@ -91,11 +92,15 @@ def diagnose_job(doc: dict, ranks: dict, tree) -> dict:
 
 def _judge(job: dict, ranks: dict, run: dict, tree) -> dict:
     """Everything but the job verdict, which `job` already holds."""
+    job, tree = withhold_half_precision(job, tree, cpu_without_bf16_units(ranks))
     allt = concat(ranks)
     mset = job.get("measurements") if isinstance(job.get("measurements"), dict) else None
+    # Ranks whose traces lack their GPU's device events: their step shares are the host's alone.
+    blind = _blind(ranks)
+    step_shares = None if blind and blind == set(ranks) else tw_shares(allt)
     ctx = JobContext(
         job=job, ranks=ranks, run=run, tree=tree, world=world_size({"job": job}, run, ranks), all_steps=allt,
-        job_steps=job_steps(ranks), mset=mset, shares=(mset or {}).get("shares") or tw_shares(allt),
+        job_steps=job_steps(ranks), mset=mset, shares=(mset or {}).get("shares") or step_shares,
         bound=job.get("bound") if job.get("bound") in CLASSES else None, stragglers=_stragglers(job),
         nccl=nccl_facts(run, tree),
     )
@@ -108,10 +113,10 @@ def _judge(job: dict, ranks: dict, run: dict, tree) -> dict:
     basis = mset["basis"] if mset else f"{int(steps.has_shares.sum())} step(s) of {len(ranks)} rank(s)"
     ev = evidence(ranks, allt, steps, job_shares, basis, stragglers, ctx.nccl, findings)
     headline = _headline(ctx)
-    blind = [k for k, r in ranks.items() if r["analysis"].get("device_events_missing")]
     whole = [k for k, r in ranks.items()
              if r["analysis"].get("iterations") and not r["analysis"]["iterations"].get("marker")]
-    confidence = _confidence(bound, _measured(allt, mset), path, run, world, job.get("borderline"), blind, whole)
+    confidence = _confidence(bound, _measured(allt, mset), path, run, world, job.get("borderline"), sorted(blind),
+                             whole)
     memory = memory_section(ranks, tree, world)
     found = causes(ctx)
     recs = recommendations(ctx, findings, memory, ev, found)
@@ -194,6 +199,11 @@ def _rank_share(r: dict, phase: str) -> float | None:
     return sh[phase] if sh else None
 
 
+def _blind(ranks: dict) -> set:
+    """The ranks whose traces lack the device events of their GPU process."""
+    return {k for k, r in ranks.items() if r["analysis"].get("device_events_missing")}
+
+
 def _headline(ctx: JobContext) -> dict:
     bound, ranks, allt, world, job_shares = ctx.bound, ctx.ranks, ctx.all_steps, ctx.world, ctx.shares
     tree, nccl, stragglers, job, mset = ctx.tree, ctx.nccl, ctx.stragglers, ctx.job, ctx.mset
@@ -203,6 +213,9 @@ def _headline(ctx: JobContext) -> dict:
             text = "No verdict: the run directory holds no readable rank data."
         elif n_steps == 0:
             text = "No verdict: no training step was recorded (the run may have stopped before its first step)."
+        elif _blind(ranks) == set(ranks):
+            text = ("Can't tell: the trace holds no device events of its GPU process (no kernel, memcpy or "
+                    "memset), so its host-side time says nothing of what bounds the device.")
         else:
             text = "No verdict: steps were timed, but nothing measured where their time went."
         return {"bound": None, "title": "No verdict", "text": text}
@@ -310,7 +323,11 @@ WHOLE_TRACE_FACTOR = 0.7
 def _confidence(bound, allt: Steps, path, run, world, edge=None, blind=(), whole=()) -> dict:
     """A score in [0, 1] from four factors, each explained in a sentence."""
     if bound is None:
-        return {"level": "none", "score": 0.0, "reasons": ["There is no verdict to be sure of."]}
+        why = ["There is no verdict to be sure of."]
+        if blind:
+            why.append(f"The traces of rank{'s' if len(blind) > 1 else ''} {', '.join(map(str, blind))} hold no device "
+                       "events of their GPU process: no class can be given from the host's time alone.")
+        return {"level": "none", "score": 0.0, "reasons": why}
     reasons = []
     n_trace = int(allt.traced.sum())
     n_all = int((allt.bound >= 0).sum())
@@ -337,9 +354,12 @@ def _confidence(bound, allt: Steps, path, run, world, edge=None, blind=(), whole
     if agree is not None:
         factor *= 0.5 + 0.5 * agree
         reasons.append(f"{pct(agree)} of analysed steps across ranks give the same verdict.")
-    # Margin at the deciding node.
-    if path and path.get("nodes"):
-        last = path["nodes"][-1]
+    # Margin at the deciding node: the borderline one where there is one (never called clear
+    # beside it), else the last of the path.
+    nodes = (path or {}).get("nodes") or []
+    last = next((n for n in nodes if isinstance(edge, dict) and n.get("metric") == edge.get("metric")),
+                nodes[-1] if nodes else None)
+    if last is not None:
         v, t = last["value"], last["threshold"]
         if v is not None and t not in (None, 0) and not math.isinf(v):
             margin = abs(v - t) / abs(t)

@@ -52,6 +52,12 @@ def judge_trace(facts: TraceRankFacts, tree) -> TraceRank:
         steps.append(s)
     m = facts.get("measurements") or {}
     v = evaluate(m, tree)
+    if facts.get("device_events_missing"):
+        # A GPU process's trace without its device events: its host-side shares say nothing of
+        # the device, so no class is given ("can't tell"), for the rank or any of its steps.
+        v = {**v, "bound": None, "title": "unknown", "fixes": [],
+             "summary": "No device events in the trace of a GPU process: what bounds it can't be told."}
+        steps = [{**s, "bound": None} if isinstance(s, dict) else s for s in steps]
     findings = (_trace_notes(facts, sampled) + advise(m, tree, bound=v["bound"], source="trace")
                 + _replay_notes(facts, tree))
     return {**facts, "bound": v["bound"], "title": v["title"], "summary": v["summary"], "path": v["path"],

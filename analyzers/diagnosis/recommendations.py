@@ -45,8 +45,8 @@ def recommendations(ctx: JobContext, findings: list[dict], memory: dict, evidenc
                 for f in job.get("findings") or []:
                     if isinstance(f, dict) and f.get("id") in COMM_CAUSE_FINDINGS and f.get("message"):
                         why += " " + str(f["message"])
-            pred = _best_prediction(what_if, p)
             mine = [c for c in causes if c["phase"] == p]
+            lead = next((c["expected"] for c in mine if c.get("expected")), None)
             why += "".join(" " + c["text"] for c in mine)
             recs.append({
                 "id": f"phase-{p}",
@@ -55,7 +55,8 @@ def recommendations(ctx: JobContext, findings: list[dict], memory: dict, evidenc
                     f for f in tree.verdicts[p]["fixes"]
                     if not any(f.startswith(old) for c in mine for old in c["supersedes"])],
                 "causes": [c["id"] for c in mine],
-                **predicted_gain(pred, share, PHASE_LABELS[p]),
+                **(expected_gain(lead, share, PHASE_LABELS[p]) if lead else
+                   predicted_gain(_best_prediction(what_if, p), share, PHASE_LABELS[p])),
                 "evidence": sorted(set(refs)),
                 "why": why,
                 "primary": p == bound,
@@ -199,9 +200,45 @@ def predicted_gain(pred: dict | None, bound_share: float | None, what: str) -> d
                 "gain": f"No prediction possible ({why}){upper}"}
     base, new = pred["baseline_step_ms"], pred["predicted_step_ms"]
     gain = max(0.0, 1.0 - new / base) if base > 0 else 0.0
+    # A replayed change is the whole of a part of the step gone: the ceiling of what the actions
+    # beside it can win, never their own prediction.
     return {"gain_share": gain, "gain_max_share": bound_share, "prediction": pred,
-            "gain": f"{new:.1f} ms per step against {base:.1f} ms measured, {base / new:.2f}x faster "
-                    f"({pred['change']}: the traced steps replayed with {_lower(pred['description'])}){upper}"}
+            "gain": f"Ceiling: {_replay_text(pred)}{upper}"}
+
+
+def _replay_text(pred: dict) -> str:
+    base, new = pred["baseline_step_ms"], pred["predicted_step_ms"]
+    return (f"{new:.1f} ms per step against {base:.1f} ms measured, {base / new:.2f}x faster "
+            f"({pred['change']}: the traced steps replayed with {_lower(pred['description'])})")
+
+
+def expected_gain(expect: dict, bound_share: float | None, what: str) -> dict:
+    """The gain fields of a recommendation led by a cause whose action has its own prediction."""
+    upper = f"; removing {what} entirely is at most {pct(bound_share)} of the step" if bound_share else ""
+    base, new = expect["baseline_step_ms"], expect["expected_step_ms"]
+    return {"gain_share": max(0.0, 1.0 - new / base) if base > 0 else 0.0, "gain_max_share": bound_share,
+            "prediction": expect, "gain": cause_gain(expect, None) + upper}
+
+
+def cause_gain(expect: dict | None, ceiling: dict | None) -> str:
+    """A cause's gain in words: the step its action is predicted to give, with the range the
+    measured step should fall in, and apart from it the ceiling (the cause gone entirely). A
+    cause whose action is not modelled says so and gives the ceiling alone, labelled."""
+    ceil = ceiling if ceiling and num(ceiling.get("predicted_step_ms")) is not None else None
+    if expect is None:
+        if ceiling is None:
+            return "No prediction: no change the replay can make removes exactly this cause"
+        if ceil is None:
+            return predicted_gain(ceiling, None, "")["gain"]
+        return f"Not predicted for the change itself; ceiling, with this cause gone entirely: {_replay_text(ceil)}"
+    base, new = expect["baseline_step_ms"], expect["expected_step_ms"]
+    text = (f"With {expect['action']}: {new:.1f} ms per step (expected within {expect['low_ms']:.1f} to "
+            f"{expect['high_ms']:.1f} ms) against {base:.1f} ms measured, {base / new:.2f}x faster; "
+            f"{expect['assumes']}")
+    c = expect.get("ceiling_step_ms")
+    if num(c):
+        text += f". Ceiling, with this cause gone entirely: {c:.1f} ms, {base / c:.2f}x"
+    return text
 
 
 def _lower(text: str) -> str:

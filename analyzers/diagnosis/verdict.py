@@ -86,8 +86,9 @@ def measured_steps(rank: dict) -> dict:
 
 
 def measurement_set(ranks: list[dict]) -> dict | None:
-    """The job's measurements: each measurement's mean over the ranks that have it."""
-    per = [(r, m) for r in ranks if (m := rank_measurements(r))]
+    """The job's measurements: each measurement's mean over the ranks that have it (a trace
+    without the device events of its GPU process measures nothing of the device: left out)."""
+    per = [(r, m) for r in ranks if not r.get("device_events_missing") and (m := rank_measurements(r))]
     if not per:
         return None
     values: dict[str, float] = {}

@@ -276,7 +276,8 @@ def _rank_steps(records: list[dict], trace_steps: dict, comps: list, samples: li
         dw = rec.get("data_wait_s")
         entry["data_wait_ms"] = 1000.0 * dw if _finite(dw) else None
         for key, seconds in (("device_ms", rec.get("device_s")), ("data_idle_ms", rec.get("data_idle_s")),
-                             ("collate_ms", rec.get("collate_s"))):
+                             ("collate_ms", rec.get("collate_s")), ("cpu_ms", rec.get("cpu_s")),
+                             ("data_cpu_ms", rec.get("data_wait_cpu_s"))):
             if _finite(seconds):
                 entry[key] = 1000.0 * seconds
         for k in _STEP_EXTRAS:

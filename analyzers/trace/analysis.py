@@ -70,6 +70,14 @@ def trace_facts(path, tree: dt.Tree | None = None, rank: int | None = None, work
     return facts_of_loaded(trace, tree, rank=rank, host=devices.host_device(host_peaks))
 
 
+
+def _uses_nccl(trace, dist: dict) -> bool:
+    """Whether the process ran NCCL: its process group's backend, or a host op nccl:*."""
+    if str(dist.get("backend") or "").lower() == "nccl":
+        return True
+    ids = [i for i, name in enumerate(trace.names) if name.startswith("nccl:")]
+    return bool(ids) and bool(np.isin(trace.cpu_name, ids).any())
+
 def _what_if(trace: Trace, tree, steps: list[dict], windows, classes, layers, att, on_device: bool, removals: dict):
     """(critical path, what-if entries, the error that stopped them or None), each step updated with its own."""
     changes = getattr(tree, "what_if", ())
@@ -248,7 +256,10 @@ def facts_of_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: 
         # The process used a GPU (its properties, or runtime calls that launch work) but the trace
         # holds no device events: another CUPTI client (Nsight Systems) held the device's
         # activity, or it was filtered out. Its CPU attribution says nothing about the device.
-        "device_events_missing": not on_device and (props is not None or len(trace.rt_ts) > 0),
+        # NCCL runs only on GPUs: a process group on it, or its collectives' nccl:* ops, make a
+        # GPU process too.
+        "device_events_missing": not on_device and (props is not None or len(trace.rt_ts) > 0
+                                                    or _uses_nccl(trace, dist)),
         # The share of the host events the profiler numbered that the trace holds (None: not numbered).
         "op_coverage": trace.op_coverage,
         # Without ProfilerStep spans: which iterations were judged, found how (None: the trace has steps).

@@ -73,8 +73,8 @@ def copy_facts(trace: Trace, win: np.ndarray) -> list[dict]:
 
 
 def launch_facts(trace: Trace, win: np.ndarray) -> dict | None:
-    """Kernels per traced step, their median µs, the launch calls' host time, and the ops
-    that launch the most kernels; None without kernels."""
+    """Kernels per traced step, their median µs, the launch calls' host time (in all, and the
+    median and slowest call), and the ops that launch the most kernels; None without kernels."""
     n = len(win)
     if not n:
         return None
@@ -86,12 +86,17 @@ def launch_facts(trace: Trace, win: np.ndarray) -> dict | None:
     launch = np.isin(trace.rt_name[rt], [i for i in ids if LAUNCH_RE.match(trace.names[i])])
     graphs = int(np.isin(trace.rt_name[rt], [i for i in ids if GRAPH_RE.match(trace.names[i])]).sum())
     hip = any(trace.names[i].startswith("hip") for i in ids)
+    call_us = trace.rt_dur[rt][launch]
     return {
         "kernels_per_step": round(len(kern) / n, 2),
         "median_kernel_us": round(float(np.median(trace.dev_dur[kern])), 3),
         "kernel_ms_per_step": round(float(trace.dev_dur[kern].sum()) / 1e3 / n, 4),
         "launch_calls_per_step": round(int(launch.sum()) / n, 2),
-        "launch_ms_per_step": round(float(trace.rt_dur[rt][launch].sum()) / 1e3 / n, 4),
+        "launch_ms_per_step": round(float(call_us.sum()) / 1e3 / n, 4),
+        # The typical call apart from the slowest: a cold first launch (lazy module loading)
+        # costs hundreds of ms once, which a per-step sum would spread over every step.
+        "median_launch_us": round(float(np.median(call_us)), 3) if len(call_us) else None,
+        "max_launch_us": round(float(call_us.max()), 3) if len(call_us) else None,
         "graph_launches_per_step": round(graphs / n, 2),
         "runtime": "hip" if hip else "cuda",
         "top_launchers": _top_launchers(trace, kern, n),

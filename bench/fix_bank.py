@@ -1,0 +1,253 @@
+"""The fix bank: the step diag predicts for the action it names, against that action applied.
+
+    python bench/fix_bank.py [--only CASE] [--repeat 2] [--steps 60] [--json FILE]
+
+Each case is a small training loop with one cause, on this machine's CPUs:
+1. the slow loop runs under diag.Agent with profiler windows; diag analyses the run and names
+   the cause, its action and, where it models the action, the step it expects with the range
+   the measured step should fall in;
+2. the action is applied exactly as diag worded it, read back from the cause (the worker
+   count of `num_workers=K`);
+3. the slow and the fixed loop then run without diag, interleaved (slow, fixed, slow,
+   fixed, ...), each measured as the median of its steps after the first tenth.
+
+Per case it prints the predicted range, the expected step, the measured one, the error of
+the expected figure, and whether the measured step lies in the range; then the median and
+P90 of |error| and the share of cases in range. Targets (issue: gains you can bank on):
+median |error| at most 15%, P90 at most 35%, at least 80% of cases in range.
+
+Cases:
+- loader_wait:     num_workers=0 over a dataset whose samples wait 3 ms on storage;
+- loader_cpu:      num_workers=0 over a dataset whose samples cost 1 ms of CPU each;
+- loader_collate:  num_workers=0 with a collate_fn that costs 12 ms of CPU a batch;
+- loader_few:      num_workers=1 over the waiting dataset, which one worker cannot keep up with;
+- loader_ddp_wait: the waiting dataset on 2 gloo ranks under DDP, num_workers=0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# case: (ranks, num_workers of the slow loop, dataset, collate)
+CASES = {
+    "loader_wait": (1, 0, "wait", None),
+    "loader_cpu": (1, 0, "cpu", None),
+    "loader_collate": (1, 0, "plain", "heavy"),
+    "loader_few": (1, 1, "wait", None),
+    "loader_ddp_wait": (2, 0, "wait", None),
+}
+BATCH, WIDTH, STEP_PASSES = 16, 512, 2
+SAMPLE_WAIT_S, SAMPLE_CPU_S, COLLATE_CPU_S = 0.003, 0.001, 0.012
+
+
+def _spin(seconds: float) -> None:
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+class Samples:
+    """A map-style dataset: each sample waits on storage, costs CPU, or neither."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+
+    def __len__(self):
+        return 1 << 20
+
+    def __getitem__(self, i):
+        import torch
+
+        if self.kind == "wait":
+            time.sleep(SAMPLE_WAIT_S)
+        elif self.kind == "cpu":
+            _spin(SAMPLE_CPU_S)
+        return torch.full((WIDTH,), float(i % 7)), i % 10
+
+
+def heavy_collate(batch):
+    """Stacks the batch after per-batch work on the CPU (decoding, augmenting)."""
+    import torch
+
+    _spin(COLLATE_CPU_S)
+    return torch.stack([x for x, _ in batch]), torch.tensor([y for _, y in batch])
+
+
+def _loop(case: str, workers: int, steps: int, run_dir: str | None, rank: int, world: int) -> list[float]:
+    """Train `steps` steps; the step times in seconds (under diag.Agent when run_dir is set)."""
+    import contextlib
+
+    import torch
+    from torch import nn
+
+    torch.set_num_threads(1)
+    torch.manual_seed(rank)
+    _, _, dataset, collate = CASES[case]
+    loader = torch.utils.data.DataLoader(Samples(dataset), batch_size=BATCH, num_workers=workers,
+                                         persistent_workers=workers > 0,
+                                         collate_fn=heavy_collate if collate == "heavy" else None)
+    model = nn.Sequential(nn.Linear(WIDTH, 4 * WIDTH), nn.ReLU(), nn.Linear(4 * WIDTH, 10))
+    if world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    times = []
+    if run_dir:
+        import diag
+
+        agent_cm = diag.Agent(run_dir=run_dir, device=None, export=False, analyse_during_run=False,
+                              report_wait_s=60.0, skip_first=3, warmup=1, active=3, every=10)
+    else:
+        agent_cm = contextlib.nullcontext()
+    with agent_cm as agent:
+        batches = agent.loader(loader) if agent is not None else loader
+        t0 = time.perf_counter()
+        for i, (x, y) in enumerate(batches):
+            if i == steps:
+                break
+            opt.zero_grad(set_to_none=True)
+            for _ in range(STEP_PASSES):  # the step's own work: about 10 ms on one core
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            if agent is not None:
+                agent.step(samples=BATCH)
+            now = time.perf_counter()
+            times.append(now - t0)
+            t0 = now
+    return times
+
+
+def _rank_main(rank: int, cfg: dict, out) -> None:
+    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(cfg["world"]),
+                       "LOCAL_WORLD_SIZE": str(cfg["world"]), "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(cfg["port"]), "DIAG_RUN_ID": cfg["run_id"], "KINETO_LOG_LEVEL": "6"})
+    import datetime
+
+    import torch.distributed as dist
+
+    if cfg["world"] > 1:
+        dist.init_process_group("gloo", rank=rank, world_size=cfg["world"], timeout=datetime.timedelta(seconds=120))
+    times = _loop(cfg["case"], cfg["workers"], cfg["steps"], cfg["run_dir"], rank, cfg["world"])
+    if cfg["world"] > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+    out[rank] = times
+
+
+def run_loop(case: str, workers: int, steps: int, run_dir: str | None = None) -> list[float]:
+    """One run in a fresh process group of its own; the slowest rank's time of each step (s)."""
+    import uuid
+
+    import torch.multiprocessing as mp
+
+    from diag.demo import free_port
+
+    world = CASES[case][0]
+    cfg = {"case": case, "workers": workers, "steps": steps, "run_dir": run_dir, "world": world,
+           "port": free_port(), "run_id": uuid.uuid4().hex[:12]}
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.start_processes(_rank_main, args=(cfg, out), nprocs=world, join=True, start_method="fork")
+        per_rank = [out[r] for r in range(world)]
+    return [max(ts) for ts in zip(*per_rank)]
+
+
+def steady_median_ms(times: list[float]) -> float:
+    """The median step after the first tenth (at least 3 steps: the workers' start, the first batches)."""
+    skip = max(3, len(times) // 10)
+    return 1000.0 * statistics.median(times[skip:])
+
+
+def diagnose(case: str, steps: int, scratch: Path) -> dict:
+    """The slow loop under the agent, analysed: its data cause with diag's own action and prediction."""
+    from diag.analyzers.analyze import analyze_run_dir
+
+    run_dir = scratch / f"{case}-diag"
+    run_loop(case, CASES[case][1], steps, str(run_dir))
+    doc = analyze_run_dir(run_dir)
+    cause = next((c for c in doc["diagnosis"]["causes"] if c["id"].startswith("data_loader")), None)
+    if cause is None:
+        raise SystemExit(f"{case}: diag named no DataLoader cause ({doc['diagnosis']['headline']['text']})")
+    return cause
+
+
+def applied_workers(cause: dict) -> int | None:
+    """The worker count the cause's action names, as it worded it (num_workers=K)."""
+    expected = cause.get("expected") or {}
+    action = str(expected.get("action") or "")
+    return int(action.removeprefix("num_workers=")) if action.startswith("num_workers=") else None
+
+
+def run_case(case: str, steps: int, repeat: int, scratch: Path) -> dict:
+    cause = diagnose(case, steps, scratch)
+    e, workers = cause.get("expected"), applied_workers(cause)
+    row = {"case": case, "cause": cause["id"], "action": (e or {}).get("action"), "expected_ms": None,
+           "low_ms": None, "high_ms": None, "ceiling_ms": None, "slow_ms": None, "measured_ms": None,
+           "error": None, "in_range": None}
+    if e is None or workers is None:
+        row["note"] = "the cause's action has no prediction of its own"
+        return row
+    slow, fixed = [], []
+    for _ in range(repeat):  # interleaved, so the machine's slow spells fall on both sides
+        slow.append(steady_median_ms(run_loop(case, CASES[case][1], steps)))
+        fixed.append(steady_median_ms(run_loop(case, workers, steps)))
+    measured = statistics.median(fixed)
+    row.update(expected_ms=e["expected_step_ms"], low_ms=e["low_ms"], high_ms=e["high_ms"],
+               ceiling_ms=e.get("ceiling_step_ms"), slow_ms=statistics.median(slow), measured_ms=measured,
+               diag_baseline_ms=e["baseline_step_ms"],
+               error=(e["expected_step_ms"] - measured) / measured,
+               in_range=e["low_ms"] <= measured <= e["high_ms"], fixed_runs_ms=fixed, slow_runs_ms=slow)
+    return row
+
+
+def _p90(values: list[float]) -> float:
+    vals = sorted(values)
+    return vals[min(len(vals) - 1, math.ceil(0.9 * len(vals)) - 1)]
+
+
+def _print_row(r: dict) -> None:
+    if r["error"] is None:
+        print(f"{r['case']:16s} {r['cause']:24s} {r['action'] or '-':16s} no prediction ({r.get('note')})", flush=True)
+        return
+    print(f"{r['case']:16s} {r['cause']:24s} {r['action']:16s} slow {r['slow_ms']:7.1f}  range "
+          f"{r['low_ms']:6.1f}-{r['high_ms']:6.1f}  expected {r['expected_ms']:6.1f}  measured {r['measured_ms']:6.1f}"
+          f"  error {r['error']:+6.1%}  {'in range' if r['in_range'] else 'OUT of range'}", flush=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", choices=sorted(CASES), action="append")
+    ap.add_argument("--steps", type=int, default=60, help="steps per run (default 60)")
+    ap.add_argument("--repeat", type=int, default=2, help="interleaved slow/fixed pairs per case (default 2)")
+    ap.add_argument("--json", metavar="FILE", help="also write the table as JSON")
+    args = ap.parse_args(argv)
+    print(f"{'case':16s} {'cause':24s} {'action':16s} step times in ms (median after warm-up)", flush=True)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="diag-fix-bank-") as scratch:
+        for case in args.only or CASES:
+            rows.append(run_case(case, args.steps, args.repeat, Path(scratch)))
+            _print_row(rows[-1])
+    graded = [r for r in rows if r["error"] is not None]
+    summary = {}
+    if graded:
+        errors = [abs(r["error"]) for r in graded]
+        summary = {"cases": len(graded), "median_abs_error": statistics.median(errors), "p90_abs_error": _p90(errors),
+                   "in_range": sum(r["in_range"] for r in graded) / len(graded)}
+        print(f"{len(graded)} cases: median |error| {summary['median_abs_error']:.1%} (target 15%), P90 "
+              f"{summary['p90_abs_error']:.1%} (target 35%), in range {summary['in_range']:.0%} (target 80%)")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows, "summary": summary}, indent=2))
+    ok = bool(summary) and summary["median_abs_error"] <= 0.15 and summary["p90_abs_error"] <= 0.35 \
+        and summary["in_range"] >= 0.8
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
