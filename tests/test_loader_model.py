@@ -21,9 +21,9 @@ from diag.analyzers.diagnosis.loader_model import LoaderRates, loader_rates, pla
 TH = dt.load_tree().thresholds
 
 
-def _rates(batch=100.0, batch_cpu=1.0, rest=10.0, rest_cpu=10.0, sigma=0.0):
+def _rates(batch=100.0, batch_cpu=1.0, rest=10.0, rest_cpu=8.0, spread=0.0):
     return LoaderRates(step_ms=batch + rest, wait_ms=batch, rest_ms=rest, batch_ms=batch, batch_cpu_ms=batch_cpu,
-                       rest_cpu_ms=rest_cpu, rest_sigma_ms=sigma, steps=20)
+                       rest_cpu_ms=rest_cpu, rest_spread_ms=spread, steps=20)
 
 
 def test_the_thresholds_are_the_documented_ones():
@@ -46,10 +46,12 @@ def test_unmeasured_cpu_is_taken_as_cpu_work():
 
 @pytest.mark.parametrize("batch,workers", [(40.0, 5), (39.9, 5), (32.0, 4), (32.1, 5)])
 def test_the_count_named_makes_a_batch_in_four_fifths_of_the_rest(batch, workers):
-    # ceil(1.25 x batch / rest), the rest of the step being 10 ms.
+    # ceil(1.25 x batch / rest), the rest of the step being 10 ms; with workers it takes each
+    # batch from them (loader_handover_ms).
+    assert TH["loader_handover_ms"] == 1.0
     plan = plan_workers(_rates(batch=batch, batch_cpu=0.1), cpus_per_rank=2, thresholds=TH)
     assert plan.workers == workers and plan.hides and plan.limit == "rest"
-    assert plan.expected_ms == pytest.approx(10.0)
+    assert plan.expected_ms == pytest.approx(10.0 + 1.0)
 
 
 def test_more_than_the_machine_allows_is_a_partial_gain_at_the_cap():
@@ -66,16 +68,47 @@ def test_the_cpus_bound_the_step_when_workers_and_training_share_them():
     assert predicted_step(rates, 2, cpus=4) == (30.0, "workers")
 
 
-def test_the_range_holds_the_step_scatter_and_the_model_margin():
-    plan = plan_workers(_rates(batch=20.0, batch_cpu=0.1, sigma=1.0), cpus_per_rank=2, thresholds=TH)
+def test_the_range_holds_the_runs_spread_busy_cpus_and_the_model_margin():
+    plan = plan_workers(_rates(batch=20.0, batch_cpu=0.1, spread=2.0), cpus_per_rank=2, thresholds=TH)
+    # Reads that wait: 9.1 ms of CPU every 11 ms keep no other CPU busy: the rest at full speed,
+    # with the hand-over of each batch.
+    assert plan.expected_ms == pytest.approx(11.0) and plan.limit == "rest"
     assert plan.low_ms == pytest.approx(10.0 - 2.0)
-    assert plan.high_ms == pytest.approx(plan.expected_ms * 1.15 + 2.0)
+    # The high end: the rest's 9 ms of CPU work with every CPU busy (each at 0.75), plus margin and spread.
+    assert plan.high_ms == pytest.approx((11.0 + 9.0 / 3) * 1.15 + 2.0)
+
+
+def test_cpu_work_that_sets_the_step_runs_on_busy_cpus():
+    """A batch of 16 ms of CPU work, one worker beside a training process of 10 ms of CPU (and
+    1 ms to take each batch) on 2 CPUs: the worker's pace sets the step, 27 ms of CPU every 16 ms
+    keep the other CPU 68.75% busy, and each thread runs at 1 - (1 - 0.75) x 0.6875 of its speed
+    (all busy: (1 + 0.5) / 2)."""
+    assert TH["cpu_shared_throughput"] == 0.5
+    from diag.analyzers.diagnosis.loader_model import busy_thread_speed
+
+    assert busy_thread_speed(2, TH) == 0.75 and busy_thread_speed(1, TH) == 1.0
+    plan = plan_workers(_rates(batch=16.0, batch_cpu=16.0, rest=10.0, rest_cpu=10.0), cpus_per_rank=2,
+                        thresholds=TH)
+    assert plan.cpu_bound and plan.workers == 1 and plan.limit == "workers"
+    assert plan.expected_ms == pytest.approx(16.0 / (1 - 0.25 * 0.6875))
+    assert predicted_step(_rates(batch=16.0, batch_cpu=16.0), 1, cpus=2) == (16.0, "workers")  # at full speed
+
+
+def test_the_spread_is_the_medians_interval_and_the_runs_drift():
+    from diag.analyzers.diagnosis.steady import level_drift, median_half_width
+
+    steps = _steps(n=40)
+    for k, s in enumerate(steps):
+        s["duration_ms"] += (k % 5) + (3.0 if k >= 20 else 0.0)  # scatter, and a drift halfway
+    rates = loader_rates(steps, workers=0, thresholds=TH)
+    rest = [s["duration_ms"] - s["data_wait_ms"] for s in steps[4:]]
+    assert rates.rest_spread_ms == pytest.approx(median_half_width(rest) + level_drift(rest) * rates.rest_ms)
 
 
 def _steps(n=30, wait=100.0, rest=10.0, wait_cpu=1.0, traced=()):
     return [{"step": k, "duration_ms": wait + rest + (50.0 if k == 0 else 0.0), "data_wait_ms": wait,
-             "cpu_ms": rest + wait_cpu, "data_cpu_ms": wait_cpu, "evidence": "trace" if k in traced else "sampled"}
-            for k in range(n)]
+             "cpu_ms": 0.8 * rest + wait_cpu, "data_cpu_ms": wait_cpu,
+             "evidence": "trace" if k in traced else "sampled"} for k in range(n)]
 
 
 def test_rates_leave_out_warm_up_and_traced_steps():
@@ -84,7 +117,7 @@ def test_rates_leave_out_warm_up_and_traced_steps():
         s["duration_ms"] *= 3  # the profiler's overhead
     rates = loader_rates(steps, workers=0, thresholds=TH)
     assert (rates.step_ms, rates.wait_ms, rates.rest_ms, rates.batch_ms) == (110.0, 100.0, 10.0, 100.0)
-    assert (rates.batch_cpu_ms, rates.rest_cpu_ms) == (1.0, 10.0)
+    assert (rates.batch_cpu_ms, rates.rest_cpu_ms) == (1.0, 8.0)
     assert rates.steps == 30 - 3 - 3  # warm-up: 10% of 30 steps
     assert loader_rates(steps[:2], workers=0, thresholds=TH) is None  # too few to tell
 
@@ -110,9 +143,9 @@ def test_the_cause_names_the_count_and_predicts_its_step_apart_from_the_ceiling(
     assert "set num_workers=13" in cause["action"]  # ceil(1.25 x 100 / 10); reads that wait: beyond 8 CPUs
     assert "workers beyond the CPU count still help" in cause["action"]
     e = cause["expected"]
-    assert e["action"] == "num_workers=13" and e["expected_step_ms"] == pytest.approx(10.0)
+    assert e["action"] == "num_workers=13" and e["expected_step_ms"] == pytest.approx(11.0)  # with the hand-over
     assert e["low_ms"] <= e["expected_step_ms"] <= e["high_ms"] and e["ceiling_step_ms"] == 10.0
-    assert cause["gain"].startswith("With num_workers=13: 10.0 ms per step (expected within")
+    assert cause["gain"].startswith("With num_workers=13: 11.0 ms per step (expected within")
     assert "Ceiling, with this cause gone entirely: 10.0 ms" in cause["gain"]
     assert cause["what_if"]["change"] == "no_data_wait"
 

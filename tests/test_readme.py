@@ -55,9 +55,14 @@ COMMANDS: dict[str, tuple] = {
     "diag analyze cpu_trace.json.gz --calibration ~/.cache/diag/cpu_peaks.json": (
         "run", "diag analyze {fixture} --calibration cache/diag/cpu_peaks.json",
         "a committed CPU trace, and the private cache `diag calibrate` wrote just before"),
+    "diag demo --bottleneck data --run-dir runs/before": (
+        "run", "diag demo --bottleneck data --run-dir runs/before", ""),
+    "diag demo --bottleneck data --num-workers K --run-dir runs/after": (
+        "run", "diag demo --bottleneck data --num-workers {workers} --run-dir runs/after",
+        "K is the worker count the first run's cause named"),
+    "diag compare runs/before runs/after": ("run", "diag compare runs/before runs/after", ""),
     "diag compare runs/before runs/after --applied no_data_wait": (
-        "run", "diag compare {before} {after} --applied no_data_wait --out cmp",
-        "before: `diag demo --bottleneck data`; after: `diag demo`"),
+        "run", "diag compare runs/before runs/after --applied no_data_wait --out cmp", ""),
     "python3 -m pip install -e .": ("not here", "the install .ci/run performs"),
     "diag run --run-dir runs/pr -- torchrun --nproc-per-node 8 train.py --max-steps 200": (
         "run", "diag demo --run-dir runs/pr",
@@ -203,14 +208,25 @@ def test_demo_and_its_analysis(workdir, demo):
     _assert_no_precision_advice_without_bf16_units(run_dir, doc["diagnosis"], out)
     data = run_line("diag demo --bottleneck data", workdir).stdout
     assert data.startswith("Verdict: Data-bound"), data
-    data_dir = workdir / next(x.split(": ", 1)[1] for x in data.splitlines() if x.startswith("Run directory: "))
-    # The demo's report ranks its fixes by predicted gain.
-    recs = json.loads((data_dir / "summary.json").read_text())["diagnosis"]["recommendations"]
-    # Led by its cause, whose action (a worker count) has its own prediction.
-    assert recs[0]["id"] == "phase-data" and recs[0]["prediction"]["action"].startswith("num_workers="), recs[0]
-    check = run_line("diag compare runs/before runs/after --applied no_data_wait", workdir, before=data_dir,
-                     after=run_dir).stdout
-    assert "Prediction check, no_data_wait (as given): diag predicted" in check, check
+
+
+@pytest.mark.slow
+def test_the_data_demos_action_is_graded_by_compare(workdir):
+    before = run_line("diag demo --bottleneck data --run-dir runs/before", workdir).stdout
+    assert before.startswith("Verdict: Data-bound"), before
+    # The demo's report ranks its fixes by predicted gain, led by its cause, whose action (a
+    # worker count) has its own prediction.
+    recs = json.loads((workdir / "runs/before/summary.json").read_text())["diagnosis"]["recommendations"]
+    action = recs[0]["prediction"]["action"]
+    assert recs[0]["id"] == "phase-data" and action.startswith("num_workers="), recs[0]
+    workers = action.removeprefix("num_workers=")
+    run_line("diag demo --bottleneck data --num-workers K --run-dir runs/after", workdir, workers=workers)
+    graded = run_line("diag compare runs/before runs/after", workdir).stdout
+    assert f"Prediction check, num_workers 0 -> {workers} (from the runs' recorded DataLoader settings)" in graded
+    result = json.loads((workdir / "runs/after/compare.json").read_text())["prediction"]
+    assert result["kind"] == "action" and result["error"] is not None and result["within_range"] is not None
+    ceiling = run_line("diag compare runs/before runs/after --applied no_data_wait", workdir).stdout
+    assert "Prediction check, no_data_wait (as given): diag predicted" in ceiling, ceiling
 
 
 # What only lower precision would win: the tree's [needs_half_precision] fixes and changes.

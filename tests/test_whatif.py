@@ -212,12 +212,13 @@ def test_prediction_check_in_compare():
         return [{"change": "no_data_wait", "description": "d", "baseline_step_ms": base, "fixes": "data",
                  "predicted_step_ms": pred, "speedup": base / pred if pred else None}]
 
-    phases = [{"phase": "data", "delta_ms": -40.0}, {"phase": "compute", "delta_ms": 2.0}]
-    c = prediction_check(model(100.0, 60.0), model(64.0), phases, None)
-    assert c["change"] == "no_data_wait" and c["inferred"]
+    # A phase that fell is no evidence of a change: none is inferred (tests/test_compare_grading.py).
+    assert prediction_check(model(100.0, 60.0), model(64.0), None) is None
+    c = prediction_check(model(100.0, 60.0), model(64.0), "no_data_wait")
+    assert c["change"] == "no_data_wait" and not c["inferred"] and c["kind"] == "ceiling"
     assert c["error"] == pytest.approx(60.0 / 64.0 - 1)
     assert "an error of -6.2%" in c["text"]
-    c = prediction_check(model(100.0, None), model(64.0), phases, "no_data_wait")
+    c = prediction_check(model(100.0, None), model(64.0), "no_data_wait")
     assert c["error"] is None and c["text"].startswith("No prediction for no_data_wait (as given)")
 
 

@@ -16,7 +16,8 @@ def add_arguments(parser) -> None:
                         help="override one decision-tree threshold (repeatable)")
     parser.add_argument("--applied", metavar="CHANGE",
                         help="the what-if change applied between the runs (e.g. no_data_wait): its prediction on "
-                             "RUN_A is put beside RUN_B's measured step (default: inferred from the phase that fell most)")
+                             "RUN_A (a ceiling: the part removed entirely) is put beside RUN_B's measured step; without it, "
+                             "only a change both runs recorded is graded (their DataLoader's num_workers)")
     parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
     gate = parser.add_argument_group("regression gate (CI)")
     gate.add_argument("--gate", action="store_true",

@@ -17,7 +17,13 @@ from dataclasses import dataclass
 from diag.analyzers.analysis_types import SYNC_OP_NAMES
 from diag.analyzers.diagnosis.context import JobContext
 from diag.analyzers.diagnosis.inputs import traced_steps
-from diag.analyzers.diagnosis.loader_model import LoaderRates, WorkerPlan, loader_rates, plan_workers
+from diag.analyzers.diagnosis.loader_model import (
+    LoaderRates,
+    WorkerPlan,
+    cpus_per_rank,
+    loader_rates,
+    plan_workers,
+)
 from diag.analyzers.diagnosis.recommendations import cause_gain
 
 
@@ -100,7 +106,7 @@ def _no_loader_workers(ctx: JobContext) -> dict | None:
         rates, plan = planned
         action = f"Give the {where} worker processes: {_workers_sizing(rates, plan, ld)}"
     else:
-        per_rank = _per_rank_cpus(ld)
+        per_rank = cpus_per_rank(ld)
         start = max(1, per_rank - 1) if per_rank else None
         sizing = (f"start at num_workers={start} ({ld.get('cpus')} CPUs for {ld.get('local_ranks') or 1} local "
                   "ranks, one left to the training process)" if start else "start at the number of CPU cores per rank")
@@ -127,19 +133,15 @@ def _no_loader_workers(ctx: JobContext) -> dict | None:
     return out
 
 
-def _per_rank_cpus(loader: dict) -> int | None:
-    cpus, local = loader.get("cpus"), loader.get("local_ranks") or 1
-    return cpus // local if isinstance(cpus, int) and cpus > 0 and isinstance(local, int) and local > 0 else None
-
-
 def _worker_plan(ctx: JobContext, merged: dict, ld: dict) -> tuple[LoaderRates, WorkerPlan] | None:
     """The rank's loader rates and the worker count they call for; None where the run timed
     too few steps, or no wait to hide."""
     th = ctx.tree.thresholds
-    rates = loader_rates((merged.get("analysis") or {}).get("steps") or [], ld["num_workers"], th)
+    rates = loader_rates((merged.get("analysis") or {}).get("steps") or [], ld["num_workers"], th,
+                         _workers_cpu(merged) if ld["num_workers"] > 0 else None)
     if rates is None or rates.wait_ms <= 0.0:
         return None
-    return rates, plan_workers(rates, _per_rank_cpus(ld), th)
+    return rates, plan_workers(rates, cpus_per_rank(ld), th, host_cpus=ld.get("cpus"))
 
 
 def _workers_sizing(rates: LoaderRates, plan: WorkerPlan, ld: dict) -> str:
@@ -157,17 +159,21 @@ def _workers_sizing(rates: LoaderRates, plan: WorkerPlan, ld: dict) -> str:
         return (f"set num_workers={k}, with persistent_workers=True so that they outlive each epoch: {made}, and "
                 f"{k} of them make a batch every {per_batch:.1f} ms, within the {rates.rest_ms:.1f} ms the rest of "
                 "the step takes.")
+    pace = (", so the step still waits" if per_batch > rates.rest_ms else
+            f", too close to hide the batches' own scatter ({plan.needed} would)")
     return (f"set num_workers={k}, with persistent_workers=True, the most this rank can run for these reads: {made}. "
-            f"They make a batch every {per_batch:.1f} ms against the {rates.rest_ms:.1f} ms the rest of the step takes, "
-            "so the step still waits; to hide the rest, make each batch cheaper (less work per sample, faster or "
-            "local storage) or give each rank more CPUs.")
+            f"They make a batch every {per_batch:.1f} ms against the {rates.rest_ms:.1f} ms the rest of the step "
+            f"takes{pace}; to hide the rest, make each batch cheaper (less work per sample, faster or local "
+            "storage) or give each rank more CPUs.")
 
 
 def _plan_expectation(rates: LoaderRates, plan: WorkerPlan) -> dict:
     """The prediction for the worker count named, with its range and ceiling."""
     limit = {"rest": "the rest of the step, with the input hidden",
-             "workers": f"the {plan.workers} workers' pace, a batch every {rates.batch_ms / plan.workers:.1f} ms",
+             "workers": f"the {plan.workers} workers' pace, {rates.batch_ms:.1f} ms a batch each",
              "cpus": "the rank's CPUs, shared by the workers and the training process"}[plan.limit]
+    limit += ("; each thread's CPU work taken slower as the other CPUs get busy (cpu_shared_throughput: shared "
+              "cores, a VM's vCPUs)")
     return {"action": f"num_workers={plan.workers}", "baseline_step_ms": rates.step_ms,
             "expected_step_ms": plan.expected_ms, "low_ms": plan.low_ms, "high_ms": plan.high_ms,
             "ceiling_step_ms": plan.ceiling_ms, "limit": plan.limit,
@@ -214,14 +220,14 @@ def _loader_workers(ctx: JobContext) -> dict | None:
     kind, ld, used = found[rank]
     where, w = f"{ld['class']} over {ld['dataset']}", ld["num_workers"]
     ranks = sorted(r for r, f in found.items() if f[0] == kind)
-    per_rank = _per_rank_cpus(ld)
+    per_rank = cpus_per_rank(ld)
     io, io_ev = _io_text(ctx.ranks[rank])
     planned = _worker_plan(ctx, ctx.ranks[rank], ld)
     if planned:
         # The samples say whether the workers compute or wait; the step records of a loader with
         # workers can not (its batches are made in other processes).
         rates, _ = planned
-        planned = (rates, plan_workers(rates, per_rank, th, cpu_bound=kind == "busy"))
+        planned = (rates, plan_workers(rates, per_rank, th, cpu_bound=kind == "busy", host_cpus=ld.get("cpus")))
     more = planned is not None and planned[1].workers > w
     if kind == "busy":
         spare = per_rank - 1 - w if per_rank else None

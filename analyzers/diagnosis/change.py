@@ -10,6 +10,7 @@ it is a "fragile" win or loss; otherwise "no clear change".
 
 from __future__ import annotations
 
+from diag.analyzers.diagnosis.loader_model import batch_is_cpu_work, cpus_per_rank, expectation, loader_rates
 from diag.analyzers.diagnosis.steady import interval_level, median_ratio_interval, warmup_steps
 
 RESULTS = ("helped", "hurt", "fragile_win", "fragile_loss", "no_change")
@@ -90,28 +91,20 @@ def scaling_rating(efficiency: float, small: int, large: int, basis: str, tree) 
                      "throughput.")}
 
 
-def prediction_check(changes_before: list[dict], changes_after: list[dict], phases, applied: str | None) -> dict | None:
-    """The prediction made on BEFORE for the change applied, beside the step AFTER measured.
-
-    The change is the one named, or else the one that fixes the phase whose time fell the
-    most (ms per median step). Both sides are the job's profiled steps, the basis of every
-    prediction; a run with none has no prediction (BEFORE) or no comparable measurement (AFTER)."""
-    changes = {e["change"]: e for e in changes_before}
-    inferred = applied is None
-    if inferred:
-        fell = sorted((r for r in phases or [] if r.get("delta_ms") is not None), key=lambda r: r["delta_ms"])
-        if not fell or fell[0]["delta_ms"] >= 0:
-            return None
-        fixing = [e for e in changes.values() if e.get("fixes") == fell[0]["phase"]]
-        if not fixing:
-            return None
-        applied = max(fixing, key=lambda e: e.get("speedup") or 0.0)["change"]
-    e = changes.get(applied)
-    out = {"change": applied, "inferred": inferred, "description": e["description"] if e else None,
+def prediction_check(changes_before: list[dict], changes_after: list[dict], applied: str | None) -> dict | None:
+    """The prediction made on BEFORE for the what-if change named (`--applied`), beside the step
+    AFTER measured; None where none is named: a phase that fell is no evidence that a change
+    was made. A what-if change removes a part of the step entirely, so what it checks is the
+    ceiling. Both sides are the job's profiled steps, the basis of every such prediction; a run
+    with none has no prediction (BEFORE) or no comparable measurement (AFTER)."""
+    if applied is None:
+        return None
+    e = {c["change"]: c for c in changes_before}.get(applied)
+    out = {"change": applied, "kind": "ceiling", "inferred": False, "description": e["description"] if e else None,
            "baseline_step_ms": e["baseline_step_ms"] if e else None,
            "predicted_step_ms": e.get("predicted_step_ms") if e else None,
            "measured_step_ms": changes_after[0]["baseline_step_ms"] if changes_after else None, "error": None}
-    how = "inferred from the phase that fell the most" if inferred else "as given"
+    how = "as given"
     if out["predicted_step_ms"] is None:
         why = (e or {}).get("note") or "BEFORE has no profiled steps to replay"
         out["text"] = f"No prediction for {applied} ({how}) to check: {why}."
@@ -124,4 +117,48 @@ def prediction_check(changes_before: list[dict], changes_after: list[dict], phas
                        f"step from BEFORE's {out['baseline_step_ms']:.1f} ms; AFTER measured "
                        f"{out['measured_step_ms']:.1f} ms, an error of {out['error']:+.1%} (profiled steps, the "
                        "slowest rank's step, median).")
+    return out
+
+
+def _loaders(doc: dict) -> dict[int, dict]:
+    """Each rank's recorded DataLoader settings (rank -> settings)."""
+    return {r["rank"]: r["loader"] for r in doc.get("ranks") or [] if isinstance(r, dict)
+            and isinstance(r.get("rank"), int) and isinstance(r.get("loader"), dict)
+            and isinstance(r["loader"].get("num_workers"), int)}
+
+
+def _rank_steps(doc: dict) -> dict[int, list]:
+    return {r["rank"]: r.get("steps") or [] for r in doc.get("ranks") or [] if isinstance(r, dict)
+            and isinstance(r.get("rank"), int)}
+
+
+def loader_check(doc_a: dict, doc_b: dict, tree) -> dict | None:
+    """The step the loader model expected for the worker count AFTER ran, from BEFORE's rates,
+    graded against AFTER's measured step; None where the two runs' recorded DataLoader settings
+    do not differ in num_workers (no change is inferred without that record)."""
+    la, lb = _loaders(doc_a), _loaders(doc_b)
+    rank = min(set(la) & set(lb), default=None)
+    if rank is None or la[rank]["num_workers"] == lb[rank]["num_workers"]:
+        return None
+    th = tree.thresholds
+    before, after = la[rank]["num_workers"], lb[rank]["num_workers"]
+    what = f"num_workers {before} -> {after}"
+    rates = loader_rates(_rank_steps(doc_a).get(rank, []), before, th)
+    measured = [m.step_ms for r in lb if (m := loader_rates(_rank_steps(doc_b).get(r, []), after, th))]
+    out = {"change": what, "kind": "action", "inferred": False, "source": "the runs' recorded DataLoader settings",
+           "expected_step_ms": None, "low_ms": None, "high_ms": None, "baseline_step_ms": None,
+           "measured_step_ms": max(measured) if measured else None, "error": None, "within_range": None}
+    if rates is None or not measured:
+        out["text"] = f"No prediction for {what} to check: too few steps were timed in {'BEFORE' if rates is None else 'AFTER'}."
+        return out
+    expected, low, high, _ = expectation(rates, after, cpus_per_rank(la[rank]), th, batch_is_cpu_work(rates, th),
+                                         la[rank].get("cpus"))
+    m = out["measured_step_ms"]
+    out.update(expected_step_ms=expected, low_ms=low, high_ms=high, baseline_step_ms=rates.step_ms,
+               error=(expected - m) / m, within_range=low <= m <= high)
+    out["text"] = (f"Prediction check, {what} (from the runs' recorded DataLoader settings): diag expected "
+                   f"{expected:.1f} ms per step (within {low:.1f} to {high:.1f} ms) from BEFORE's {rates.step_ms:.1f} ms; "
+                   f"AFTER measured {m:.1f} ms, an error of {out['error']:+.1%}, "
+                   f"{'within' if out['within_range'] else 'outside'} the predicted range (steps outside profiler "
+                   "windows, after warm-up, the slowest rank's median).")
     return out
