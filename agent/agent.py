@@ -118,6 +118,8 @@ class Agent:
         self.clock: DeviceClock | None = None
         self.report_paths: dict | None = None
         self.status = "created"
+        # Profiler windows asked for over the endpoint: how many, and when the last one was.
+        self._on_demand_count, self._on_demand_last = 0, float("-inf")
         self.peak_flops: float | None = None
         self.thread_cpu_s: float | None = None  # CPU time of the background thread, once stopped
 
@@ -555,9 +557,15 @@ class Agent:
 
     def _profile_request(self, first_step: int | None) -> int | None:
         """A profiler window asked for over the metrics endpoint (`diag top`'s `p`): the first step
-        is the one the caller chose for every rank, so the ranks profile the same steps."""
-        if self.windows is None or not self.windows.enabled:
+        is the one the caller chose for every rank, so the ranks profile the same steps. None:
+        profiling is off; ProfileRefused says why a request is turned down."""
+        from diag.exporter.server import ProfileRefused
+
+        cfg = self.config.profiler
+        if self.windows is None or not self.windows.enabled or not cfg.on_demand:
             return None
+        if self.status != "running":
+            raise ProfileRefused(f"training has ended on this rank ({self.status})")
         # One on-demand window at a time: a caller repeating the request (or flooding the port)
         # gets the window already asked for, never a run of windows.
         pending = self.windows.requested_step
@@ -566,6 +574,16 @@ class Agent:
         active = self.windows.window_steps
         if active is not None:
             return active[0]
+        now, current = time.monotonic(), self.windows.current_step
+        if first_step is not None and not current <= first_step <= current + cfg.on_demand_max_ahead:
+            raise ProfileRefused(f"step {first_step} is outside steps {current}-{current + cfg.on_demand_max_ahead}")
+        if self._on_demand_count >= cfg.on_demand_max:
+            raise ProfileRefused(f"this run took its {cfg.on_demand_max} windows asked for over the endpoint")
+        if now - self._on_demand_last < cfg.on_demand_interval_s:
+            raise ProfileRefused(f"one window asked for over the endpoint in {cfg.on_demand_interval_s:g} s: "
+                                 f"next in {cfg.on_demand_interval_s - (now - self._on_demand_last):.0f} s")
+        self._on_demand_count += 1
+        self._on_demand_last = now
         first = self.windows.request(first_step)
         self._event("profiler", f"on-demand window requested at step {first} over the metrics endpoint")
         return first

@@ -30,9 +30,11 @@ written atomically; readers concatenate them in name order.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import stat
 import tempfile
 import time
 from collections.abc import Iterator
@@ -259,11 +261,25 @@ def read_records(directory: str | os.PathLike, stream: str, problems: list | Non
 MAX_RECORD_BYTES = 1 << 20
 
 
+def open_regular(path: str | os.PathLike):
+    """A regular file opened for reading, binary. A device, FIFO or socket (a link to /dev/zero,
+    a named pipe) is refused with OSError before any read: its size says nothing of how much
+    it yields, and a FIFO's open would block until a writer came."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def read_segment(segment: str | os.PathLike, problems: list | None = None) -> Iterator[dict]:
     """The records of one segment file, read line by line; damaged lines (not JSON, invalid
     UTF-8, nested too deep, longer than MAX_RECORD_BYTES) are skipped and noted in `problems`."""
     try:
-        f = open(segment, "rb")  # noqa: SIM115 - closed by the with below; an open error is one problem
+        f = open_regular(segment)
     except OSError as exc:
         if problems is not None:
             problems.append(f"{segment}: unreadable ({exc.strerror or exc})")
@@ -317,10 +333,12 @@ MAX_JSON_BYTES = 64 << 20
 
 def read_json(path: str | os.PathLike, problems: list | None = None, max_bytes: int = MAX_JSON_BYTES) -> dict | None:
     try:
-        with open(path, "rb") as f:
-            if os.fstat(f.fileno()).st_size > max_bytes:
-                raise ValueError(f"larger than {max_bytes >> 20} MiB")
-            obj = json.load(f)
+        with open_regular(path) as f:
+            # Read no more than the bound, whatever the size says (a file can grow while read).
+            data = f.read(max_bytes + 1)
+        if len(data) > max_bytes:
+            raise ValueError(f"larger than {max_bytes >> 20} MiB")
+        obj = json.loads(data)
         return obj if isinstance(obj, dict) else None
     except FileNotFoundError:
         return None

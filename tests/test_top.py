@@ -394,11 +394,14 @@ def test_an_agent_answers_one_profile_request_at_a_time(tmp_path):
                     verbose=False) as agent:
         url = f"http://127.0.0.1:{agent.exporter.port}/profile"
 
-        def post(query: str) -> dict:
-            req = urllib.request.Request(url + query, data=b"", method="POST")
+        def post(query: str, ctype: str = "application/json") -> dict:
+            req = urllib.request.Request(url + query, data=b"", method="POST", headers={"Content-Type": ctype})
             with urllib.request.urlopen(req, timeout=10) as resp:
                 return json.loads(resp.read())
 
+        with pytest.raises(urllib.error.HTTPError) as form:  # what a web page's form could send
+            post("?step=40", ctype="application/x-www-form-urlencoded")
+        assert form.value.code == 403
         assert post("?step=40") == {"first_step": 40}
         assert post("?step=90") == {"first_step": 40}
         with pytest.raises(urllib.error.HTTPError) as bad:

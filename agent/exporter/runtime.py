@@ -370,7 +370,8 @@ def _serve(handle: Handle, wanted: int, bind: str, log, on_profile=None):
         if port > 65535:
             break
         try:
-            server = MetricsServer((bind, port), lambda: render_text([state]), on_error, on_profile)
+            server = MetricsServer((bind, port), lambda: render_text([state]), on_error, on_profile,
+                                   log=lambda message: _say(log, f"diag: {message}"))
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE and wanted:
                 continue

@@ -13,6 +13,7 @@ figures, marked unreachable with the reason. Reads are bounded in time and size.
 from __future__ import annotations
 
 import json
+import os
 import time
 import urllib.error
 import urllib.request
@@ -35,6 +36,9 @@ MAX_METRICS_BYTES = 2 << 20  # a rank serves under 200 series, some 40 kB
 # prometheus_client's parser takes time quadratic in a line's whitespace: no line of diag's
 # exposition comes near this, so a longer one is dropped unread.
 MAX_LINE_BYTES = 4 << 10
+# The header that carries the job's token (DIAG_EXPORTER_TOKEN) to an endpoint off this node
+# (diag.exporter.server.TOKEN_HEADER; the views import no exporter code).
+TOKEN_HEADER = "X-Diag-Token"
 PROFILE_LEAD_STEPS = 5  # the window starts this many steps past the furthest rank
 
 
@@ -122,7 +126,11 @@ class EndpointSource:
 
     def _post_profile(self, target: str, step: int) -> int | str:
         """The first step the rank will profile, or why it did not answer."""
-        req = urllib.request.Request(f"http://{target}/profile?step={step}", data=b"", method="POST")
+        # No form content type (urllib's default for a body): the endpoint refuses what a browser could send.
+        headers = {"Content-Type": "application/json"}
+        if os.environ.get("DIAG_EXPORTER_TOKEN"):
+            headers[TOKEN_HEADER] = os.environ["DIAG_EXPORTER_TOKEN"]
+        req = urllib.request.Request(f"http://{target}/profile?step={step}", data=b"", method="POST", headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                 first = json.loads(resp.read(4096) or b"{}").get("first_step")

@@ -1,0 +1,275 @@
+"""A client can not take from the training what it needs through the metrics endpoint: a real
+MetricsServer against idle, trickling, vanishing and hostile clients on this machine, and a
+real agent refusing profiler windows it should not take (agent/exporter/server.py)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from diag.exporter.server import MetricsServer, ProfileRefused, _host_is_this_node, _is_loopback, node_names
+
+
+def _server(**kw) -> MetricsServer:
+    return MetricsServer(("127.0.0.1", 0), lambda: b"diag_up 1\n", **kw).start()
+
+
+def _get(port: int, path: str = "/metrics", timeout: float = 5.0) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as resp:
+        return resp.status
+
+
+def _wait(pred, timeout: float = 5.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return pred()
+
+
+def test_open_connections_are_capped_and_the_rest_closed_at_once():
+    logged = []
+    server = _server(max_connections=8, log=logged.append)
+    idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(20)]
+    try:
+        assert _wait(lambda: server.shed >= 12)
+        # The 12 past the cap were closed: a read on them ends at once.
+        closed = 0
+        for s in idle[8:]:
+            s.settimeout(2.0)
+            try:
+                closed += s.recv(1) == b""
+            except ConnectionError:
+                closed += 1
+        assert closed == 12
+        threads = [t for t in threading.enumerate() if t.name.startswith("Thread-") and t.daemon]
+        assert len(threads) <= 8 + 2
+        assert len(logged) == 1 and "at most 8" in logged[0]
+    finally:
+        for s in idle:
+            s.close()
+    # Once the idle ones have gone, a scrape is served.
+    assert _wait(lambda: _get(server.port) == 200)
+    server.stop()
+
+
+def test_a_trickled_request_is_closed_at_its_deadline():
+    server = _server(request_deadline_s=1.0, idle_timeout_s=30.0)
+    s = socket.create_connection(("127.0.0.1", server.port))
+    s.sendall(b"GET /metrics HTTP/1.1\r\n")
+    start = time.monotonic()
+    gone = None
+    try:
+        while time.monotonic() - start < 6.0:  # a header byte every 0.1 s: each read alone is quick
+            s.sendall(b"X")
+            time.sleep(0.1)
+    except (BrokenPipeError, ConnectionResetError):
+        gone = time.monotonic() - start
+    if gone is None:
+        s.settimeout(2.0)
+        try:
+            assert s.recv(1024) == b""
+        except ConnectionError:
+            pass
+        gone = time.monotonic() - start
+    s.close()
+    assert gone < 3.0, gone  # the 1 s deadline and the reaper's quarter period, not the 30 s per-read timeout
+    server.stop()
+
+
+def test_an_idle_kept_alive_connection_is_closed_after_its_timeout():
+    server = _server(idle_timeout_s=0.5)
+    s = socket.create_connection(("127.0.0.1", server.port))
+    s.settimeout(3.0)
+    start = time.monotonic()
+    try:
+        assert s.recv(1) == b""
+    except ConnectionError:
+        pass
+    assert time.monotonic() - start < 2.0
+    s.close()
+    server.stop()
+
+
+SERVER_IN_CHILD = textwrap.dedent("""
+    import os, resource, sys, time
+    from diag.exporter.server import MetricsServer
+    server = MetricsServer(("127.0.0.1", 0), lambda: b"diag_up 1\\n", fd_reserve=32).start()
+    used = len(os.listdir("/proc/self/fd"))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (used + 48, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    print(server.port, flush=True)
+    sys.stdin.readline()  # the parent has opened its connections
+    files = [open(os.devnull) for _ in range(12)]  # the training's own opens
+    print("opened", len(files), "shed", server.shed, flush=True)
+    sys.stdin.readline()
+""")
+
+
+def test_descriptors_are_kept_for_the_training():
+    """Under a descriptor limit 48 above what the process uses, 100 idle connections take at most
+    16 of them: the training still opens its files."""
+    child = subprocess.Popen([sys.executable, "-c", SERVER_IN_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        port = int(child.stdout.readline())
+        conns = []
+        for _ in range(100):
+            try:
+                conns.append(socket.create_connection(("127.0.0.1", port), timeout=2.0))
+            except OSError:
+                break
+        time.sleep(0.5)
+        child.stdin.write("\n")
+        child.stdin.flush()
+        line = child.stdout.readline().split()
+        assert line[:2] == ["opened", "12"], line
+        assert int(line[3]) >= 100 - 16 - 4
+        child.stdin.write("\n")
+        child.stdin.flush()
+        for c in conns:
+            c.close()
+        _, err = child.communicate(timeout=20)
+        assert "Traceback" not in err, err
+    finally:
+        child.kill()
+
+
+SCRAPED_AND_DROPPED = textwrap.dedent("""
+    import sys, time
+    from diag.exporter.server import MetricsServer
+    server = MetricsServer(("127.0.0.1", 0), lambda: b"x" * (8 << 20)).start()
+    print(server.port, flush=True)
+    sys.stdin.readline()
+    time.sleep(0.5)
+    server.stop()
+""")
+
+
+def test_a_client_that_goes_away_is_no_traceback():
+    """Ten scrapes dropped before their 8 MB answer is read, as Prometheus drops one at its scrape
+    timeout: nothing on the training's stderr."""
+    child = subprocess.Popen([sys.executable, "-c", SCRAPED_AND_DROPPED], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    port = int(child.stdout.readline())
+    for _ in range(10):
+        s = socket.create_connection(("127.0.0.1", port))
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # reset on close
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        s.recv(1024)
+        s.close()
+    child.stdin.write("\n")
+    child.stdin.flush()
+    _, err = child.communicate(timeout=20)
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+# -- POST /profile is control, not metrics --------------------------------------------------
+
+
+def _post(port: int, headers: dict | None = None, host: str = "127.0.0.1", query: str = "?step=50") -> tuple:
+    req = urllib.request.Request(f"http://{host}:{port}/profile{query}", data=b"", method="POST",
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+@pytest.fixture
+def control():
+    asked = []
+
+    def on_profile(step):
+        if step is not None and step > 1000:
+            raise ProfileRefused(f"step {step} is outside steps 0-1000")
+        asked.append(step)
+        return step
+
+    server = MetricsServer(("0.0.0.0", 0), lambda: b"", on_profile=on_profile, token="s3cret").start()
+    yield server, asked
+    server.stop()
+
+
+@pytest.mark.parametrize("headers,why", [
+    ({"Origin": "http://evil.example"}, "cross-origin"),
+    ({"Content-Type": "application/x-www-form-urlencoded"}, "content type"),
+    ({"Content-Type": "text/plain"}, "content type"),
+    ({"Content-Type": "multipart/form-data; boundary=x"}, "content type"),
+    ({"Host": "evil.example:9870"}, "Host header"),
+])
+def test_requests_a_browser_could_send_are_refused(control, headers, why):
+    server, asked = control
+    status, body = _post(server.port, headers)
+    assert status == 403 and why in body and asked == []
+
+
+def test_a_request_from_this_node_is_taken_and_a_refusal_says_why(control):
+    server, asked = control
+    assert _post(server.port) == (200, {"first_step": 50})
+    status, body = _post(server.port, query="?step=999999999999")
+    assert status == 409 and "outside steps 0-1000" in body
+    assert asked == [50]
+
+
+def _off_loopback_address() -> str | None:
+    """An address of this machine that is not loopback (a request from it is not from loopback)."""
+    try:
+        out = subprocess.run(["hostname", "-I"], capture_output=True, text=True, timeout=5).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return next((a for a in out if ":" not in a and not _is_loopback(a)), None)
+
+
+def test_a_request_from_off_this_node_needs_the_jobs_token(control):
+    addr = _off_loopback_address()
+    if addr is None:
+        pytest.skip("this machine has no address off loopback to send from")
+    server, asked = control
+    status, body = _post(server.port, host=addr)
+    assert status == 403 and "DIAG_EXPORTER_TOKEN" in body
+    assert _post(server.port, {"X-Diag-Token": "wrong"}, host=addr)[0] == 403
+    assert _post(server.port, {"X-Diag-Token": "s3cret"}, host=addr) == (200, {"first_step": 50})
+    assert _get(server.port) == 200  # metrics stay open
+
+
+def test_hosts_of_this_node():
+    names = node_names("0.0.0.0")
+    assert _host_is_this_node("127.0.0.1:9870", names) and _host_is_this_node("[::1]:9870", names)
+    assert _host_is_this_node("localhost", names) and _host_is_this_node(None, names)
+    assert _host_is_this_node(f"{socket.gethostname()}:9870", names)
+    assert not _host_is_this_node("attacker.example:9870", names)
+    assert _is_loopback("::ffff:127.0.0.1") and not _is_loopback("192.0.2.2")
+
+
+def test_an_agent_refuses_windows_past_its_rate_its_cap_its_range_and_its_end(tmp_path):
+    import diag
+
+    with diag.Agent(run_dir=tmp_path / "run", export=True, export_port_base=0, report=False, sampling=False,
+                    verbose=False, profile_on_demand_interval_s=3600, profile_on_demand_max=2,
+                    profile_on_demand_max_ahead=100) as agent:
+        port = agent.exporter.port
+        assert _post(port, query="?step=500")[0] == 409  # past the furthest step allowed
+        assert _post(port, query="?step=40") == (200, {"first_step": 40})
+        agent.windows._demand = None  # as if that window had run
+        status, body = _post(port, query="?step=60")
+        assert status == 409 and "in 3600 s" in body  # one an hour
+        agent._on_demand_last = float("-inf")
+        assert _post(port, query="?step=60") == (200, {"first_step": 60})
+        agent.windows._demand, agent._on_demand_last = None, float("-inf")
+        status, body = _post(port, query="?step=80")
+        assert status == 409 and "its 2 windows" in body
+        agent.status = "completed"
+        status, body = _post(port, query="?step=80")
+        assert status == 409 and "training has ended" in body
+        agent.status = "running"

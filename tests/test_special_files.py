@@ -1,0 +1,53 @@
+"""Readers are bounded on any file, not only by the size a file claims: a run directory whose
+rank.json links to /dev/zero, or whose step records are a FIFO, is read in bounded time and
+memory, the file named as a problem (agent/rundir.py, open_regular)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from diag import rundir
+
+
+@pytest.fixture
+def run_dir(demo_run_dir, tmp_path):
+    import shutil
+
+    copy = tmp_path / "run"
+    shutil.copytree(demo_run_dir, copy)
+    return copy
+
+
+def _analyze(path) -> subprocess.CompletedProcess:
+    # A memory limit of 2 GiB: reading /dev/zero whole would pass it within seconds.
+    limit = "import resource; resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30)); "
+    return subprocess.run([sys.executable, "-c", limit + "import sys; from diag.cli import main; sys.exit(main())",
+                           "analyze", str(path), "--json"], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="no /dev/zero on this system")
+def test_a_rank_json_that_links_to_a_device_is_a_problem_not_a_read(run_dir):
+    rank_json = run_dir / "rank-00000" / "rank.json"
+    rank_json.unlink()
+    rank_json.symlink_to("/dev/zero")
+    problems = []
+    assert rundir.read_json(rank_json, problems) is None
+    assert problems and "not a regular file" in problems[0]
+    out = _analyze(run_dir)
+    assert "Traceback" not in out.stderr and "MemoryError" not in out.stderr, out.stderr[-2000:]
+
+
+def test_step_records_that_are_a_fifo_do_not_hang(run_dir):
+    steps = run_dir / "rank-00001" / "steps"
+    for seg in steps.glob("*.jsonl"):
+        seg.unlink()
+    os.mkfifo(steps / "steps-000000.jsonl")  # no writer ever opens it
+    problems = []
+    assert list(rundir.read_segment(steps / "steps-000000.jsonl", problems)) == []
+    assert "not a regular file" in problems[0]
+    out = _analyze(run_dir)
+    assert out.returncode in (0, 1, 2) and "Traceback" not in out.stderr, out.stderr[-2000:]
