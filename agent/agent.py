@@ -20,6 +20,7 @@ import collections
 import copy
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -42,6 +43,20 @@ from diag.window_analysis import WindowAnalysis
 
 _DATA_WAIT_NAME = "enumerate(DataLoader)#diag.Agent.loader"
 _EXCEPTION_TEXT = re.compile(r"\A([A-Za-z_][\w.]*)(?:: (.*))?\Z", re.S)  # "OutOfMemoryError: CUDA out of memory"
+
+
+class Terminated(SystemExit):
+    """Raised in the training thread when the process is told to stop (SIGTERM) and the job has
+    no handler of its own: the loop unwinds as for Ctrl-C, the agent records the end, and the
+    process then ends by the signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(128 + signum)
+        self.signum = signum
+
+    def __str__(self) -> str:
+        return (f"{signal.Signals(self.signum).name}: the process was told to stop (a scheduler's time limit, "
+                "torchrun or Kubernetes)")
 
 
 class Agent:
@@ -118,6 +133,8 @@ class Agent:
         self.clock: DeviceClock | None = None
         self.report_paths: dict | None = None
         self.status = "created"
+        self._term_handler = None  # the SIGTERM handler the agent installed, while installed
+        self._term_signal: int | None = None  # the stop signal being handled
         # Profiler windows asked for over the endpoint: how many, and when the last one was.
         self._on_demand_count, self._on_demand_last = 0, float("-inf")
         self.peak_flops: float | None = None
@@ -162,7 +179,9 @@ class Agent:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        if exc_type is None or (issubclass(exc_type, SystemExit) and getattr(exc, "code", 1) in (0, None)):
+        if exc_type is not None and issubclass(exc_type, Terminated):
+            self.close("terminated", str(exc))
+        elif exc_type is None or (issubclass(exc_type, SystemExit) and getattr(exc, "code", 1) in (0, None)):
             self.close("completed")
         elif issubclass(exc_type, KeyboardInterrupt):
             self._exception = (exc_type.__name__, str(exc))
@@ -183,6 +202,7 @@ class Agent:
             self._log(f"agent: start failed ({type(exc).__name__}: {exc}); only step timing is kept")
         if self.timer is None:
             self.timer = StepTimer()
+        self._install_term_handler()
         self.status = "running"
         self._atexit = atexit.register(self._close_at_exit)
         return self
@@ -687,9 +707,47 @@ class Agent:
 
     # -- shutdown ---------------------------------------------------------------------------------
 
+    def _install_term_handler(self) -> None:
+        """Record a stop from outside (SIGTERM: a scheduler's time limit, torchrun, Kubernetes):
+        where the job has no handler of its own, SIGTERM unwinds the training loop as Ctrl-C does
+        (Terminated), the agent closes the rank as terminated, and the process then ends by the
+        signal itself, as it would have without the agent. A job's own handler is left alone."""
+        if threading.current_thread() is not threading.main_thread() or self._term_handler is not None:
+            return
+        try:
+            if signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
+                self._log("agent: SIGTERM has the job's own handler; a stop from outside is recorded when it "
+                          "closes the agent")
+                return
+            signal.signal(signal.SIGTERM, self._on_term)
+            self._term_handler = self._on_term
+        except (ValueError, OSError):
+            pass
+
+    def _on_term(self, signum, frame) -> None:
+        if self._term_signal is not None:
+            return  # already unwinding
+        self._term_signal = signum
+        raise Terminated(signum)
+
+    def _end_by_signal(self) -> None:
+        """After a SIGTERM the agent turned into Terminated: end the process by that signal."""
+        signum, self._term_signal = self._term_signal, None
+        if signum is None or threading.current_thread() is not threading.main_thread():
+            return
+        try:
+            sys.stderr.flush()
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        except (ValueError, OSError):
+            pass
+
     def _close_at_exit(self) -> None:
         if not self._closed:
-            self.close("interrupted", "the process exited without closing the agent")
+            if self._term_signal is not None:
+                self.close("terminated", str(Terminated(self._term_signal)))
+            else:
+                self.close("interrupted", "the process exited without closing the agent")
 
     def close(self, status: str = "completed", error: str | None = None) -> None:
         """Stop collecting, close this rank's part of the run; on rank 0 write the job report."""
@@ -702,7 +760,7 @@ class Agent:
                 atexit.unregister(self._close_at_exit)
             except Exception:
                 pass
-        interrupted = status == "interrupted"
+        interrupted = status in ("interrupted", "terminated")  # shut down quickly: a kill may follow
         if self._exception is None and error and status in ("failed", "interrupted"):
             # close(status, "TypeName: text") from a framework callback (Lightning's on_exception)
             m = _EXCEPTION_TEXT.match(error)
@@ -749,6 +807,15 @@ class Agent:
                 self.exporter.close()
             except Exception:
                 pass
+        if self._term_handler is not None:
+            try:
+                if signal.getsignal(signal.SIGTERM) is self._term_handler:
+                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            except (ValueError, OSError):
+                pass
+            self._term_handler = None
+        if status == "terminated":
+            self._end_by_signal()
 
     def summary(self, wait_s: float = 0.0) -> dict | None:
         """The job's diagnosis as a plain dict: the summary.json rank 0 writes at close (the
@@ -814,10 +881,12 @@ class Agent:
         finals = [i.get("status") if i else None for i in peers.values()]
         if status != "completed":
             job_status = status
-        elif any(s not in ("completed", "failed", "interrupted") for s in finals):
+        elif any(s not in ("completed", "failed", "interrupted", "terminated") for s in finals):
             job_status = "incomplete"
         elif "failed" in finals:
             job_status = "failed"
+        elif "terminated" in finals:
+            job_status = "terminated"
         elif "interrupted" in finals:
             job_status = "interrupted"
         else:

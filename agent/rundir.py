@@ -62,6 +62,10 @@ TREE_SETTINGS = "decision_tree.json"
 NCCL_BENCH = "nccl_bench.json"
 NCCL_LOG_DOC = "nccl_log.json"
 
+# How a rank's run ended (rank.json's status once it is not "running"): terminated is a stop
+# from outside (SIGTERM), interrupted a Ctrl-C or an exit without closing the agent.
+FINAL_STATUSES = ("completed", "failed", "interrupted", "terminated")
+
 # Keys of one steps record. Optional values are null when not measured.
 STEP_FIELDS = {
     "step": "step number, the same on every rank",

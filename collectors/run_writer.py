@@ -38,7 +38,7 @@ from diag.collectors.loader_facts import cpu_facts
 CLAIM = ".diag-claim.json"
 # A claim keyed only by MASTER_ADDR:MASTER_PORT is joined within this many seconds.
 JOIN_WINDOW_S = 600.0
-FINAL_STATUSES = ("completed", "failed", "interrupted")
+FINAL_STATUSES = rundir.FINAL_STATUSES
 
 
 def launcher_run_id(env: Mapping[str, str] | None = None) -> tuple[str | None, bool]:

@@ -357,3 +357,20 @@ def test_a_copy_that_blocks_its_own_call_keeps_the_replay_in_order():
     device_us = float(np.sum(g.d_end - g.d_start))
     assert out["base"] == pytest.approx(g.hi - g.lo, rel=0.01)
     assert out["no_host"] <= device_us * 1.01
+
+
+def test_a_dependency_cycle_from_contradicting_timestamps_ends_the_walk_with_one_error():
+    """Two device nodes each recorded as the other's predecessor on its stream (timestamps
+    that contradict each other, as a damaged trace gives): the critical path's walk is bounded
+    and says why, instead of following the cycle forever."""
+    import numpy as np
+
+    from diag.analyzers.whatif import replay as wr
+    from diag.analyzers.whatif.graph import StepGraph
+
+    one = np.array([0], dtype=np.int64)
+    g = StepGraph(7, 0.0, 100.0, np.array([1.0]), np.array([2.0]), np.zeros(1), -one, np.zeros(1, dtype=bool), 0.0,
+                  np.array([10.0, 20.0]), np.array([90.0, 95.0]), ["compute", "compute"],
+                  np.array([-1, -1]), np.array([1, 0]), np.array([-1, -1]))
+    with pytest.raises(ValueError, match="has a cycle"):
+        wr.critical_path(g)

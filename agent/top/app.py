@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import time
 
+from diag import rundir
 from diag.analyzers.diagnosis.live import judge_live
 from diag.top.keys import KeyReader
 from diag.top.screen import SORT_KEYS, ViewState, one_line, screen, sorted_ranks
 
-ENDED = ("completed", "failed", "interrupted")
+ENDED = rundir.FINAL_STATUSES
 
 
 def apply_key(key: str, state: ViewState, ranks: list, source) -> bool:

@@ -42,7 +42,7 @@ from diag.analyzers.trace.analysis import trace_facts
 from diag.analyzers.whatif import rank as what_if
 
 SCHEMA = "diag.analysis/1"
-FINAL_STATUSES = ("completed", "failed", "interrupted")
+FINAL_STATUSES = rundir.FINAL_STATUSES
 # A running rank whose heartbeat is this much older than the newest one has stopped.
 STALE_S = 120.0
 _STEP_EXTRAS = ("start_unix", "samples", "tokens", "peak_mem_bytes", "mfu")  # step record fields kept as they are

@@ -294,8 +294,14 @@ def critical_path(g: StepGraph) -> dict:
     else:
         out["data"] += g.tail_data
         out["host"] += (g.host_end - g.h_end[last]) - g.tail_data
+    # A valid walk visits each call and each device node at most once; timestamps that make a
+    # dependency cycle would walk it forever.
+    bound = 2 * (g.n_host + len(g.d_cls)) + 2
     while True:
         nodes += 1
+        if nodes > bound:
+            raise ValueError(f"the step's dependency graph has a cycle (more than {bound} nodes on its critical "
+                             "path): its timestamps contradict each other")
         if mode == "host":
             if i < 0 or g.h_end[i] <= cut:
                 break

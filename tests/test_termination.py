@@ -1,0 +1,70 @@
+"""A stop from outside is recorded: SIGTERM (a scheduler's time limit, torchrun, Kubernetes) to a
+real training process under diag.Agent closes the rank as terminated, keeps every step it ran,
+and the process still ends by the signal; a job's own SIGTERM handler is left alone."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+TRAIN = textwrap.dedent("""
+    import signal, sys, time
+    import torch
+    import diag
+    own = len(sys.argv) > 2
+    if own:
+        signal.signal(signal.SIGTERM, lambda *a: sys.exit(7))  # the job's own handler
+    model = torch.nn.Linear(64, 64)
+    with diag.Agent(run_dir=sys.argv[1], export=False, report=True, sampling=False, profile=False,
+                    verbose=False, report_wait_s=5.0) as agent:
+        for step in range(100000):
+            model(torch.randn(32, 64)).sum().backward()
+            time.sleep(0.005)
+            agent.step(samples=32)
+""")
+
+
+def _steps(run) -> list[dict]:
+    return [json.loads(line) for f in sorted((run / "rank-00000" / "steps").glob("*.jsonl"))
+            for line in f.read_text().splitlines() if line.strip()]
+
+
+def _wait_live_steps(run, n: int, timeout: float = 60.0) -> int:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            done = json.loads((run / "rank-00000" / "live.json").read_text()).get("steps_done") or 0
+        except (OSError, ValueError):
+            done = 0
+        if done >= n:
+            return done
+        time.sleep(0.1)
+    raise AssertionError("the training did not reach its steps")
+
+
+def test_sigterm_closes_the_rank_as_terminated_and_ends_the_process_by_the_signal(tmp_path):
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-c", TRAIN, str(run)], stderr=subprocess.PIPE, text=True)
+    before = _wait_live_steps(run, 30)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGTERM, err[-2000:]  # as without the agent
+    assert "Traceback" not in err, err[-2000:]
+    info = json.loads((run / "rank-00000" / "rank.json").read_text())
+    assert info["status"] == "terminated" and info["error"].startswith("SIGTERM: the process was told to stop")
+    assert len(_steps(run)) >= before  # nothing lost of what ran before the signal
+    assert json.loads((run / "manifest.json").read_text())["status"] == "terminated"
+
+
+def test_a_jobs_own_sigterm_handler_is_left_alone(tmp_path):
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-c", TRAIN, str(run), "own"], stderr=subprocess.PIPE, text=True)
+    _wait_live_steps(run, 10)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 7, err[-2000:]  # the job's handler ran: sys.exit(7)
+    assert json.loads((run / "rank-00000" / "rank.json").read_text())["status"] == "failed"  # SystemExit(7)
