@@ -77,6 +77,11 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as exc:  # a file that can not be read or written: a directory in its place, a full disk
+        name = exc.filename2 or exc.filename  # a rename names its target second
+        where = f" {name}:" if name else ""
+        print(f"diag: error:{where} {exc.strerror or exc}", file=sys.stderr)
+        return 1
     finally:
         sys.stdout, sys.stderr = out, err
 

@@ -62,6 +62,10 @@ TREE_SETTINGS = "decision_tree.json"
 NCCL_BENCH = "nccl_bench.json"
 NCCL_LOG_DOC = "nccl_log.json"
 
+# No training counts this many steps; a larger step number is damage (it would not fit the
+# analysis's 64-bit columns either).
+MAX_STEP = 1 << 48
+
 # How a rank's run ended (rank.json's status once it is not "running"): terminated is a stop
 # from outside (SIGTERM), interrupted a Ctrl-C or an exit without closing the agent.
 FINAL_STATUSES = ("completed", "failed", "interrupted", "terminated")
@@ -394,7 +398,16 @@ class RunDir:
         return read_records(self.rank_path(rank) / stream, stream, self.problems)
 
     def steps(self, rank: int) -> list[dict]:
-        return list(self.records(rank, "steps"))
+        """The rank's step records; one whose step number is no count of steps (negative, not an
+        integer, or past MAX_STEP) is damage, left out and noted."""
+        out = []
+        for rec in self.records(rank, "steps"):
+            n = rec.get("step")
+            if type(n) is int and 0 <= n <= MAX_STEP:
+                out.append(rec)
+            elif len(self.problems) < 1000:
+                self.problems.append(f"rank {rank}: a step record numbered {str(n)[:40]!r}, left out")
+        return out
 
     def samples(self, rank: int) -> list[dict]:
         return list(self.records(rank, "samples"))

@@ -51,3 +51,31 @@ def test_step_records_that_are_a_fifo_do_not_hang(run_dir):
     assert "not a regular file" in problems[0]
     out = _analyze(run_dir)
     assert out.returncode in (0, 1, 2) and "Traceback" not in out.stderr, out.stderr[-2000:]
+
+
+def _diag(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "diag", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_a_step_number_past_any_count_is_left_out_not_a_traceback(run_dir):
+    seg = sorted((run_dir / "rank-00001" / "steps").glob("*.jsonl"))[0]
+    lines = seg.read_text().splitlines()
+    lines[3] = lines[3].replace('"step": 3,', '"step": 9223372036854775808,', 1).replace('"step":3,',
+                                                                                       '"step":9223372036854775808,', 1)
+    assert "9223372036854775808" in lines[3]
+    seg.write_text("\n".join(lines) + "\n")
+    reader = rundir.RunDir(run_dir)
+    steps = reader.steps(1)
+    assert 3 not in {s["step"] for s in steps} and len(steps) == len(lines) - 1
+    assert any("9223372036854775808" in p for p in reader.problems)
+    for args in (("analyze", str(run_dir), "--json"), ("report", str(run_dir))):
+        out = _diag(*args)
+        assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-2000:]
+
+
+def test_a_report_path_taken_by_a_directory_is_one_line(run_dir):
+    (run_dir / "report.html").unlink()
+    (run_dir / "report.html").mkdir()
+    out = _diag("report", str(run_dir))
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert len(out.stderr.strip().splitlines()) == 1 and "report.html" in out.stderr
