@@ -76,10 +76,12 @@ def borderline(measurements: dict, path: list[dict], steps: list[dict], tree, bo
             "noise": band,
             "steps": sum(1 for s in steps if isinstance(s.get(node["metric"]), (int, float))),
             "text": (f"borderline {bound}/{alt['bound']}: {node['metric']} = {metric_text(node['metric'], value)} is "
-                     f"within {'the steps' + chr(39) + ' own scatter' if scatter and scatter >= band else 'its resolution'}"
-                     f" (±{metric_text(node['metric'], band)}) of its threshold "
+                     f"within {_band_name(scatter, band)} (±{metric_text(node['metric'], band)}) of its threshold "
                      f"{metric_text(node['metric'], threshold, threshold=True)}, so {alt['bound']}-bound is as "
                      "plausible"),
         }
     return None
 
+
+def _band_name(scatter: float | None, band: float) -> str:
+    return "the steps' own scatter" if scatter and scatter >= band else "its resolution"

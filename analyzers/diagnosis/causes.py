@@ -133,15 +133,18 @@ def _no_loader_workers(ctx: JobContext) -> dict | None:
     return out
 
 
-def _worker_plan(ctx: JobContext, merged: dict, ld: dict) -> tuple[LoaderRates, WorkerPlan] | None:
+def _worker_plan(ctx: JobContext, merged: dict, ld: dict, cpu_bound: bool | None = None
+                 ) -> tuple[LoaderRates, WorkerPlan] | None:
     """The rank's loader rates and the worker count they call for; None where the run timed
-    too few steps, or no wait to hide."""
+    too few steps, or no wait to hide. `cpu_bound`: whether making a batch is CPU work, where
+    the workers' sampled CPU says (the step records of a loader with workers can not: its
+    batches are made in other processes)."""
     th = ctx.tree.thresholds
     rates = loader_rates((merged.get("analysis") or {}).get("steps") or [], ld["num_workers"], th,
                          _workers_cpu(merged) if ld["num_workers"] > 0 else None)
     if rates is None or rates.wait_ms <= 0.0:
         return None
-    return rates, plan_workers(rates, cpus_per_rank(ld), th, host_cpus=ld.get("cpus"))
+    return rates, plan_workers(rates, cpus_per_rank(ld), th, cpu_bound=cpu_bound, host_cpus=ld.get("cpus"))
 
 
 def _workers_sizing(rates: LoaderRates, plan: WorkerPlan, ld: dict) -> str:
@@ -222,12 +225,7 @@ def _loader_workers(ctx: JobContext) -> dict | None:
     ranks = sorted(r for r, f in found.items() if f[0] == kind)
     per_rank = cpus_per_rank(ld)
     io, io_ev = _io_text(ctx.ranks[rank])
-    planned = _worker_plan(ctx, ctx.ranks[rank], ld)
-    if planned:
-        # The samples say whether the workers compute or wait; the step records of a loader with
-        # workers can not (its batches are made in other processes).
-        rates, _ = planned
-        planned = (rates, plan_workers(rates, per_rank, th, cpu_bound=kind == "busy", host_cpus=ld.get("cpus")))
+    planned = _worker_plan(ctx, ctx.ranks[rank], ld, cpu_bound=kind == "busy")
     more = planned is not None and planned[1].workers > w
     if kind == "busy":
         spare = per_rank - 1 - w if per_rank else None

@@ -9,10 +9,12 @@ network). With k workers the batches are made in parallel with the step, so in s
 
 the first term being the step with the input fully hidden (the ceiling), the second the
 workers' pace, the third what the rank's CPUs can do when the workers' CPU work and the
-training process's own share them. A thread runs slower as the other CPUs get busy wherever
-CPUs share a core or a host (hyperthreads, a VM's vCPUs: two busy processes each ran 1.45x
-slower than one alone on the 2-vCPU machine the fix bank ran on): each thread's CPU work is
-stretched in proportion to how busy the others are, by `cpu_shared_throughput` when all are. Reads that wait use no CPU, so their workers are not
+training process's own share them. Taking each batch from a worker costs the training
+process `loader_handover_ms` that a run without workers did not spend. A thread runs slower
+as the other CPUs get busy wherever CPUs share a core or a host (hyperthreads, a VM's vCPUs:
+two busy processes each ran 1.45x slower than one alone on the 2-vCPU machine the fix bank
+ran on): each thread's CPU work is stretched in proportion to how busy the others are, by
+`cpu_shared_throughput` when all are. Reads that wait use no CPU, so their workers are not
 bounded by the CPU count; CPU-bound reads are (one CPU stays with the training process).
 A loader that already has workers and still keeps the step waiting is rate-limited by
 them: each worker takes about k times the step to make a batch.
@@ -108,16 +110,27 @@ def predicted_step(rates: LoaderRates, workers: int, cpus: int | None, cpu_bound
     """(the steady step with `workers` workers, what sets it), each busy thread running at
     `thread_speed` of its speed alone (1.0: the CPUs run in parallel at full speed)."""
     slow = 1.0 / thread_speed - 1.0  # the extra time of a unit of CPU work on busy CPUs
-    # Taking each batch from a worker costs the training process CPU time a run without workers
-    # did not spend (the batch's tensors through shared memory).
-    handover = handover_ms if workers > 0 and rates.workers == 0 else 0.0
+    handover = _new_handover(rates, workers, handover_ms)
     rest, rest_cpu = rates.rest_ms + handover, (rates.rest_cpu_ms or 0.0) + handover
-    batch_cpu = rates.batch_cpu_ms if rates.batch_cpu_ms is not None else (rates.batch_ms if cpu_bound else 0.0)
+    batch_cpu = _batch_cpu(rates, cpu_bound)
     terms = [(rest + rest_cpu * slow, "rest"),
              ((rates.batch_ms + batch_cpu * slow) / max(workers, 1), "workers")]
     if cpus and rates.batch_cpu_ms is not None and rates.rest_cpu_ms is not None:
         terms.append(((rest_cpu + rates.batch_cpu_ms) / (cpus * thread_speed), "cpus"))
     return max(terms)
+
+
+def _new_handover(rates: LoaderRates, workers: int, handover_ms: float) -> float:
+    """The hand-over of each batch (the batch's tensors through shared memory) that the run's
+    rest of the step does not hold already: a run without workers never paid it."""
+    return handover_ms if workers > 0 and rates.workers == 0 else 0.0
+
+
+def _batch_cpu(rates: LoaderRates, cpu_bound: bool) -> float:
+    """A batch's CPU time: measured, else all of it where making it is CPU work."""
+    if rates.batch_cpu_ms is not None:
+        return rates.batch_cpu_ms
+    return rates.batch_ms if cpu_bound else 0.0
 
 
 def busy_thread_speed(cpus: int | None, thresholds: dict) -> float:
@@ -144,7 +157,7 @@ def expectation(rates: LoaderRates, workers: int, cpus: int | None, thresholds: 
     ideal, _ = predicted_step(rates, workers, cpus, cpu_bound, 1.0, handover)
     host = host_cpus or cpus
     full = busy_thread_speed(host, thresholds)
-    extra = handover if workers > 0 and rates.workers == 0 else 0.0
+    extra = _new_handover(rates, workers, handover)
     speed = 1.0 - (1.0 - full) * _others_busy(rates, ideal, cpus, host, cpu_bound, extra)
     expected, limit = predicted_step(rates, workers, cpus, cpu_bound, speed, handover)
     all_busy, _ = predicted_step(rates, workers, cpus, cpu_bound, full, handover)
@@ -159,9 +172,9 @@ def _others_busy(rates: LoaderRates, step_ms: float, cpus: int | None, host: int
     CPUs / CPUs per rank of them) each do their step's CPU work (and `extra_cpu_ms`) every `step_ms`."""
     if not host or host < 2 or step_ms <= 0:
         return 0.0
-    batch_cpu = rates.batch_cpu_ms if rates.batch_cpu_ms is not None else (rates.batch_ms if cpu_bound else 0.0)
     ranks = max(1, host // cpus) if cpus else 1
-    demand = ranks * ((rates.rest_cpu_ms or 0.0) + extra_cpu_ms + batch_cpu) / step_ms  # CPUs busy on the host
+    # The CPUs kept busy on the host.
+    demand = ranks * ((rates.rest_cpu_ms or 0.0) + extra_cpu_ms + _batch_cpu(rates, cpu_bound)) / step_ms
     return min(max((demand - 1.0) / (host - 1), 0.0), 1.0)
 
 
@@ -183,5 +196,5 @@ def plan_workers(rates: LoaderRates, cpus_per_rank: int | None, thresholds: dict
     needed = max(1, math.ceil(thresholds["loader_worker_headroom"] * rates.batch_ms / max(rates.rest_ms, 1e-6)))
     workers = min(needed, cap)
     expected, low, high, limit = expectation(rates, workers, cpus_per_rank, thresholds, cpu_bound, host_cpus)
-    return WorkerPlan(workers=workers, needed=needed, hides=needed <= cap, cpu_bound=cpu_bound, cap=cap, expected_ms=expected,
-                      low_ms=low, high_ms=high, ceiling_ms=rates.rest_ms, limit=limit)
+    return WorkerPlan(workers=workers, needed=needed, hides=needed <= cap, cpu_bound=cpu_bound, cap=cap,
+                      expected_ms=expected, low_ms=low, high_ms=high, ceiling_ms=rates.rest_ms, limit=limit)
