@@ -426,3 +426,39 @@ def test_a_scrape_of_long_whitespace_lines_is_read_in_bounded_time():
     worst = ("# HELP" + "\t" * 4000 + "x\n") * (MAX_METRICS_BYTES // 4000)
     parse_scrape(worst, EndpointHistory(), NOW, "h:1")
     assert time.perf_counter() - started < 5.0
+
+
+def test_an_endpoint_whose_answer_trickles_is_given_up_by_its_deadline():
+    """A server that sends its headers, then one byte of body every 0.1 s, forever: each read
+    ends well within the timeout, so only a deadline on the whole answer ends the scrape. The
+    other endpoint is still read (diag top draws its frame)."""
+    import socket
+    import threading
+
+    from diag.top.sources import EndpointSource
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    stop = threading.Event()
+
+    def trickle():
+        conn, _ = listener.accept()
+        conn.recv(4096)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 100000000\r\n\r\n")
+        try:
+            while not stop.wait(0.1):
+                conn.sendall(b"#")
+        except OSError:
+            pass
+        conn.close()
+
+    threading.Thread(target=trickle, daemon=True).start()
+    source = EndpointSource([f"127.0.0.1:{listener.getsockname()[1]}"], timeout_s=0.5)
+    start = time.monotonic()
+    (rank,) = source.read()
+    took = time.monotonic() - start
+    stop.set()
+    listener.close()
+    assert took < 3.0, took  # the deadline (2 x 0.5 s) and one read, not forever
+    assert rank.status == "unreachable" and "trickling" in (rank.error or ""), rank

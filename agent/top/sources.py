@@ -36,6 +36,23 @@ MAX_METRICS_BYTES = 2 << 20  # a rank serves under 200 series, some 40 kB
 # prometheus_client's parser takes time quadratic in a line's whitespace: no line of diag's
 # exposition comes near this, so a longer one is dropped unread.
 MAX_LINE_BYTES = 4 << 10
+SCRAPE_DEADLINE_READS = 2  # a scrape's whole answer must come within this many read timeouts
+
+
+def _read_by(resp, limit: int, deadline: float) -> bytes:
+    """At most `limit` bytes of an answer, read by `deadline` however slowly they come."""
+    chunks, size = [], 0
+    while size < limit:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the answer kept trickling past the refresh's deadline")
+        chunk = resp.read1(min(1 << 16, limit - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
 # The header that carries the job's token (DIAG_EXPORTER_TOKEN) to an endpoint off this node
 # (diag.exporter.server.TOKEN_HEADER; the views import no exporter code).
 TOKEN_HEADER = "X-Diag-Token"
@@ -104,9 +121,12 @@ class EndpointSource:
         return out
 
     def _scrape(self, target: str) -> tuple[str | None, str | None]:
+        # The timeout bounds each read; a body that trickles in is bounded by a deadline in all,
+        # so one slow endpoint can not hold the screen (each read still ends within the timeout).
+        deadline = time.monotonic() + SCRAPE_DEADLINE_READS * self.timeout_s
         try:
             with urllib.request.urlopen(f"http://{target}/metrics", timeout=self.timeout_s) as resp:
-                data = resp.read(MAX_METRICS_BYTES + 1)
+                data = _read_by(resp, MAX_METRICS_BYTES + 1, deadline)
         except (OSError, ValueError, urllib.error.URLError) as exc:
             return None, _reason(exc)
         if len(data) > MAX_METRICS_BYTES:
