@@ -88,6 +88,40 @@ class ExportFailed(RuntimeError):
     pass
 
 
+def _die_with_parent(parent: int) -> None:
+    """In a forked child: be killed when the parent dies (Linux's PR_SET_PDEATHSIG), so a writer
+    never outlives a rank killed mid-window with its partial trace; gone already, leave now."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+# The names a window's trace has while it is written: diag's own, and the one Kineto makes of
+# it for its own temporary file.
+PARTIAL_GLOB = ".window-*.tmp*"
+
+
+def remove_partials(trace_dir: Path) -> int:
+    """Delete the partial traces of a trace folder (a writer killed mid-window left them); their count."""
+    n = 0
+    try:
+        for p in trace_dir.glob(PARTIAL_GLOB):
+            try:
+                p.unlink()
+                n += 1
+            except OSError:
+                pass
+    except OSError:
+        pass
+    return n
+
+
 def _write_in_child(prof, path: Path, timeout_s: float = EXPORT_CHILD_TIMEOUT_S) -> tuple[float, float]:
     """Write the trace from a forked copy of this process; return (seconds the fork took,
     seconds the child's write took).
@@ -98,10 +132,12 @@ def _write_in_child(prof, path: Path, timeout_s: float = EXPORT_CHILD_TIMEOUT_S)
     the kernel copies the page tables, in proportion to the process's memory."""
     read_end, write_end = os.pipe()
     t0 = time.perf_counter()
+    parent = os.getpid()
     pid = os.fork()
     if pid == 0:  # the child: write, report the time it took, then leave whatever happens
         code = 1
         try:
+            _die_with_parent(parent)
             os.close(read_end)
             os.nice(10)  # background work: behind the training and its data loaders
             t = time.perf_counter()
@@ -189,6 +225,9 @@ class ProfilerWindows:
         if active < 1 or warmup < 0 or skip_first < 0:
             raise ValueError("profiler schedule: active >= 1, warmup >= 0, skip_first >= 0")
         self.trace_dir = Path(trace_dir)
+        # A rank killed mid-window left its partial trace: nothing will finish it.
+        if remove_partials(self.trace_dir) and log is not None:
+            log(f"profiler: removed partial traces left in {self.trace_dir} by an earlier run")
         # Traces the consumer still has to read (analysis pending): the budget spares them.
         # At most the consumer's queue of them, so the folder stays bounded.
         self.in_use = in_use
@@ -366,10 +405,11 @@ class ProfilerWindows:
                 self.export_route.wrote(time.perf_counter() - t0)
             os.replace(tmp, final)
         except Exception as exc:
-            try:
-                tmp.unlink()
-            except OSError:
-                pass
+            for partial in (tmp, tmp.with_name(tmp.name + ".tmp")):  # ours, and Kineto's of it
+                try:
+                    partial.unlink()
+                except OSError:
+                    pass
             self._fail("export", exc)
             return
         self.enforce_budget(keep=final)
@@ -466,6 +506,12 @@ class ProfilerWindows:
             except OSError:
                 sizes[p] = 0
         total = sum(sizes.values())
+        # A trace being written counts too: finished ones make room for it.
+        try:
+            for p in self.trace_dir.glob(PARTIAL_GLOB):
+                total += p.stat().st_size
+        except OSError:
+            pass
         try:
             busy = set(self.in_use()) if self.in_use is not None else set()
         except Exception:

@@ -1,0 +1,75 @@
+"""Nothing a fault leaves behind outlives the run: a forked trace writer dies with its rank,
+partial traces left by a killed rank are removed when the rank starts again, and a trace
+being written counts toward the trace budget (collectors/profiler_windows.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from diag.collectors.profiler_windows import PARTIAL_GLOB, ProfilerWindows, WindowSettings
+
+FORKING_PARENT = textwrap.dedent("""
+    import os, sys, time
+    from diag.collectors.profiler_windows import _die_with_parent
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        _die_with_parent(parent)
+        time.sleep(60)  # a trace writer still writing
+        os._exit(0)
+    print(pid, flush=True)
+    time.sleep(60)
+""")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_forked_writer_dies_with_its_rank():
+    rank = subprocess.Popen([sys.executable, "-c", FORKING_PARENT], stdout=subprocess.PIPE, text=True)
+    child = int(rank.stdout.readline())
+    os.kill(rank.pid, signal.SIGKILL)  # the rank is killed mid-window
+    rank.wait(timeout=10)
+    end = time.monotonic() + 5
+    while time.monotonic() < end:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        with open(f"/proc/{child}/stat") as f:  # a zombie of init's is gone as a process
+            if f.read().split(")")[-1].split()[0] == "Z":
+                return
+        time.sleep(0.05)
+    os.kill(child, signal.SIGKILL)
+    pytest.fail("the forked writer outlived its rank")
+
+
+def test_partial_traces_left_by_a_killed_rank_are_removed_at_start(tmp_path):
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    kept = traces / "window-000004.pt.trace.json.gz"
+    kept.write_bytes(b"x")
+    for name in (".window-000008.tmp", ".window-000008.tmp.tmp"):  # diag's partial, and Kineto's of it
+        (traces / name).write_bytes(b"x" * 1000)
+    logged = []
+    ProfilerWindows(traces, WindowSettings(), log=logged.append)
+    assert sorted(p.name for p in traces.iterdir()) == [kept.name]
+    assert logged and "removed partial traces" in logged[0]
+
+
+def test_a_trace_being_written_counts_toward_the_budget(tmp_path):
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    w = ProfilerWindows(traces, WindowSettings(budget_bytes=3000))
+    for k in (4, 8, 12):
+        (traces / f"window-{k:06d}.pt.trace.json.gz").write_bytes(b"x" * 900)
+    assert w.enforce_budget() == []  # 2,700 bytes: within the budget
+    (traces / ".window-000016.tmp.tmp").write_bytes(b"x" * 1000)  # Kineto writing the next one
+    removed = w.enforce_budget()
+    assert [p.name for p in removed] == ["window-000004.pt.trace.json.gz"]
+    assert list(traces.glob(PARTIAL_GLOB))  # the one being written is never deleted
