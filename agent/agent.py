@@ -881,7 +881,7 @@ class Agent:
         finals = [i.get("status") if i else None for i in peers.values()]
         if status != "completed":
             job_status = status
-        elif any(s not in ("completed", "failed", "interrupted", "terminated") for s in finals):
+        elif any(s not in rundir.FINAL_STATUSES for s in finals):
             job_status = "incomplete"
         elif "failed" in finals:
             job_status = "failed"

@@ -405,11 +405,7 @@ class ProfilerWindows:
                 self.export_route.wrote(time.perf_counter() - t0)
             os.replace(tmp, final)
         except Exception as exc:
-            for partial in (tmp, tmp.with_name(tmp.name + ".tmp")):  # ours, and Kineto's of it
-                try:
-                    partial.unlink()
-                except OSError:
-                    pass
+            remove_partials(self.trace_dir)  # ours and Kineto's of it: one window is written at a time
             self._fail("export", exc)
             return
         self.enforce_budget(keep=final)

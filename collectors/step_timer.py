@@ -45,8 +45,11 @@ class StepTimer:
 
     def restart(self) -> None:
         """Open the current step now (used when the loop starts later than the agent)."""
-        self._t0 = time.perf_counter()
-        self._cpu0 = time.process_time()
+        self._open(time.perf_counter(), time.process_time())
+
+    def _open(self, t0: float, cpu0: float) -> None:
+        """A step begins at wall time t0 and process CPU time cpu0, with nothing waited yet."""
+        self._t0, self._cpu0 = t0, cpu0
         self._wait = 0.0
         self._wait_cpu: float | None = 0.0
         self._waited = False
@@ -82,11 +85,7 @@ class StepTimer:
             data_wait_cpu_s=self._wait_cpu if self._waited else None,
         )
         self.step += 1
-        self._t0, self._cpu0 = now, cpu
-        self._wait = 0.0
-        self._wait_cpu = 0.0
-        self._waited = False
-        self._collate = None
+        self._open(now, cpu)
         return t
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from diag.analyzers.diagnosis import change
 from diag.analyzers.diagnosis import decision_tree as dt
-from diag.analyzers.views.compare_model import _prediction
+from diag.analyzers.diagnosis.gate import graded_prediction
 
 TREE = dt.load_tree()
 LOADER = {"class": "DataLoader", "dataset": "Shards", "num_workers": 0, "batch_size": 8, "cpus": 8, "local_ranks": 1}
@@ -39,12 +39,12 @@ def test_no_change_is_inferred_without_a_record():
     model = {"what_if": {"changes": [{"change": "no_data_wait", "description": "d", "baseline_step_ms": 110.0,
                                       "predicted_step_ms": 10.0, "speedup": 11.0, "fixes": "data"}]}}
     # The data wait fell by 80 ms a step, with nothing recorded that changed: nothing is graded.
-    assert _prediction(model, model, _doc(0, 100.0), _doc(0, 20.0), None, TREE) is None
-    named = _prediction(model, model, _doc(0, 100.0), _doc(0, 20.0), "no_data_wait", TREE)
+    assert graded_prediction(_doc(0, 100.0), model, _doc(0, 20.0), model, None, TREE) is None
+    named = graded_prediction(_doc(0, 100.0), model, _doc(0, 20.0), model, "no_data_wait", TREE)
     assert named["change"] == "no_data_wait" and named["kind"] == "ceiling"
 
 
 def test_runs_that_train_different_jobs_are_not_graded():
-    c = _prediction({}, {}, _doc(0, 100.0), _doc(8, 2.5, model_params=2000), None, TREE)
+    c = graded_prediction(_doc(0, 100.0), {}, _doc(8, 2.5, model_params=2000), {}, None, TREE)
     assert c["kind"] == "refused" and c["error"] is None
     assert "model: Net with 1,000 parameters before, Net with 2,000 parameters after" in c["text"]

@@ -135,7 +135,7 @@ class _Handler(BaseHTTPRequestHandler):
         ctype = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
         if ctype in FORM_TYPES:
             return f"content type {ctype} is refused (send none, or application/json)"
-        if not _host_is_this_node(self.headers.get("Host"), self.server.node_names):
+        if not _host_is_this_node(self.headers.get("Host"), self.server.node_names()):
             return "the Host header names no address of this node"
         token = self.server.token
         given = self.headers.get(TOKEN_HEADER)
@@ -238,7 +238,7 @@ class MetricsServer(ThreadingHTTPServer):
         self.max_connections, self.fd_reserve = max_connections, fd_reserve
         self.request_deadline_s, self.idle_timeout_s = request_deadline_s, idle_timeout_s
         self.token = token if token is not None else (os.environ.get("DIAG_EXPORTER_TOKEN") or None)
-        self.node_names = node_names(address[0])
+        self._names: frozenset | None = None
         self._deadlines: dict[socket.socket, float] = {}
         self._lock = threading.Lock()
         self._shed_logged = False
@@ -247,6 +247,13 @@ class MetricsServer(ThreadingHTTPServer):
         self.thread: threading.Thread | None = None
         self._reaper: threading.Thread | None = None
         self._stopping = threading.Event()
+
+    def node_names(self) -> frozenset:
+        """This node's names and addresses, found at the first control request: a reverse DNS
+        lookup may wait, and no rank's start should."""
+        if self._names is None:
+            self._names = node_names(self.server_address[0])
+        return self._names
 
     # -- bounds -------------------------------------------------------------------------
 

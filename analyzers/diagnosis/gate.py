@@ -158,3 +158,24 @@ def _phase_figures(doc_a, doc_b, base_ms: float, limit: float, z: float) -> list
                     "band": [grow - half, grow + half], "limit": limit, "worse": bool(grow - half > limit),
                     "relative_to": "BEFORE's median step"})
     return out
+
+
+def graded_prediction(doc_a: dict | None, model_a: dict, doc_b: dict | None, model_b: dict, applied: str | None,
+                      tree) -> dict | None:
+    """The prediction made on A, graded against B: refused between runs that train different
+    jobs; else the DataLoader change both runs recorded, where there is one; else the what-if
+    change named (`applied`, a ceiling); None where nothing was named or recorded."""
+    if doc_a is not None and doc_b is not None:
+        differ = differences(run_identity(doc_a, model_a), run_identity(doc_b, model_b))
+        if differ:
+            return {"change": applied, "kind": "refused", "error": None,
+                    "text": "No prediction graded: the runs do not train the same job (" + "; ".join(differ) + ")."}
+        if applied is None:
+            found = change.loader_check(doc_a, doc_b, tree)
+            if found is not None:
+                return found
+    return change.prediction_check(_what_if(model_a), _what_if(model_b), applied)
+
+
+def _what_if(model: dict) -> list[dict]:
+    return [e for e in (model.get("what_if") or {}).get("changes") or [] if isinstance(e, dict)]

@@ -40,28 +40,9 @@ def compare(model_a: dict, model_b: dict, doc_a: dict | None = None, doc_b: dict
     out["verdict_change"] = _verdict_change(model_a, model_b)
     out["throughput"] = _throughput_change(model_a, model_b)
     out["scaling"] = _scaling(model_a, model_b, doc_a, doc_b, tree)
-    out["prediction"] = _prediction(model_a, model_b, doc_a, doc_b, applied, tree)
+    out["prediction"] = gate.graded_prediction(doc_a, model_a, doc_b, model_b, applied, tree)
     out["headline"] = _headline(out)
     return out
-
-
-def _prediction(model_a, model_b, doc_a, doc_b, applied, tree) -> dict | None:
-    """The prediction made on A graded against B: refused between runs that differ in what
-    they train; the recorded DataLoader change where there is one, else the what-if change named."""
-    if doc_a is not None and doc_b is not None:
-        differ = gate.differences(gate.run_identity(doc_a, model_a), gate.run_identity(doc_b, model_b))
-        if differ:
-            return {"change": applied, "kind": "refused", "error": None,
-                    "text": "No prediction graded: the runs do not train the same job (" + "; ".join(differ) + ")."}
-        if applied is None:
-            found = change.loader_check(doc_a, doc_b, tree)
-            if found is not None:
-                return found
-    return change.prediction_check(_changes(model_a), _changes(model_b), applied)
-
-
-def _changes(model: dict) -> list[dict]:
-    return [e for e in (model.get("what_if") or {}).get("changes") or [] if isinstance(e, dict)]
 
 
 def _run_summary(model: dict, t: np.ndarray) -> dict:
