@@ -12,11 +12,15 @@ Imports nothing from diag: every layer may read it. (No `from __future__ import
 annotations`: TypedDict reads NotRequired from evaluated annotations.)
 """
 
+import re
 from typing import NotRequired, TypedDict
 
 # Ops that bring a tensor's value to the host (on a GPU each waits for the device to reach it):
 # the trace layer measures their time, the diagnosis names them with the calls that make them.
 SYNC_OP_NAMES = ("aten::item", "aten::is_nonzero", "aten::nonzero", "aten::equal")
+# A host-to-device copy from pageable memory, by its device activity's name ("Memcpy HtoD
+# (Pageable -> Device)"): the driver stages it through a buffer while the host call waits.
+PAGEABLE_HTOD_RE = re.compile(r"HtoD.*Pageable", re.IGNORECASE)
 
 
 class PathNode(TypedDict):

@@ -14,7 +14,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from diag.analyzers.analysis_types import SYNC_OP_NAMES
+from diag.analyzers.analysis_types import PAGEABLE_HTOD_RE, SYNC_OP_NAMES
+from diag.analyzers.diagnosis import action_models
 from diag.analyzers.diagnosis.context import JobContext
 from diag.analyzers.diagnosis.inputs import traced_steps
 from diag.analyzers.diagnosis.loader_model import (
@@ -37,6 +38,9 @@ class CauseRule:
     also: tuple[str, ...] = ()  # other classes its time can land in (a blocking copy: data or host)
     change: str | None = None  # the [[what_if]] change that removes exactly this cause (a detector's
     # own "change" overrides it, where what the cause allows depends on the evidence)
+    # The prediction for the cause's action, from its evidence and the ceiling (action_models);
+    # a detector may give its own ("expect") instead.
+    model: Callable[[JobContext, dict, dict | None], dict | None] | None = None
 
 
 def _loaders(ctx: JobContext) -> dict[int, dict]:
@@ -303,9 +307,6 @@ def _host_sync_points(ctx: JobContext) -> dict | None:
     }
 
 
-PAGEABLE = re.compile(r"HtoD.*Pageable", re.IGNORECASE)
-
-
 def _pageable_copies(ctx: JobContext) -> dict | None:
     """Host-to-device copies from pageable memory holding the host `pageable_copy_step_share`
     of the step or more."""
@@ -313,7 +314,7 @@ def _pageable_copies(ctx: JobContext) -> dict | None:
     found = {}
     for rank, merged in ctx.ranks.items():
         analysis = merged.get("analysis") or {}
-        copies = [c for c in analysis.get("copies") or [] if isinstance(c, dict) and PAGEABLE.search(str(c.get("name")))]
+        copies = [c for c in analysis.get("copies") or [] if isinstance(c, dict) and PAGEABLE_HTOD_RE.search(str(c.get("name")))]
         host_ms = sum(float(c.get("host_ms_per_step") or 0.0) for c in copies)
         step_ms = _traced_step_ms(analysis)
         if copies and step_ms and host_ms >= minimum * step_ms:
@@ -514,8 +515,8 @@ def _fp32_math(ctx: JobContext) -> dict | None:
     odd = _untiled_in_half(ctx.ranks[min(found)], kind)
     if odd:
         text += (f" {_ms(odd[0])} of them run on shapes that half precision's tiles do not divide either "
-                 f"({', '.join(odd[1])}): there bf16 kernels stay well under the peak, so the predicted gain "
-                 "is an upper bound.")
+                 f"({', '.join(odd[1])}): there bf16 kernels stay well under the peak, so the ceiling is an "
+                 "upper bound, and the prediction for autocast takes their lower rate.")
         action += f" Pad those dimensions to multiples of {TILE_ELEMENTS_HALF} as well."
     return {
         "text": text,
@@ -887,15 +888,16 @@ RULES: tuple[CauseRule, ...] = (
               change="no_data_wait", device=False),
     CauseRule("host_sync_points", "host", _host_sync_points, supersedes=("Remove synchronisation points",),
               change="no_sync_points", device=False),
-    # Pinning makes the copy asynchronous: what that wins is a wait the graph holds as an edge, not a
-    # duration it can scale, so this cause has no change of its own.
+    # The copy's device time is what the replay removes (the call that waits for it returns as
+    # early); pinning it is modelled as that time at the pinned rate.
     CauseRule("pageable_copies", "data", _pageable_copies, supersedes=("Set pin_memory=True",),
-              also=("host", "memory")),
+              also=("host", "memory"), change="no_pageable_copies", model=action_models.pinned_copies),
     CauseRule("cpu_work_on_training_thread", "host", _cpu_work, change="no_cpu_work_on_thread"),
     CauseRule("launch_bound", "host", _launch_bound, supersedes=("Capture the step with CUDA graphs",),
               change="no_launch_cost"),
     CauseRule("allocator_calls", "host", _allocator_calls, change="no_allocator_calls"),
-    CauseRule("fp32_math", "compute", _fp32_math, supersedes=("Use lower precision",), change="tensor_core_math"),
+    CauseRule("fp32_math", "compute", _fp32_math, supersedes=("Use lower precision",), change="tensor_core_math",
+              model=action_models.autocast),
     # Its change is the detector's: bf16 replayed only on a CPU that may have bf16 units.
     CauseRule("matrix_ops", "compute", _matrix_ops, change="half_precision_matrix_ops"),
     CauseRule("elementwise_chain", "memory", _elementwise_chain, supersedes=("Fuse elementwise chains",),
@@ -933,6 +935,8 @@ def causes(ctx: JobContext) -> list[dict]:
             # the replay with the cause's time gone entirely.
             expect = found.pop("expect", None)
             pred = _prediction(ctx, found.pop("change", rule.change))
+            if expect is None and rule.model is not None:
+                expect = rule.model(ctx, found["evidence"], pred)
             out.append({"id": rule.id, "phase": phase, "supersedes": list(rule.supersedes), **found,
                         "what_if": pred, "expected": expect, "gain": cause_gain(expect, pred)})
     # The bounding phase's causes first, then the larger predicted gains.

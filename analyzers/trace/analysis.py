@@ -486,7 +486,9 @@ def _device_info(props, device, on_device: bool) -> dict:
     if not on_device:
         return {"type": "cpu", "name": device.name if device else "CPU", "peaks": device.as_dict() if device else None}
     out = {"type": "gpu", "name": props.get("name") if props else None,
-           "peaks": device.as_dict() if device else None}
+           "peaks": device.as_dict() if device else None,
+           # The host link's rate each way (bytes/s): what a pinned host-to-device copy can reach.
+           "host_link_bw": devices.HOST_LINK_BW.get(device.key) if device else None}
     if props:
         out["memory_bytes"] = props.get("totalGlobalMem")
         out["warp_size"] = props.get("warpSize")

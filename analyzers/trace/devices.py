@@ -108,6 +108,19 @@ _NAME_RULES: list[tuple[re.Pattern, object]] = [
     (re.compile(r"MI210", re.I), "mi210"),
 ]
 
+# The host link of each device, one direction, in bytes/s: the PCIe generation's x16 rate
+# (3.0: 15.75, 4.0: 31.5, 5.0: 63 GB/s), or NVLink-C2C on Grace Hopper (450 GB/s each way).
+# A copy from pinned host memory reaches most of it; one from pageable memory is staged
+# through a driver buffer by the CPU and reaches far less.
+_PCIE = {3: 15.75 * GB, 4: 31.5 * GB, 5: 63 * GB}
+HOST_LINK_BW: dict[str, float] = {
+    **{k: _PCIE[3] for k in ("v100-sxm2", "v100-pcie", "v100s", "t4")},
+    **{k: _PCIE[4] for k in ("a100-40gb", "a100-80gb", "a100-pcie-80gb", "a10", "l4", "l40s", "mi210",
+                             "mi250-gcd", "mi250x-gcd", "mi250x")},
+    **{k: _PCIE[5] for k in ("h100-sxm", "h100-pcie", "h100-nvl", "h200", "b200", "mi300x", "mi325x")},
+    "gh200": 450 * GB,
+}
+
 # AMD devices by compute units when the name is generic ("AMD Radeon Graphics").
 _AMD_BY_CUS = {104: "mi250-gcd", 110: "mi250x-gcd", 220: "mi250x", 304: "mi300x"}
 

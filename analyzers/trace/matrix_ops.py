@@ -131,6 +131,7 @@ def _group(g: dict, n: int, device, on_device: bool) -> dict:
         "peak_fraction": round(tflops * 1e12 / peak, 4) if tflops and peak else None,
         # Tiles matter on tensor cores; a CPU's vector units are not judged by them.
         "misaligned": misaligned(g["dims"], g["dtype"]) if on_device else [],
+        "dims": dict(g["dims"]) if g["dims"] else None,
     }
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from diag.analyzers import intervals as iv
-from diag.analyzers.analysis_types import SYNC_OP_NAMES
+from diag.analyzers.analysis_types import PAGEABLE_HTOD_RE, SYNC_OP_NAMES
 from diag.analyzers.trace import event_classes as ec
 from diag.analyzers.trace import host_device
 from diag.analyzers.trace.columns import Trace
@@ -54,6 +54,14 @@ def _sync_ops_host_us(trace: Trace, win: np.ndarray, att, calls_kept: bool = Fal
     per_span = iv.measure_in_windows(host, spans)
     ok = step >= 0
     return np.bincount(step[ok], weights=per_span[ok], minlength=len(win)).astype(np.float64)
+
+
+def _pageable_copies_us(trace: Trace, win: np.ndarray) -> np.ndarray:
+    """Per window, the device time of the host-to-device copies from pageable memory."""
+    ids = [i for i, name in enumerate(trace.names) if PAGEABLE_HTOD_RE.search(name)]
+    k = trace.step_of("dev", win)
+    sel = (k >= 0) & np.isin(trace.dev_name, ids) if ids else np.zeros(len(k), bool)
+    return np.bincount(k[sel], weights=trace.dev_dur[sel], minlength=len(win)).astype(np.float64)
 
 
 def _top_collective_us(records: list[dict], win: np.ndarray) -> np.ndarray | None:
@@ -107,6 +115,8 @@ def per_window(trace: Trace, win: np.ndarray, classes, att, layers, chain_saving
         removed = np.bincount(k[k >= 0], weights=trace.rt_dur[alloc][k >= 0], minlength=len(win))
         if np.any(removed > 0):
             out["allocator_calls"] = ("host", removed, None)
+    if classes is not None:
+        add("pageable_copies", "memory", _pageable_copies_us(trace, win))
     top = _top_collective_us(collectives, win)
     add("exposed_collective", "comm", None if top is None else COMPRESSED_BYTES * top)
     return out
