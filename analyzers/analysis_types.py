@@ -99,6 +99,7 @@ class TraceRankFacts(_WaitSplit):
     launches: dict | None  # kernel launches per traced step (trace.host_device)
     allocator: list[dict]  # cudaMalloc/cudaFree-family calls per traced step (trace.host_device)
     cpu_work: list[dict]  # ops of the training thread that run on the CPU, per traced step (trace.host_device)
+    python_gaps: dict | None  # the training thread's time outside every op, and the frames holding it (trace.python_gaps)
     memory_traffic: dict | None  # bandwidth-bound kernels' bytes and rate against peak (trace.memory_traffic)
     math: dict | None  # matrix kernels' time by precision per traced step (trace.precision)
     matrix_ops: dict | None  # matrix ops by shape and dtype, rate against peak (trace.matrix_ops)

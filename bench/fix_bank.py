@@ -19,16 +19,25 @@ range (over every pair). Targets (issue: gains you can bank on):
 median |error| at most 15%, P90 at most 35%, at least 80% of cases in range.
 
 Cases:
-- loader_wait:     num_workers=0 over a dataset whose samples wait 3 ms on storage;
-- loader_cpu:      num_workers=0 over a dataset whose samples cost 1 ms of CPU each;
-- loader_collate:  num_workers=0 with a collate_fn that costs 12 ms of CPU a batch;
-- loader_few:      num_workers=1 over the waiting dataset, which one worker cannot keep up with;
-- loader_ddp_wait: the waiting dataset on 2 gloo ranks under DDP, num_workers=0.
+- loader_wait:      num_workers=0 over a dataset whose samples wait 3 ms on storage;
+- loader_cpu:       num_workers=0 over a dataset whose samples cost 1 ms of CPU each;
+- loader_collate:   num_workers=0 with a collate_fn that costs 12 ms of CPU a batch;
+- loader_few:       num_workers=1 over the waiting dataset, which one worker cannot keep up with;
+- loader_ddp_wait:  the waiting dataset on 2 gloo ranks under DDP, num_workers=0;
+- loader_ddp_cpu:   the CPU-bound dataset on 2 gloo ranks under DDP (one CPU each), num_workers=0;
+- loader_fetch:     num_workers=0 with a collate_fn that waits 30 ms a batch (a remote fetch);
+- loader_fetch_few: the same with num_workers=2, which cannot keep up;
+- item_sync:        the step reads its logits back one .item() at a time, 2,000 a step (the
+                    fix: one reduction read once a step, as the cause's action words it);
+- item_sync_ddp:    the same on 2 gloo ranks under DDP;
+- straggler:        2 gloo ranks under DDP, the last doing 8 ms more CPU work a step (the fix:
+                    the straggler's extra work gone, what the cause's ceiling replays).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -36,18 +45,37 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-# case: (ranks, num_workers of the slow loop, dataset, collate)
+
+@dataclass(frozen=True)
+class Case:
+    """A slow loop with one cause, and the cause diag must name for it."""
+    cause: str  # the id (or its start) of the cause diag must name
+    ranks: int = 1
+    workers: int = 0  # the DataLoader's num_workers
+    dataset: str = "plain"  # Samples' kind: "wait", "cpu" or "plain"
+    collate: str | None = None  # a key of COLLATES
+    items: int = 0  # logits read back one .item() at a time each step
+    late_ms: float = 0.0  # CPU work the last rank does each step on top of the others' (a straggler)
+
+
 CASES = {
-    "loader_wait": (1, 0, "wait", None),
-    "loader_cpu": (1, 0, "cpu", None),
-    "loader_collate": (1, 0, "plain", "heavy"),
-    "loader_few": (1, 1, "wait", None),
-    "loader_ddp_wait": (2, 0, "wait", None),
+    "loader_wait": Case("data_loader", dataset="wait"),
+    "loader_cpu": Case("data_loader", dataset="cpu"),
+    "loader_collate": Case("data_loader", collate="heavy"),
+    "loader_few": Case("data_loader", workers=1, dataset="wait"),
+    "loader_ddp_wait": Case("data_loader", ranks=2, dataset="wait"),
+    "loader_ddp_cpu": Case("data_loader", ranks=2, dataset="cpu"),
+    "loader_fetch": Case("data_loader", collate="fetch"),
+    "loader_fetch_few": Case("data_loader", workers=2, collate="fetch"),
+    "item_sync": Case("host_sync_points", items=2000),
+    "item_sync_ddp": Case("host_sync_points", ranks=2, items=2000),
+    "straggler": Case("straggler", ranks=2, late_ms=8.0),
 }
 BATCH, WIDTH, STEP_PASSES = 16, 512, 2
-SAMPLE_WAIT_S, SAMPLE_CPU_S, COLLATE_CPU_S = 0.003, 0.001, 0.012
+SAMPLE_WAIT_S, SAMPLE_CPU_S, COLLATE_CPU_S, COLLATE_FETCH_S = 0.003, 0.001, 0.012, 0.030
 
 
 def _spin(seconds: float) -> None:
@@ -83,8 +111,20 @@ def heavy_collate(batch):
     return torch.stack([x for x, _ in batch]), torch.tensor([y for _, y in batch])
 
 
-def _loop(case: str, workers: int, steps: int, run_dir: str | None, rank: int, world: int) -> list[float]:
-    """Train `steps` steps; the step times in seconds (under diag.Agent when run_dir is set)."""
+def fetch_collate(batch):
+    """Stacks the batch after waiting for it to arrive (a remote store answering per batch)."""
+    import torch
+
+    time.sleep(COLLATE_FETCH_S)
+    return torch.stack([x for x, _ in batch]), torch.tensor([y for _, y in batch])
+
+
+COLLATES = {"heavy": heavy_collate, "fetch": fetch_collate}
+
+
+def _loop(case: str, fix: dict, steps: int, run_dir: str | None, rank: int, world: int) -> list[float]:
+    """Train `steps` steps with the slow loop's settings changed by `fix` ({"num_workers": K},
+    {"items": 0}); the step times in seconds (under diag.Agent when run_dir is set)."""
     import contextlib
     import warnings
 
@@ -95,10 +135,10 @@ def _loop(case: str, workers: int, steps: int, run_dir: str | None, rank: int, w
     warnings.filterwarnings("ignore", message="This DataLoader will create")
     torch.set_num_threads(1)
     torch.manual_seed(rank)
-    _, _, dataset, collate = CASES[case]
-    loader = torch.utils.data.DataLoader(Samples(dataset), batch_size=BATCH, num_workers=workers,
-                                         persistent_workers=workers > 0,
-                                         collate_fn=heavy_collate if collate == "heavy" else None)
+    c = dataclasses.replace(CASES[case], **fix)
+    loader = torch.utils.data.DataLoader(Samples(c.dataset), batch_size=BATCH, num_workers=c.workers,
+                                         persistent_workers=c.workers > 0, collate_fn=COLLATES.get(c.collate))
+    late_s = c.late_ms / 1e3 if rank == world - 1 else 0.0
     model = nn.Sequential(nn.Linear(WIDTH, 4 * WIDTH), nn.ReLU(), nn.Linear(4 * WIDTH, 10))
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(model)
@@ -118,15 +158,27 @@ def _loop(case: str, workers: int, steps: int, run_dir: str | None, rank: int, w
             if i == steps:
                 break
             opt.zero_grad(set_to_none=True)
+            _spin(late_s)
             for _ in range(STEP_PASSES):  # the step's own work: about 10 ms on one core
-                torch.nn.functional.cross_entropy(model(x), y).backward()
+                out = model(x)
+                torch.nn.functional.cross_entropy(out, y).backward()
             opt.step()
+            _read_back(out.detach(), c.items)
             if agent is not None:
                 agent.step(samples=BATCH)
             now = time.perf_counter()
             times.append(now - t0)
             t0 = now
     return times
+
+
+def _read_back(out, items: int) -> float:
+    """The logits' values read to the host: `items` of them one .item() at a time (the slow
+    loop), else one sum read once (the fix diag's action words)."""
+    flat = out.flatten().repeat(max(1, items // max(out.numel(), 1) + 1))
+    if items:
+        return sum(flat[i].item() for i in range(items))
+    return flat.sum().item()
 
 
 def _rank_main(rank: int, cfg: dict, out) -> None:
@@ -139,14 +191,14 @@ def _rank_main(rank: int, cfg: dict, out) -> None:
 
     if cfg["world"] > 1:
         dist.init_process_group("gloo", rank=rank, world_size=cfg["world"], timeout=datetime.timedelta(seconds=120))
-    times = _loop(cfg["case"], cfg["workers"], cfg["steps"], cfg["run_dir"], rank, cfg["world"])
+    times = _loop(cfg["case"], cfg["fix"], cfg["steps"], cfg["run_dir"], rank, cfg["world"])
     if cfg["world"] > 1:
         dist.barrier()
         dist.destroy_process_group()
     out[rank] = times
 
 
-def run_loop(case: str, workers: int, steps: int, run_dir: str | None = None) -> list[float]:
+def run_loop(case: str, fix: dict, steps: int, run_dir: str | None = None) -> list[float]:
     """One run in a fresh process group of its own; the slowest rank's time of each step (s)."""
     import uuid
 
@@ -154,8 +206,8 @@ def run_loop(case: str, workers: int, steps: int, run_dir: str | None = None) ->
 
     from diag.demo import free_port
 
-    world = CASES[case][0]
-    cfg = {"case": case, "workers": workers, "steps": steps, "run_dir": run_dir, "world": world,
+    world = CASES[case].ranks
+    cfg = {"case": case, "fix": fix, "steps": steps, "run_dir": run_dir, "world": world,
            "port": free_port(), "run_id": uuid.uuid4().hex[:12]}
     with mp.Manager() as manager:
         out = manager.dict()
@@ -171,24 +223,29 @@ def steady_median_ms(times: list[float]) -> float:
 
 
 def diagnose(case: str, steps: int, scratch: Path) -> dict:
-    """The slow loop under the agent, analysed: its data cause with diag's own action and prediction."""
+    """The slow loop under the agent, analysed: the case's cause with diag's own action and prediction."""
     from diag.analyzers.analyze import analyze_run_dir
 
     run_dir = scratch / f"{case}-diag"
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    run_loop(case, CASES[case][1], steps, str(run_dir))
+    run_loop(case, {}, steps, str(run_dir))
     doc = analyze_run_dir(run_dir)
-    cause = next((c for c in doc["diagnosis"]["causes"] if c["id"].startswith("data_loader")), None)
+    wanted = CASES[case].cause
+    cause = next((c for c in doc["diagnosis"]["causes"] if c["id"].startswith(wanted)), None)
     if cause is None:
-        raise SystemExit(f"{case}: diag named no DataLoader cause ({doc['diagnosis']['headline']['text']})")
+        raise SystemExit(f"{case}: diag named no {wanted} cause ({doc['diagnosis']['headline']['text']})")
     return cause
 
 
-def applied_workers(cause: dict) -> int | None:
-    """The worker count the cause's action names, as it worded it (num_workers=K)."""
-    expected = cause.get("expected") or {}
-    action = str(expected.get("action") or "")
-    return int(action.removeprefix("num_workers=")) if action.startswith("num_workers=") else None
+def applied_fix(cause: dict) -> dict | None:
+    """The loop's settings as the cause's action words them: the worker count it names
+    (num_workers=K), or the values kept on the device and read once a step."""
+    action = str((cause.get("expected") or {}).get("action") or "")
+    if action.startswith("num_workers="):
+        return {"num_workers": int(action.removeprefix("num_workers="))}
+    if cause["id"] == "host_sync_points" and action:
+        return {"items": 0}
+    return None
 
 
 def run_case(case: str, steps: int, repeat: int, scratch: Path) -> dict:
@@ -198,11 +255,11 @@ def run_case(case: str, steps: int, repeat: int, scratch: Path) -> dict:
     pairs = []
     for i in range(repeat):
         cause = diagnose(case, steps, scratch / f"{i}")
-        e, workers = cause.get("expected"), applied_workers(cause)
-        if e is None or workers is None:
+        e, fix = cause.get("expected"), applied_fix(cause)
+        if e is None or fix is None:
             return {"case": case, "cause": cause["id"], "action": None, "error": None,
                     "note": "the cause's action has no prediction of its own"}
-        measured = steady_median_ms(run_loop(case, workers, steps))
+        measured = steady_median_ms(run_loop(case, fix, steps))
         pairs.append({"action": e["action"], "expected_ms": e["expected_step_ms"], "low_ms": e["low_ms"],
                       "high_ms": e["high_ms"], "ceiling_ms": e.get("ceiling_step_ms"),
                       "slow_ms": e["baseline_step_ms"], "measured_ms": measured,

@@ -363,3 +363,30 @@ def test_the_shared_prefix_is_not_found_where_there_is_none(real_nccl):
     for path in sorted(real_nccl.glob("nccltests_*.txt")):
         lines = [strip_prefix(x) for x in path.read_text(errors="replace").splitlines()]
         assert shared_prefix(lines) is None, path.name
+
+
+# nccl-tests prints each row's head as "%12li  %12li  %8s  %6s  %6i" (size, count, type, the
+# reduction's name, root); an operation without a reduction passed an empty name in older
+# versions (alltoall), so its cell is six spaces under a header that has the redop column.
+BLANK_REDOP = """# nThread 1 nGpus 8 minBytes 1048576 maxBytes 4194304 step: 2(factor) warmup iters: 5 iters: 20 validation: 1
+#
+#                                                              out-of-place                       in-place
+#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
+#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)
+     1048576         32768     float             -1    55.31   18.96   16.59      0    54.87   19.11   16.72    N/A
+     2097152         65536     float             -1    80.12   26.17   22.90      0    79.55   26.36   23.07    N/A
+     4194304        131072     float             -1    131.4   31.92   27.93      0    130.9   32.04   28.04    N/A
+# Out of bounds values : 0 OK
+# Avg bus bandwidth    : 22.54
+#
+"""
+
+
+def test_a_blank_reduction_cell_leaves_the_other_cells_in_place():
+    t = parse_text(BLANK_REDOP)[0]
+    assert t["status"] == "ok"
+    first = t["rows"][0]
+    assert (first["dtype"], first["redop"], first["root"]) == ("float", None, -1)
+    assert first["out_of_place"] == {"time_us": 55.31, "algbw_gbps": 18.96, "busbw_gbps": 16.59, "wrong": 0}
+    assert t["rows"][-1]["in_place"]["busbw_gbps"] == 28.04
+    assert t["max_busbw_gbps"] == 28.04

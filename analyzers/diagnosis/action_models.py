@@ -12,8 +12,11 @@ step's critical path (a step bound by it). The DataLoader's worker count has its
 
 from __future__ import annotations
 
+import statistics
+
 from diag.analyzers.analysis_types import PAGEABLE_HTOD_RE
 from diag.analyzers.diagnosis.context import JobContext
+from diag.analyzers.diagnosis.steady import level_drift, median_half_width, warmup_steps
 
 PINNED_HTOD = "pinned"  # Kineto names a pinned copy "Memcpy HtoD (Pinned -> Device)"
 HALF_TILE = 8  # elements of a 16-byte tensor-core row in a 2-byte dtype
@@ -31,16 +34,53 @@ def scaled_step(ceiling: dict | None, removed_ms: float, taken_ms: float) -> flo
 
 
 def _expectation(action: str, ceiling: dict | None, removed_ms: float, taken: tuple[float, float, float],
-                 assumes: str) -> dict | None:
+                 assumes: str, analysis: dict, thresholds: dict) -> dict | None:
     """The prediction for an action taking away `taken` (expected, least, most) ms per step
-    of the ceiling's `removed_ms`."""
+    of the ceiling's `removed_ms`, carried over to the steps outside the profiler where the
+    run has them."""
     steps = [scaled_step(ceiling, removed_ms, t) for t in taken]
     if any(s is None for s in steps):
         return None
     expected, slow, fast = steps
-    return {"action": action, "baseline_step_ms": ceiling["baseline_step_ms"], "expected_step_ms": expected,
-            "low_ms": min(slow, fast), "high_ms": max(slow, fast), "ceiling_step_ms": ceiling["predicted_step_ms"],
-            "limit": "rate", "assumes": assumes}
+    base = float(ceiling["baseline_step_ms"])
+    out = {"action": action, "baseline_step_ms": base, "expected_step_ms": expected,
+           "low_ms": min(slow, fast), "high_ms": max(slow, fast), "ceiling_step_ms": ceiling["predicted_step_ms"],
+           "limit": "rate", "assumes": assumes}
+    plain = untraced_steps(analysis, thresholds)
+    carried = len(plain) >= 3 and base > 0
+    ref = plain if carried else [float(s["duration_ms"]) for s in analysis.get("steps") or []
+                                 if isinstance(s, dict) and s.get("evidence") == "trace"
+                                 and isinstance(s.get("duration_ms"), (int, float))]
+    ratio = statistics.median(plain) / base if carried else 1.0
+    level = base * ratio
+    spread = ((median_half_width(ref) or 0.0) + (level_drift(ref) or 0.0) * level) if ref else 0.0
+    margin = thresholds["action_model_margin"]
+    return {**out, "baseline_step_ms": level, "expected_step_ms": expected * ratio,
+            "low_ms": max(0.0, out["low_ms"] * ratio - spread),
+            "high_ms": out["high_ms"] * ratio * (1.0 + margin) + spread,
+            "ceiling_step_ms": out["ceiling_step_ms"] * ratio,
+            "assumes": assumes + (f"; carried over from the traced steps ({base:.1f} ms under the profiler) to the "
+                                  f"{len(plain)} steps outside it" if carried else "")}
+
+
+def untraced_steps(analysis: dict, thresholds: dict) -> list[float]:
+    """The durations (ms) of a rank's steps outside the profiler's windows, warm-up left out."""
+    rows = [s for s in analysis.get("steps") or [] if isinstance(s, dict)
+            and isinstance(s.get("duration_ms"), (int, float)) and not isinstance(s.get("duration_ms"), bool)]
+    rows = rows[warmup_steps(len(rows), thresholds):]
+    return [float(s["duration_ms"]) for s in rows if s.get("evidence") != "trace" and s["duration_ms"] > 0]
+
+
+def removal(action: str):
+    """The model of an action that removes its cause's time entirely (the values read once
+    per step instead of one at a time; no empty_cache() in the loop): its step is the ceiling's."""
+    def model(ctx: JobContext, evidence: dict, ceiling: dict | None) -> dict | None:
+        if not ceiling:
+            return None
+        return _expectation(action, ceiling, 1.0, (1.0, 1.0, 1.0),
+                            "the action removes the cause's time from the step, as the ceiling does",
+                            _analysis(ctx, evidence), ctx.tree.thresholds)
+    return model
 
 
 def _analysis(ctx: JobContext, evidence: dict) -> dict:
@@ -85,7 +125,8 @@ def pinned_copies(ctx: JobContext, evidence: dict, ceiling: dict | None) -> dict
         "pinned memory and non_blocking copies", ceiling, ms, (taken(bps), taken(bps * (1.0 - spread)), ms),
         f"the {mb:.1f} MB a step then cross at {bps / 1e9:.1f} GB/s ({source}) instead of the "
         f"{mb * 1e6 / (ms / 1e3) / 1e9:.1f} GB/s measured, in order with the device's work on the stream; the "
-        "range reaches down to the copy hidden behind the host's work, which is the ceiling")
+        "range reaches down to the copy hidden behind the host's work, which is the ceiling", analysis,
+        ctx.tree.thresholds)
 
 
 def _half_rate(group: dict, healthy: float | None, thresholds: dict) -> tuple[float, bool]:
@@ -157,4 +198,5 @@ def autocast(ctx: JobContext, evidence: dict, ceiling: dict | None) -> dict | No
     return _expectation(
         "bf16 autocast", ceiling, removed, taken,
         f"the matrix ops then run at {rates}, against their measured {covered:.1f} ms; the casts to bf16 are "
-        "not counted; the ceiling is every such kernel at the half-precision peak's fraction it reaches now")
+        "not counted; the ceiling is every such kernel at the half-precision peak's fraction it reaches now",
+        _analysis(ctx, evidence), th)

@@ -274,6 +274,14 @@ def _traced_step_ms(analysis: dict) -> float | None:
                     and s.get("evidence") == "trace" and isinstance(s.get("duration_ms"), (int, float))])
 
 
+def _traced_mean_ms(analysis: dict) -> float | None:
+    """The mean duration of the rank's traced steps: what per-step facts (totals over the
+    traced steps, divided by their count) are shares of."""
+    vals = [float(s["duration_ms"]) for s in analysis.get("steps") or [] if isinstance(s, dict)
+            and s.get("evidence") == "trace" and isinstance(s.get("duration_ms"), (int, float))]
+    return sum(vals) / len(vals) if vals else None
+
+
 def _host_sync_points(ctx: JobContext) -> dict | None:
     """Ops that pull values to the host, at `sync_points_per_step` calls per traced step or more."""
     minimum = ctx.tree.thresholds["sync_points_per_step"]
@@ -448,19 +456,57 @@ def _cpu_work(ctx: JobContext) -> dict | None:
     found = _timed_items_over(ctx, "cpu_work", "cpu_work_step_share")
     if not found:
         return None
-    ops, total, step_ms, _ = found[min(found)]
+    ops, total, step_ms, analysis = found[min(found)]
+    share = total / (_traced_mean_ms(analysis) or step_ms)
     listed = ", ".join(f"{o['name']} ({_ms(float(o['ms_per_step']))})" for o in ops[:4])
+    after = sum(float(o.get("after_ms_per_step") or 0.0) for o in ops)
+    if after >= 0.05 * total:
+        listed += (f"; and {_ms(after)} right after these ops before the thread's next event (freeing their "
+                   "tensors, the Python between them), which goes where the work goes")
     loader = _loaders(ctx).get(min(found))
     where = (f"into the Dataset's __getitem__ or the collate_fn of the {loader['class']} over {loader['dataset']}, "
              f"run by its workers (it has num_workers={loader['num_workers']})" if loader else
              "into the Dataset's __getitem__ or collate_fn, run by DataLoader workers (num_workers > 0)")
     return {
         "text": f"On {_ranks(sorted(found))}, the training thread runs {_ms(total)} of CPU work per traced step "
-                f"({total / step_ms:.0%} of the step) between its launches, and the device waits for it: {listed}.",
+                f"({share:.0%} of the step) between its launches, and the device waits for it: {listed}.",
         "action": f"Move this work off the training thread: {where}; or do it on the device (create the tensors "
                   "with device= and transform them there).",
         "evidence": {"ranks": sorted(found), "ms_per_step": round(total, 4), "step_ms": round(step_ms, 3),
                      "ops": ops, "loader": loader},
+    }
+
+
+def _python_gaps(ctx: JobContext) -> dict | None:
+    """Python the training thread runs outside every op, in stretches long enough to be work of
+    its own, holding `python_work_step_share` of the step or more: nothing is launched meanwhile."""
+    minimum = ctx.tree.thresholds["python_work_step_share"]
+    found = {}
+    for rank, merged in ctx.ranks.items():
+        analysis = merged.get("analysis") or {}
+        gaps, step_ms = analysis.get("python_gaps"), _traced_mean_ms(analysis)
+        if isinstance(gaps, dict) and step_ms and float(gaps.get("ms_per_step") or 0.0) >= minimum * step_ms:
+            found[rank] = (gaps, step_ms)
+    if not found:
+        return None
+    gaps, step_ms = found[min(found)]
+    ms = float(gaps["ms_per_step"])
+    frames = [f for f in gaps.get("frames") or [] if isinstance(f, dict) and f.get("function")]
+    where = ("; most of it in " + ", ".join(f"{f['function']} ({f['file']}:{f['line']}, {_ms(float(f['ms_per_step']))})"
+                                            for f in frames)) if frames else \
+        ("; which code runs there shows in a window recorded with Python stacks (stack_windows, or "
+         "torch.profiler's with_stack=True)")
+    loader = _loaders(ctx).get(min(found))
+    into = (f"the Dataset's __getitem__ or the collate_fn of the {loader['class']} over {loader['dataset']}, run by "
+            f"its workers (it has num_workers={loader['num_workers']})" if loader else
+            "the Dataset's __getitem__ or collate_fn, run by DataLoader workers (num_workers > 0)")
+    return {
+        "text": f"On {_ranks(sorted(found))}, the training thread runs Python outside every op for {_ms(ms)} per traced "
+                f"step ({ms / step_ms:.0%} of the step), in {gaps['stretches_per_step']:g} stretches of "
+                f"{ctx.tree.thresholds['python_gap_min_us']:g} µs or more (the longest {_ms(float(gaps['longest_ms']))}), "
+                f"launching nothing meanwhile{where}. CUDA graphs and compilation do not shorten it.",
+        "action": f"Move this Python work off the training thread: into {into}; or do it once before the loop.",
+        "evidence": {"ranks": sorted(found), "step_ms": round(step_ms, 3), **gaps, "loader": loader},
     }
 
 
@@ -887,15 +933,20 @@ RULES: tuple[CauseRule, ...] = (
     CauseRule("data_loader_workers", "data", _loader_workers, supersedes=("Raise DataLoader num_workers",),
               change="no_data_wait", device=False),
     CauseRule("host_sync_points", "host", _host_sync_points, supersedes=("Remove synchronisation points",),
-              change="no_sync_points", device=False),
+              change="no_sync_points", device=False, model=action_models.removal("the values kept on the device")),
     # The copy's device time is what the replay removes (the call that waits for it returns as
     # early); pinning it is modelled as that time at the pinned rate.
     CauseRule("pageable_copies", "data", _pageable_copies, supersedes=("Set pin_memory=True",),
               also=("host", "memory"), change="no_pageable_copies", model=action_models.pinned_copies),
-    CauseRule("cpu_work_on_training_thread", "host", _cpu_work, change="no_cpu_work_on_thread"),
+    CauseRule("cpu_work_on_training_thread", "host", _cpu_work, change="no_cpu_work_on_thread",
+              model=action_models.removal("the work moved off the training thread")),
+    CauseRule("python_on_training_thread", "host", _python_gaps, change="no_python_gaps",
+              supersedes=("Capture the step with CUDA graphs",),
+              model=action_models.removal("the Python moved off the training thread")),
     CauseRule("launch_bound", "host", _launch_bound, supersedes=("Capture the step with CUDA graphs",),
               change="no_launch_cost"),
-    CauseRule("allocator_calls", "host", _allocator_calls, change="no_allocator_calls"),
+    CauseRule("allocator_calls", "host", _allocator_calls, change="no_allocator_calls",
+              model=action_models.removal("no allocation in the driver inside the loop")),
     CauseRule("fp32_math", "compute", _fp32_math, supersedes=("Use lower precision",), change="tensor_core_math",
               model=action_models.autocast),
     # Its change is the detector's: bf16 replayed only on a CPU that may have bf16 units.

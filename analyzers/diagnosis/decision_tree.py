@@ -196,7 +196,8 @@ WHAT_IF_PARTS = ("data", "host", "launch", "sync", "slack", "comm", "memory", "c
 # diag.analyzers.trace.removals).
 REMOVALS = {"elementwise_chain": "memory", "fp32_math": "compute", "half_precision_matrix_ops": "compute",
             "host_sync_points": "host", "allocator_calls": "host", "cpu_work": "host",
-            "slow_bandwidth_kernels": "memory", "exposed_collective": "comm", "pageable_copies": "memory"}
+            "slow_bandwidth_kernels": "memory", "exposed_collective": "comm", "pageable_copies": "memory",
+            "python_gaps": "host"}
 
 
 def check_change(entry, where: str) -> dict:

@@ -237,6 +237,10 @@ def _parse_row(tokens: list[str], test: _Test) -> dict | None:
             return None
         if n >= 11:
             test.columns = cols
+    if "redop" in cols and "root" in cols and len(tokens) == len(cols) + 7 and tokens[3].lstrip("-").isdigit():
+        # A blank reduction cell: the operation has none and this layout prints it as spaces
+        # ("%6s" of an empty name, alltoall in older nccl-tests), so the root is the fourth token.
+        cols = [c for c in cols if c != "redop"]
     k = len(cols)
     head = dict(zip(cols, tokens[:k]))
     try:

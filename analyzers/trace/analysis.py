@@ -30,6 +30,7 @@ from diag.analyzers.trace import (
     optimizer,
     overlap,
     precision,
+    python_gaps,
     roofline,
 )
 from diag.analyzers.trace import event_classes as ec
@@ -207,7 +208,8 @@ def facts_of_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: 
         else (None, None)
     removals = removal_measures.per_window(trace, win, classes, att, layers, chain_saving, math_saving, coll_records,
                                            matrix_saving, traffic_saving, host_calls=on_device and worth("host"),
-                                           cpu_work_coverage=float(tree.thresholds["cpu_work_min_op_coverage"]))
+                                           cpu_work_coverage=float(tree.thresholds["cpu_work_min_op_coverage"]),
+                                           python_gap_us=float(tree.thresholds["python_gap_min_us"]))
 
     # Each step's critical path and its duration under each what-if change.
     critical_path, what_if_entries, what_if_error = _what_if(trace, tree, steps, windows, classes, layers, att,
@@ -242,6 +244,9 @@ def facts_of_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: 
         "allocator": host_device.allocator_facts(trace, win) if on_device and worth("host") else [],
         "cpu_work": host_device.cpu_work_facts(trace, win, float(tree.thresholds["cpu_work_min_op_coverage"]))
         if on_device and worth("host") else [],
+        "python_gaps": python_gaps.python_gap_facts(trace, win, float(tree.thresholds["python_gap_min_us"]),
+                                                    float(tree.thresholds["cpu_work_min_op_coverage"]))
+        if on_device and worth("host") else None,
         "math": math,
         "memory_traffic": traffic,
         "matrix_ops": matrix,

@@ -24,7 +24,7 @@ MAX_DEPTH = 64  # frames walked out from an op before giving up (recursion, uncl
 TOP_SITES = 3
 
 
-def _is_jobs(name: str) -> bool:
+def is_jobs(name: str) -> bool:
     m = FRAME_RE.match(name)
     if m is None:
         return False
@@ -44,7 +44,7 @@ def call_sites(trace: Trace, win: np.ndarray, op_names) -> list[dict]:
     if not len(ops):
         return []
     py = np.flatnonzero(trace.cpu_kind == PY_KIND)
-    jobs = {nid for nid in np.unique(trace.cpu_name[py]).tolist() if _is_jobs(trace.names[nid])}
+    jobs = {nid for nid in np.unique(trace.cpu_name[py]).tolist() if is_jobs(trace.names[nid])}
     frames = py[np.isin(trace.cpu_name[py], list(jobs))]
     counts: dict[int, int] = {}
     for tid in np.unique(trace.cpu_tid[ops]).tolist():

@@ -124,31 +124,35 @@ def allocator_facts(trace: Trace, win: np.ndarray) -> list[dict]:
 
 
 def cpu_work_facts(trace: Trace, win: np.ndarray, min_coverage: float) -> list[dict]:
-    """Per op name of cpu_work_ops: calls and host milliseconds per traced step, most first."""
+    """Per op name of cpu_work_ops: calls and host milliseconds per traced step, and the host
+    time right after its calls before the thread's next event, most first."""
     n = len(win)
-    rows, own = cpu_work_ops(trace, win, min_coverage)
+    rows, own, after = cpu_work_ops(trace, win, min_coverage)
     names = trace.cpu_name[rows]
     out = []
     for nid in np.unique(names).tolist():
         mine = names == nid
         out.append({"name": trace.names[nid], "calls_per_step": round(int(mine.sum()) / n, 3),
-                    "ms_per_step": round(float(own[mine].sum()) / 1e3 / n, 4)})
+                    "ms_per_step": round(float(own[mine].sum()) / 1e3 / n, 4),
+                    "after_ms_per_step": round(float(after[mine].sum()) / 1e3 / n, 4)})
     out.sort(key=lambda c: -c["ms_per_step"])
     return [c for c in out if c["ms_per_step"] > 0][:TOP_CPU_OPS]
 
 
 def cpu_work_ops(trace: Trace, win: np.ndarray, min_coverage: float,
-                 host_part: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                 host_part: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Ops of the training thread (the one holding the ProfilerSteps) that run on the CPU:
     outermost among the ops during which the process made no runtime call, outside the
-    DataLoader's spans. Their CPU rows, and each one's time (µs) less the view and allocation
-    ops inside it (rearranging metadata is no CPU work to move), within `host_part` where given.
+    DataLoader's spans. Their CPU rows; each one's time (µs) less the view and allocation
+    ops inside it (rearranging metadata is no CPU work to move); and the thread's time right
+    after it, up to its next event or any runtime call (freeing the work's tensors, the Python
+    between its ops: work that goes where the op goes), each within `host_part` where given.
     None where the trace lost host events (`op_coverage` under `min_coverage`): there an op
     whose calls were dropped would look like CPU work."""
-    none = np.zeros(0, dtype=np.int64), np.zeros(0)
+    none = np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0)
     if not len(win) or not len(trace.rt_ts) or (trace.op_coverage is not None and trace.op_coverage < min_coverage):
         return none
-    thread = _training_thread(trace)
+    thread = training_thread(trace)
     if thread is None:
         return none
     rows = np.flatnonzero((trace.cpu_tid == thread) & (trace.cpu_kind == 0) & (trace.step_of("cpu", win) >= 0))
@@ -157,7 +161,7 @@ def cpu_work_ops(trace: Trace, win: np.ndarray, min_coverage: float,
     calls = np.sort(trace.rt_ts)
     quiet = np.searchsorted(calls, start, side="left") == np.searchsorted(calls, end, side="left")
     meta = np.isin(trace.cpu_name[rows], [i for i, name in enumerate(trace.names) if name in METADATA_OPS])
-    loader = _loader_spans(trace, thread)
+    loader = loader_spans(trace, thread)
     in_loader = iv.window_of(start, loader) >= 0 if len(loader) else np.zeros(len(rows), bool)
     top = []
     reach = -np.inf
@@ -169,19 +173,34 @@ def cpu_work_ops(trace: Trace, win: np.ndarray, min_coverage: float,
         return none
     top = np.array(top)
     work = iv.subtract(iv.from_arrays(start[top], end[top]), iv.from_arrays(start[meta], end[meta]))
+    nxt = _next_event(trace, thread, end[top], calls)
+    after = iv.from_arrays(end[top], nxt)
     if host_part is not None:
-        work = iv.intersect(work, host_part)
-    return rows[top], iv.measure_in_windows(work, np.column_stack([start[top], end[top]]))
+        work, after = iv.intersect(work, host_part), iv.intersect(after, host_part)
+    return (rows[top], iv.measure_in_windows(work, np.column_stack([start[top], end[top]])),
+            iv.measure_in_windows(after, np.column_stack([end[top], nxt])))
 
 
-def _training_thread(trace: Trace):
+def _next_event(trace: Trace, thread, ends: np.ndarray, calls: np.ndarray) -> np.ndarray:
+    """Per time in `ends`, the start of the training thread's next event, or of the next
+    runtime call if sooner (the end itself where there is none)."""
+    mine = np.sort(trace.cpu_ts[trace.cpu_tid == thread])
+    out = np.full(len(ends), np.inf)
+    for starts in (mine, calls):
+        i = np.searchsorted(starts, ends, side="left")
+        ok = i < len(starts)
+        out[ok] = np.minimum(out[ok], starts[np.minimum(i, len(starts) - 1)][ok])
+    return np.where(np.isfinite(out), np.maximum(out, ends), ends)
+
+
+def training_thread(trace: Trace):
     """The thread id of the ProfilerStep spans, or None."""
     ids = [i for i, name in enumerate(trace.names) if name.startswith("ProfilerStep#")]
     rows = np.flatnonzero(np.isin(trace.cpu_name, ids)) if ids else []
     return trace.cpu_tid[rows[0]] if len(rows) else None
 
 
-def _loader_spans(trace: Trace, thread) -> np.ndarray:
+def loader_spans(trace: Trace, thread) -> np.ndarray:
     ids = [i for i, name in enumerate(trace.names) if name.startswith("enumerate(DataLoader)")]
     rows = np.flatnonzero(np.isin(trace.cpu_name, ids) & (trace.cpu_tid == thread)) if ids else []
     return iv.from_arrays(trace.cpu_ts[rows], trace.cpu_ts[rows] + trace.cpu_dur[rows]) if len(rows) else iv.EMPTY

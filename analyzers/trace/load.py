@@ -158,6 +158,9 @@ def _threaded(gen, depth: int = _QUEUE_DEPTH):
 
 
 _KEY_RE = re.compile(rb'"traceEvents"\s*:\s*\[')
+# The JSON Array Format of the Trace Event format: a bare array of events, whose closing
+# bracket may be missing (a writer that died mid-trace; the format allows it).
+_ARRAY_RE = re.compile(rb"\[\s*\{")
 _SEP_RE = re.compile(rb"\}\s*,\s*\{")
 _END_RE = re.compile(rb"\}?(?<!\s)\s*\]")
 
@@ -279,9 +282,18 @@ def load_trace(path: str | os.PathLike, workers: int | None = 1) -> Trace:
 def _load(path: str, blocks, b: _Builder, par: _Parallel | None = None) -> Trace:
     buf = bytearray()
     head = None  # bytes before the traceEvents array
+    bare = False  # the Trace Event format's JSON Array Format: the file is the events array
+    first = True
     it = iter(blocks)
     for blk in it:
         buf += blk
+        lead = len(buf) - len(buf.lstrip()) if first else len(buf)
+        first = first and lead == len(buf)  # the first bytes past any whitespace say which form
+        a = _ARRAY_RE.match(buf, lead)
+        if a:
+            head, bare = b"{", True
+            del buf[: a.end() - 1]  # keep the first event's brace
+            break
         m = _KEY_RE.search(buf)
         if m:
             head = bytes(buf[: m.start()])
@@ -314,6 +326,8 @@ def _load(path: str, blocks, b: _Builder, par: _Parallel | None = None) -> Trace
         blk = next(it, None)
         if blk is None:
             eof = True
+            if bare and tail is None:
+                _close_bare_array(buf, b)
             continue
         if tail is not None:
             tail += blk
@@ -329,7 +343,12 @@ def _load(path: str, blocks, b: _Builder, par: _Parallel | None = None) -> Trace
         par.drain()
     if tail is None:
         raise DiagInputError("truncated JSON: the traceEvents array never ends", source=path)
-    meta = _parse_meta(path, head, tail, b)
+    if bare:
+        if tail.strip(b" \t\r\n\x00"):
+            raise DiagInputError("data after the trace's event array", source=path)
+        meta = {}
+    else:
+        meta = _parse_meta(path, head, tail, b)
     if b.n == 0:
         raise DiagInputError("trace has no events", source=path)
     if b.n_dev == 0 and b.n_cpu == 0:
@@ -338,6 +357,28 @@ def _load(path: str, blocks, b: _Builder, par: _Parallel | None = None) -> Trace
 
 
 _DIRECT_WINDOW = 64 << 10
+
+
+def _close_bare_array(buf: bytearray, b: _Builder) -> None:
+    """End a bare event array that its writer left open: drop a trailing comma, and a last
+    event cut off mid-way (a writer that died; noted), then close the array."""
+    end = len(buf.rstrip(b" \t\r\n\x00"))
+    if end and buf[end - 1] == 0x5D:  # "]": closed already
+        return
+    del buf[end:]
+    if buf.endswith(b","):
+        del buf[-1:]
+    # The last event: whole unless the writer stopped inside it.
+    seps = list(_SEP_RE.finditer(buf[-MAX_EVENT_BYTES:]))
+    start = len(buf) - min(len(buf), MAX_EVENT_BYTES) + seps[-1].start() + 1 if seps else 0
+    try:
+        whole = isinstance(_decoded_any(bytes(buf[start:]).strip().lstrip(b",").strip()), dict)
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        whole = False
+    if not whole and seps:
+        del buf[start:]
+        b.decode.log().note("the event array ends inside an event (its writer stopped): that event is left out")
+    buf += b"]"
 
 
 def _decode_direct(buf: bytearray, blk: bytes, b: _Builder) -> bytearray | None:

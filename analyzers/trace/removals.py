@@ -16,6 +16,7 @@ from diag.analyzers import intervals as iv
 from diag.analyzers.analysis_types import PAGEABLE_HTOD_RE, SYNC_OP_NAMES
 from diag.analyzers.trace import event_classes as ec
 from diag.analyzers.trace import host_device
+from diag.analyzers.trace import python_gaps as py_gaps
 from diag.analyzers.trace.columns import Trace
 
 # A device op's class, as the replay's parts group them (whatif.graph.DEV_CLASS).
@@ -81,10 +82,11 @@ def _top_collective_us(records: list[dict], win: np.ndarray) -> np.ndarray | Non
 
 def per_window(trace: Trace, win: np.ndarray, classes, att, layers, chain_saving, math_saving,
                collectives: list[dict], matrix_saving=None, traffic_saving=None, host_calls: bool = True,
-               cpu_work_coverage: float = 1.0) -> dict[str, tuple[str, np.ndarray, np.ndarray]]:
+               cpu_work_coverage: float = 1.0, python_gap_us: float = 100.0) -> dict[str, tuple[str, np.ndarray, np.ndarray]]:
     """{measure: (part, µs removed, µs of the part)} per window, for the measures this trace
-    gives (the CPU work's and the allocator calls' only where `host_calls`; the CPU work's
-    only on traces holding `cpu_work_coverage` of the host events)."""
+    gives (the CPU work's, the Python gaps' and the allocator calls' only where `host_calls`;
+    the CPU work's and the gaps' only on traces holding `cpu_work_coverage` of the host events;
+    gaps of `python_gap_us` or more)."""
     out = {}
 
     def add(name: str, part: str, removed) -> None:
@@ -105,11 +107,16 @@ def per_window(trace: Trace, win: np.ndarray, classes, att, layers, chain_saving
         if np.any(removed > 0):
             out["host_sync_points"] = ("host", removed, None)
     if classes is not None and host_calls:  # both lie in the host's time between the chain's calls
-        rows, host_us = host_device.cpu_work_ops(trace, win, cpu_work_coverage, att["parts"].get("host", iv.EMPTY))
+        rows, host_us, after_us = host_device.cpu_work_ops(trace, win, cpu_work_coverage,
+                                                           att["parts"].get("host", iv.EMPTY))
         k = trace.step_of("cpu", win)[rows]
-        removed = np.bincount(k[k >= 0], weights=host_us[k >= 0], minlength=len(win)).astype(np.float64)
+        removed = np.bincount(k[k >= 0], weights=(host_us + after_us)[k >= 0], minlength=len(win)).astype(np.float64)
         if np.any(removed > 0):
             out["cpu_work"] = ("host", removed, None)
+        gaps = py_gaps.python_gaps(trace, win, python_gap_us, cpu_work_coverage)
+        removed = py_gaps.gap_us_per_window(trace, win, gaps)
+        if np.any(removed > 0):
+            out["python_gaps"] = ("host", removed, None)
         alloc = np.flatnonzero(host_device.allocator_mask(trace))
         k = trace.step_of("rt", win)[alloc]
         removed = np.bincount(k[k >= 0], weights=trace.rt_dur[alloc][k >= 0], minlength=len(win))
