@@ -18,6 +18,7 @@ from __future__ import annotations
 import atexit
 import collections
 import copy
+import numbers
 import os
 import re
 import signal
@@ -57,6 +58,13 @@ class Terminated(SystemExit):
     def __str__(self) -> str:
         return (f"{signal.Signals(self.signum).name}: the process was told to stop (a scheduler's time limit, "
                 "torchrun or Kubernetes)")
+
+
+def _plausible(value, field: str) -> bool:
+    """A step's count as the job passed it: a plain number is checked here (rundir.plausible_count);
+    a tensor or NumPy scalar is read only when the record is written, off the training thread
+    (reading a device tensor waits for the device), and checked when the run is read."""
+    return rundir.plausible_count(value, field) or (not isinstance(value, numbers.Real) and hasattr(value, "item"))
 
 
 class Agent:
@@ -157,6 +165,7 @@ class Agent:
         self._exception: tuple[str, str] | None = None  # (type, text) of what the training loop raised
         self._watch: tuple | None = None  # (model, optimizer) to describe after the next step
         self._closed = False
+        self._bad_counts: set[str] = set()  # step counts (samples, tokens) already said to be implausible
         self._atexit = None
 
     # -- public API -----------------------------------------------------------------------
@@ -265,6 +274,8 @@ class Agent:
             timer = self.timer
         windows = self.windows
         profiled = windows is not None and windows.recording
+        if not (_plausible(samples, "samples") and _plausible(tokens, "tokens")):
+            samples, tokens = self._plausible_counts(samples, tokens)
         t = timer.finish(samples, tokens)
         clock = self.clock
         if clock is not None:
@@ -282,6 +293,21 @@ class Agent:
         self._queue.append((t, profiled))
         if self._watch is not None:
             self._record_model(t.step)
+
+    def _plausible_counts(self, samples, tokens) -> tuple:
+        """The step's counts with those no step can hold (1e30, a tensor, NaN) left out, said once."""
+        out = []
+        for field, value in (("samples", samples), ("tokens", tokens)):
+            if _plausible(value, field):
+                out.append(value)
+                continue
+            out.append(None)
+            if field not in self._bad_counts:
+                self._bad_counts.add(field)
+                self._log(f"agent.step({field}={str(value)[:40]}): not a count of {field} one step can hold "
+                          f"(a number from 0 to {rundir.MAX_STEP_COUNTS[field]:.0e}); left out of this and later "
+                          "steps' throughput")
+        return tuple(out)
 
     def watch(self, model, optimizer=None) -> Agent:
         """Record what `model` and `optimizer` hold (parameters, gradients, optimizer state, the
@@ -553,7 +579,7 @@ class Agent:
                         self.exporter.observe_profiler(self.windows.window_steps)
                 if now - last_flush >= self.flush_s:
                     last_flush = now
-                    self.writer.flush()
+                    self.writer.sync()
                 if self.live_s and now - last_live >= self.live_s:
                     last_live = now
                     self._write_live()

@@ -8,7 +8,7 @@ import os
 import sys
 
 from diag import __version__
-from diag.errors import DiagInputError, VisibleStream
+from diag.errors import DiagInputError, DiagRunError, VisibleStream
 
 # (subcommand, module under diag.commands, one-line help). Help text lives here so that
 # `diag --help` does not import every command module (and with them torch and pandas).
@@ -66,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     except DiagInputError as exc:
         print(f"diag: error: {exc}", file=sys.stderr)
         return 2
+    except DiagRunError as exc:
+        print(f"diag: error: {exc}", file=sys.stderr)
+        return 1
     except RecursionError:  # a reader that follows nesting; each bounds its own, this is the last guard
         print("diag: error: the input is nested too deeply to read", file=sys.stderr)
         return 2

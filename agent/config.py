@@ -102,7 +102,8 @@ class RunConfig:
     id: str | None = _f(None, "run id shared by all ranks (default: from the launcher)", "run_id", env=False)
     overwrite: bool = _f(False, "reuse a run directory that holds an earlier run", "overwrite")
     heartbeat_s: float = _f(5.0, "how often rank.json is refreshed", "heartbeat_s")
-    flush_s: float = _f(10.0, "how often buffered records are written", "flush_s")
+    flush_s: float = _f(1.0, "how often buffered records are appended to the run directory (what a rank "
+                             "killed without warning loses)", "flush_s")
     live_s: float = _f(1.0, "how often live.json (the last steps, for diag top) is rewritten; 0: never", "live_s")
     verbose: bool = _f(True, "print the agent's messages to stderr", "verbose")
 

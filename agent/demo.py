@@ -26,6 +26,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from diag.errors import DiagRunError
+
 BOTTLENECKS = ("data", "comm", "compute", "memory", "host", "none")
 DEFAULT_STEPS = 32
 # Induced stragglers: one rank's batches arrive late, as from a slow or skewed input pipeline.
@@ -343,7 +345,7 @@ def run_demo(settings: DemoSettings = DemoSettings(), on_ready=None) -> dict:
     try:
         procs = mp.start_processes(_rank_main, args=(cfg, done), nprocs=ranks, join=False, start_method=method)
         try:
-            while not procs.join(timeout=0.5) and not done.is_set():
+            while not _joined(procs, path) and not done.is_set():
                 pass
         except KeyboardInterrupt:
             _stop_ranks(procs)
@@ -360,7 +362,7 @@ def run_demo(settings: DemoSettings = DemoSettings(), on_ready=None) -> dict:
         if on_ready is not None:
             on_ready(result)
         try:
-            while not procs.join(timeout=0.5):
+            while not _joined(procs, path):
                 pass
         except KeyboardInterrupt:  # the linger ends early; training is over, nothing is lost
             _stop_ranks(procs)
@@ -368,6 +370,24 @@ def run_demo(settings: DemoSettings = DemoSettings(), on_ready=None) -> dict:
     finally:
         if main:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _joined(procs, path: Path) -> bool:
+    """Whether every rank has ended, waiting up to half a second; a rank that died (a signal,
+    an exception) ends the others and the demo with one line that says which and how."""
+    import torch.multiprocessing as mp
+
+    try:
+        return procs.join(timeout=0.5)
+    except mp.ProcessExitedException as exc:
+        how = f"was killed by {exc.signal_name}" if exc.signal_name else f"exited with status {exc.exit_code}"
+        failed = exc.error_index
+    except mp.ProcessRaisedException as exc:
+        lines = [x for x in str(exc).splitlines() if x.strip()]
+        how, failed = f"failed: {lines[-1].strip()[:300] if lines else 'an exception'}", exc.error_index
+    _stop_ranks(procs)
+    raise DiagRunError(f"rank {failed} of the demo {how}; the other ranks were stopped. What the ranks recorded "
+                       f"is in {path} (diag report {path}).")
 
 
 def _stop_ranks(procs, timeout_s: float = 30.0) -> None:

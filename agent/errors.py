@@ -14,6 +14,14 @@ class DiagInputError(Exception):
         super().__init__(" ".join(text.split()))
 
 
+class DiagRunError(Exception):
+    """A job diag itself ran (the demo, a benchmark) failed: one line saying which part and
+    how, printed as `diag: error: <message>` with exit status 1."""
+
+    def __init__(self, message: str):
+        super().__init__(" ".join(message.split()))
+
+
 # Characters a terminal acts on instead of showing: C0 controls but tab, newline and
 # carriage return (progress bars), DEL, C1 controls, and the bidirectional overrides that
 # reorder what a reader sees. Untrusted names (kernels, hosts, file contents) reach

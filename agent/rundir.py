@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import errno
 import json
+import math
+import numbers
 import os
 import re
 import stat
@@ -65,6 +67,19 @@ NCCL_LOG_DOC = "nccl_log.json"
 # No training counts this many steps; a larger step number is damage (it would not fit the
 # analysis's 64-bit columns either).
 MAX_STEP = 1 << 48
+# No step holds more: a batch of a billion samples, a trillion tokens. A count past these (or
+# negative, or not a finite number) is a mistake in what the job passed to agent.step().
+MAX_STEP_COUNTS = {"samples": 1e9, "tokens": 1e12}
+
+
+def plausible_count(value, field: str) -> bool:
+    """Whether `value` can be the `field` ("samples", "tokens") of one step: None (not given),
+    or a finite number from 0 to MAX_STEP_COUNTS[field]."""
+    if value is None:
+        return True
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return False
+    return bool(math.isfinite(value) and 0 <= value <= MAX_STEP_COUNTS[field])
 
 # How a rank's run ended (rank.json's status once it is not "running"): terminated is a stop
 # from outside (SIGTERM), interrupted a Ctrl-C or an exit without closing the agent.
@@ -200,11 +215,21 @@ def _json_default(obj):
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
 
 
-class SegmentWriter:
-    """Buffers records and writes them as atomically renamed segment files.
+JOURNAL_SUFFIX = ".open"  # a segment still being appended to: "steps-000003.jsonl.open"
 
-    Memory is bounded by `flush_records`; disk by `max_bytes`, past which the writer
-    drops records and reports it once through `on_full` (the training goes on).
+
+class SegmentWriter:
+    """Buffers records and writes them as segment files.
+
+    `sync` appends the buffered records to the stream's open segment (a journal,
+    `<name>.jsonl.open`), so a process killed without warning (SIGKILL, the OOM killer) loses
+    only what it buffered since the last sync; the agent syncs every second. A journal is
+    sealed, renamed to `<name>.jsonl`, once it holds `flush_records` records or is
+    `flush_seconds` old, and at `flush`; a journal that a killed process left is sealed by
+    the next writer of the stream. Readers read sealed segments and journals alike (a
+    journal's last line may be cut off: it is left out). Memory is bounded by
+    `flush_records`; disk by `max_bytes`, past which the writer drops records and reports it
+    once through `on_full` (the training goes on).
     """
 
     def __init__(
@@ -225,44 +250,110 @@ class SegmentWriter:
         self.bytes_written = 0
         self.dropped = 0
         self._buf: list[str] = []
-        self._last_flush = time.monotonic()
+        self._journal: int | None = None  # the open segment's descriptor
+        self._journal_records = 0
+        self._journal_opened = time.monotonic()
+        self._seal_left_journals()
         self._index = self._next_index()
 
+    def _segments(self) -> list[Path]:
+        return segment_files(self.directory, self.stream)
+
     def _next_index(self) -> int:
-        existing = sorted(self.directory.glob(f"{self.stream}-*.jsonl")) if self.directory.exists() else []
-        if not existing:
-            return 0
-        return int(existing[-1].stem.rsplit("-", 1)[1]) + 1
+        existing = self._segments()
+        return segment_index(existing[-1]) + 1 if existing else 0
+
+    def _seal_left_journals(self) -> None:
+        """Seal the journals a killed process left: their records are whole segments now."""
+        for p in self._segments():
+            if p.name.endswith(JOURNAL_SUFFIX):
+                sealed = p.with_name(p.name[: -len(JOURNAL_SUFFIX)])
+                if not sealed.exists():
+                    os.replace(p, sealed)
+
+    def _path(self) -> Path:
+        return self.directory / f"{self.stream}-{self._index:06d}.jsonl"
 
     def write(self, record: dict) -> None:
         self._buf.append(json.dumps(record, separators=(",", ":"), default=_json_default))
-        if len(self._buf) >= self.flush_records or time.monotonic() - self._last_flush >= self.flush_seconds:
-            self.flush()
+        if len(self._buf) >= self.flush_records:
+            self.sync()
+
+    def sync(self) -> None:
+        """Append the buffered records to the open segment; seal it once full or old."""
+        if self._buf:
+            data = ("\n".join(self._buf) + "\n").encode("utf-8")
+            n = len(self._buf)
+            self._buf = []
+            if self.bytes_written + len(data) > self.max_bytes:
+                self.dropped += n
+                if self.on_full is not None and self.dropped == n:
+                    self.on_full(f"{self.stream}: size budget of {self.max_bytes} bytes reached; dropping records")
+            else:
+                self._append(data)
+                self._journal_records += n
+                self.bytes_written += len(data)
+        if self._journal is not None and (self._journal_records >= self.flush_records
+                                          or time.monotonic() - self._journal_opened >= self.flush_seconds):
+            self._seal()
+
+    def _append(self, data: bytes) -> None:
+        if self._journal is None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            path = self._path().with_name(self._path().name + JOURNAL_SUFFIX)
+            # O_NOFOLLOW: a link planted under the journal's name is refused, not written through.
+            self._journal = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0),
+                                    0o644)
+            self._journal_records, self._journal_opened = 0, time.monotonic()
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._journal, view):]
+
+    def _seal(self) -> None:
+        fd, self._journal = self._journal, None
+        if fd is None:
+            return
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        path = self._path()
+        os.replace(path.with_name(path.name + JOURNAL_SUFFIX), path)
+        self._index += 1
 
     def flush(self) -> None:
-        self._last_flush = time.monotonic()
-        if not self._buf:
-            return
-        data = ("\n".join(self._buf) + "\n").encode("utf-8")
-        n = len(self._buf)
-        self._buf = []
-        if self.bytes_written + len(data) > self.max_bytes:
-            self.dropped += n
-            if self.on_full is not None and self.dropped == n:
-                self.on_full(f"{self.stream}: size budget of {self.max_bytes} bytes reached; dropping records")
-            return
-        atomic_write_bytes(self.directory / f"{self.stream}-{self._index:06d}.jsonl", data)
-        self._index += 1
-        self.bytes_written += len(data)
+        """Everything buffered written, and the open segment sealed."""
+        self.sync()
+        self._seal()
+
+
+def segment_index(path: Path) -> int:
+    """The index in a segment's name: "steps-000012.jsonl" or its journal, "...jsonl.open"."""
+    return int(path.name.split(".", 1)[0].rsplit("-", 1)[1])
+
+
+def segment_files(directory: str | os.PathLike, stream: str) -> list[Path]:
+    """A stream's segments, sealed and open, in the order they were written."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = []
+    for p in directory.glob(f"{stream}-*.jsonl*"):
+        if not (p.name.endswith(".jsonl") or p.name.endswith(".jsonl" + JOURNAL_SUFFIX)):
+            continue
+        try:
+            found.append((segment_index(p), p.name.endswith(JOURNAL_SUFFIX), p))
+        except ValueError:
+            continue  # not a name the writer gives
+    return [p for _, _, p in sorted(found)]
 
 
 def read_records(directory: str | os.PathLike, stream: str, problems: list | None = None) -> Iterator[dict]:
-    """All records of a stream in order. Unreadable lines are skipped and noted in `problems`."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        return
-    for seg in sorted(directory.glob(f"{stream}-*.jsonl")):
-        yield from read_segment(seg, problems)
+    """All records of a stream in order, from its sealed segments and its open one (whose last
+    line a killed writer may have cut off: left out unnoted). Other unreadable lines are
+    skipped and noted in `problems`."""
+    for seg in segment_files(directory, stream):
+        yield from read_segment(seg, problems, open_journal=seg.name.endswith(JOURNAL_SUFFIX))
 
 
 # No record the agent writes comes near this; a longer line is damage, skipped unread.
@@ -283,9 +374,11 @@ def open_regular(path: str | os.PathLike):
         raise
 
 
-def read_segment(segment: str | os.PathLike, problems: list | None = None) -> Iterator[dict]:
+def read_segment(segment: str | os.PathLike, problems: list | None = None,
+                 open_journal: bool = False) -> Iterator[dict]:
     """The records of one segment file, read line by line; damaged lines (not JSON, invalid
-    UTF-8, nested too deep, longer than MAX_RECORD_BYTES) are skipped and noted in `problems`."""
+    UTF-8, nested too deep, longer than MAX_RECORD_BYTES) are skipped and noted in `problems`,
+    except, in an open journal, a last line without its newline (a write cut off)."""
     try:
         f = open_regular(segment)
     except OSError as exc:
@@ -311,6 +404,8 @@ def read_segment(segment: str | os.PathLike, problems: list | None = None) -> It
                     problems.append(f"{segment}:{i}: a line longer than {MAX_RECORD_BYTES >> 20} MiB, skipped")
                 continue
             rec = _record(line)
+            if rec is _DAMAGED and open_journal and not line.endswith(b"\n"):
+                return  # the journal's last write, cut off
             if rec is _DAMAGED:
                 if problems is not None:
                     problems.append(f"{segment}:{i}: not a JSON record")
@@ -403,10 +498,17 @@ class RunDir:
         out = []
         for rec in self.records(rank, "steps"):
             n = rec.get("step")
-            if type(n) is int and 0 <= n <= MAX_STEP:
-                out.append(rec)
-            elif len(self.problems) < 1000:
-                self.problems.append(f"rank {rank}: a step record numbered {str(n)[:40]!r}, left out")
+            if not (type(n) is int and 0 <= n <= MAX_STEP):
+                if len(self.problems) < 1000:
+                    self.problems.append(f"rank {rank}: a step record numbered {str(n)[:40]!r}, left out")
+                continue
+            for field in MAX_STEP_COUNTS:
+                if not plausible_count(rec.get(field), field):
+                    if len(self.problems) < 1000:
+                        self.problems.append(f"rank {rank}: step {n} counts {str(rec.get(field))[:40]} {field}, "
+                                             "no count one step holds; left out")
+                    rec = {**rec, field: None}
+            out.append(rec)
         return out
 
     def samples(self, rank: int) -> list[dict]:

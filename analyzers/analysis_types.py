@@ -172,6 +172,7 @@ class RunRankFacts(TypedDict):
     world_size: int | None
     host: str | None
     status: str | None
+    error: str | None  # what ended the rank where it did not finish (rank.json's error)
     steps: list[RunStepFacts]
     gpu_time: dict
     top_kernels: list[dict]
@@ -180,6 +181,7 @@ class RunRankFacts(TypedDict):
     launches: dict | None
     allocator: list[dict]
     cpu_work: list[dict]
+    python_gaps: dict | None
     math: dict | None
     memory_traffic: dict | None
     matrix_ops: dict | None

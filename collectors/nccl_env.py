@@ -27,11 +27,13 @@ def nccl_env(log_dir: str | os.PathLike, coll: bool = False) -> dict[str, str]:
     }
 
 
-def process_group_initialized() -> bool:
+def nccl_group_initialized() -> bool:
+    """Whether the default process group exists already and runs on NCCL (a gloo group has no
+    NCCL communicator whose logging could come too late)."""
     try:
         import torch.distributed as dist
 
-        return bool(dist.is_available() and dist.is_initialized())
+        return bool(dist.is_available() and dist.is_initialized() and "nccl" in str(dist.get_backend()).lower())
     except Exception:
         return False
 
@@ -63,7 +65,7 @@ def configure(
             if log:
                 log(f"nccl: cannot create {log_dir} ({exc.strerror or exc}); NCCL logs stay on stderr")
     env.update(applied)
-    if check_process_group and log and process_group_initialized():
+    if check_process_group and log and nccl_group_initialized():
         log(
             "nccl: the process group was initialised before diag.Agent; NCCL logging takes effect only "
             "if no NCCL communicator exists yet. Start the agent before init_process_group."

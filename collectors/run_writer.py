@@ -339,8 +339,15 @@ class RunWriter:
             self._guard(w.write, record)
 
     def flush(self) -> None:
+        """Every stream's records written and its open segment sealed."""
         for w in list(self._streams.values()):
             self._guard(w.flush)
+
+    def sync(self) -> None:
+        """Every stream's buffered records appended to its open segment (what a killed rank
+        keeps), cheaply: no segment sealed before it is full or old."""
+        for w in list(self._streams.values()):
+            self._guard(w.sync)
 
     def record_tree_settings(self, settings: dict) -> None:
         """The run's decision-tree settings, written once: the first rank to get here records them."""

@@ -90,3 +90,12 @@ def test_killed_rank_is_named_by_the_survivors(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     missing = next(f for f in summary["diagnosis"]["findings"] if f["id"] == "missing_ranks")
     assert "rank 1" in missing["message"] and "stopped reporting" in missing["message"], missing
+    # The headline counts only the rank that lived to the end, and the survivor's own error is
+    # quoted beside the rank that stopped reporting.
+    text = summary["diagnosis"]["headline"]["text"]
+    assert "on both ranks" not in text and "rank 1 stopped before the job ended" in text, text
+    ended = next(f for f in summary["diagnosis"]["findings"] if f["id"] == "ranks_ended_abnormally")
+    error = rd.rank_info(0)["error"]
+    assert f"rank 0 failed: {error.splitlines()[0][:300]}" in ended["message"] and "rank 1 stopped reporting" \
+        in ended["message"], ended
+    assert "rank 0 failed: " in (run_dir / "report.md").read_text()

@@ -150,10 +150,13 @@ def test_nccl_env_keeps_user_settings(tmp_path):
     assert env2["NCCL_DEBUG_SUBSYS"] == "INIT,ENV,NET,GRAPH"
 
 
-def test_nccl_env_warns_when_process_group_exists(tmp_path, monkeypatch):
+@pytest.mark.parametrize("backend,warned", [("nccl", True), ("cpu:gloo,cuda:nccl", True), ("gloo", False)])
+def test_nccl_env_warns_when_an_nccl_process_group_exists(tmp_path, monkeypatch, backend, warned):
+    """Only a group on NCCL has a communicator whose logging the variables come too late for."""
     import torch.distributed as dist
 
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: backend)
     logs = []
     nccl_env.configure(tmp_path / "nccl", env={}, log=logs.append)
-    assert logs and "before init_process_group" in logs[0]
+    assert bool(logs and "before init_process_group" in logs[0]) == warned

@@ -41,7 +41,7 @@ def test_defaults_are_the_ones_the_agent_documents():
         pw.SKIP_FIRST, pw.WARMUP, pw.ACTIVE, pw.EVERY)
     assert cfg.profiler.trace_budget_bytes == 1 << 30 and cfg.sampling.interval_s == 1.0
     assert cfg.exporter.enabled and cfg.exporter.port is None and cfg.report.wait_s == 120.0
-    assert cfg.run.heartbeat_s == 5.0 and cfg.run.flush_s == 10.0 and cfg.sampling.device == "auto"
+    assert cfg.run.heartbeat_s == 5.0 and cfg.run.flush_s == 1.0 and cfg.sampling.device == "auto"
     assert cfg.sources == {}
     # Every field has a one-line doc and a flat keyword name, and the names do not collide.
     fields = [f for cls in SECTIONS.values() for f in dataclasses.fields(cls)]

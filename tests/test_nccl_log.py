@@ -614,3 +614,68 @@ def test_byte_chunks_in_bulk_equal_line_by_line(real_nccl):
     assert bulk > 0.2 * len(seq)
     std = re.compile(r"[\w.\-]+:\d+:\d+ \[\d+\] NCCL INFO (?:Channel \d+/\d+ : \d+.* via |\w+: opCount |\w+: \d+ Bytes)")
     assert not [ln for ln in per_line if std.match(ln) and ln.count("NCCL INFO ") == 1]
+
+
+# NCCL prefixes each line "host:pid:tid [cudaDev]" (its debug.cc); a line that another
+# process's output ran into (no newline between them) has that text glued before the host.
+GLUED = [
+    "node1:4242:4250 [0] NCCL INFO NCCL version 2.18.3+cuda12.2\n",
+    "node1:4242:4250 [0] NCCL INFO comm 0x55d1 rank 0 nRanks 2 nNodes 2 localRanks 1 localRank 0 - Init COMPLETE\n",
+    "node2:5151:5160 [0] NCCL INFO comm 0x55d1 rank 1 nRanks 2 nNodes 2 localRanks 1 localRank 0 - Init COMPLETE\n",
+    "epoch 3 loss 0.125node1:4242:4251 [0] misc/socket.cc:71 NCCL WARN socketProgress: Connection closed by "
+    "remote peer node2<36138>\n",
+    "2024-05-02T10:00:01.123node2:5151:5161 [0] transport/net_ib.cc:1295 NCCL WARN NET/IB : Got completion "
+    "from peer node1 with status=12 opcode=0 len=0 vendor err 129\n",
+]
+
+
+def test_a_host_name_with_text_glued_before_it_is_counted_once():
+    doc = parse_lines(GLUED)
+    assert doc["hosts"] == ["node1", "node2"] and doc["processes"] == 2 and doc["nodes"] == 2
+    assert all(set(w["hosts"]) <= {"node1", "node2"} for w in doc["warnings"])
+
+
+# NCCL before 2.3 printed "host:pid:tid [dev] INFO msg" and "host:pid:tid [dev] file:line WARN
+# msg" without the "NCCL" tag (its include/debug.h), and NCCL 1.x "WARN file:line msg" alone.
+PRE_2_3 = [
+    "node1:1234:1234 [0] INFO NCCL version 2.2.13+cuda9.0\n",
+    "node1:1234:1234 [0] INFO NET : Using interface eth0:10.0.0.1<0>\n",
+    "node2:2222:2222 [1] INFO NET : Using interface eth0:10.0.0.2<0>\n",
+    "\n",
+    "node1:1234:1240 [0] include/common_coll.h:81 WARN Cuda failure 'out of memory'\n",
+    "WARN src/core.cu:331 Cuda failure 'out of memory'\n",
+    "INFO 2018-01-01 root: not an NCCL line\n",
+]
+
+
+def test_nccl_logs_before_2_3_are_read_and_their_out_of_memory_is_named():
+    doc = parse_lines(PRE_2_3)
+    assert doc["nccl_version"] == "2.2.13+cuda9.0" and doc["hosts"] == ["node1", "node2"]
+    assert doc["nccl_lines"] == 5
+    assert sorted(w["location"] for w in doc["warnings"]) == ["include/common_coll.h:81", "src/core.cu:331"]
+    oom = next(f for f in doc["findings"] if f["id"] == "cuda_oom_in_nccl")
+    assert oom["severity"] == "critical" and "Cuda failure 'out of memory'" in oom["message"]
+    assert "first: Cuda failure 'out of memory'" in oom["message"] and len(oom["evidence"]) == 2
+
+
+# PyTorch's ProcessGroupNCCL raises "NCCL error in: <file>:<line>, <ncclGetErrorString>, NCCL
+# version <v>" and adds the error's name and NCCL's last error on the next line.
+UNHANDLED = [
+    "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1275, "
+    "unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.14.3\n",
+    "ncclUnhandledCudaError: Call to CUDA function failed.\n",
+]
+
+
+def test_an_unhandled_cuda_error_is_named_and_its_version_kept():
+    doc = parse_lines(UNHANDLED)
+    assert doc["nccl_version"] == "2.14.3"
+    ids = [f["id"] for f in doc["findings"]]
+    assert "unhandled_cuda_error" in ids and "nccl_error" in ids
+    f = next(f for f in doc["findings"] if f["id"] == "unhandled_cuda_error")
+    assert "no WARN line names the CUDA call" in f["message"]
+    # With the WARN that says which call failed, and it was out of memory: named as that.
+    warn = "node1:77:80 [0] include/alloc.h:48 NCCL WARN Cuda failure 2 'out of memory'\n"
+    doc = parse_lines([warn] + UNHANDLED)
+    ids = [f["id"] for f in doc["findings"]]
+    assert "cuda_oom_in_nccl" in ids and "unhandled_cuda_error" not in ids

@@ -68,3 +68,22 @@ def test_a_jobs_own_sigterm_handler_is_left_alone(tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 7, err[-2000:]  # the job's handler ran: sys.exit(7)
     assert json.loads((run / "rank-00000" / "rank.json").read_text())["status"] == "failed"  # SystemExit(7)
+
+
+def test_sigkill_loses_at_most_about_a_second_of_steps(tmp_path):
+    """No handler runs on SIGKILL (the OOM killer, a scheduler's hard kill): what the rank keeps
+    is what reached the run directory, appended every second (flush_s) to the open segments."""
+    from diag import rundir
+
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-c", TRAIN, str(run)], stderr=subprocess.PIPE, text=True)
+    _wait_live_steps(run, 50)
+    time.sleep(2.5)  # past the first seconds' syncs, and mid-segment: a segment seals every 10 s
+    killed = time.time()
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    steps = rundir.RunDir(run).steps(0)
+    last = max(s["start_unix"] + s["duration_s"] for s in steps)
+    assert killed - last < 1.6, (killed - last, len(steps))
+    assert [s["step"] for s in steps] == list(range(len(steps)))  # whole, in order, the cut-off line left out
+    assert list((run / "rank-00000" / "steps").glob("*.jsonl.open"))  # the segment it was appending to

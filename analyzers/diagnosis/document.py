@@ -108,8 +108,8 @@ def _judge(job: dict, ranks: dict, run: dict, tree) -> dict:
     path = _decision_path(job, ranks, bound)
     episodes = straggler_episodes(ranks, tree)
     over_time = episode_finding(episodes, tree)
-    findings = merged_findings({**job, "findings": [*(job.get("findings") or []), over_time]} if over_time else job,
-                               ranks)
+    extra = [f for f in (over_time, ended_finding(ranks, job)) if f]
+    findings = merged_findings({**job, "findings": [*(job.get("findings") or []), *extra]} if extra else job, ranks)
     basis = mset["basis"] if mset else f"{int(steps.has_shares.sum())} step(s) of {len(ranks)} rank(s)"
     ev = evidence(ranks, allt, steps, job_shares, basis, stragglers, ctx.nccl, findings)
     headline = _headline(ctx)
@@ -204,6 +204,37 @@ def _blind(ranks: dict) -> set:
     return {k for k, r in ranks.items() if r["analysis"].get("device_events_missing")}
 
 
+ABNORMAL_ENDS = {"failed": "failed", "terminated": "was told to stop", "interrupted": "was interrupted"}
+
+
+def _stopped_reporting(ranks: dict, job: dict) -> list[int]:
+    """The ranks with data that the job counts as missing: they stopped reporting before it ended."""
+    return sorted(r for r in job.get("missing_ranks") or [] if isinstance(r, int) and r in ranks)
+
+
+def ended_finding(ranks: dict, job: dict) -> dict | None:
+    """The ranks that did not finish, each with what ended it in its own words (the exception
+    its training raised, the signal), and the ranks that stopped reporting: a killed rank makes
+    its peers fail at the next collective, so the first to go is what to read first."""
+    lost = _stopped_reporting(ranks, job)
+    ended = sorted((r["rank"], r["analysis"]) for r in ranks.values()
+                   if r["analysis"].get("status") in ABNORMAL_ENDS)
+    if not ended and not lost:
+        return None
+    parts = [f"rank {k} {ABNORMAL_ENDS[a['status']]}" + (f": {a['error'].splitlines()[0][:300]}" if a.get("error") else "")
+             for k, a in ended]
+    if lost:
+        parts.append(f"{'rank' if len(lost) == 1 else 'ranks'} {', '.join(map(str, lost[:16]))} stopped reporting "
+                     "without ending (killed: the OOM killer, a hard kill, a crash)")
+    return {"id": "ranks_ended_abnormally", "severity": "error",
+            "message": "The job did not end normally: " + "; ".join(parts) + ".",
+            "advice": "Read the first rank to go first: a rank killed without warning leaves no error of its own "
+                      "(the host's kernel log, dmesg, names the OOM killer), and its peers then fail at the next "
+                      "collective with a connection error that is a consequence, not the cause.",
+            "evidence": {"ended": [{"rank": k, "status": a["status"], "error": a.get("error")} for k, a in ended],
+                         "stopped_reporting": lost}}
+
+
 def _headline(ctx: JobContext) -> dict:
     bound, ranks, allt, world, job_shares = ctx.bound, ctx.ranks, ctx.all_steps, ctx.world, ctx.shares
     tree, nccl, stragglers, job, mset = ctx.tree, ctx.nccl, ctx.stragglers, ctx.job, ctx.mset
@@ -226,9 +257,10 @@ def _headline(ctx: JobContext) -> dict:
     if not agree:
         agree = [r for r in ranks.values() if mode_bound(r["step_table"].bound) == bound]
     n_agree, n_ranks = len(agree), len(ranks)
+    lost = _stopped_reporting(ranks, job)
     if n_ranks == 0:
         where = ""
-    elif n_agree == n_ranks and n_ranks == world:
+    elif n_agree == n_ranks and n_ranks == world and not lost:
         where = "" if n_ranks == 1 else " on both ranks" if n_ranks == 2 else f" on all {n_ranks} ranks"
     else:
         where = f" on {n_agree} of {world} ranks" if world > 1 else ""
@@ -245,6 +277,9 @@ def _headline(ctx: JobContext) -> dict:
     else:
         text = f"{title}{where}"
     extra = []
+    if lost:
+        extra.append(f"{'rank' if len(lost) == 1 else 'ranks'} {', '.join(map(str, lost[:8]))} stopped before the "
+                     "job ended")
     edge = job.get("borderline") if isinstance(job.get("borderline"), dict) else None
     if edge and edge.get("text"):
         extra.append(str(edge["text"]))

@@ -10,6 +10,7 @@ The gain of a recommendation is read here from the job's what-if entries, and no
 
 from __future__ import annotations
 
+from diag.analyzers.diagnosis import action_models
 from diag.analyzers.diagnosis.context import JobContext
 from diag.analyzers.diagnosis.inputs import CLASSES, PHASE_LABELS, num, pct
 
@@ -72,7 +73,7 @@ def recommendations(ctx: JobContext, findings: list[dict], memory: dict, evidenc
                 "Check that every rank gets the same amount of work (uneven batches, sequence lengths).",
                 "If the late rank's device is throttled or faulty, exclude that node.",
             ],
-            **predicted_gain(_best_prediction(what_if, "wait"), wait, "the other ranks' waiting for it"),
+            **_straggler_gain(ctx, s["rank"], _best_prediction(what_if, "wait"), wait),
             "evidence": [f"ev-straggler-{s['rank']}"],
             "why": f"Rank {s['rank']} is named as a straggler: {s['evidence_text']}",
             "primary": False,
@@ -191,6 +192,16 @@ def _comm_at(what_if: list[dict], factor: float) -> dict | None:
                            "no_exposed_comm and comm_2x)"}
 
 
+def _straggler_gain(ctx: JobContext, rank: int, pred: dict | None, wait: float | None) -> dict:
+    """A straggler's gain: whatever makes it late, removing it gives the step with every rank at
+    the median rank's pace (the no_straggler replay), carried over to the steps outside the
+    profiler as a cause's removal is (action_models)."""
+    what = "the other ranks' waiting for it"
+    expect = action_models.removal(f"rank {rank} at its peers' pace")(ctx, {"ranks": [rank]}, pred) \
+        if pred and num(pred.get("predicted_step_ms")) is not None else None
+    return expected_gain(expect, wait, what) if expect else predicted_gain(pred, wait, what)
+
+
 def predicted_gain(pred: dict | None, bound_share: float | None, what: str) -> dict:
     """The gain fields of a recommendation from its what-if prediction."""
     upper = f"; removing {what} entirely is at most {pct(bound_share)} of the step" if bound_share else ""
@@ -236,7 +247,7 @@ def cause_gain(expect: dict | None, ceiling: dict | None) -> str:
             f"{expect['high_ms']:.1f} ms) against {base:.1f} ms measured, {base / new:.2f}x faster; "
             f"{expect['assumes']}")
     c = expect.get("ceiling_step_ms")
-    if num(c):
+    if num(c) and abs(c - new) > 0.005 * new:  # an action that removes its cause has the ceiling's step
         text += f". Ceiling, with this cause gone entirely: {c:.1f} ms, {base / c:.2f}x"
     return text
 

@@ -200,6 +200,15 @@ def _rank_steps(rank: dict) -> tuple[list[float], list[float]]:
     return durs, work
 
 
+def _collective_steps(rank: dict) -> int:
+    """The steps a rank's collectives were recorded in (at least 1): its traced steps, where a
+    run directory holds steps outside the profiler's windows too (their collectives are not in
+    any trace), else all its steps."""
+    steps = [s for s in rank.get("steps") or [] if isinstance(s, dict)]
+    traced = sum(1 for s in steps if s.get("evidence") == "trace")
+    return max(1, traced or len(steps))
+
+
 @dataclass
 class RankCollectiveStats:
     """One rank's matched collectives: times in microseconds, measured on its own clock."""
@@ -375,7 +384,7 @@ def analyze_job(ranks: list[dict], tree) -> dict:
     busbw = achieved_busbw(groups, world)
     facts = CollectiveFacts(
         groups=groups, per_rank=per, bounds={rid: by_id[rid].get("bound") for rid in present},
-        step_ms=step_ms, work_ms=work_ms, n_steps={rid: max(1, len(d)) for rid, (d, _) in steps.items()},
+        step_ms=step_ms, work_ms=work_ms, n_steps={rid: _collective_steps(r) for rid, r in by_id.items()},
         median_step=_median(step_ms.values()), median_work=_median(work_ms.values()),
         median_gap=_median(_median(p.gaps) for p in per.values()), transfer_share=transfer_share, busbw=busbw,
     )

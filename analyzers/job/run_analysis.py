@@ -185,6 +185,8 @@ def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None
         "world_size": info.get("world_size"),
         "host": info.get("host"),
         "status": status_override or info.get("status"),
+        # What ended the rank, where it did not finish (the exception its training raised, the signal).
+        "error": str(info["error"])[:2000] if isinstance(info.get("error"), str) else None,
         "steps": steps_out,
         "gpu_time": _merge_gpu_time(analysed),
         "top_kernels": _merge_table(analysed, "top_kernels"),
@@ -193,6 +195,7 @@ def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None
         "launches": host_device.merge_per_step([(a.get("launches"), n) for a, n in traced]),
         "allocator": host_device.merge_list([(a.get("allocator"), n) for a, n in traced]),
         "cpu_work": host_device.merge_list([(a.get("cpu_work"), n) for a, n in traced]),
+        "python_gaps": host_device.merge_per_step([(a.get("python_gaps"), n) for a, n in traced]),
         "math": host_device.merge_per_step([(a.get("math"), n) for a, n in traced]),
         "memory_traffic": host_device.merge_per_step([(a.get("memory_traffic"), n) for a, n in traced]),
         "matrix_ops": host_device.merge_per_step([(a.get("matrix_ops"), n) for a, n in traced]),

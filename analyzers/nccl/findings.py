@@ -9,6 +9,7 @@ None or `{"message", "evidence", "details"?}`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -51,8 +52,15 @@ def _ranks_text(ranks: list[int], limit: int = 8) -> str:
 
 
 def warn_message(line: str) -> str:
-    """A WARN line's own message, after its prefix and the "NCCL WARN" tag."""
-    return line.split("NCCL WARN", 1)[-1].strip()
+    """A WARN line's own message, after its prefix and the "NCCL WARN" tag (or, before NCCL
+    2.3, the bare "WARN" and the source location that came with it)."""
+    if "NCCL WARN" in line:
+        return line.split("NCCL WARN", 1)[-1].strip()
+    m = _UNTAGGED_WARN.search(line)
+    return line[m.end():].strip() if m else line.strip()
+
+
+_UNTAGGED_WARN = re.compile(r"(?:^|\] )(?:\S{1,512}:\d+ )?WARN (?:\S{1,512}:\d+ )?")
 
 
 def _multi_node(doc: dict) -> bool:
@@ -238,6 +246,26 @@ def _nccl_error(doc, sig):
             "evidence": _lines(sig, "nccl_error", "cuda_failure")}
 
 
+def _cuda_oom(doc, sig):
+    n = _count(sig, "cuda_oom")
+    if not n:
+        return None
+    first = warn_message(sig["cuda_oom"].lines[0])
+    return {"message": f"NCCL could not allocate device memory ({n} WARN line{'s' if n > 1 else ''}, first: "
+                       f"{first[:200]})", "evidence": _lines(sig, "cuda_oom", "unhandled_cuda_error", "nccl_error")}
+
+
+def _unhandled_cuda(doc, sig):
+    n = _count(sig, "unhandled_cuda_error")
+    if not n or _count(sig, "cuda_oom"):
+        return None  # out of memory names the CUDA error already
+    failures = _lines(sig, "cuda_failure")
+    why = f"; the CUDA call that failed: {warn_message(failures[0])[:200]}" if failures else \
+        "; no WARN line names the CUDA call that failed (the log was taken without NCCL_DEBUG=WARN)"
+    return {"message": f"NCCL returned an unhandled CUDA error (ncclUnhandledCudaError; {n} line{'s' if n > 1 else ''})"
+                       + why, "evidence": _lines(sig, "unhandled_cuda_error", "cuda_failure")}
+
+
 def _version_mismatch(doc, sig):
     base = {v.split("+")[0].split("-")[0] for v in doc["versions"]}
     if len(base) < 2:
@@ -394,6 +422,17 @@ RULES: list[Rule] = [
     Rule("init_failure", "critical", "NCCL communicator initialisation failed",
          "Check that every rank can reach the bootstrap address (MASTER_ADDR/port, NCCL_SOCKET_IFNAME), "
          "that all ranks started, and the first WARN line of the error chain.", _init_failure),
+    Rule("cuda_oom_in_nccl", "critical", "NCCL ran out of device memory",
+         "NCCL allocates its buffers and channels on the device when a communicator starts and when a new "
+         "algorithm is first used: leave it room (a smaller micro-batch, PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, "
+         "torch.cuda.set_per_process_memory_fraction below 1), or make NCCL take less (NCCL_BUFFSIZE smaller than its "
+         "4 MiB default, NCCL_NVLS_ENABLE=0, fewer communicators); check that no other process holds memory on the GPU "
+         "(nvidia-smi).", _cuda_oom),
+    Rule("unhandled_cuda_error", "critical", "a CUDA call inside NCCL failed (unhandled cuda error)",
+         "Read the first WARN line with a Cuda failure on the failing rank (rerun with NCCL_DEBUG=WARN if there is "
+         "none): out of memory is the most common; an earlier error on the device (an illegal memory access in a "
+         "kernel: rerun with CUDA_LAUNCH_BLOCKING=1), a driver older than the CUDA runtime, or a GPU fault "
+         "(Xid errors in dmesg) are the others.", _unhandled_cuda),
     Rule("nccl_error", "critical", "NCCL or CUDA returned an error",
          "Re-run with NCCL_DEBUG=INFO (and NCCL_DEBUG_SUBSYS=INIT,NET) and read the first WARN line.", _nccl_error),
     Rule("proxy_failure", "critical", "NCCL's proxy service thread failed",

@@ -41,6 +41,8 @@ from diag.analyzers.nccl.log_grammar import (
     _INIT,
     _IP,
     _LINE_ERRORS,
+    _OLD_LEVEL,
+    _OLDEST_WARN,
     _PREFIX,
     _RING,
     _SUMMARY,
@@ -204,9 +206,30 @@ class NcclLogParser(BulkLines, ErrorLines, LogDocument):
             self.nccl_lines += 1
             self._warn(line.rstrip(), line[:j], line[j + 10:].rstrip())
             return
+        if ("INFO " in line or "WARN " in line) and self._untagged(line):
+            return
         if ("CCL" in line or "atchdog" in line or "ollective" in line or '"' in line or "opCount" in line
                 or "ersion" in line or "ccl" in line or "rank" in line):
             self._other(line.rstrip())
+
+    def _untagged(self, line: str) -> bool:
+        """A line of NCCL before 2.3, without the "NCCL" tag (log_grammar._OLD_LEVEL): read as
+        its INFO or WARN; False where the line is not one."""
+        m = _OLD_LEVEL.search(line, max(0, line.find("[")))
+        if m is not None:
+            self.nccl_lines += 1
+            pre, msg = line[:m.start(1)], line[m.end():].rstrip()
+            if m.group(1) == "INFO":
+                self._info(line, pre, msg)
+            else:
+                self._warn(line.rstrip(), pre, msg)
+            return True
+        m = _OLDEST_WARN.match(line.lstrip())
+        if m is not None:
+            self.nccl_lines += 1
+            self._warn(line.rstrip(), m.group(1) + " ", line.lstrip()[m.end():].rstrip())
+            return True
+        return False
 
     def feed_all(self, lines: Iterable[str]) -> None:
         """`feed` for every line; the INFO path is inlined because it carries most lines."""

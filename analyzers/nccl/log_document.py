@@ -217,11 +217,43 @@ class LogDocument:
                     mine.data.setdefault(k, v)
 
     # -- result ----------------------------------------------------------------------------
+    def _glued_hosts(self) -> dict[str, str]:
+        """Host names with other text glued before them ("12:00:01node1" from a line that
+        another process's output ran into) -> the host they are: a name that ends with another
+        host's name and shares one of its process ids."""
+        by_pid: dict[str, set] = {}
+        for host, pid in self.processes:
+            by_pid.setdefault(pid, set()).add(host)
+        alias = {}
+        for hosts in by_pid.values():
+            if len(hosts) < 2 or len(hosts) > 64:
+                continue
+            for h in hosts:
+                base = min((g for g in hosts if g != h and h.endswith(g)), key=len, default=None)
+                if base is not None:
+                    alias[h] = base
+        return alias
+
+    def _unglue_hosts(self) -> None:
+        """Every host name as the host it is (`_glued_hosts`): one host is counted once."""
+        alias = self._glued_hosts()
+        if not alias:
+            return
+        self.hosts = {alias.get(h, h) for h in self.hosts}
+        self.processes = {(alias.get(h, h), pid) for h, pid in self.processes}
+        for c in self.comms.values():
+            c["hosts"] = {alias.get(h, h) for h in c["hosts"]}
+        for w in self.warn_kinds.values():
+            w["hosts"] = list(dict.fromkeys(alias.get(h, h) for h in w["hosts"]))
+        for r in self.ranks.values():
+            r["host"] = alias.get(r.get("host"), r.get("host"))
+
     def result(self) -> dict:
         from diag.analyzers.nccl.findings import evaluate
 
         self._close_chains()
         self._flush_colls()
+        self._unglue_hosts()
         versions = sorted(self.versions, key=lambda v: -self.versions[v])
         colls = []
         for a in sorted(self.colls.values(), key=lambda a: -a["calls"]):

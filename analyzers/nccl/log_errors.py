@@ -43,6 +43,14 @@ from diag.analyzers.nccl.log_grammar import (
     json_value,
 )
 
+# What an application or nccl-tests prints when NCCL returned an error.
+_ERROR_WORDS = re.compile(r"NCCL error|DistBackendError|nccl(?:System|Remote|Internal|UnhandledCuda)Error|"
+                          r"NCCL failure")
+# A CUDA allocation NCCL made that failed for want of device memory ("Cuda failure 'out of
+# memory'", "Cuda failure 2 'out of memory'", "Failed to CUDA calloc 6291456 bytes", cuMem* calls
+# returning CUDA_ERROR_OUT_OF_MEMORY).
+_OUT_OF_MEMORY = re.compile(r"out of memory|OUT_OF_MEMORY|Failed to CUDA (?:c|m)alloc|hipErrorOutOfMemory", re.I)
+
 
 class ErrorLines:
     """WARN lines, error chains and PyTorch / flight-recorder / Inspector lines. A part of NcclLogParser (log.py)."""
@@ -162,6 +170,8 @@ class ErrorLines:
             self.signal("topology_fallback", line)
         elif "async fatal event" in msg or "NET/IB" in msg:
             self.signal("ib_error", line)
+        elif _OUT_OF_MEMORY.search(msg):
+            self.signal("cuda_oom", line)
         elif "Cuda failure" in msg or "CUDA failure" in msg or "Hip failure" in msg:
             self.signal("cuda_failure", line)
         elif loc and (loc.endswith(("init.cc", "bootstrap.cc")) and ("fail" in msg.lower() or "error" in msg.lower())):
@@ -197,7 +207,7 @@ class ErrorLines:
             self.nccl_lines += 1
             self._coll(s, s)
             return
-        if "CCL version" in s:
+        if "CCL version" in s and not _ERROR_WORDS.search(s):
             m = _VERSION.search(s)
             if m:
                 self.nccl_lines += 1
@@ -207,10 +217,15 @@ class ErrorLines:
             k, _, v = s.partition(":")
             self.rccl[k.strip().lower().replace(" ", "_")] = v.strip()
             return
-        if "NCCL error" in s or "DistBackendError" in s or "ncclSystemError" in s or "ncclRemoteError" in s \
-                or "ncclInternalError" in s or "ncclUnhandledCudaError" in s or "NCCL failure" in s:
+        if _ERROR_WORDS.search(s):
             self.nccl_lines += 1
+            # PyTorch's "NCCL error in: ..., unhandled cuda error, NCCL version 2.x" names its version too.
+            m = _VERSION.search(s)
+            if m:
+                self._version(m.group(1), m.group(2), s)
             self.signal("nccl_error", s)
+            if "unhandled cuda error" in s.lower() or "ncclUnhandledCudaError" in s:
+                self.signal("unhandled_cuda_error", s)
             if "Test NCCL failure" in s or "NCCL failure" in s:
                 self.signal("test_failure", s)
             return

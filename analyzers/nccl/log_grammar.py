@@ -69,6 +69,13 @@ _PREFIX = re.compile(
 )
 
 
+# Before NCCL 2.3 a line had no "NCCL" tag: "host:pid:tid [dev] INFO msg" and
+# "host:pid:tid [dev] file.cu:line WARN msg" (its include/debug.h), and before that
+# "WARN file.cu:line msg" on its own.
+_OLD_LEVEL = re.compile(r"\[\d{1,4}\] (?:\S{1,512}\.(?:cc|cpp|c|h|cu|hpp):\d+ )?(INFO|WARN) ")
+_OLDEST_WARN = re.compile(r"WARN (\S{1,512}\.(?:cc|cpp|c|h|cu|hpp):\d+) ")
+
+
 _VIA = re.compile(
     r"^(?:Channel|Ring) (\d+)(?:/(\d+))? : (\d+)(?:\[([0-9a-fA-F]+)\])? -> (\d+)(?:\[([0-9a-fA-F]+)\])?"
     r"(?: \[(send|receive)\])? via (.+?)\s*$"
