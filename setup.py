@@ -1,15 +1,18 @@
 """Package discovery for the one import package `diag`, assembled from three folders.
 
-`agent/` is `diag`, `collectors/` is `diag.collectors`, `analyzers/` is `diag.analyzers`.
+`agent/` is `diag`, `collectors/` is `diag.collectors`, `analyzers/` is `diag.analyzers`,
+`dashboards/` is `diag.dashboards` (the Grafana dashboards and alert rules, as data).
 Every package below those folders is found, not listed, so a new subpackage cannot be
 left out of a wheel. The rest of the metadata is in pyproject.toml.
 """
 
 from setuptools import find_packages, setup
 
-ROOTS = {"diag": "agent", "diag.collectors": "collectors", "diag.analyzers": "analyzers"}
-# Files beside the code that the code reads: the decision tree, the report's script and style.
-DATA = ["*.toml", "*.js", "*.css", "*.html"]
+ROOTS = {"diag": "agent", "diag.collectors": "collectors", "diag.analyzers": "analyzers",
+         "diag.dashboards": "dashboards"}
+# Files beside the code that the code reads: the decision tree, the report's script and style,
+# and the Grafana dashboards, provisioning files and alert rules `diag dashboards` writes out.
+DATA = ["*.toml", "*.js", "*.css", "*.html", "*.json", "*.yml", "*.md", "provisioning/*/*.yml"]
 
 
 def discovered() -> list[str]:

@@ -2,7 +2,7 @@
 
 The import is kept light (no torch, no numpy, no pandas) so that `import diag.analyzers`
 in a worker process or `diag --help` stays fast. The documented attributes are resolved
-lazily, on first use: `diag.Agent`, `diag.AgentConfig`, `diag.integrations`.
+lazily, on first use: `diag.Agent`, `diag.AgentConfig`, `diag.count_samples`, `diag.integrations`.
 """
 
 import importlib
@@ -14,9 +14,10 @@ _LAZY = {
     "Agent": ("diag.agent", "Agent"),
     "AgentConfig": ("diag.config", "AgentConfig"),
     "integrations": ("diag.integrations", None),
+    "count_samples": ("diag.batches", "count_samples"),
 }
 
-__all__ = ["Agent", "AgentConfig", "__version__", "integrations"]
+__all__ = ["Agent", "AgentConfig", "__version__", "count_samples", "integrations"]
 
 
 def __getattr__(name):

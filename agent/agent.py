@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 
 from diag import calibrate, rundir
+from diag.batches import count_samples
+from diag.batches import parts as batch_parts
 from diag.collectors import device_map, launch_env, nccl_env
 from diag.collectors.device_clock import DeviceClock, HeldSteps
 from diag.collectors.live_state import LiveState
@@ -166,6 +168,7 @@ class Agent:
         self._watch: tuple | None = None  # (model, optimizer) to describe after the next step
         self._closed = False
         self._bad_counts: set[str] = set()  # step counts (samples, tokens) already said to be implausible
+        self._batch_shape: tuple | None = None  # (samples, parts) of the first batch loader() gave
         self._atexit = None
 
     # -- public API -----------------------------------------------------------------------
@@ -251,6 +254,8 @@ class Agent:
             timer.add_data_wait(perf() - t0, cpu_clock() - c0)
             if clock is not None:
                 clock.data_end()
+            if self._batch_shape is None:
+                self._batch_shape = (count_samples(batch), batch_parts(batch))
             yield batch
 
     def record_loader(self, iterable) -> None:
@@ -276,6 +281,8 @@ class Agent:
         profiled = windows is not None and windows.recording
         if not (_plausible(samples, "samples") and _plausible(tokens, "tokens")):
             samples, tokens = self._plausible_counts(samples, tokens)
+        if samples is not None and self._batch_shape is not None and not self._bad_counts:
+            self._check_samples(samples)
         t = timer.finish(samples, tokens)
         clock = self.clock
         if clock is not None:
@@ -293,6 +300,16 @@ class Agent:
         self._queue.append((t, profiled))
         if self._watch is not None:
             self._record_model(t.step)
+
+    def _check_samples(self, samples) -> None:
+        """Said once: a step's samples equal to the parts of the batches loader() gives, not to
+        their samples (`samples=len(batch)` on an (inputs, labels) batch counts 2)."""
+        held, n_parts = self._batch_shape
+        if held is not None and n_parts is not None and held != n_parts and samples == n_parts:
+            self._bad_counts.add("samples")
+            self._log(f"agent.step(samples={samples}): the batches from loader() hold {held} samples each (the "
+                      f"first dimension of their first tensor), and {n_parts} parts: len(batch) counts the parts. "
+                      "Pass samples=diag.count_samples(batch).")
 
     def _plausible_counts(self, samples, tokens) -> tuple:
         """The step's counts with those no step can hold (1e30, a tensor, NaN) left out, said once."""

@@ -24,6 +24,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("calibrate", "calibrate", "measure this host's CPU peak FLOP/s and memory bandwidth"),
     ("export", "export", "serve a run directory's metrics to Prometheus"),
     ("prometheus-config", "prometheus_config", "write Prometheus scrape configuration for a job"),
+    ("dashboards", "dashboards", "write the Grafana dashboards, provisioning files and Prometheus alert rules"),
     ("config", "config", "show the agent's effective configuration and where each value comes from"),
     ("plan", "plan", "plan memory and parallelism: per-GPU memory, fit, communication and step time"),
 ]

@@ -146,3 +146,17 @@ def test_grafana_provisioning_files():
     prov = yaml.safe_load((DASH / "provisioning" / "dashboards" / "diag.yml").read_text())
     provider = prov["providers"][0]
     assert prov["apiVersion"] == 1 and provider["type"] == "file" and provider["options"]["path"]
+
+
+def test_diag_dashboards_writes_the_files_of_the_repository(tmp_path, capsys):
+    """What a wheel's user gets: the same bytes as dashboards/, and nothing replaced unasked."""
+    from diag import cli
+    from diag.commands.dashboards import FILES
+
+    out = tmp_path / "dash"
+    assert cli.main(["dashboards", "--out", str(out)]) == 0
+    for name in FILES:
+        assert (out / name).read_bytes() == (DASH / name).read_bytes(), name
+    assert cli.main(["dashboards", "--out", str(out)]) == 2  # exists already
+    assert "--force" in capsys.readouterr().err
+    assert cli.main(["dashboards", "--out", str(out), "--force"]) == 0

@@ -47,7 +47,8 @@ LAYERS = {
     # diag top: reads live.json or the endpoints into the live facts, draws the live judgement.
     "agent/top": ("diag.errors", "diag.rundir", "diag.top", f"{_ANALYZERS}.job.live", f"{_ANALYZERS}.diagnosis.live"),
     # In the training process: the collectors, and the tree for the live verdicts.
-    "agent/agent.py": ("diag.collectors", "diag.config", "diag.errors", "diag.exporter", "diag.report", "diag.rundir",
+    "agent/agent.py": ("diag.batches", "diag.collectors", "diag.config", "diag.errors", "diag.exporter", "diag.report",
+                       "diag.rundir",
                        "diag.window_analysis", "diag.calibrate", "diag.live_verdict", "diag.nccl_watch",
                        f"{_ANALYZERS}.diagnosis", f"{_ANALYZERS}.trace.devices"),
     "agent/live_verdict.py": (f"{_ANALYZERS}.job.sampled", f"{_ANALYZERS}.diagnosis.decision_tree"),
@@ -62,6 +63,7 @@ LAYERS = {
     "agent/calibrate.py": ("diag.rundir", f"{_ANALYZERS}.trace.devices"),
     "agent/integrations.py": ("diag.agent", "diag.trackers"),
     "agent/trackers.py": (),
+    "agent/batches.py": (),
     "agent/ray_pool.py": ("diag.errors",),
     "agent/nccl_table.py": ("diag.errors",),
     "agent/cli.py": ("diag.__version__", "diag.errors"),

@@ -192,3 +192,18 @@ def test_the_data_demos_worker_count_meets_its_prediction(tmp_path):
     for rank in (0, 1):
         measured = _measured_median_step_ms(fixed, rank)
         assert e["low_ms"] <= measured <= e["high_ms"], (rank, measured, e)
+
+
+def test_workers_that_would_not_make_the_step_faster_are_not_offered():
+    """CPU-bound batches on a rank with one CPU (2 CPUs for 2 local ranks): the one worker there
+    shares it with the training, so the step would not get faster, and the action says to make
+    batches cheaper."""
+    steps = _steps(wait=20.0, rest=20.0, wait_cpu=20.0)
+    for s in steps:
+        s["cpu_ms"] = 40.0  # the training's CPU time fills its step
+    ld = dict(LOADER, cpus=2, local_ranks=2)
+    (cause,) = cs.causes(_ctx({"analysis": {"loader": ld, "steps": steps}}))
+    e = cause["expected"]
+    assert e["expected_step_ms"] >= e["baseline_step_ms"]
+    assert cause["action"].startswith("For the DataLoader over Shards, more workers will not make this step faster")
+    assert "Make each batch cheaper" in cause["action"] and "Give the" not in cause["action"]

@@ -108,7 +108,8 @@ def _no_loader_workers(ctx: JobContext) -> dict | None:
     planned = _worker_plan(ctx, merged, ld)
     if planned:
         rates, plan = planned
-        action = f"Give the {where} worker processes: {_workers_sizing(rates, plan, ld)}"
+        lead = f"Give the {where} worker processes: " if plan.expected_ms < rates.step_ms else f"For the {where}, "
+        action = lead + _workers_sizing(rates, plan, ld)
     else:
         per_rank = cpus_per_rank(ld)
         start = max(1, per_rank - 1) if per_rank else None
@@ -162,6 +163,12 @@ def _workers_sizing(rates: LoaderRates, plan: WorkerPlan, ld: dict) -> str:
     else:
         made = (f"making a {rates.batch_ms:.0f} ms batch is mostly waiting ({rates.batch_cpu_ms:.1f} ms of it is CPU "
                 "time), so workers beyond the CPU count still help")
+    if plan.expected_ms >= rates.step_ms:
+        return (f"more workers will not make this step faster: {made}, and with num_workers={k} the rank's CPUs, "
+                f"busy with the batches' CPU work and the training's own, would make the step "
+                f"{plan.expected_ms:.1f} ms against the {rates.step_ms:.1f} ms measured. Make each batch cheaper "
+                "instead (less work per sample, decode once and keep the result, smaller images read), or give "
+                "each rank more CPUs.")
     if plan.hides:
         return (f"set num_workers={k}, with persistent_workers=True so that they outlive each epoch: {made}, and "
                 f"{k} of them make a batch every {per_batch:.1f} ms, within the {rates.rest_ms:.1f} ms the rest of "

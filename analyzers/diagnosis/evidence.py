@@ -94,11 +94,15 @@ def merged_findings(job: dict, ranks: dict) -> list[dict]:
     return sorted(merged.values(), key=lambda f: (order.get(f["severity"], 3), f["id"]))
 
 
-def _cap(text: str, limit: int = 600) -> str:
-    """Long messages (a finding listing hundreds of ranks) are cut for the page; the analysis JSON has them whole."""
+def _cap(text: str, limit: int = 1500) -> str:
+    """Long messages (a finding listing hundreds of ranks) are cut for the page at the end of a
+    sentence or clause; the analysis JSON (its job and rank findings) has them whole."""
     if len(text) <= limit:
         return text
-    return text[:limit].rsplit(" ", 1)[0] + f" ... ({len(text) - limit} more characters in the analysis JSON)"
+    cut = text[:limit]
+    at = max(cut.rfind(". "), cut.rfind("; "))
+    cut = cut[:at + 1] if at > limit // 2 else cut.rsplit(" ", 1)[0]
+    return f"{cut} ... ({len(text) - len(cut)} more characters in the analysis JSON)"
 
 
 def nccl_facts(run: dict, tree) -> dict:

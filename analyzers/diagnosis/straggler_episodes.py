@@ -24,7 +24,9 @@ wait is judged too, as in any step: a late batch inside a window still counts.
 
 Straggled steps, with gaps of up to `straggler_episode_gap_steps` bridged, form episodes of at
 least `straggler_episode_min_steps` steps. Where the episodes span `straggler_persistent_fraction`
-of the run, its straggler is chronic and every episode is of its kind:
+of the run (of its traced steps, where traces showed most of the lateness: a pace late at the
+collectives shows in profiler windows only), its straggler is chronic and every episode is of its
+kind:
 - persistent: one rank is the late one in `straggler_episode_same_rank` of their straggled
   steps (a bad node, or its data shard);
 - rotating: no rank is that dominant (contention shared by the nodes, or data skew).
@@ -66,12 +68,13 @@ def straggler_episodes(ranks: dict, tree) -> dict | None:
     median_step = float(np.nanmedian(step_ms)) if np.isfinite(step_ms).any() else 0.0
     noise, who, cost, straggled = _judged(basis, source, factor, median_step, th)
     straggled = _consistent_in_traces(straggled, who, source, th["straggler_step_fraction"])
+    pace_late = straggled & (source == 1)  # late by a pace that only a trace shows
     # A traced step's data wait is measured as any other's: a late batch counts there too.
     _, who_d, cost_d, straggled_d = _judged(data, np.zeros_like(source), factor, median_step, th)
     by_data = (source == 1) & ~straggled & straggled_d
     who, cost, straggled = np.where(by_data, who_d, who), np.where(by_data, cost_d, cost), straggled | by_data
     runs = _runs(straggled, th["straggler_episode_gap_steps"], th["straggler_episode_min_steps"])
-    chronic = _chronic_kind(runs, who, straggled, rank_ids, th, len(steps))
+    chronic = _chronic_kind(runs, who, straggled, pace_late, source, th)
     episodes = [_episode(i0, i1, steps, rank_ids, who, cost, straggled, start, step_ms, th, len(steps), chronic)
                 for i0, i1 in runs]
     total_ms = float(np.nansum(step_ms))
@@ -220,19 +223,26 @@ def _runs(flags: np.ndarray, gap: int, min_steps: int) -> list[tuple[int, int]]:
     return [(a, b) for a, b in runs if int(flags[a:b + 1].sum()) >= min_steps]
 
 
-def _chronic_kind(runs, who, straggled, rank_ids, th, observed) -> str | None:
+def _chronic_kind(runs, who, straggled, pace_late, source, th) -> str | None:
     """Where episodes span `straggler_persistent_fraction` of the run, however profiler windows or
     quiet steps cut them into pieces, the run has one chronic straggler pattern: persistent when
     one rank is the late one in `straggler_episode_same_rank` of their straggled steps, else
-    rotating. None for a run mostly free of stragglers."""
-    if sum(i1 - i0 + 1 for i0, i1 in runs) < th["straggler_persistent_fraction"] * observed:
-        return None
+    rotating. Where most of their straggled steps are late by their pace in traces (late at the
+    collectives, which steps outside the windows can not show), the span is counted in traced
+    steps. None for a run mostly free of stragglers."""
     sel = np.zeros(len(straggled), dtype=bool)
     for i0, i1 in runs:
         sel[i0:i1 + 1] = True
-    sel &= straggled
-    top_n = Counter(who[sel].tolist()).most_common(1)[0][1]
-    return "persistent" if top_n >= th["straggler_episode_same_rank"] * int(sel.sum()) else "rotating"
+    traced = source == 1
+    late = sel & straggled
+    if traced.any() and int((sel & pace_late).sum()) * 2 > int(late.sum()):
+        covered = int((sel & traced).sum()) / int(traced.sum())
+    else:
+        covered = int(sel.sum()) / len(sel) if len(sel) else 0.0
+    if covered < th["straggler_persistent_fraction"]:
+        return None
+    top_n = Counter(who[late].tolist()).most_common(1)[0][1]
+    return "persistent" if top_n >= th["straggler_episode_same_rank"] * int(late.sum()) else "rotating"
 
 
 def _episode(i0, i1, steps, rank_ids, who, cost, straggled, start, step_ms, th, observed, chronic) -> dict:
