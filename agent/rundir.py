@@ -1,6 +1,6 @@
 """The run directory: the versioned on-disk format between the agent and everything that reads it.
 
-Layout (schema "diag.run/1"):
+Layout (schema "diag.run/2"; a /1 run, without open segments, reads the same):
 
     RUN_DIR/
       manifest.json                 job-level facts, written by rank 0 (MANIFEST_SCHEMA)
@@ -11,7 +11,8 @@ Layout (schema "diag.run/1"):
                                     `diag calibrate` file, its peaks ("host_peaks")
         live.json                   the last steps and sample, rewritten every live_s while
                                     the rank runs (diag.live/1), for `diag top`
-        steps/steps-000000.jsonl    one JSON object per training step (STEP_FIELDS)
+        steps/steps-000000.jsonl    one JSON object per training step (STEP_FIELDS);
+        steps/steps-000001.jsonl.open   the segment being appended to (sealed every 10 s)
         samples/samples-000000.jsonl  device and host metric samples, ~1 Hz
         events/events-000000.jsonl  the agent's own log: collectors switched off, windows, faults
         windows/window-000120.json  analysis summary of the profiler window starting at step 120
@@ -22,10 +23,12 @@ Layout (schema "diag.run/1"):
       nccl_log.json                 the job's NCCL logs parsed by `diag run` (NCCL_LOG_DOC)
       rank-00001/ ...
 
-Every file is written whole to a temporary name and renamed into place, so a reader
+Every document is written whole to a temporary name and renamed into place, so a reader
 never sees half a file and a crash never corrupts what was already written. Record
-streams (steps, samples, events) are therefore sequences of small segment files, each
-written atomically; readers concatenate them in name order.
+streams (steps, samples, events) are sequences of segment files read in index order: each
+is appended to as an open segment every `flush_s` (so a rank killed without warning loses
+about a second) and sealed by a rename; a reader leaves out an open segment's cut-off last
+line.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from pathlib import Path
 
 import msgspec
 
-RUN_SCHEMA = "diag.run/1"
+RUN_SCHEMA = "diag.run/2"
 RANK_SCHEMA = "diag.rank/1"
 MANIFEST = "manifest.json"
 RANK_FILE = "rank.json"

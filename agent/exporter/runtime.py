@@ -235,7 +235,7 @@ class Handle:
                     getattr(s, method)(name, value, labels)
 
     def _window(self, doc: dict) -> None:
-        # A window summary file of the run directory (diag.run/1) wraps the rank dict under "analysis".
+        # A window summary file of the run directory (diag.run/2) wraps the rank dict under "analysis".
         rank = doc.get("analysis") if isinstance(doc.get("analysis"), dict) else doc
         mfu = _num(rank.get("mfu"))
         gpu_time = rank.get("gpu_time") if isinstance(rank.get("gpu_time"), dict) else {}
