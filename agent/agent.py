@@ -737,9 +737,12 @@ class Agent:
             self.windows.enforce_budget()
 
     def _wait_workers(self, timeout_s: float) -> None:
-        """Give the analysis of the last windows up to timeout_s, then end the analysis process."""
+        """Give the analysis of the last windows up to timeout_s, then end the analysis process;
+        none where the run directory can no longer be written (a full disk): no summary could
+        land, so waiting for one would only hold the process's exit."""
         if self._analysis is not None:
-            self._analysis.finish(timeout_s)
+            writable = self.writer is None or getattr(self.writer, "enabled", True)
+            self._analysis.finish(timeout_s if writable else 0.0)
 
     def _window_done(self, first: int, last: int, analysis: dict) -> None:
         self.verdicts.window_done(analysis)

@@ -267,11 +267,13 @@ class SegmentWriter:
         return segment_index(existing[-1]) + 1 if existing else 0
 
     def _seal_left_journals(self) -> None:
-        """Seal the journals a killed process left: their records are whole segments now."""
+        """Seal the journals a killed process left, less a last line it cut off: their records
+        are whole segments now."""
         for p in self._segments():
             if p.name.endswith(JOURNAL_SUFFIX):
                 sealed = p.with_name(p.name[: -len(JOURNAL_SUFFIX)])
                 if not sealed.exists():
+                    _cut_partial_line(p)
                     os.replace(p, sealed)
 
     def _path(self) -> Path:
@@ -328,6 +330,25 @@ class SegmentWriter:
         """Everything buffered written, and the open segment sealed."""
         self.sync()
         self._seal()
+
+
+def _cut_partial_line(path: Path, tail: int = 1 << 20) -> None:
+    """Truncate a file after its last newline (within its last `tail` bytes; a file with no
+    newline there is left whole, for the reader to note)."""
+    with open(path, "rb+") as f:
+        size = f.seek(0, os.SEEK_END)
+        if not size:
+            return
+        start = max(0, size - tail)
+        f.seek(start)
+        data = f.read()
+        if data.endswith(b"\n"):
+            return
+        at = data.rfind(b"\n")
+        if at >= 0:
+            f.truncate(start + at + 1)
+        elif start == 0:
+            f.truncate(0)
 
 
 def segment_index(path: Path) -> int:

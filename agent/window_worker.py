@@ -32,9 +32,14 @@ def compress(raw: Path) -> Path:
         return raw
     dest = raw.with_name(raw.name + ".gz")
     tmp = raw.with_name(f".{raw.name}.gz.tmp")
-    with open(raw, "rb") as src, gzip.open(tmp, "wb", compresslevel=3) as out:
-        shutil.copyfileobj(src, out, 1 << 20)
-    os.replace(tmp, dest)
+    try:
+        with open(raw, "rb") as src, gzip.open(tmp, "wb", compresslevel=3) as out:
+            shutil.copyfileobj(src, out, 1 << 20)
+        os.replace(tmp, dest)
+    except BaseException:
+        # A full disk: the raw trace stays (it is whole), the half-written copy goes.
+        tmp.unlink(missing_ok=True)
+        raise
     raw.unlink()
     return dest
 

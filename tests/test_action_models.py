@@ -128,7 +128,7 @@ def test_autocast_takes_the_traces_own_half_precision_rate_on_tiled_shapes():
     e = am.autocast(ctx, _math_evidence(40.0), CEILING)
     after = 40.0 * 16.0 / (0.8 * 320.0)
     assert e["expected_step_ms"] == pytest.approx(100.0 - 80.0 * (40.0 - after) / (40.0 * (1 - 20.0 / 320.0)))
-    assert "the trace's own bf16 matrix ops" in e["assumes"]
+    assert "the trace's own half-precision matrix ops" in e["assumes"] and e["action"] == "bf16 autocast"
 
 
 def test_no_autocast_prediction_without_the_ops_shapes():

@@ -190,13 +190,14 @@ def autocast(ctx: JobContext, evidence: dict, ceiling: dict | None) -> dict | No
     removed = _ceiling_removed(_analysis(ctx, evidence).get("math") or {}, peaks, fast)
     taken = tuple(max(0.0, (covered - after(s)) * share) for s in (1.0, 1.0 - spread, 1.0 + spread))
     untiled = [g for g in mine if not _half_rate(g, healthy, th)[1]]
-    rates = (f"{healthy:.0%} of the {fast:g} TFLOP/s half-precision peak (the trace's own bf16 matrix ops)"
-             if healthy else f"{th['half_precision_tiled_peak']:.0%} of the {fast:g} TFLOP/s half-precision peak")
+    half = "bf16" if peaks.get("bf16") else "fp16"  # V100: fp16 tensor cores only
+    rates = (f"{healthy:.0%} of the {fast:g} TFLOP/s {half} peak (the trace's own half-precision matrix ops)"
+             if healthy else f"{th['half_precision_tiled_peak']:.0%} of the {fast:g} TFLOP/s {half} peak")
     if untiled:
         rates += (f" on tiled shapes and {th['half_precision_untiled_peak']:.0%} on the "
                   f"{len(untiled)} op group(s) whose dimensions are not multiples of {HALF_TILE}")
     return _expectation(
-        "bf16 autocast", ceiling, removed, taken,
-        f"the matrix ops then run at {rates}, against their measured {covered:.1f} ms; the casts to bf16 are "
+        f"{half} autocast", ceiling, removed, taken,
+        f"the matrix ops then run at {rates}, against their measured {covered:.1f} ms; the casts to {half} are "
         "not counted; the ceiling is every such kernel at the half-precision peak's fraction it reaches now",
         _analysis(ctx, evidence), th)

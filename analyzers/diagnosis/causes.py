@@ -471,9 +471,7 @@ def _cpu_work(ctx: JobContext) -> dict | None:
         listed += (f"; and {_ms(after)} right after these ops before the thread's next event (freeing their "
                    "tensors, the Python between them), which goes where the work goes")
     loader = _loaders(ctx).get(min(found))
-    where = (f"into the Dataset's __getitem__ or the collate_fn of the {loader['class']} over {loader['dataset']}, "
-             f"run by its workers (it has num_workers={loader['num_workers']})" if loader else
-             "into the Dataset's __getitem__ or collate_fn, run by DataLoader workers (num_workers > 0)")
+    where = "into " + _into_workers(loader)
     return {
         "text": f"On {_ranks(sorted(found))}, the training thread runs {_ms(total)} of CPU work per traced step "
                 f"({share:.0%} of the step) between its launches, and the device waits for it: {listed}.",
@@ -482,6 +480,15 @@ def _cpu_work(ctx: JobContext) -> dict | None:
         "evidence": {"ranks": sorted(found), "ms_per_step": round(total, 4), "step_ms": round(step_ms, 3),
                      "ops": ops, "loader": loader},
     }
+
+
+def _into_workers(loader: dict | None) -> str:
+    """Where work on the training thread goes to run in DataLoader workers: the job's own loader
+    where the agent recorded it."""
+    if loader:
+        return (f"the Dataset's __getitem__ or the collate_fn of the {loader['class']} over {loader['dataset']}, "
+                f"run by its workers (it has num_workers={loader['num_workers']})")
+    return "the Dataset's __getitem__ or collate_fn, run by DataLoader workers (num_workers > 0)"
 
 
 def _python_gaps(ctx: JobContext) -> dict | None:
@@ -504,9 +511,7 @@ def _python_gaps(ctx: JobContext) -> dict | None:
         ("; which code runs there shows in a window recorded with Python stacks (stack_windows, or "
          "torch.profiler's with_stack=True)")
     loader = _loaders(ctx).get(min(found))
-    into = (f"the Dataset's __getitem__ or the collate_fn of the {loader['class']} over {loader['dataset']}, run by "
-            f"its workers (it has num_workers={loader['num_workers']})" if loader else
-            "the Dataset's __getitem__ or collate_fn, run by DataLoader workers (num_workers > 0)")
+    into = _into_workers(loader)
     return {
         "text": f"On {_ranks(sorted(found))}, the training thread runs Python outside every op for {_ms(ms)} per traced "
                 f"step ({ms / step_ms:.0%} of the step), in {gaps['stretches_per_step']:g} stretches of "
