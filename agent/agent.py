@@ -625,7 +625,10 @@ class Agent:
         from diag.exporter.server import ProfileRefused
 
         cfg = self.config.profiler
-        if self.windows is None or not self.windows.enabled or not cfg.on_demand:
+        if not cfg.on_demand:
+            raise ProfileRefused("windows asked for over the endpoint are off on this rank "
+                                 "(profile_on_demand=True or DIAG_PROFILER_ON_DEMAND=1 turns them on)")
+        if self.windows is None or not self.windows.enabled:
             return None
         if self.status != "running":
             raise ProfileRefused(f"training has ended on this rank ({self.status})")

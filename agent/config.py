@@ -53,8 +53,9 @@ class ProfilerConfig:
     analysis_wait_s: float = _f(60.0, "at exit, how long to wait for window analyses", "analysis_wait_s")
     export_in_child: bool = _f(True, "let a forked process write traces when a thread (which holds the GIL) "
                                      "would stall training longer", "export_in_child")
-    on_demand: bool = _f(True, "take profiler windows asked for over the metrics endpoint (POST /profile, from "
-                               "this node or with DIAG_EXPORTER_TOKEN)", "profile_on_demand")
+    on_demand: bool = _f(False, "take profiler windows asked for over the metrics endpoint (POST /profile, from "
+                                "this node or with DIAG_EXPORTER_TOKEN); off unless set: anyone who can reach the "
+                                "port could ask", "profile_on_demand")
     on_demand_interval_s: float = _f(60.0, "at most one window asked for over the endpoint in this many seconds",
                                      "profile_on_demand_interval_s")
     on_demand_max: int = _f(10, "at most this many windows asked for over the endpoint in a run",

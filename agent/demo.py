@@ -243,6 +243,8 @@ def _rank_main(local_rank: int, cfg: dict, done=None) -> None:
         analyse_during_run=cfg["export"] or (os.cpu_count() or 1) > 2 * cfg["ranks"],
         heartbeat_s=2.0,
         export_linger_s=cfg.get("linger_s", 0.0),
+        # `diag top`'s `p` over the demo's endpoints: its ranks run on this machine only.
+        profile_on_demand=bool(cfg["export"]),
         # Rank 0 closes last (it waits for its peers and writes the report): then the
         # parent can print the verdict while the endpoints linger.
         on_closed=(lambda _agent: done.set()) if done is not None and local_rank == 0 else None,

@@ -178,3 +178,20 @@ def test_diag_config_show(tmp_path):
     bad.write_text("[agent.nope]\n")
     proc = _diag("config", "--show", "--config", str(bad))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "unknown section" in proc.stderr
+
+
+def test_every_flag_of_every_command_says_what_it_does():
+    """`diag CMD --help` explains each flag: none is left with only its name."""
+    import argparse
+    import importlib
+
+    from diag.cli import COMMANDS
+
+    bare = []
+    for name, module, _ in COMMANDS:
+        parser = argparse.ArgumentParser(prog=f"diag {name}")
+        importlib.import_module(f"diag.commands.{module}").add_arguments(parser)
+        for action in parser._actions:
+            if not isinstance(action, argparse._HelpAction) and not action.help:
+                bare.append(f"diag {name} {'/'.join(action.option_strings) or action.dest}")
+    assert not bare, bare

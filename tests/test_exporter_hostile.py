@@ -256,8 +256,8 @@ def test_an_agent_refuses_windows_past_its_rate_its_cap_its_range_and_its_end(tm
     import diag
 
     with diag.Agent(run_dir=tmp_path / "run", export=True, export_port_base=0, report=False, sampling=False,
-                    verbose=False, profile_on_demand_interval_s=3600, profile_on_demand_max=2,
-                    profile_on_demand_max_ahead=100) as agent:
+                    verbose=False, profile_on_demand=True, profile_on_demand_interval_s=3600,
+                    profile_on_demand_max=2, profile_on_demand_max_ahead=100) as agent:
         port = agent.exporter.port
         assert _post(port, query="?step=500")[0] == 409  # past the furthest step allowed
         assert _post(port, query="?step=40") == (200, {"first_step": 40})
@@ -273,3 +273,14 @@ def test_an_agent_refuses_windows_past_its_rate_its_cap_its_range_and_its_end(tm
         status, body = _post(port, query="?step=80")
         assert status == 409 and "training has ended" in body
         agent.status = "running"
+
+
+def test_windows_asked_for_over_the_endpoint_are_off_unless_enabled(tmp_path):
+    """Anyone who can reach the port could ask: the agent takes none unless the job turned them on."""
+    import diag
+
+    with diag.Agent(run_dir=tmp_path / "run", export=True, export_port_base=0, report=False, sampling=False,
+                    verbose=False) as agent:
+        code, body = _post(agent.exporter.port, query="?step=5")
+        assert code == 409 and "profile_on_demand=True" in body
+        assert agent.windows.requested_step is None

@@ -391,7 +391,7 @@ def test_an_agent_answers_one_profile_request_at_a_time(tmp_path):
     import diag
 
     with diag.Agent(run_dir=tmp_path / "run", export=True, export_port_base=0, report=False, sampling=False,
-                    verbose=False) as agent:
+                    verbose=False, profile_on_demand=True) as agent:
         url = f"http://127.0.0.1:{agent.exporter.port}/profile"
 
         def post(query: str, ctype: str = "application/json") -> dict:

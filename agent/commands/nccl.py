@@ -103,11 +103,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     launch = parser.add_argument_group("self-launching (outside torchrun/srun/mpirun)")
     launch.add_argument("--nproc-per-node", type=int, help="ranks to start on this node")
-    launch.add_argument("--nnodes", type=int, default=1)
+    launch.add_argument("--nnodes", type=int, default=1, help="nodes in the job, each running this command (default 1)")
     launch.add_argument("--node-rank", type=int, help="this node's rank (static rendezvous)")
     launch.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="rendezvous endpoint (needed across nodes)")
-    launch.add_argument("--rdzv-backend", default="c10d")
-    launch.add_argument("--rdzv-id", default="diag-nccl")
+    launch.add_argument("--rdzv-backend", default="c10d", help="torchrun's rendezvous backend (default c10d)")
+    launch.add_argument("--rdzv-id", default="diag-nccl",
+                        help="the rendezvous id every node gives (default diag-nccl)")
 
     binary = parser.add_argument_group("real nccl-tests")
     binary.add_argument("--binary", metavar="PATH", help="run this nccl-tests binary and parse its output")
@@ -119,9 +120,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="NCCL_DEBUG=INFO log of the same job (transports actually used)")
     topo.add_argument("--intra", help="GPU link: nvlink1..nvlink5, pcie3..pcie6")
     topo.add_argument("--inter", help="NICs: ib_edr, ib_hdr, ib_ndr, ib_xdr, roce_100/200/400, eth_10..eth_400")
-    topo.add_argument("--nics-per-node", type=int)
-    topo.add_argument("--gpus-per-node", type=int)
-    topo.add_argument("--nodes", type=int)
+    topo.add_argument("--nics-per-node", type=int, help="network cards per node that NCCL uses across nodes (default 1)")
+    topo.add_argument("--gpus-per-node", type=int, help="GPUs per node, for the share of traffic that crosses nodes")
+    topo.add_argument("--nodes", type=int, help="nodes in the job, for the expected figure across nodes")
 
 
 def run(args) -> int:

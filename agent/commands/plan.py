@@ -18,27 +18,32 @@ def add_arguments(parser) -> None:
                    "llama3-405b, llama2-7b, llama2-70b, mistral-7b, gpt3-175b, gpt2")
     m.add_argument("--hf-config", metavar="FILE", help="a Hugging Face config.json on disk (never downloaded)")
     m.add_argument("--params", type=float, help="parameter count (memory of model states only)")
-    m.add_argument("--layers", type=int)
-    m.add_argument("--hidden", type=int)
-    m.add_argument("--heads", type=int)
-    m.add_argument("--kv-heads", type=int)
-    m.add_argument("--ffn", type=int)
-    m.add_argument("--vocab", type=int, default=32000)
+    m.add_argument("--layers", type=int, help="transformer layers (a model of your own, with --hidden and --heads)")
+    m.add_argument("--hidden", type=int, help="hidden size (d_model)")
+    m.add_argument("--heads", type=int, help="attention heads")
+    m.add_argument("--kv-heads", type=int, help="key/value heads (grouped-query attention; default --heads)")
+    m.add_argument("--ffn", type=int, help="feed-forward size (default: LLaMA's 8/3 x --hidden, rounded up to 256)")
+    m.add_argument("--vocab", type=int, default=32000, help="vocabulary size (default 32000)")
     m.add_argument("--seq", type=int, help="sequence length (default: the model's context)")
     j = parser.add_argument_group("job")
     j.add_argument("--gpus", type=int, help="GPUs of the layout (with --run: default the run's ranks)")
-    j.add_argument("--gpus-per-node", type=int, default=8)
+    j.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
     j.add_argument("--micro-batch", type=int, help="sequences per GPU per micro-batch (default 1; with --run "
                    "and the run's own model: the run's samples per step)")
-    j.add_argument("--global-batch", type=int)
+    j.add_argument("--global-batch", type=int,
+                   help="sequences per optimizer step over all GPUs (default: micro-batch x data-parallel size)")
     j.add_argument("--precision", default="bf16-mixed", choices=["fp32", "tf32", "bf16-mixed", "fp16-mixed",
-                                                                  "fp8-mixed"])
-    j.add_argument("--optimizer", default="adamw", choices=["adam", "adamw", "sgd", "adafactor"])
-    j.add_argument("--zero", default="0", choices=["0", "1", "2", "3", "fsdp-full", "fsdp-grad-op"])
-    j.add_argument("--tp", type=int, default=1)
-    j.add_argument("--pp", type=int, default=1)
+                                                                  "fp8-mixed"],
+                   help="training precision (default bf16-mixed: bf16 compute, fp32 master weights)")
+    j.add_argument("--optimizer", default="adamw", choices=["adam", "adamw", "sgd", "adafactor"],
+                   help="optimizer, for the bytes of its state per parameter (default adamw)")
+    j.add_argument("--zero", default="0", choices=["0", "1", "2", "3", "fsdp-full", "fsdp-grad-op"],
+                   help="what is sharded over data-parallel ranks: ZeRO stage or FSDP strategy (default 0: none)")
+    j.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
+    j.add_argument("--pp", type=int, default=1, help="pipeline-parallel stages (default 1)")
     j.add_argument("--sp", action="store_true", help="sequence parallelism (needs --tp > 1)")
-    j.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
+    j.add_argument("--recompute", default="none", choices=["none", "selective", "full"],
+                   help="activation recomputation (default none)")
     j.add_argument("--offload", action="store_true", help="optimizer states (and ZeRO-3 parameters) in CPU memory")
     j.add_argument("--attention", default="flash", choices=["flash", "eager"],
                    help="flash (SDPA/FlashAttention, the default on GPUs) keeps no s x s scores; eager does")
@@ -49,7 +54,8 @@ def add_arguments(parser) -> None:
                    "(default 0.45 when no measured rate is given)")
     r.add_argument("--intra", help="link inside a node (nvlink4, pcie5, ...): its healthy bus bandwidth")
     r.add_argument("--inter", help="network between nodes (ib_ndr, roce_400, eth_100, ...)")
-    r.add_argument("--nics-per-node", type=int)
+    r.add_argument("--nics-per-node", type=int, help="network cards per node used across nodes (default: the "
+                   "reference system's for --device, else 1)")
     r.add_argument("--nccl", nargs="+", metavar="FILE", help="measured bus bandwidth: nccl-tests output or "
                    "`diag nccl --json` documents (across nodes when the run spanned hosts, else inside a node)")
     r.add_argument("--tokens", type=float, help="tokens to train on: prints the time to train")
