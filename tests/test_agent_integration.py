@@ -366,3 +366,13 @@ def test_a_run_ending_during_a_window_warmup_leaves_no_torch_warning(tmp_path, c
     assert "disableProfiler" not in err and "no active profiling session" not in err, err
     traces = sorted(p.name for p in (agent.run_dir / "rank-00000" / "traces").iterdir())
     assert traces == ["window-000003.pt.trace.json.gz"]  # the warm-up left no trace
+
+
+def test_the_text_summary_says_a_straggler_in_words_not_json():
+    doc = {"ranks": [{"rank": 0, "bound": "comm", "device": "CPU", "source": "x", "path": [], "shares": {},
+                      "steps": []}],
+           "job": {"bound": "comm", "stragglers": [{"rank": 1, "message": "Rank 1 is late: its peers wait 9 ms.",
+                                                    "evidence": {"basis": "collectives", "blame_share": 0.9}}]},
+           "errors": []}
+    text = format_summary(doc)
+    assert "straggler: Rank 1 is late: its peers wait 9 ms." in text and '"basis"' not in text

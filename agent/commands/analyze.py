@@ -166,8 +166,8 @@ def format_summary(doc: dict) -> str:
         if headline:
             out.append(f"  {headline}")
         for s in job.get("stragglers") or []:
-            ev = s.get("evidence")
-            out.append(f"  straggler: rank {s.get('rank')}: {ev if isinstance(ev, str) else json.dumps(ev)}")
+            said = s.get("message") or s.get("evidence_text")
+            out.append(f"  straggler: {said}" if isinstance(said, str) else f"  straggler: rank {s.get('rank')}")
         for f in job.get("findings") or []:
             out.append(f"  [{f.get('severity', 'info')}] {f.get('message')}")
     causes = (doc.get("diagnosis") or {}).get("causes") or []
