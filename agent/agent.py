@@ -461,7 +461,8 @@ class Agent:
             self._log(f"exporter: unavailable ({type(exc).__name__}: {exc})")
             return
         identity = {
-            "run": self.writer.path.name if self.writer else "run",
+            # The run's id, as rank.json records it: `diag export` of the same run labels it alike.
+            "run": (self.writer.run_id if self.writer else None) or "run",
             "rank": str(self.launch.rank),
             "local_rank": self.launch.local_rank,
             "host": self.launch.hostname,

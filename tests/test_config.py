@@ -195,3 +195,36 @@ def test_every_flag_of_every_command_says_what_it_does():
             if not isinstance(action, argparse._HelpAction) and not action.help:
                 bare.append(f"diag {name} {'/'.join(action.option_strings) or action.dest}")
     assert not bare, bare
+
+
+def test_the_exit_statuses_are_the_documented_ones(tmp_path, capsys, monkeypatch):
+    """README's table: 2 for input that can not be used, 1 for a file that can not be written,
+    130 for an interruption; each with one line on stderr."""
+    from pathlib import Path
+
+    from diag import cli
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    table = readme[readme.index("## Exit status"):readme.index("## The run directory")]
+    assert all(f"| {code} |" in table for code in (0, 1, 2, 130))
+    bad = tmp_path / "trace.json"
+    bad.write_text('{"traceEvents": [')
+    assert cli.main(["analyze", str(bad)]) == 2
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    (out_dir / "report.html").mkdir()  # a directory where the report goes
+    trace = Path(__file__).parent / "fixtures" / "real" / "h200" / "item_sync.json.gz"
+    assert cli.main(["analyze", str(trace), "--report", str(out_dir)]) == 1
+    with pytest.raises(SystemExit) as usage:
+        cli.main(["analyze", "--no-such-flag"])
+    assert usage.value.code == 2
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    import diag.commands.analyze as analyze_cmd
+
+    monkeypatch.setattr(analyze_cmd, "run", interrupted)
+    assert cli.main(["analyze", str(trace)]) == 130
+    errs = [x for x in capsys.readouterr().err.splitlines() if x.startswith("diag:")]
+    assert len(errs) == 3 and "Traceback" not in "".join(errs)

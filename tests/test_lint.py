@@ -45,7 +45,8 @@ LAYERS = {
                      f"{_ANALYZERS}.views", f"{_ANALYZERS}.diagnosis"),
     "agent/exporter": ("diag.__version__", "diag.exporter", f"{_ANALYZERS}.diagnosis"),
     # diag top: reads live.json or the endpoints into the live facts, draws the live judgement.
-    "agent/top": ("diag.errors", "diag.rundir", "diag.top", f"{_ANALYZERS}.job.live", f"{_ANALYZERS}.diagnosis.live"),
+    "agent/top": ("diag.errors", "diag.rundir", "diag.report", "diag.top", f"{_ANALYZERS}.job.live",
+                  f"{_ANALYZERS}.diagnosis.live"),
     # In the training process: the collectors, and the tree for the live verdicts.
     "agent/agent.py": ("diag.batches", "diag.collectors", "diag.config", "diag.errors", "diag.exporter", "diag.report",
                        "diag.rundir",

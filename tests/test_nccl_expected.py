@@ -139,3 +139,18 @@ def test_nvidia_smi_topology_matrix():
     assert ne.topology_from_nvidia_smi(pcie)["intra"] == "pcie4"
     with pytest.raises(ValueError):
         ne.topology_from_nvidia_smi("no matrix here")
+
+
+def test_a_network_named_for_a_run_of_unknown_nodes_is_no_silent_single_node_figure():
+    """`--inter` with a 24-rank output that names no hosts: the nodes are unknown, so no figure
+    from the GPU link alone is given as if the run were on one node; the flags to pass are named."""
+    topo = ne.topology_from_flags(intra="nvlink4", inter="ib_ndr", nics_per_node=8)
+    facts = ne.bandwidth_facts({"world_size": 24, "rows": []}, topo)
+    assert facts["expected_busbw_gbps"] is None and "--nodes or --gpus-per-node" in facts["expected_basis"]
+    with_nodes = ne.bandwidth_facts({"world_size": 24, "rows": []},
+                                    ne.topology_from_flags(intra="nvlink4", inter="ib_ndr", nics_per_node=8,
+                                                           gpus_per_node=8))
+    assert with_nodes["nodes"] == 3 and with_nodes["expected_busbw_gbps"] is not None
+    # Without a network named, one node's figure stands as before.
+    assert ne.bandwidth_facts({"world_size": 8, "rows": []},
+                              ne.topology_from_flags(intra="nvlink4"))["expected_busbw_gbps"] is not None

@@ -179,3 +179,29 @@ def test_export_serves_over_http(tmp_path):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_the_live_endpoint_and_diag_export_label_a_run_alike(tmp_path):
+    """One run, one `run` label: what a dashboard shows of it live and from `diag export` later."""
+    import re
+    import urllib.request
+
+    from prometheus_client import generate_latest
+
+    import diag
+    from diag.commands.export import RunDirExport
+    from diag.exporter.registry import make_registry
+
+    with diag.Agent(run_dir=tmp_path / "run", export=True, export_port_base=0, report=False, sampling=False,
+                    profile=False, verbose=False) as agent:
+        for _ in range(3):
+            agent.step(samples=8)
+        time.sleep(1.5)  # the agent thread publishes the steps
+        with urllib.request.urlopen(f"http://127.0.0.1:{agent.exporter.port}/metrics", timeout=10) as resp:
+            live = resp.read().decode()
+    exported = generate_latest(make_registry(RunDirExport(tmp_path / "run").refresh)).decode()
+
+    def runs(text: str) -> set[str]:
+        return set(re.findall(r'^diag_steps_total\{[^}]*\brun="([^"]*)"', text, re.M))
+
+    assert runs(live) and runs(live) == runs(exported), (runs(live), runs(exported))

@@ -139,7 +139,8 @@ def stop(p):
 
 # ---------------------------------------------------------------------------- what trains
 def start_demo(tmp_path, base: int, env: dict):
-    """(process, run name, description). The run label is the run directory's name.
+    """(process, run directory, description). The run label is the run's id, which the ranks
+    record in rank.json (`run_label`).
 
     With `--linger`, the demo keeps its endpoints up after training and the report, so the
     checks need not race the training.
@@ -147,7 +148,15 @@ def start_demo(tmp_path, base: int, env: dict):
     run_dir = tmp_path / "demo-run"
     cmd = [sys.executable, "-m", "diag", "demo", "--run-dir", str(run_dir), "--port-base", str(base),
            "--steps", str(DEMO_STEPS), "--linger", str(DEMO_LINGER_S)]
-    return start("demo", cmd, tmp_path, env=env), run_dir.name, "diag demo --linger"
+    return start("demo", cmd, tmp_path, env=env), run_dir, "diag demo --linger"
+
+
+def run_label(run_dir) -> str | None:
+    """The `run` label the ranks' endpoints carry: the run id rank 0 recorded, once it has."""
+    try:
+        return json.loads((run_dir / "rank-00000" / "rank.json").read_text()).get("run_id")
+    except (OSError, ValueError):
+        return None
 
 
 # ---------------------------------------------------------------------------- GPU-shaped feeder
@@ -310,17 +319,21 @@ def test_real_prometheus_scrapes_a_live_demo(tmp_path):
         # a few seconds, and the training must be seen (the linger keeps the endpoints after it).
         wait_for(prom.ready, 60, "Prometheus to be ready", procs)
         feeder.start()
-        demo, run, how = start_demo(tmp_path, base, env)
+        demo, demo_dir, how = start_demo(tmp_path, base, env)
         procs.append(("diag demo", demo))
 
         # Both ranks scraped while training, several times (the counter moved between scrapes).
         # Over the whole test's span, not the last seconds: a short demo on a loaded machine
         # can finish training before this loop's next query.
         def training_seen():
-            r = prom.query(f'count(increase(diag_steps_total{{run="{run}"}}[10m]) > 0)')
+            label = run_label(demo_dir)
+            if label is None:
+                return False
+            r = prom.query(f'count(increase(diag_steps_total{{run="{label}"}}[10m]) > 0)')
             return r.get("status") == "success" and r["data"]["result"] and r["data"]["result"][0]["value"][1] == "2"
 
         wait_for(training_seen, WAIT_S, f"both ranks of {how} to be scraped while training", procs)
+        run = run_label(demo_dir)
         feeder.faults()
         time.sleep(4)  # a few more scrapes, and rule evaluations over them
         assert demo.poll() is None, f"diag demo stopped serving before the checks:\n{tail(demo)}"

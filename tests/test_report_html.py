@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from report_helpers import analysis_rank, write_run
 
 from diag.analyzers.analyze import with_diagnosis
@@ -155,3 +156,16 @@ def test_a_cause_quoting_hostile_op_names_stays_text(tmp_path):
     assert "## Causes found" in md
     outside_code = re.sub(r"(`+).*?\1", "", md)
     assert "<img" not in outside_code and "<script" not in outside_code
+
+
+@pytest.mark.parametrize("text,shown", [
+    ("Memcpy HtoD (Pageable -> Device)", "Memcpy HtoD (Pageable -> Device)"),  # an arrow is text
+    ("<img src=x onerror=alert(1)>", "&lt;img src=x onerror=alert(1)>"),  # no tag can open
+    ("AT&T", "AT&amp;T"),
+    ("> not a quote", "\\> not a quote"),
+    ("a | b [link](x)", "a \\| b \\[link\\](x)"),
+])
+def test_markdown_text_is_escaped_only_where_markdown_would_act(text, shown):
+    from diag.report.markdown import md_text
+
+    assert md_text(text) == shown

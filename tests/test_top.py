@@ -462,3 +462,30 @@ def test_an_endpoint_whose_answer_trickles_is_given_up_by_its_deadline():
     listener.close()
     assert took < 3.0, took  # the deadline (2 x 0.5 s) and one read, not forever
     assert rank.status == "unreachable" and "trickling" in (rank.error or ""), rank
+
+
+def test_top_ends_with_the_job_and_shows_its_final_diagnosis(tmp_path):
+    """Every rank ended: the full-screen view leaves its last frame on the terminal and returns at
+    once (it used to stay on "ranks 0/2 running" until q), with the run's own final verdict."""
+    import io
+
+    from rich.console import Console
+
+    from diag.top.app import run_lines, run_screen
+    from diag.top.screen import one_line
+
+    rd = _run_dir(tmp_path, {0: _live_doc(rank=0, status="completed"), 1: _live_doc(rank=1, status="completed")})
+    headline = "Compute-bound: compute kernels 64% of step time on both ranks."
+    (rd / "summary.json").write_text(json.dumps({"schema": "diag.report_summary/2",
+                                                 "diagnosis": {"headline": {"text": headline}}}))
+    out = io.StringIO()
+    console = Console(file=out, width=170, color_system=None, force_terminal=True)
+    t0 = time.monotonic()
+    assert run_screen(RunDirSource(rd), TREE, console, interval_s=30.0, iterations=None, keys_stream=io.StringIO()) == 0
+    assert time.monotonic() - t0 < 10  # not one 30 s refresh
+    assert f"finished: {headline}" in out.getvalue()
+    lines = io.StringIO()
+    assert run_lines(RunDirSource(rd), TREE, lines, interval_s=30.0, iterations=None) == 0
+    assert lines.getvalue().count("\n") == 1 and f"finished: {headline}" in lines.getvalue()
+    ranks = RunDirSource(rd).read(NOW)
+    assert "finished" not in one_line(ranks, judge_live(ranks, TREE, NOW), NOW)  # no final diagnosis passed

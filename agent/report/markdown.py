@@ -6,8 +6,6 @@ neither break the table layout nor inject HTML when a forge renders the Markdown
 
 from __future__ import annotations
 
-import html
-
 from diag.analyzers.diagnosis.inputs import CLASSES, PHASE_LABELS, size
 
 
@@ -15,13 +13,15 @@ def md_text(value) -> str:
     """Plain text safe in Markdown prose and table cells: no HTML, links, code or cell breaks.
 
     Emphasis characters are left alone: they cannot inject anything, and escaping them
-    would clutter the file for terminal readers.
+    would clutter the file for terminal readers. So is ">" inside the text ("Pageable ->
+    Device"): only at the start of a line does it mean anything, a quote.
     """
-    s = html.escape("" if value is None else str(value), quote=False)
+    s = ("" if value is None else str(value)).replace("&", "&amp;").replace("<", "&lt;")
     s = s.replace("\\", "\\\\")
     for ch in ("`", "[", "]", "|"):
         s = s.replace(ch, "\\" + ch)
-    return " ".join(s.splitlines())
+    s = " ".join(s.splitlines())
+    return "\\" + s if s.lstrip().startswith(">") else s
 
 
 def md_code(value) -> str:

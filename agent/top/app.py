@@ -45,9 +45,16 @@ def apply_key(key: str, state: ViewState, ranks: list, source) -> bool:
 
 
 def snapshot(source, tree, now: float | None = None) -> tuple[list, dict, float]:
+    """The ranks as read now and the live judgement; once every rank has ended, with the run's
+    own final diagnosis where the source has one (a run directory's summary.json)."""
     now = time.time() if now is None else now
     ranks = source.read(now)
-    return ranks, judge_live(ranks, tree, now), now
+    job = judge_live(ranks, tree, now)
+    if all_ended(ranks):
+        final = source.final() if hasattr(source, "final") else None
+        if final:
+            job = {**job, "final": final}
+    return ranks, job, now
 
 
 def all_ended(ranks: list) -> bool:
@@ -83,6 +90,8 @@ def run_screen(source, tree, console, interval_s: float, iterations: int | None,
             n += 1
             if iterations is not None and n >= iterations:
                 return 0
+            if all_ended(ranks):
+                break  # the job is over: its last frame stays on the terminal below
             wait = next_read - time.monotonic()
             pressed = keys.read(wait) if keys.active else []
             if not keys.active:
@@ -93,3 +102,5 @@ def run_screen(source, tree, console, interval_s: float, iterations: int | None,
             if time.monotonic() >= next_read:
                 ranks, job, now = snapshot(source, tree)
                 next_read = time.monotonic() + interval_s
+    console.print(screen(source.describe(), ranks, job, state, now, interval_s))
+    return 0

@@ -78,6 +78,10 @@ def _rank_label(r) -> str:
 def job_line(job: dict, ranks: list) -> Text:
     live = sum(1 for r in ranks if r.status == "running")
     t = Text()
+    if job.get("final"):
+        t.append("finished: ", style="bold")
+        t.append_text(_safe(job["final"]))
+        t.append("\n")
     t.append(f"ranks {live}/{len(ranks)} running", style="bold")
     t.append("   verdict ")
     t.append_text(_safe(job.get("verdict")))
@@ -214,6 +218,8 @@ def one_line(ranks: list, job: dict, now: float) -> str:
         f"stalled {','.join(map(str, job['stalled'])) if job.get('stalled') else 'none'}",
         f"profiling {'yes' if job.get('profiling') else 'no'}",
     ]
+    if job.get("final"):
+        parts.append(f"finished: {job['final']}")
     return "  ".join(parts)
 
 

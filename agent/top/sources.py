@@ -30,6 +30,7 @@ from diag.analyzers.job.live import (
     rank_from_metrics,
     unreachable,
 )
+from diag.report import SUMMARY_JSON, read_diagnosis
 
 MAX_LIVE_BYTES = 4 << 20  # a live.json is a few kB; anything near this is not one
 MAX_METRICS_BYTES = 2 << 20  # a rank serves under 200 series, some 40 kB
@@ -84,6 +85,12 @@ class RunDirSource:
             self._last[rank] = live
             out.append(live)
         return out
+
+    def final(self) -> str | None:
+        """The run's own final verdict, once rank 0 has written the report: summary.json's headline."""
+        diagnosis = read_diagnosis(self.path / SUMMARY_JSON)
+        headline = (diagnosis or {}).get("headline")
+        return headline.get("text") if isinstance(headline, dict) and isinstance(headline.get("text"), str) else None
 
     def request_profile(self) -> str:
         trigger = self.path / rundir.TRIGGER_FILE

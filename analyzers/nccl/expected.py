@@ -307,6 +307,10 @@ def expected_busbw(topo: dict, nodes: int | None = None, gpus_per_node: int | No
     """
     nodes = nodes if nodes is not None else topo.get("nodes")
     gpn = gpus_per_node if gpus_per_node is not None else topo.get("gpus_per_node")
+    if nodes is None and topo.get("inter") in LINKS:
+        # A network named for a run whose nodes are unknown: judged on the GPU link alone, a run
+        # across nodes would be held to a rate its network can not give.
+        return _expected(None, _NODES_UNKNOWN, None)
     parts: list[tuple[float, str, str]] = []
     if topo.get("intra") in LINKS and (gpn is None or gpn > 1):
         parts.append(_gpu_link_part(topo))
@@ -328,6 +332,8 @@ def network_busbw(topo: dict) -> dict:
 
 
 _NO_NETWORK = "the network between nodes is unknown (pass --inter)"
+_NODES_UNKNOWN = ("--inter names the network, but not how many nodes the run spans (pass --nodes or "
+                  "--gpus-per-node)")
 
 
 def _expected(value: float | None, basis: str, bottleneck: str | None) -> dict:
