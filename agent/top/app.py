@@ -51,7 +51,7 @@ def snapshot(source, tree, now: float | None = None) -> tuple[list, dict, float]
     ranks = source.read(now)
     job = judge_live(ranks, tree, now)
     if all_ended(ranks):
-        final = source.final() if hasattr(source, "final") else None
+        final = source.final()
         if final:
             job = {**job, "final": final}
     return ranks, job, now

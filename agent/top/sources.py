@@ -140,6 +140,10 @@ class EndpointSource:
             return None, f"more than {MAX_METRICS_BYTES >> 20} MiB of metrics"
         return data.decode("utf-8", "replace"), None
 
+    def final(self) -> str | None:
+        """Endpoints serve no report: a finished run's verdict is in its run directory."""
+        return None
+
     def request_profile(self) -> str:
         steps = [r.steps_done for r in self._last.values() if r.steps_done is not None]
         step = (max(steps) if steps else 0) + PROFILE_LEAD_STEPS

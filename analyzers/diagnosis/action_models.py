@@ -16,6 +16,7 @@ import statistics
 
 from diag.analyzers.analysis_types import PAGEABLE_HTOD_RE
 from diag.analyzers.diagnosis.context import JobContext
+from diag.analyzers.diagnosis.inputs import traced_durations
 from diag.analyzers.diagnosis.steady import level_drift, median_half_width, warmup_steps
 
 PINNED_HTOD = "pinned"  # Kineto names a pinned copy "Memcpy HtoD (Pinned -> Device)"
@@ -48,9 +49,7 @@ def _expectation(action: str, ceiling: dict | None, removed_ms: float, taken: tu
            "limit": "rate", "assumes": assumes}
     plain = untraced_steps(analysis, thresholds)
     carried = len(plain) >= 3 and base > 0
-    ref = plain if carried else [float(s["duration_ms"]) for s in analysis.get("steps") or []
-                                 if isinstance(s, dict) and s.get("evidence") == "trace"
-                                 and isinstance(s.get("duration_ms"), (int, float))]
+    ref = plain if carried else traced_durations(analysis)
     ratio = statistics.median(plain) / base if carried else 1.0
     level = base * ratio
     spread = ((median_half_width(ref) or 0.0) + (level_drift(ref) or 0.0) * level) if ref else 0.0
@@ -163,13 +162,12 @@ def autocast(ctx: JobContext, evidence: dict, ceiling: dict | None) -> dict | No
     """fp32 (or TF32) matrix ops run under bf16 autocast: each op group at the rate half
     precision reaches on its shapes (`_half_rate`) instead of its measured rate. The casts of
     fp32 operands (one pass over memory each) are left out: small beside large matrix ops."""
-    th = ctx.tree.thresholds
+    th, analysis = ctx.tree.thresholds, _analysis(ctx, evidence)
     peaks = evidence.get("peaks_tflops") or {}
     kind, ms = evidence.get("precision"), float(evidence.get("ms_per_step") or 0.0)
     fast = peaks.get("bf16") or peaks.get("fp16")
     slow = peaks.get(kind) or peaks.get("fp32")
-    groups = [g for g in ((_analysis(ctx, evidence).get("matrix_ops") or {}).get("groups") or [])
-              if isinstance(g, dict)]
+    groups = [g for g in ((analysis.get("matrix_ops") or {}).get("groups") or []) if isinstance(g, dict)]
     mine = [g for g in groups if g.get("dtype") == "fp32" and g.get("tflops") and g.get("ms_per_step")]
     if not fast or not slow or not mine or ms <= 0:
         return None
@@ -187,7 +185,7 @@ def autocast(ctx: JobContext, evidence: dict, ceiling: dict | None) -> dict | No
     covered = sum(float(g["ms_per_step"]) for g in mine)
     # Kernels of the precision without an op shape (no record_shapes) move as the groups do.
     share = ms / covered if covered > 0 else 1.0
-    removed = _ceiling_removed(_analysis(ctx, evidence).get("math") or {}, peaks, fast)
+    removed = _ceiling_removed(analysis.get("math") or {}, peaks, fast)
     taken = tuple(max(0.0, (covered - after(s)) * share) for s in (1.0, 1.0 - spread, 1.0 + spread))
     untiled = [g for g in mine if not _half_rate(g, healthy, th)[1]]
     half = "bf16" if peaks.get("bf16") else "fp16"  # V100: fp16 tensor cores only
@@ -200,4 +198,4 @@ def autocast(ctx: JobContext, evidence: dict, ceiling: dict | None) -> dict | No
         f"{half} autocast", ceiling, removed, taken,
         f"the matrix ops then run at {rates}, against their measured {covered:.1f} ms; the casts to {half} are "
         "not counted; the ceiling is every such kernel at the half-precision peak's fraction it reaches now",
-        _analysis(ctx, evidence), th)
+        analysis, th)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from diag.analyzers.analysis_types import PAGEABLE_HTOD_RE, SYNC_OP_NAMES
 from diag.analyzers.diagnosis import action_models
 from diag.analyzers.diagnosis.context import JobContext
-from diag.analyzers.diagnosis.inputs import traced_steps
+from diag.analyzers.diagnosis.inputs import traced_durations, traced_steps
 from diag.analyzers.diagnosis.loader_model import (
     LoaderRates,
     WorkerPlan,
@@ -277,15 +277,13 @@ SYNC_OPS = dict(zip(SYNC_OP_NAMES, (".item()", "bool(tensor) or `if tensor:`", "
 
 def _traced_step_ms(analysis: dict) -> float | None:
     """The median duration of the rank's traced steps."""
-    return _median([float(s["duration_ms"]) for s in analysis.get("steps") or [] if isinstance(s, dict)
-                    and s.get("evidence") == "trace" and isinstance(s.get("duration_ms"), (int, float))])
+    return _median(traced_durations(analysis))
 
 
 def _traced_mean_ms(analysis: dict) -> float | None:
     """The mean duration of the rank's traced steps: what per-step facts (totals over the
     traced steps, divided by their count) are shares of."""
-    vals = [float(s["duration_ms"]) for s in analysis.get("steps") or [] if isinstance(s, dict)
-            and s.get("evidence") == "trace" and isinstance(s.get("duration_ms"), (int, float))]
+    vals = traced_durations(analysis)
     return sum(vals) / len(vals) if vals else None
 
 

@@ -226,6 +226,12 @@ def traced_steps(analysis: dict) -> int:
     return sum(1 for s in analysis.get("steps") or [] if isinstance(s, dict) and s.get("evidence") == "trace")
 
 
+def traced_durations(analysis: dict) -> list[float]:
+    """The durations (ms) of a rank analysis's traced steps."""
+    return [float(s["duration_ms"]) for s in analysis.get("steps") or [] if isinstance(s, dict)
+            and s.get("evidence") == "trace" and isinstance(s.get("duration_ms"), (int, float))]
+
+
 def first_str(d, *keys) -> str | None:
     if not isinstance(d, dict):
         return None

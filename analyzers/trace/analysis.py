@@ -206,10 +206,13 @@ def facts_of_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: 
                                                     float(tree.thresholds["cpu_half_precision_speedup"]),
                                                     att["parts"].get("compute", iv.EMPTY)) if worth("compute") \
         else (None, None)
+    host_facts = on_device and worth("host")
+    # The training thread's stretches outside every op: its facts and its what-if both read them.
+    gaps = python_gaps.python_gaps(trace, win, float(th["python_gap_min_us"]), float(th["cpu_work_min_op_coverage"])) \
+        if host_facts else iv.EMPTY
     removals = removal_measures.per_window(trace, win, classes, att, layers, chain_saving, math_saving, coll_records,
-                                           matrix_saving, traffic_saving, host_calls=on_device and worth("host"),
-                                           cpu_work_coverage=float(tree.thresholds["cpu_work_min_op_coverage"]),
-                                           python_gap_us=float(tree.thresholds["python_gap_min_us"]))
+                                           matrix_saving, traffic_saving, host_calls=host_facts,
+                                           cpu_work_coverage=float(th["cpu_work_min_op_coverage"]), python_gaps=gaps)
 
     # Each step's critical path and its duration under each what-if change.
     critical_path, what_if_entries, what_if_error = _what_if(trace, tree, steps, windows, classes, layers, att,
@@ -244,9 +247,7 @@ def facts_of_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: 
         "allocator": host_device.allocator_facts(trace, win) if on_device and worth("host") else [],
         "cpu_work": host_device.cpu_work_facts(trace, win, float(tree.thresholds["cpu_work_min_op_coverage"]))
         if on_device and worth("host") else [],
-        "python_gaps": python_gaps.python_gap_facts(trace, win, float(tree.thresholds["python_gap_min_us"]),
-                                                    float(tree.thresholds["cpu_work_min_op_coverage"]))
-        if on_device and worth("host") else None,
+        "python_gaps": python_gaps.python_gap_facts(trace, win, gaps) if host_facts else None,
         "math": math,
         "memory_traffic": traffic,
         "matrix_ops": matrix,

@@ -57,11 +57,10 @@ def gap_us_per_window(trace: Trace, win: np.ndarray, gaps: np.ndarray) -> np.nda
     return iv.measure_in_windows(gaps, trace.host_spans(win)) if len(gaps) else np.zeros(len(win))
 
 
-def python_gap_facts(trace: Trace, win: np.ndarray, min_gap_us: float, min_coverage: float) -> dict | None:
+def python_gap_facts(trace: Trace, win: np.ndarray, gaps: np.ndarray) -> dict | None:
     """{"ms_per_step", "stretches_per_step", "longest_ms", "frames"}: the training thread's
-    time outside every op in stretches of `min_gap_us` or more, and the job's frames that hold
+    time outside every op in the stretches `python_gaps` found, and the job's frames that hold
     it (with stacks: {"name", "file", "line", "function", "ms_per_step"}); None without any."""
-    gaps = python_gaps(trace, win, min_gap_us, min_coverage)
     if not len(gaps):
         return None
     n = len(win)

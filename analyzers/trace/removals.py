@@ -82,11 +82,12 @@ def _top_collective_us(records: list[dict], win: np.ndarray) -> np.ndarray | Non
 
 def per_window(trace: Trace, win: np.ndarray, classes, att, layers, chain_saving, math_saving,
                collectives: list[dict], matrix_saving=None, traffic_saving=None, host_calls: bool = True,
-               cpu_work_coverage: float = 1.0, python_gap_us: float = 100.0) -> dict[str, tuple[str, np.ndarray, np.ndarray]]:
+               cpu_work_coverage: float = 1.0, python_gaps: np.ndarray = iv.EMPTY
+               ) -> dict[str, tuple[str, np.ndarray, np.ndarray]]:
     """{measure: (part, µs removed, µs of the part)} per window, for the measures this trace
     gives (the CPU work's, the Python gaps' and the allocator calls' only where `host_calls`;
-    the CPU work's and the gaps' only on traces holding `cpu_work_coverage` of the host events;
-    gaps of `python_gap_us` or more)."""
+    the CPU work's only on traces holding `cpu_work_coverage` of the host events; the gaps
+    are the stretches python_gaps.python_gaps found)."""
     out = {}
 
     def add(name: str, part: str, removed) -> None:
@@ -113,8 +114,7 @@ def per_window(trace: Trace, win: np.ndarray, classes, att, layers, chain_saving
         removed = np.bincount(k[k >= 0], weights=(host_us + after_us)[k >= 0], minlength=len(win)).astype(np.float64)
         if np.any(removed > 0):
             out["cpu_work"] = ("host", removed, None)
-        gaps = py_gaps.python_gaps(trace, win, python_gap_us, cpu_work_coverage)
-        removed = py_gaps.gap_us_per_window(trace, win, gaps)
+        removed = py_gaps.gap_us_per_window(trace, win, python_gaps)
         if np.any(removed > 0):
             out["python_gaps"] = ("host", removed, None)
         alloc = np.flatnonzero(host_device.allocator_mask(trace))
