@@ -125,10 +125,10 @@ def _build(bottleneck: str, rank: int, workers: int = 0):
     if bottleneck == "compute":
         # Many FLOPs per parameter (a large batch through square layers), so the gradient
         # all-reduce stays small beside the matrix multiplications.
-        model = nn.Sequential(nn.Linear(1024, 768), nn.ReLU(), nn.Linear(768, 768), nn.ReLU(),
-                              nn.Linear(768, 1024))
-        batches = _repeat([(torch.randn(512, 1024), torch.randn(512, 1024))])
-        return model, batches, _regress, 512
+        model = nn.Sequential(nn.Linear(1024, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                              nn.Linear(512, 1024))
+        batches = _repeat([(torch.randn(1024, 1024), torch.randn(1024, 1024))])
+        return model, batches, _regress, 1024
 
     if bottleneck == "memory":
 
@@ -157,11 +157,13 @@ def _build(bottleneck: str, rank: int, workers: int = 0):
 
     # none: a healthy run — compute dominates, data is prefetched in memory.
     # An in-memory dataset indexed a whole batch at a time (one gather, no per-sample collate).
-    data = torch.utils.data.TensorDataset(torch.randn(8192, 512), torch.randint(0, 10, (8192,)))
-    sampler = torch.utils.data.BatchSampler(torch.utils.data.RandomSampler(data), 512, drop_last=True)
+    # A large batch through narrow layers: many FLOPs per byte of gradient, so the all-reduce
+    # stays a small part of the step even when the two ranks' cores are busy elsewhere.
+    data = torch.utils.data.TensorDataset(torch.randn(16384, 512), torch.randint(0, 10, (16384,)))
+    sampler = torch.utils.data.BatchSampler(torch.utils.data.RandomSampler(data), 2048, drop_last=True)
     loader = torch.utils.data.DataLoader(data, sampler=sampler, batch_size=None)
-    model = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
-    return model, _cycle(loader), _classify, 512
+    model = nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+    return model, _cycle(loader), _classify, 2048
 
 
 def _repeat(batches):

@@ -44,16 +44,6 @@ def compress(raw: Path) -> Path:
     return dest
 
 
-def steps_in(analysis: dict, first: int, last: int) -> dict:
-    """Keep the window's own steps (the trace may hold a partial step at either edge)."""
-    steps = analysis.get("steps")
-    if isinstance(steps, list):
-        inside = [s for s in steps if isinstance(s.get("step"), int) and first <= s["step"] <= last]
-        if inside:
-            analysis["steps"] = inside
-    return analysis
-
-
 def summarise(trace: Path, rank: int, first: int, last: int, tree_settings: dict | None,
               host_peaks: dict | None = None) -> dict:
     doc = {"first_step": first, "last_step": last, "trace": trace.name, "created_unix": time.time(),
@@ -65,7 +55,9 @@ def summarise(trace: Path, rank: int, first: int, last: int, tree_settings: dict
         doc["error"] = f"{trace}: could not compress ({exc.strerror or exc})"
     try:
         tree = load_tree(recorded=tree_settings) if tree_settings else None
-        doc["analysis"] = steps_in(analyze_trace(str(trace), tree=tree, rank=rank, host_peaks=host_peaks), first, last)
+        # The window's own steps only: the trace may hold a partial step at either edge.
+        doc["analysis"] = analyze_trace(str(trace), tree=tree, rank=rank, host_peaks=host_peaks,
+                                         step_range=(first, last))
     except Exception as exc:
         doc["error"] = f"{trace}: analysis failed ({type(exc).__name__}: {exc})"
     return doc

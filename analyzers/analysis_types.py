@@ -104,6 +104,7 @@ class TraceRankFacts(_WaitSplit):
     math: dict | None  # matrix kernels' time by precision per traced step (trace.precision)
     matrix_ops: dict | None  # matrix ops by shape and dtype, rate against peak (trace.matrix_ops)
     optimizer: dict | None  # the optimizer's step: class, implementation, host and device time (trace.optimizer)
+    accumulation: dict | None  # DDP forward passes and optimizer steps per step (trace.accumulation)
     fsdp: dict | None  # FSDP's version, units and prefetches per step (trace.overlap)
     elementwise_chains: list[dict]  # runs of elementwise ops, fusion candidates (trace.fusion)
     sync_sites: list[dict]  # the job's frames calling the SYNC_OP_NAMES ops (trace.call_sites)
@@ -170,6 +171,7 @@ class RunRankFacts(TypedDict):
     source: str
     device: str | None
     world_size: int | None
+    backend: str | None  # the default process group's (rank.json), else the traces'
     host: str | None
     status: str | None
     error: str | None  # what ended the rank where it did not finish (rank.json's error)
@@ -186,6 +188,7 @@ class RunRankFacts(TypedDict):
     memory_traffic: dict | None
     matrix_ops: dict | None
     optimizer: dict | None
+    accumulation: dict | None
     fsdp: dict | None
     elementwise_chains: list[dict]
     sync_sites: list[dict]

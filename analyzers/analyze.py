@@ -93,10 +93,11 @@ def analyze_paths(paths, tree: dt.Tree | None = None, jobs: int | None = None, p
 
 
 def analyze_trace(path, tree: dt.Tree | None = None, rank: int | None = None, workers: int | None = 1,
-                  host_peaks: dict | None = None) -> dict:
+                  host_peaks: dict | None = None, step_range: tuple[int, int] | None = None) -> dict:
     """One trace file's rank dict of the diag.analysis/1 document, facts and verdicts."""
     tree = tree or dt.load_tree()
-    return judge_trace(trace_facts(path, tree, rank=rank, workers=workers, host_peaks=host_peaks), tree)
+    return judge_trace(trace_facts(path, tree, rank=rank, workers=workers, host_peaks=host_peaks,
+                                   step_range=step_range), tree)
 
 
 def judged_ranks(trace_ranks: list[dict], tree, run_ranks: list[dict] = ()) -> list[dict]:

@@ -31,7 +31,11 @@ Cases:
                     fix: one reduction read once a step, as the cause's action words it);
 - item_sync_ddp:    the same on 2 gloo ranks under DDP;
 - straggler:        2 gloo ranks under DDP, the last doing 8 ms more CPU work a step (the fix:
-                    the straggler's extra work gone, what the cause's ceiling replays).
+                    the straggler's extra work gone, what the cause's ceiling replays);
+- comm_micro_batches: 2 gloo ranks under DDP with an embedding table of 2M weights whose dense
+                    gradient all-reduces after each of the step's 2 micro-batches (the fix: the first
+                    inside ddp.no_sync()). On gloo, fp16_compress_hook made this loop slower (52 to
+                    66 ms a step here), so diag names no compression hook there.
 """
 
 from __future__ import annotations
@@ -59,6 +63,8 @@ class Case:
     collate: str | None = None  # a key of COLLATES
     items: int = 0  # logits read back one .item() at a time each step
     late_ms: float = 0.0  # CPU work the last rank does each step on top of the others' (a straggler)
+    table: int = 0  # rows of an embedding table (dense gradient, TABLE_DIM wide) beside the model
+    no_sync: bool = False  # every micro-batch but the step's last inside ddp.no_sync()
 
 
 CASES = {
@@ -73,9 +79,11 @@ CASES = {
     "item_sync": Case("host_sync_points", items=2000),
     "item_sync_ddp": Case("host_sync_points", ranks=2, items=2000),
     "straggler": Case("straggler", ranks=2, late_ms=8.0),
+    "comm_micro_batches": Case("exposed_collectives", ranks=2, table=1 << 16),
 }
 BATCH, WIDTH, STEP_PASSES = 16, 512, 2
 SAMPLE_WAIT_S, SAMPLE_CPU_S, COLLATE_CPU_S, COLLATE_FETCH_S = 0.003, 0.001, 0.012, 0.060
+TABLE_DIM = 32
 
 
 def _spin(seconds: float) -> None:
@@ -140,6 +148,8 @@ def _loop(case: str, fix: dict, steps: int, run_dir: str | None, rank: int, worl
                                          persistent_workers=c.workers > 0, collate_fn=COLLATES.get(c.collate))
     late_s = c.late_ms / 1e3 if rank == world - 1 else 0.0
     model = nn.Sequential(nn.Linear(WIDTH, 4 * WIDTH), nn.ReLU(), nn.Linear(4 * WIDTH, 10))
+    if c.table:
+        model = _with_table(model, c.table)
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -159,9 +169,11 @@ def _loop(case: str, fix: dict, steps: int, run_dir: str | None, rank: int, worl
                 break
             opt.zero_grad(set_to_none=True)
             _spin(late_s)
-            for _ in range(STEP_PASSES):  # the step's own work: about 10 ms on one core
-                out = model(x)
-                torch.nn.functional.cross_entropy(out, y).backward()
+            for k in range(STEP_PASSES):  # the step's own work: about 10 ms on one core
+                quiet = c.no_sync and world > 1 and k < STEP_PASSES - 1
+                with model.no_sync() if quiet else contextlib.nullcontext():
+                    out = model(x)
+                    torch.nn.functional.cross_entropy(out, y).backward()
             opt.step()
             _read_back(out.detach(), c.items)
             if agent is not None:
@@ -170,6 +182,23 @@ def _loop(case: str, fix: dict, steps: int, run_dir: str | None, rank: int, worl
             times.append(now - t0)
             t0 = now
     return times
+
+
+def _with_table(model, rows: int):
+    """The model beside an embedding table with a dense gradient, a few rows looked up a step:
+    the whole table's gradient all-reduces every step for a handful of rows used."""
+    from torch import nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body, self.table = model, nn.Embedding(rows, TABLE_DIM)
+
+        def forward(self, x):
+            ids = (x[:, :8].abs() * 1000).long() % rows
+            return self.body(x) + self.table(ids).mean(dim=(1, 2)).unsqueeze(1)
+
+    return Net()
 
 
 def _read_back(out, items: int) -> float:
@@ -242,7 +271,8 @@ def diagnose(case: str, steps: int, scratch: Path) -> dict:
 
 def applied_fix(cause: dict) -> dict | None:
     """The loop's settings as the cause's action words them: the worker count it names
-    (num_workers=K), or the values kept on the device and read once a step."""
+    (num_workers=K), the values kept on the device and read once a step, the straggler's extra
+    work gone, or all but the last micro-batch inside no_sync()."""
     action = str((cause.get("expected") or {}).get("action") or "")
     if action.startswith("num_workers="):
         return {"workers": int(action.removeprefix("num_workers="))}
@@ -250,6 +280,8 @@ def applied_fix(cause: dict) -> dict | None:
         return {"items": 0}
     if cause["id"].startswith("straggler-") and action:
         return {"late_ms": 0.0}
+    if cause["id"] == "exposed_collectives" and action.startswith("no_sync()"):
+        return {"no_sync": True}
     return None
 
 

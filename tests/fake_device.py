@@ -1,5 +1,6 @@
-"""A device timeline in real time, behind the methods of torch.cuda.Event that diag's
-device clock calls, for tests on machines without a GPU.
+"""A device timeline, behind the methods of torch.cuda.Event that diag's device clock calls,
+for tests on machines without a GPU: in real time, or in a VirtualClock's time, where every
+wait lasts exactly as long as asked, however busy the machine.
 
 Work launched on the device runs in stream order after the work before it; an event
 completes when the device reaches it (at once when it is idle). Like the real class, an
@@ -13,12 +14,27 @@ import threading
 import time
 
 
+class VirtualClock:
+    """Time that moves only when someone sleeps: the host's waits and the device's work last
+    exactly their nominal length."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += max(0.0, seconds)
+
+
 class FakeDevice:
     """One stream: `launch(seconds)` queues work; `queue_limit_s` bounds the queued work as
-    a full launch queue does (the host blocks in the launch)."""
+    a full launch queue does (the host blocks in the launch). `sleep` waits in the clock's time."""
 
     def __init__(self, queue_limit_s: float | None = None, clock=time.perf_counter):
         self.clock = clock
+        self.sleep = getattr(clock, "sleep", time.sleep)
         self.free_at = clock()  # when the queued work ends
         self.queue_limit_s = queue_limit_s
         self.busy_s = 0.0
@@ -28,7 +44,7 @@ class FakeDevice:
         if self.queue_limit_s is not None:
             backlog = self.free_at - self.clock()
             if backlog > self.queue_limit_s:
-                time.sleep(backlog - self.queue_limit_s)
+                self.sleep(backlog - self.queue_limit_s)
         with self._lock:
             self.free_at = max(self.free_at, self.clock()) + seconds
             self.busy_s += seconds
@@ -36,7 +52,7 @@ class FakeDevice:
     def synchronize(self) -> None:
         wait = self.free_at - self.clock()
         if wait > 0:
-            time.sleep(wait)
+            self.sleep(wait)
 
     def event(self, enable_timing: bool = False) -> FakeEvent:
         return FakeEvent(self, enable_timing)

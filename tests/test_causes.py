@@ -478,3 +478,42 @@ def test_a_cold_first_launch_makes_no_launch_bound_cause(real_data, tmp_path):
     others = sorted(e["dur"] for e in launches if e is not first)
     assert lf["median_launch_us"] <= others[len(others) // 2 + 1]
     assert "launch_bound" not in {c["id"] for c in doc["diagnosis"]["causes"]}
+
+
+@pytest.mark.parametrize("forwards,micro", [(2.9, None), (3.0, 1.5)])  # 2 optimizer steps per traced step
+def test_ddp_all_reducing_every_micro_batch_from_one_and_a_half_passes_per_step(forwards, micro):
+    """DDP all-reduces after each micro-batch's backward once a step runs 1.5 forward passes per
+    optimizer step: no_sync() is the action, with the replay of exactly that as its prediction."""
+    assert dt.load_tree().thresholds["accumulation_min_micro_batches"] == 1.5
+    rank = _coll_rank(1, 64e6, 20000.0)
+    rank["analysis"]["accumulation"] = {"forwards_per_step": forwards, "optimizer_steps_per_step": 2.0}
+    entry = {"change": "ddp_no_sync_accumulation", "description": "once per optimizer step",
+             "baseline_step_ms": 100.0, "predicted_step_ms": 90.0, "speedup": 1.11, "fixes": "comm"}
+    (cause,) = cs.causes(_ctx({0: rank}, bound="comm", shares={"comm": 0.5}, what_if=[entry]))
+    assert cause["evidence"]["micro_batches"] == micro
+    assert cause["action"].startswith("All-reduce once per optimizer step") is bool(micro)
+    if micro:
+        assert "runs 1.5 forward and backward passes" in cause["text"]
+        assert cause["expected"]["action"] == "no_sync() on all but the last micro-batch"
+        assert cause["expected"]["expected_step_ms"] == 90.0 and cause["what_if"]["change"] == entry["change"]
+    else:
+        assert cause["what_if"] is None and cause["expected"] is None  # no backend named: no hook to replay
+
+
+@pytest.mark.parametrize("backend,hook", [("nccl", "bf16_compress_hook"), ("gloo", None), (None, None)])
+def test_the_compression_hook_is_the_one_the_backend_runs(backend, hook):
+    """bf16_compress_hook is DDP's only on NCCL (it refuses others); gloo's fp16 reduction runs in
+    software, slower than the bytes it saves: no hook is advised or replayed there."""
+    rank = _coll_rank(1, 64e6, 20000.0)
+    rank["analysis"]["backend"] = backend
+    entry = {"change": "compressed_collective", "description": "half the bytes", "baseline_step_ms": 100.0,
+             "predicted_step_ms": 90.0, "speedup": 1.11, "fixes": "comm"}
+    (cause,) = cs.causes(_ctx({0: rank}, bound="comm", shares={"comm": 0.5}, what_if=[entry]))
+    assert cause["evidence"]["compression_hook"] == hook
+    assert ("default_hooks.bf16_compress_hook" in cause["action"]) is bool(hook)
+    if hook:
+        e = cause["expected"]
+        assert e["action"] == "the bf16 compression hook" and e["expected_step_ms"] == 90.0
+        assert e["low_ms"] <= 90.0 and e["high_ms"] >= 95.0  # the slow end: half the gain
+    else:
+        assert cause["what_if"] is None and "do not pay here" in cause["action"]

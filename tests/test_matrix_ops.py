@@ -182,3 +182,26 @@ def test_the_cpu_says_whether_it_has_bf16_units(tmp_path, flags, units):
     info.write_text(f"processor\t: 0\nflags\t\t: {flags}\n\nprocessor\t: 1\nflags\t\t: {flags}\n")
     assert cpu_facts(str(info))["bf16_units"] is units
     assert cpu_facts(str(tmp_path / "absent"))["bf16_units"] is None
+
+
+def test_a_step_cut_by_the_jobs_end_is_no_traced_step(tmp_path):
+    """A window the job's end cuts holds the step then in progress, around the exit's own work
+    only: per-step facts over the completed steps (1-3) count each layer once per step, where
+    counting the cut step too would make it 0.75 times."""
+    model = torch.nn.Linear(64, 64)
+    x = torch.randn(32, 64)
+    path = tmp_path / "cut.json"
+    with profile(record_shapes=True) as prof:
+        for step in range(1, 5):
+            with torch.autograd.profiler.record_function(f"ProfilerStep#{step}"):
+                if step < 4:  # step 4 is the one the job's end cut: no training work in it
+                    model(x).sum().backward()
+                else:
+                    torch.zeros(1)
+    prof.export_chrome_trace(str(path))
+    cut = trace_facts(str(path), step_range=(1, 3))
+    whole = trace_facts(str(path))
+    assert [s["step"] for s in cut["steps"]] == [1, 2, 3] and len(whole["steps"]) == 4
+    forward = next(g for g in cut["matrix_ops"]["groups"] if g["op"] in ("aten::linear", "aten::addmm"))
+    assert forward["calls_per_step"] == 1
+    assert next(g for g in whole["matrix_ops"]["groups"] if g["name"] == forward["name"])["calls_per_step"] == 0.75

@@ -1,6 +1,6 @@
 """`diag plan --run`: plans grounded in an agent run, and the memory section of its report.
 
-The demo run (2 gloo ranks, the healthy MLP 512-1024-1024-10 on batches of 512) is the
+The demo run (2 gloo ranks, the healthy MLP 512-512-512-10 on batches of 2048) is the
 input; every expected figure below is computed here from the demo model's shapes.
 """
 
@@ -14,8 +14,8 @@ import pytest
 
 from diag.analyzers.analyze import analyze_run_dir as analyze_run
 
-LAYERS = ((512, 1024), (1024, 1024), (1024, 10))
-BATCH = 512
+LAYERS = ((512, 512), (512, 512), (512, 10))
+BATCH = 2048
 PARAMS = sum(i * o + o for i, o in LAYERS)
 # Forward: 2*B*in*out per layer; backward: the weight gradients (as much again) and the input
 # gradients of every layer but the first, whose input needs none.

@@ -29,7 +29,7 @@ SHARED_TRACES = ("a100_2rank_nccl.json.gz", "job128_rank0_sampled.json.gz", "job
 STANDARD = ("no_data_wait", "no_host_gaps", "no_exposed_comm", "comm_2x", "memory_kernels_2x", "compute_2x",
             "fuse_elementwise_chain", "tensor_core_math", "half_precision_matrix_ops", "no_sync_points",
             "slow_bandwidth_kernels_at_target", "no_cpu_work_on_thread", "no_python_gaps", "no_allocator_calls",
-            "no_pageable_copies", "compressed_collective", "no_launch_cost",
+            "no_pageable_copies", "compressed_collective", "ddp_no_sync_accumulation", "no_launch_cost",
             "no_straggler")
 
 

@@ -199,3 +199,21 @@ def autocast(ctx: JobContext, evidence: dict, ceiling: dict | None) -> dict | No
         f"the matrix ops then run at {rates}, against their measured {covered:.1f} ms; the casts to {half} are "
         "not counted; the ceiling is every such kernel at the half-precision peak's fraction it reaches now",
         analysis, th)
+
+
+def collective(ctx: JobContext, evidence: dict, ceiling: dict | None) -> dict | None:
+    """The exposed collective's action. Where DDP all-reduces after every micro-batch, no_sync()
+    on all but the last: its change replays exactly the all-reduces it leaves out, gone. Else
+    the compression hook the backend runs, halving the bytes as the ceiling's change does, with
+    the range down to half that gain for a collective partly bound by its latency; None where
+    no hook pays (gloo)."""
+    if evidence.get("micro_batches"):
+        return removal("no_sync() on all but the last micro-batch")(ctx, evidence, ceiling)
+    hook = evidence.get("compression_hook")
+    if not hook or not ceiling:
+        return None
+    return _expectation(
+        f"the {hook.split('_')[0]} compression hook", ceiling, 1.0, (1.0, 0.5, 1.0),
+        "the collective's time halves with its bytes; the range's slow end is half that gain, for a collective "
+        "partly bound by its latency; the casts before and after it are not counted", _analysis(ctx, evidence),
+        ctx.tree.thresholds)

@@ -769,21 +769,29 @@ def _exposed_collectives(ctx: JobContext) -> dict | None:
     if late and not small:
         action = (f"Start {g['name']} during backward, not after it: let DDP (or FSDP) reduce the gradients from "
                   "their autograd hooks instead of a separate collective after loss.backward(), with a bucket_cap_mb "
-                  "small enough that the first buckets are ready early; and send less (the bf16 compression hook, "
-                  "ddp.no_sync() over several micro-batches).")
+                  "small enough that the first buckets are ready early; and send less (ddp.no_sync() over several "
+                  "micro-batches" + (f", the {hook.split('_')[0]} compression hook" if (hook := _compression_hook(analysis))
+                                     else "") + ").")
     elif small:
         action = (f"Send fewer, larger messages: {g['calls_per_step']:g} {g['name']} calls of {size} per step pay "
                   "their latency each time; raise DDP's bucket_cap_mb (25 by default) or flatten small tensors "
                   "into one before the collective.")
     else:
         action = (f"Move less, less often, and later: accumulate gradients over several micro-batches inside "
-                  f"ddp.no_sync() so {g['name']} runs once per accumulation; halve its bytes with the bf16 compression "
-                  "hook (ddp.register_comm_hook(None, torch.distributed.algorithms.ddp_comm_hooks.default_hooks."
-                  "bf16_compress_hook)); a smaller bucket_cap_mb starts the first buckets while backward still runs.")
+                  f"ddp.no_sync() so {g['name']} runs once per accumulation; {_compression(analysis)}; a smaller "
+                  "bucket_cap_mb starts the first buckets while backward still runs.")
     model = analysis.get("model") if isinstance(analysis.get("model"), dict) else {}
     fsdp = analysis.get("fsdp") if isinstance(analysis.get("fsdp"), dict) else None
+    change, micro = None, _micro_batches(analysis, g, th)
     if fsdp and re.search(r"all_?gather|reduce_?scatter|all_?reduce", g["name"], re.IGNORECASE):
         action = _fsdp_action(g["name"], fsdp)
+    elif micro:
+        text += (f" Each optimizer step runs {micro:.3g} forward and backward passes, and DDP all-reduces the "
+                 "gradients after every one of them.")
+        action = ("All-reduce once per optimizer step: run every micro-batch but the last inside "
+                  "`with model.no_sync():`, so the gradients accumulate locally and the last backward all-reduces "
+                  "their sum (the same update). Then, to send less still: " + action[0].lower() + action[1:])
+        change = "ddp_no_sync_accumulation"
     # What the run's own fabric measurement and NCCL log say, joined in.
     nccl = ctx.nccl or {}
     told = [f for f in nccl.get("log_findings") or [] if f.get("severity") in ("warning", "error", "critical")]
@@ -797,9 +805,49 @@ def _exposed_collectives(ctx: JobContext) -> dict | None:
         action += (f" One parameter, {one['name']}, is {one['share']:.0%} of the gradient: if it is an embedding "
                    "table, sparse gradients (nn.Embedding(..., sparse=True)) or a sharded table send only the rows "
                    "a step uses.")
-    return {"text": text, "action": action,
-            "evidence": {"ranks": sorted(found), "step_ms": round(step_ms, 3), "busbw_gbps": busbw,
-                         "dominant_param": one, "nccl_log_findings": [f["id"] for f in told], "fsdp": fsdp, **g}}
+    out = {"text": text, "action": action,
+           "evidence": {"ranks": sorted(found), "step_ms": round(step_ms, 3), "busbw_gbps": busbw,
+                        "dominant_param": one, "nccl_log_findings": [f["id"] for f in told], "fsdp": fsdp,
+                        "micro_batches": micro, "backend": analysis.get("backend"),
+                        "compression_hook": None if fsdp else _compression_hook(analysis), **g}}
+    if change:
+        out["change"] = change
+    elif not fsdp and out["evidence"]["compression_hook"] is None:
+        out["change"] = None  # halving the bytes is no change this backend's user can make
+    return out
+
+
+def _micro_batches(analysis: dict, group: dict, th: dict) -> float | None:
+    """Forward passes per optimizer step where DDP all-reduces after each of them (the group
+    is an all-reduce and the step runs `accumulation_min_micro_batches` or more); else None."""
+    acc = analysis.get("accumulation") if isinstance(analysis.get("accumulation"), dict) else {}
+    fwd, opt = acc.get("forwards_per_step"), acc.get("optimizer_steps_per_step")
+    if not re.search(r"all_?reduce", group["name"], re.IGNORECASE) or not fwd or not opt:
+        return None
+    k = float(fwd) / float(opt)
+    return round(k, 2) if opt >= 0.5 and k >= th["accumulation_min_micro_batches"] else None
+
+
+def _compression_hook(analysis: dict) -> str | None:
+    """The DDP compression hook that halves a gradient all-reduce's bytes on this rank's
+    backend: bf16 where NCCL runs it (DDP refuses bf16_compress_hook without NCCL 2.10+);
+    none on gloo, whose reduction of fp16 runs in software on the CPU (fp16_compress_hook made
+    a 2-rank gloo all-reduce of 8 MB slower, not faster, in bench/fix_bank.py)."""
+    backend = str(analysis.get("backend") or "").lower()
+    on_device = (analysis.get("device_info") or {}).get("type") == "gpu" or \
+        str(analysis.get("device") or "cpu").lower() not in ("cpu", "none")
+    if backend == "nccl" or (not backend and on_device):
+        return "bf16_compress_hook"
+    return None
+
+
+def _compression(analysis: dict) -> str:
+    hook = _compression_hook(analysis)
+    if hook:
+        return (f"halve its bytes with the {hook.split('_')[0]} compression hook (ddp.register_comm_hook(None, "
+                f"torch.distributed.algorithms.ddp_comm_hooks.default_hooks.{hook}))")
+    return ("the compression hooks do not pay here: bf16_compress_hook needs NCCL, and gloo reduces fp16 in software "
+            "on the CPU, which costs more than the bytes it saves on a fast link")
 
 
 def _fsdp_action(name: str, fsdp: dict) -> str:
@@ -969,7 +1017,7 @@ RULES: tuple[CauseRule, ...] = (
     CauseRule("bandwidth_kernels", "memory", _bandwidth_kernels),
     CauseRule("exposed_collectives", "comm", _exposed_collectives,
               supersedes=("Accumulate gradients", "Tune DDP bucket_cap_mb", "Compress gradients"),
-              change="compressed_collective"),
+              change="compressed_collective", model=action_models.collective),
 )
 
 

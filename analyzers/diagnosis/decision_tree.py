@@ -197,7 +197,7 @@ WHAT_IF_PARTS = ("data", "host", "launch", "sync", "slack", "comm", "memory", "c
 REMOVALS = {"elementwise_chain": "memory", "fp32_math": "compute", "half_precision_matrix_ops": "compute",
             "host_sync_points": "host", "allocator_calls": "host", "cpu_work": "host",
             "slow_bandwidth_kernels": "memory", "exposed_collective": "comm", "pageable_copies": "memory",
-            "python_gaps": "host"}
+            "python_gaps": "host", "accumulated_all_reduce": "comm"}
 
 
 def check_change(entry, where: str) -> dict:

@@ -127,7 +127,13 @@ def _unsummarised_windows(rd: rundir.RunDir, rank: int, windows: list[dict], tre
                           host_peaks: dict | None) -> list[dict]:
     """Traces whose background analysis never finished (the rank exited or was killed first).
     CPU traces use the calibration the rank's agent recorded, else `host_peaks`."""
-    host_peaks = (rd.rank_info(rank) or {}).get("host_peaks") or host_peaks
+    info = rd.rank_info(rank) or {}
+    host_peaks = info.get("host_peaks") or host_peaks
+    # The steps the rank finished, where it closed and so recorded its last one: a trace cut
+    # by the job's end holds the step then in progress.
+    last = info.get("last_step")
+    closed = info.get("status") not in (None, "running")
+    done = (0, last) if closed and isinstance(last, int) and not isinstance(last, bool) else None
     named = {w.get("trace") for w in windows}
     named |= {str(n)[: -len(".gz")] for n in named if str(n).endswith(".gz")}
     out = []
@@ -135,7 +141,7 @@ def _unsummarised_windows(rd: rundir.RunDir, rank: int, windows: list[dict], tre
         if path.name in named or path.name.startswith("."):
             continue
         try:
-            a = trace_facts(str(path), tree=tree, rank=rank, host_peaks=host_peaks)
+            a = trace_facts(str(path), tree=tree, rank=rank, host_peaks=host_peaks, step_range=done)
         except Exception as exc:
             errors.append({"source": str(path), "error": f"{type(exc).__name__}: {exc}"})
             continue
@@ -183,6 +189,8 @@ def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None
         "source": str(rd.rank_path(rank)),
         "device": device,
         "world_size": info.get("world_size"),
+        "backend": info.get("backend") or next((w["analysis"].get("backend") for w in analysed
+                                                if w["analysis"].get("backend")), None),
         "host": info.get("host"),
         "status": status_override or info.get("status"),
         # What ended the rank, where it did not finish (the exception its training raised, the signal).
@@ -200,6 +208,7 @@ def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None
         "memory_traffic": host_device.merge_per_step([(a.get("memory_traffic"), n) for a, n in traced]),
         "matrix_ops": host_device.merge_per_step([(a.get("matrix_ops"), n) for a, n in traced]),
         "optimizer": host_device.merge_per_step([(a.get("optimizer"), n) for a, n in traced]),
+        "accumulation": host_device.merge_per_step([(a.get("accumulation"), n) for a, n in traced]),
         "fsdp": host_device.merge_per_step([(a.get("fsdp"), n) for a, n in traced]),
         "elementwise_chains": host_device.merge_list([(a.get("elementwise_chains"), n) for a, n in traced]),
         "sync_sites": host_device.merge_list([(a.get("sync_sites"), n) for a, n in traced]),

@@ -20,6 +20,7 @@ from diag.analyzers import intervals as iv
 from diag.analyzers.analysis_types import SYNC_OP_NAMES, TraceRankFacts
 from diag.analyzers.diagnosis import decision_tree as dt
 from diag.analyzers.trace import (
+    accumulation,
     call_sites,
     devices,
     fusion,
@@ -56,7 +57,7 @@ _DTYPE_SIZE = {"float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2,
 
 
 def trace_facts(path, tree: dt.Tree | None = None, rank: int | None = None, workers: int | None = 1,
-                host_peaks: dict | None = None) -> TraceRankFacts:
+                host_peaks: dict | None = None, step_range: tuple[int, int] | None = None) -> TraceRankFacts:
     """The facts of one rank of the diag.analysis/1 document from one Kineto trace file; the
     tree gives the what-if changes to replay.
 
@@ -65,9 +66,14 @@ def trace_facts(path, tree: dt.Tree | None = None, rank: int | None = None, work
     host_peaks: the host CPU's calibration (`diag calibrate`'s document) for a trace with no
     device; without it, CPU ops are not placed on a roofline. Never read from a cache here:
     the same trace gives the same analysis on every machine.
+    step_range: (first, last), the steps the recording rank completed in this window: a trace
+    cut by the job's end holds the step then in progress (its marker around the exit's own
+    work), which is no training step, and per-step facts divide by the steps kept.
     """
     tree = tree or dt.load_tree()
     trace = load_trace(path, workers=workers)
+    if step_range is not None:
+        trace.keep_steps(*step_range)
     return facts_of_loaded(trace, tree, rank=rank, host=devices.host_device(host_peaks))
 
 
@@ -210,9 +216,11 @@ def facts_of_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: 
     # The training thread's stretches outside every op: its facts and its what-if both read them.
     gaps = python_gaps.python_gaps(trace, win, float(th["python_gap_min_us"]), float(th["cpu_work_min_op_coverage"])) \
         if host_facts else iv.EMPTY
+    passes = accumulation.ddp_passes(trace, win) if coll_records else None
     removals = removal_measures.per_window(trace, win, classes, att, layers, chain_saving, math_saving, coll_records,
                                            matrix_saving, traffic_saving, host_calls=host_facts,
-                                           cpu_work_coverage=float(th["cpu_work_min_op_coverage"]), python_gaps=gaps)
+                                           cpu_work_coverage=float(th["cpu_work_min_op_coverage"]), python_gaps=gaps,
+                                           redundant_reduce=accumulation.redundant_share(passes))
 
     # Each step's critical path and its duration under each what-if change.
     critical_path, what_if_entries, what_if_error = _what_if(trace, tree, steps, windows, classes, layers, att,
@@ -252,6 +260,7 @@ def facts_of_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: 
         "memory_traffic": traffic,
         "matrix_ops": matrix,
         "optimizer": optimizer.optimizer_facts(trace, win),
+        "accumulation": accumulation.accumulation_facts(passes),
         "fsdp": overlap.fsdp_facts(trace, win),
         "elementwise_chains": chains,
         # The job's own frames that call the ops pulling values to the host (windows with stacks).

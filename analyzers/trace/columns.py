@@ -118,6 +118,13 @@ class Trace:
             cache[key] = found
         return cache[key]
 
+    def keep_steps(self, first: int, last: int) -> None:
+        """Keep the ProfilerSteps numbered first..last (all of them where none is), before
+        any fact is derived from them."""
+        inside = [s for s in self.steps if first <= s[0] <= last]
+        if inside and "_derived" not in self.__dict__:
+            self.steps = inside
+
     def host_spans(self, win: np.ndarray) -> np.ndarray:
         """The host spans of the steps in `win`: the ProfilerStep spans where `win` stretches
         them over their device work (keep_host_spans), else `win` itself."""

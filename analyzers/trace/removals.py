@@ -10,6 +10,8 @@ a device timeline, the exclusively attributed time on a CPU one. Pure.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from diag.analyzers import intervals as iv
@@ -22,6 +24,7 @@ from diag.analyzers.trace.columns import Trace
 # A device op's class, as the replay's parts group them (whatif.graph.DEV_CLASS).
 _DEVICE_PART = {"comm": (ec.COMM,), "memory": (ec.MEMCPY, ec.BANDWIDTH), "compute": (ec.COMPUTE, ec.OTHER)}
 COMPRESSED_BYTES = 0.5  # the bf16 compression hook sends fp32 gradients in half the bytes
+ALL_REDUCE_RE = re.compile(r"all_?reduce", re.IGNORECASE)  # DDP's reducer: gloo:all_reduce, nccl:all_reduce
 
 
 def _device_part_us(trace: Trace, win: np.ndarray, classes: np.ndarray, part: str) -> np.ndarray:
@@ -65,10 +68,14 @@ def _pageable_copies_us(trace: Trace, win: np.ndarray) -> np.ndarray:
     return np.bincount(k[sel], weights=trace.dev_dur[sel], minlength=len(win)).astype(np.float64)
 
 
-def _top_collective_us(records: list[dict], win: np.ndarray) -> np.ndarray | None:
-    """Per window, the duration of the collective (name, process group) exposing the most time."""
+def _top_collective_us(records: list[dict], win: np.ndarray, name_re: re.Pattern | None = None
+                       ) -> np.ndarray | None:
+    """Per window, the duration of the collective (name, process group) exposing the most time,
+    of those whose name `name_re` matches where given."""
     exposed: dict[tuple, float] = {}
     for r in records:
+        if name_re is not None and not name_re.search(str(r["name"])):
+            continue
         exposed[(r["name"], r.get("pg"))] = exposed.get((r["name"], r.get("pg")), 0.0) + sum(
             b - a for a, b in r.get("exposed") or [] if b > a)
     if not exposed:
@@ -82,12 +89,13 @@ def _top_collective_us(records: list[dict], win: np.ndarray) -> np.ndarray | Non
 
 def per_window(trace: Trace, win: np.ndarray, classes, att, layers, chain_saving, math_saving,
                collectives: list[dict], matrix_saving=None, traffic_saving=None, host_calls: bool = True,
-               cpu_work_coverage: float = 1.0, python_gaps: np.ndarray = iv.EMPTY
-               ) -> dict[str, tuple[str, np.ndarray, np.ndarray]]:
+               cpu_work_coverage: float = 1.0, python_gaps: np.ndarray = iv.EMPTY,
+               redundant_reduce: np.ndarray | None = None) -> dict[str, tuple[str, np.ndarray, np.ndarray]]:
     """{measure: (part, µs removed, µs of the part)} per window, for the measures this trace
     gives (the CPU work's, the Python gaps' and the allocator calls' only where `host_calls`;
     the CPU work's only on traces holding `cpu_work_coverage` of the host events; the gaps
-    are the stretches python_gaps.python_gaps found)."""
+    are the stretches python_gaps.python_gaps found; `redundant_reduce` the share of each
+    window's gradient all-reduces that no_sync() would leave out, accumulation.redundant_share)."""
     out = {}
 
     def add(name: str, part: str, removed) -> None:
@@ -126,4 +134,7 @@ def per_window(trace: Trace, win: np.ndarray, classes, att, layers, chain_saving
         add("pageable_copies", "memory", _pageable_copies_us(trace, win))
     top = _top_collective_us(collectives, win)
     add("exposed_collective", "comm", None if top is None else COMPRESSED_BYTES * top)
+    if redundant_reduce is not None:
+        reduce = _top_collective_us(collectives, win, ALL_REDUCE_RE)
+        add("accumulated_all_reduce", "comm", None if reduce is None else redundant_reduce * reduce)
     return out
