@@ -305,7 +305,7 @@ def test_a_trace_is_written_by_a_child_that_fails_or_hangs_visibly(tmp_path):
     out = tmp_path / "t.json"
     fork_s, write_s = _write_in_child(_Writes(lambda p: (time.sleep(0.2), Path(p).write_text("{}"))), out)
     assert out.read_text() == "{}"
-    assert 0 < fork_s < 5 and 0.2 <= write_s < 5  # the child timed its own write
+    assert 0 < fork_s < 20 and 0.2 <= write_s < 20  # the child timed its own write
 
     def refuse(path):
         raise OSError(28, "No space left on device")

