@@ -170,3 +170,47 @@ def test_the_gate_on_real_demo_runs(tmp_path):
     other = _compare(base, _demo(tmp_path, "one", "--ranks", "1", steps=8), tmp_path)
     assert other.returncode == 2 and "world size: 2 before, 1 after" in other.stdout, other.stdout
     assert json.loads((tmp_path / "cmp" / "compare.json").read_text())["after"]["world_size"] == 1
+
+
+@pytest.mark.parametrize("drift", [0.0, 0.1])
+def test_compare_and_the_gate_give_one_interval(drift):
+    """The same pair: plain compare's step-time interval is the gate's noise band, drift and all."""
+    from diag.analyzers.views.compare_model import compare
+
+    before, after = _run(100.0, drift=drift), _run(106.0, drift=drift)
+    step = _gate(before, after)["figures"][0]
+    st = compare(before[1], after[1], before[0], after[0], TREE)["step_time"]
+    assert [st["ci_low"] - 1, st["ci_high"] - 1] == pytest.approx(step["band"], rel=1e-12)
+    assert st["change"] == pytest.approx(step["change"], rel=1e-12)
+
+
+@pytest.mark.parametrize("what,after", [
+    ("device: CPU before, NVIDIA H100 after", {"device": "2 x NVIDIA H100"}),
+    ("model: Sequential with 1,000 parameters before, Sequential with 2,000 parameters after", {"params": 2000}),
+    ("batch: 128 before, 256 after", {"samples": 128}),
+])
+def test_plain_compare_draws_no_conclusion_where_the_gate_refuses(what, after):
+    """Runs that train different jobs: no step-time change, no verdict change read as the change's
+    doing, no prediction graded; the same reason the gate gives."""
+    from diag.analyzers.views.compare_model import compare
+
+    before, other = _run(100.0), _run(270.0, **after)
+    before[1]["bound"], other[1]["bound"] = "comm", "compute"
+    c = compare(before[1], other[1], before[0], other[0], TREE)
+    assert what in _gate(before, other)["reasons"] and c["differences"] == [what] and not c["comparable"]
+    assert c["step_time"] is None and c["headline"].startswith("Not comparable: the runs train different jobs")
+    assert "removed the old bottleneck" not in c["verdict_change"]["text"]
+    assert "no change is read into it" in c["verdict_change"]["text"]
+
+
+def test_two_world_sizes_are_a_scaling_study_for_compare_and_refused_by_the_gate():
+    """Compare reads 2 and 4 ranks with the same batch per rank as scaling, the gate refuses
+    them; 4 ranks with the job's batch split between them differ in batch per rank."""
+    from diag.analyzers.views.compare_model import compare
+
+    two, four = _run(100.0), _run(110.0, world=4)
+    assert _gate(two, four)["result"] == "not_comparable"
+    c = compare(two[1], four[1], two[0], four[0], TREE)
+    assert c["comparable"] and c["step_time"] is not None
+    split = compare(two[1], _run(60.0, world=4, samples=32)[1], two[0], _run(60.0, world=4, samples=32)[0], TREE)
+    assert split["differences"] == ["batch per rank: 64 before, 32 after"]

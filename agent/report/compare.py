@@ -60,7 +60,7 @@ def render_html(c: dict) -> str:
                      f"<p class=\"note\">Method: {esc(st['method'])}.</p></section>")
     else:
         parts.append("<section class=\"verdict\"><h2>Did the change help?</h2><p class=\"absent\">"
-                     "Step times could not be compared: too few steps in one of the runs.</p></section>")
+                     f"{esc(_why_not(c))}</p></section>")
     rows = [("run", b["name"], a["name"]), ("ranks", b["world_size"], a["world_size"]),
             ("verdict", b["bound"], a["bound"]), ("confidence", b["confidence"], a["confidence"]),
             ("steps compared", b["steps"], a["steps"]),
@@ -119,11 +119,16 @@ def render_html(c: dict) -> str:
     )
 
 
+def _why_not(c: dict) -> str:
+    """Why the comparison has no step-time change: the comparison's own reason."""
+    return (c.get("missing") or ["Step times could not be compared."])[0]
+
+
 def render_markdown(c: dict) -> str:
     b, a = c["before"], c["after"]
     out = [f"# diag compare: {md_text(b['name'])} → {md_text(a['name'])}", ""]
     st = c.get("step_time")
-    out += [f"**{md_text(st['statement'] if st else 'Step times could not be compared.')}**", ""]
+    out += [f"**{md_text(st['statement'] if st else _why_not(c))}**", ""]
     out += [md_text(c["verdict_change"]["text"]), ""]
     out += ["| | before | after |", "|---|---:|---:|",
             f"| ranks | {b['world_size']} | {a['world_size']} |",

@@ -11,7 +11,7 @@ it is a "fragile" win or loss; otherwise "no clear change".
 from __future__ import annotations
 
 from diag.analyzers.diagnosis.loader_model import batch_is_cpu_work, cpus_per_rank, expectation, loader_rates
-from diag.analyzers.diagnosis.steady import interval_level, median_ratio_interval, warmup_steps
+from diag.analyzers.diagnosis.steady import interval_level, level_ratio_interval, warmup_steps
 
 RESULTS = ("helped", "hurt", "fragile_win", "fragile_loss", "no_change")
 MIN_STEPS = 3  # after warm-up, in each run
@@ -28,16 +28,34 @@ def step_time_change(before_s: list[float], after_s: list[float], tree) -> dict 
     if len(before_s) < MIN_STEPS or len(after_s) < MIN_STEPS:
         return None
     th = tree.thresholds
-    ratio, lo, hi = median_ratio_interval(before_s, after_s, th["noise_interval_z"])
+    # The interval of two runs' levels (each median's error and each run's own drift): the
+    # one interval of compare and of the gate.
+    ratio, lo, hi = level_ratio_interval(before_s, after_s, th["noise_interval_z"])
     kind = verdict_of_change(ratio, lo, hi, th["change_min_effect"])
     return {
         "ratio": ratio, "ci_low": lo, "ci_high": hi, "change": ratio - 1, "result": kind,
         "statement": statement(kind, ratio, lo, hi, len(before_s), len(after_s),
                                interval_level(th["noise_interval_z"])),
-        "method": f"ratio of median step times with the interval of both medians' robust standard errors "
-                  f"(z = {th['noise_interval_z']:g}); changes under {th['change_min_effect']:.0%} are not "
-                  "called wins",
+        "method": f"ratio of median step times with the interval of both runs' levels: each median's robust "
+                  f"standard error and each run's drift (z = {th['noise_interval_z']:g}); changes under "
+                  f"{th['change_min_effect']:.0%} are not called wins",
     }
+
+
+def verdict_change(before: str | None, after: str | None, comparable: bool = True) -> dict:
+    """The two runs' verdicts side by side, and what may be read into a difference: nothing
+    between runs that train different jobs."""
+    if before == after:
+        text = f"The verdict is unchanged: {before}-bound in both runs." if before else "Neither run has a verdict."
+    elif before and after and not comparable:
+        text = (f"The verdicts differ ({before}-bound before, {after}-bound after), but the runs train different "
+                "jobs: no change is read into it.")
+    elif before and after:
+        text = (f"The verdict changed from {before}-bound to {after}-bound: the change removed the old bottleneck "
+                f"and {after} is now what limits the step.")
+    else:
+        text = f"Only one run has a verdict ({before or after}-bound)."
+    return {"before": before, "after": after, "changed": before != after, "text": text}
 
 
 def verdict_of_change(ratio: float, lo: float, hi: float, min_effect: float) -> str:

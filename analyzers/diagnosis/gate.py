@@ -27,7 +27,7 @@ import statistics
 
 from diag.analyzers.diagnosis import change
 from diag.analyzers.diagnosis.inputs import CLASSES
-from diag.analyzers.diagnosis.steady import level_drift, level_ratio_interval, median_standard_error
+from diag.analyzers.diagnosis.steady import level_drift, median_standard_error
 
 GATE_SCHEMA = "diag.gate/1"
 PASS, REGRESSION, NOT_COMPARABLE = "pass", "regression", "not_comparable"
@@ -80,26 +80,52 @@ def _shown(v) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
+def comparison(doc_a: dict | None, model_a: dict, doc_b: dict | None, model_b: dict, tree,
+               scaling: bool = False) -> dict:
+    """What `diag compare` and the gate both judge, once: the runs' identities, the notes on
+    what neither could check, why they may not be compared ("differences"), and the step-time
+    change with its one interval (None with too few steps, or runs that may not be compared).
+
+    scaling: two world sizes are the point (a scaling study), so the world size and the
+    job's batch may differ where the batch per rank does not."""
+    ident_a, ident_b = run_identity(doc_a or {}, model_a), run_identity(doc_b or {}, model_b)
+    notes = [f"{k} is not recorded in {'BEFORE' if ident_a[k] is None else 'AFTER'}: not checked"
+             for k in ident_a if ident_a[k] is None or ident_b[k] is None]
+    if scaling:
+        per_rank = [{"batch per rank": _per_rank(i["batch"], i["world size"])} for i in (ident_a, ident_b)]
+        ident_a, ident_b = ({k: v for k, v in i.items() if k not in ("world size", "batch")} | p
+                            for i, p in zip((ident_a, ident_b), per_rank))
+    reasons = differences(ident_a, ident_b)
+    ta = change.steady_steps(model_a.get("step_times_s") or [], tree)
+    tb = change.steady_steps(model_b.get("step_times_s") or [], tree)
+    few = len(ta) < change.MIN_STEPS or len(tb) < change.MIN_STEPS
+    return {"before": ident_a, "after": ident_b, "notes": notes, "differences": reasons,
+            "too_few_steps": (f"too few steps after warm-up to compare ({len(ta)} before, {len(tb)} after; "
+                              f"at least {change.MIN_STEPS} each)") if few else None,
+            "steps": (ta, tb),
+            "step_time": None if few or reasons else change.step_time_change(ta, tb, tree)}
+
+
+def _per_rank(batch: float | None, world: int | None) -> float | None:
+    return batch / world if isinstance(batch, (int, float)) and isinstance(world, int) and world > 0 else None
+
+
 def gate(doc_a: dict, model_a: dict, doc_b: dict, model_b: dict, tree, max_slowdown: float | None = None) -> dict:
     """The gate's result ("pass", "regression", "not_comparable"), its exit status, the reasons,
     the figures with their bands, and notes on what could not be checked."""
     th = tree.thresholds
     limit = float(th["gate_max_slowdown"] if max_slowdown is None else max_slowdown)
-    ident_a, ident_b = run_identity(doc_a, model_a), run_identity(doc_b, model_b)
-    notes = [f"{k} is not recorded in {'BEFORE' if ident_a[k] is None else 'AFTER'}: not checked"
-             for k in ident_a if ident_a[k] is None or ident_b[k] is None]
-    out = {"schema": GATE_SCHEMA, "limit": limit, "before": ident_a, "after": ident_b, "notes": notes, "figures": []}
-    reasons = differences(ident_a, ident_b)
-    ta = change.steady_steps(model_a.get("step_times_s") or [], tree)
-    tb = change.steady_steps(model_b.get("step_times_s") or [], tree)
-    if len(ta) < change.MIN_STEPS or len(tb) < change.MIN_STEPS:
-        reasons.append(f"too few steps after warm-up to compare ({len(ta)} before, {len(tb)} after; "
-                       f"at least {change.MIN_STEPS} each)")
+    c = comparison(doc_a, model_a, doc_b, model_b, tree)
+    out = {"schema": GATE_SCHEMA, "limit": limit, "before": c["before"], "after": c["after"], "notes": c["notes"],
+           "figures": []}
+    reasons = c["differences"] + ([c["too_few_steps"]] if c["too_few_steps"] else [])
     if reasons:
         return {**out, "result": NOT_COMPARABLE, "exit_status": EXIT_STATUS[NOT_COMPARABLE], "reasons": reasons,
                 "summary": "diag gate: NOT COMPARABLE: " + "; ".join(reasons)}
     z = float(th["noise_interval_z"])
-    ratio, lo, hi = level_ratio_interval(ta, tb, z)
+    ta, tb = c["steps"]
+    st = c["step_time"]
+    ratio, lo, hi = st["ratio"], st["ci_low"], st["ci_high"]
     base_ms = statistics.median(ta) * 1e3
     figures = [_figure("step time", "ms", base_ms, statistics.median(tb) * 1e3, ratio, lo, hi, limit, higher_is_worse=True)]
     for key, name in (("samples_per_s", "throughput"), ("tokens_per_s", "throughput (tokens)"), ("mfu", "MFU")):

@@ -28,16 +28,21 @@ def compare(model_a: dict, model_b: dict, doc_a: dict | None = None, doc_b: dict
             tree=None, applied: str | None = None) -> dict:
     """The comparison model of run A (before) and run B (after)."""
     tree = tree or load_tree()
-    ta = change.steady_steps(model_a.get("step_times_s") or [], tree)
-    tb = change.steady_steps(model_b.get("step_times_s") or [], tree)
+    worlds = {(m.get("run") or {}).get("world_size") for m in (model_a, model_b)}
+    judged = gate.comparison(doc_a, model_a, doc_b, model_b, tree, scaling=len(worlds - {None}) == 2)
+    ta, tb = judged["steps"]
     runs = [_run_summary(model_a, np.asarray(ta)), _run_summary(model_b, np.asarray(tb))]
-    out: dict = {"schema": COMPARE_SCHEMA, "before": runs[0], "after": runs[1], "missing": []}
-    out["step_time"] = change.step_time_change(ta, tb, tree)
-    if out["step_time"] is None:
+    out: dict = {"schema": COMPARE_SCHEMA, "before": runs[0], "after": runs[1], "missing": [],
+                 "comparable": not judged["differences"], "differences": judged["differences"]}
+    out["step_time"] = judged["step_time"]
+    if judged["differences"]:
+        out["missing"].append("Not comparable: the runs train different jobs (" + "; ".join(judged["differences"])
+                              + "); no change is read from their step times.")
+    elif out["step_time"] is None:
         out["missing"].append(f"Too few steps to compare step times (at least {change.MIN_STEPS} after warm-up "
                               "in each run).")
     out["phases"] = _phase_changes(model_a, model_b)
-    out["verdict_change"] = _verdict_change(model_a, model_b)
+    out["verdict_change"] = change.verdict_change(model_a.get("bound"), model_b.get("bound"), out["comparable"])
     out["throughput"] = _throughput_change(model_a, model_b)
     out["scaling"] = _scaling(model_a, model_b, doc_a, doc_b, tree)
     out["prediction"] = gate.graded_prediction(doc_a, model_a, doc_b, model_b, applied, tree)
@@ -78,18 +83,6 @@ def _phase_changes(a: dict, b: dict) -> list[dict] | None:
             row["delta_ms"] = row["after_ms"] - row["before_ms"]
         rows.append(row)
     return rows
-
-
-def _verdict_change(a: dict, b: dict) -> dict:
-    ba, bb = a.get("bound"), b.get("bound")
-    if ba == bb:
-        text = f"The verdict is unchanged: {ba}-bound in both runs." if ba else "Neither run has a verdict."
-    elif ba and bb:
-        text = (f"The verdict changed from {ba}-bound to {bb}-bound: the change removed the old bottleneck "
-                f"and {bb} is now what limits the step.")
-    else:
-        text = f"Only one run has a verdict ({ba or bb}-bound)."
-    return {"before": ba, "after": bb, "changed": ba != bb, "text": text}
 
 
 def _throughput_change(a: dict, b: dict) -> dict:
@@ -140,6 +133,8 @@ def _headline(c: dict) -> str:
     parts = []
     if c.get("step_time"):
         parts.append(c["step_time"]["statement"])
+    elif c.get("differences"):
+        parts.append(c["missing"][0])
     else:
         parts.append("Step times could not be compared.")
     parts.append(c["verdict_change"]["text"])
