@@ -168,6 +168,9 @@ def test_diag_config_show(tmp_path):
     active = next(line for line in lines if line.strip().startswith("profiler.active "))
     assert active.split()[1] == "2" and "env DIAG_PROFILER_ACTIVE" in active
     assert any(line.strip().startswith("data_wait") and line.split()[1] == "0.3" for line in lines)
+    # Whole numbers as the TOML holds them, not in exponent notation.
+    shown = {line.split()[0]: line.split()[1] for line in lines if line.startswith("  ") and len(line.split()) == 2}
+    assert shown["busbw_small_message_bytes"] == "16777216" and shown["small_collective_bytes"] == "1048576"
     proc = _diag("config", "--json", "--config", str(path), env=env)
     doc = json.loads(proc.stdout)
     rows = {f"{r['section']}.{r['name']}": r for r in doc["settings"]}

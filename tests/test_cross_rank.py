@@ -338,3 +338,27 @@ def test_the_collective_facts_travel_under_one_key():
     from diag.analyzers.job import cross_rank
 
     assert cross_rank.FACTS_KEY == verdict.FACTS_KEY
+
+
+def test_lateness_by_chance_is_the_binomial_tail():
+    """Every rank as likely to be a step's late one: on 2 ranks, 2 of 3 steps is a coin toss,
+    5 of 5 is 1 in 32; on 8 ranks, 3 of 4 steps is rare."""
+    from diag.analyzers.diagnosis.stragglers import late_by_chance
+
+    assert late_by_chance(2, 3, 2) == pytest.approx(0.5)
+    assert late_by_chance(3, 3, 2) == pytest.approx(0.125)
+    assert late_by_chance(5, 5, 2) == pytest.approx(1 / 32)
+    assert late_by_chance(3, 4, 8) == pytest.approx(4 * (1 / 8) ** 3 * (7 / 8) + (1 / 8) ** 4)
+    assert load_tree().thresholds["straggler_chance"] == 0.05
+
+
+@pytest.mark.parametrize("excess_ms,named", [(4.9, False), (5.0, True)])
+def test_chance_lateness_needs_the_ranks_own_work_to_explain_half_the_wait(excess_ms, named):
+    """A wait of 10 ms imposed: the late rank's work outside communication must exceed its
+    peers' median by half of it (straggler_work_explains); unknown work says nothing against."""
+    from diag.analyzers.diagnosis.stragglers import _work_explains
+
+    share = load_tree().thresholds["straggler_work_explains"]
+    assert share == 0.5
+    assert _work_explains(50.0 + excess_ms, 50.0, 10.0, share) is named
+    assert _work_explains(None, 50.0, 10.0, share) and _work_explains(55.0, None, 10.0, share)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import html
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -41,8 +43,14 @@ def _unexplained_warnings(doc: dict) -> list[dict]:
 
 
 def _run_demo(bottleneck: str, run_dir):
+    started = time.monotonic()
     proc = _diag("demo", "--bottleneck", bottleneck, "--steps", str(STEPS), "--run-dir", str(run_dir), "--no-export")
+    wall = time.monotonic() - started
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # The time it prints is the command's, start-up included (importing torch is seconds), less
+    # only the exit after it and the rounding.
+    printed = float(re.search(r"^\((\d+) s\)$", proc.stderr, re.MULTILINE).group(1))
+    assert wall - 1.5 <= printed <= wall + 1.0, (printed, wall)
     actual = next(line.split(": ", 1)[1] for line in proc.stdout.splitlines() if line.startswith("Run directory: "))
     analysed = _diag("analyze", actual, "--json")
     assert analysed.returncode == 0, analysed.stderr[-2000:]
@@ -206,7 +214,6 @@ def test_demo_linger_serves_the_finished_run_until_stopped(tmp_path, how):
     a signal to the demo ends the linger at once, cleanly."""
     import signal
     import threading
-    import time
     import urllib.request
 
     base = free_port_pair()

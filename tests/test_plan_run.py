@@ -63,6 +63,8 @@ def test_plan_run_uses_the_measured_rates_and_checks_itself(demo_run):
     assert z3["comm_bytes_per_step"]["all_gather"] == pytest.approx(2 * 7 / 8 * 4 * PARAMS)
     text = _diag("plan", "--run", str(demo_run)).stdout
     assert "the run's own layout: predicted" in text and "rate flops: measured:" in text
+    # The demo's 530,442 parameters as people say them, not as 0.0005304B.
+    assert f": {PARAMS / 1e3:.3g}K parameters" in text, text
 
 
 def test_plan_run_bad_input_is_one_line(demo_run, tmp_path):
@@ -83,6 +85,10 @@ def test_the_demo_report_shows_the_memory_breakdown(demo_run):
     assert f"| ZeRO-3 (FSDP FULL_SHARD): also shard the parameters | +{4 * PARAMS / 2**20:.2f} MiB |" in section
     html = (demo_run / "report.html").read_text()
     assert 'class="memory-breakdown"' in html and 'class="memory-levers"' in html
+    # The agent profiles with FLOPs on: MFU is missing for the CPU's unknown peak, and said so.
+    missing = md[md.index("## What was missing"):]
+    assert "FLOPs were counted, but the device's peak is not known" in missing
+    assert "Enable with_flops" not in missing
 
 
 def test_a_diag_nccl_result_in_the_run_directory_is_used(demo_run, tmp_path, real_nccl):

@@ -50,8 +50,15 @@ def run(args) -> int:
         print(f"  {'':<{width}}  argument {r['argument']}=..., {env}")
     print("\n[thresholds] (decision tree; `diag analyze --threshold NAME=VALUE` overrides)")
     for name, value in thresholds.items():
-        print(f"  {name:<{width}}  {value:g}")
+        print(f"  {name:<{width}}  {_number(value)}")
     return 0
+
+
+def _number(value: float) -> str:
+    """A threshold as the TOML holds it: whole numbers in full (16777216, not 1.67772e+07)."""
+    if float(value).is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return f"{value:g}"
 
 
 def _show(value) -> str:

@@ -315,11 +315,19 @@ def _states_text(doc: dict) -> str:
                    ("params_bytes", "grads_bytes", "optimizer_bytes", "model_states_bytes")) + doc["note"] + "\n"
 
 
+def params_text(n: float) -> str:
+    """A parameter count as people say it: 70.6B, 1.59M, 4.1K, 530."""
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{n:.0f}"
+
+
 def _plan_text(doc: dict) -> str:
     m, lay, g = doc["model"], doc["layout"], doc["per_gpu"]
     shape = (f", {m['layers']} layers, hidden {m['hidden']}, seq {m['seq']}" if m.get("layers") else
              f" ({m.get('source')})")
-    lines = [f"{m['name']}: {m['params'] / 1e9:.4g}B parameters{shape}",
+    lines = [f"{m['name']}: {params_text(m['params'])} parameters{shape}",
              f"layout: {lay['gpus']} GPUs = tp {lay['tp']} x pp {lay['pp']} x dp {lay['dp']}, ZeRO-{lay['zero_stage']}"
              + (f", recompute {lay['recompute']}" if "recompute" in lay else "")
              + f", micro-batch {lay['micro_batch']} x {lay['grad_accum']} accumulation = global batch "

@@ -87,6 +87,22 @@ def _stragglers(facts, lateness, late_by_group, imposed_by_group, th) -> list[di
     return out
 
 
+def late_by_chance(late: int, steps: int, ranks: int) -> float:
+    """The chance that a rank is the late one in `late` or more of `steps` steps when lateness
+    is noise: each step's latest rank any of the `ranks`, alike (the binomial tail). Two ranks
+    on a shared host trade lateness at random; 2 of 3 steps is a coin's toss, 9 of 9 is not."""
+    p = 1.0 / max(ranks, 1)
+    return sum(math.comb(steps, k) * p ** k * (1 - p) ** (steps - k) for k in range(late, steps + 1))
+
+
+def _work_explains(work_ms: float | None, peers_work_ms: float | None, imposed_ms: float, share: float) -> bool:
+    """Whether a rank's time outside communication exceeds its peers' median by `share` of the
+    wait it imposes (True where either is unknown: nothing says otherwise)."""
+    if work_ms is None or peers_work_ms is None:
+        return True
+    return work_ms - peers_work_ms >= share * imposed_ms
+
+
 def _by_collectives(facts, lateness, late_by_group, imposed_by_group, th) -> list[dict]:
     per = facts.per_rank
     blame_factor, share_min, steps_min = (th["straggler_blame_factor"], th["straggler_wait_share"],
@@ -120,6 +136,12 @@ def _by_collectives(facts, lateness, late_by_group, imposed_by_group, th) -> lis
             late_steps = sum(1 for ch in chunks
                              if sum(imposed_by_group[i] for i in ch if rid in late_by_group[i]) >= floor_us)
             if late_steps <= steps_min * len(chunks):
+                continue
+            # Few steps: lateness that chance gives as often counts only where the rank's own
+            # work outside communication accounts for the wait it imposes.
+            peers_work = _median(w for r, w in facts.work_ms.items() if r != rid and w is not None)
+            if late_by_chance(late_steps, len(chunks), n_ranks) > th["straggler_chance"] and not _work_explains(
+                    facts.work_ms.get(rid), peers_work, imposed_ms, th["straggler_work_explains"]):
                 continue
         peers_wait = _median(w for r, w in wait_per_step.items() if r != rid) or 0.0
         own_wait = wait_per_step[rid]

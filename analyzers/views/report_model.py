@@ -648,11 +648,16 @@ def _missing(run, ranks, allt: Steps, world, nccl, busbw) -> list[dict]:
         })
     if not any(num(r["analysis"].get("mfu")) is not None for r in ranks.values()) and \
             np.isnan(allt.mfu).all():
+        counted = any(num((r["analysis"].get("rates") or {}).get("flops_per_step")) or
+                      any(num(s.get("flops")) for s in r["analysis"].get("steps") or [] if isinstance(s, dict))
+                      for r in ranks.values())
         out.append({
             "what": "No MFU (model FLOPs utilisation).",
-            "why": "MFU says how far the job is from the device's peak; it needs FLOPs per step.",
-            "how": "Enable with_flops (and record_shapes) in the agent's profiler settings, on a device with "
-                   "a known peak (or run `diag calibrate` for CPUs).",
+            "why": "MFU says how far the job is from the device's peak; it needs FLOPs per step and the peak.",
+            "how": ("The traced steps' FLOPs were counted, but the device's peak is not known: on a CPU run "
+                    "`diag calibrate` on the same machine first; a GPU needs a name diag knows." if counted else
+                    "Enable with_flops (and record_shapes) in the agent's profiler settings, on a device with "
+                    "a known peak (or run `diag calibrate` for CPUs)."),
         })
     if len(allt) and np.isnan(allt.wait).all():
         out.append({
