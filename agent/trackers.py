@@ -48,7 +48,7 @@ def fields(summary: dict | None) -> tuple[dict[str, float], dict[str, str]]:
     put("stragglers", len(diag.get("stragglers") or []))
     episodes = (diag.get("straggler_episodes") or {}).get("episodes") or []
     put("straggler_lost_s", sum(e.get("cost_ms") or 0.0 for e in episodes if isinstance(e, dict)) / 1000.0)
-    recs = [r for r in diag.get("recommendations") or [] if isinstance(r, dict)]
+    recs = [r for r in diag.get("recommendations") or [] if isinstance(r, dict) and not r.get("minor")]
     prediction = (recs[0].get("prediction") or {}) if recs else {}
     put("top_fix_speedup", prediction.get("speedup") if isinstance(prediction, dict) else None)
     headline = diag.get("headline") if isinstance(diag.get("headline"), dict) else {}

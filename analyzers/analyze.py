@@ -76,6 +76,7 @@ def analyze_paths(paths, tree: dt.Tree | None = None, jobs: int | None = None, p
             errors.append({"source": p, "error": "no such file or directory"})
 
     trace_ranks = _analyze_files(files, tree, jobs, progress, errors, pool, host_peaks)
+    refuse_mixed_jobs(trace_ranks)
     run_ranks = [r for doc, _ in run_docs for r in doc.get("ranks") or []]
     for doc, _ in run_docs:
         errors.extend(doc.get("errors") or [])
@@ -283,6 +284,20 @@ def _analyze_files(files, tree, jobs, progress, errors, pool=None, host_peaks=No
         else:
             errors.append({"source": f, "error": value})
     return ranks
+
+
+def refuse_mixed_jobs(trace_ranks: list[dict]) -> None:
+    """One document is one job: traces whose own distributedInfo states different world sizes,
+    or several traces of a world of one, come from different jobs. Raises DiagInputError naming
+    each job's files; a trace that states no world size joins any job (nothing says otherwise)."""
+    by_world: dict[int, list[str]] = {}
+    for r in trace_ranks:
+        world = r.get("world_size")
+        if isinstance(world, int) and not isinstance(world, bool):
+            by_world.setdefault(world, []).append(os.path.basename(str(r.get("source") or "?")))
+    if len(by_world) > 1 or len(by_world.get(1, ())) > 1:
+        jobs = "; ".join(f"world size {w} ({', '.join(sorted(names))})" for w, names in sorted(by_world.items()))
+        raise DiagInputError(f"these traces come from different jobs: {jobs}; analyse each job's traces on their own")
 
 
 def _settle_ranks(ranks: list[dict], warnings: list) -> None:

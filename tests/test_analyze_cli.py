@@ -254,3 +254,44 @@ def test_worker_count_respects_memory_and_jobs(tmp_path, monkeypatch):
     VM.available = 64 << 30
     monkeypatch.setattr("os.cpu_count", lambda: 4)
     assert analysis.worker_count(files, None) == 4  # plenty of memory: one per CPU
+
+
+def test_traces_of_different_jobs_are_refused_by_name(tmp_path):
+    """A folder mixing jobs (their traces' own distributedInfo states world sizes 2, 8 and 64)
+    is no job of 11 ranks: one line naming each job's files, and exit status 2."""
+    import shutil
+
+    from conftest import FIXTURES
+
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    for name in ("cpu_comm_rank0.pt.trace.json.gz", "cpu_comm_rank1.pt.trace.json.gz"):
+        shutil.copy(FIXTURES / name, folder / name)
+    for name in ("b200_vllm_tp8_symm_mem.json.gz", "deepseek_v3_ep64_train_h800.json.gz"):
+        shutil.copy(FIXTURES / "real" / name, folder / name)
+    proc = diag(folder)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout[-2000:]
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("diag: error: these traces come from different jobs: ")
+    assert "world size 2 (cpu_comm_rank0.pt.trace.json.gz, cpu_comm_rank1.pt.trace.json.gz)" in line
+    assert "world size 8 (b200_vllm_tp8_symm_mem.json.gz)" in line
+    assert "world size 64 (deepseek_v3_ep64_train_h800.json.gz)" in line
+    # One job's ranks together are one job, as before.
+    one = diag(folder / "cpu_comm_rank0.pt.trace.json.gz", folder / "cpu_comm_rank1.pt.trace.json.gz", "--json")
+    assert one.returncode == 0 and len(json.loads(one.stdout)["ranks"]) == 2
+
+
+def test_two_single_process_traces_are_two_jobs(tmp_path):
+    """Each trace of a world of 1 is a job of its own: two of them are refused together."""
+    from conftest import FIXTURES
+
+    a = FIXTURES / "real" / "mi300_vllm_decode_hipgraph_triton.json.gz"
+    proc = diag(a, a.parent / "a100_alexnet_benchmark_allocator.json.gz")
+    assert proc.returncode == 0  # the second states no world size: nothing says they differ
+    import shutil
+
+    b = tmp_path / "copy.json.gz"
+    shutil.copy(a, b)
+    proc = diag(a, b)
+    assert proc.returncode == 2 and "world size 1 (copy.json.gz, mi300_vllm_decode_hipgraph_triton.json.gz)" in \
+        proc.stderr, proc.stderr

@@ -28,15 +28,14 @@ def _diag(*args, cwd):
 
 
 @pytest.fixture(scope="module")
-def traces(tmp_path_factory, real_data):
-    """Real GPU traces (shared data and committed fixtures) and generated gloo CPU traces."""
+def traces(tmp_path_factory):
+    """A real A100 trace and generated gloo CPU traces: none states a world size other than the
+    gloo job's 2 (diag analyze refuses traces of jobs that differ in it)."""
     d = tmp_path_factory.mktemp("ray") / "traces"
     d.mkdir()
-    for f in ("cpu_comm_rank0.pt.trace.json.gz", "cpu_comm_rank1.pt.trace.json.gz"):
-        shutil.copy(FIXTURES / f, d / f)
-    for f in sorted((FIXTURES / "real").glob("*.json.gz"))[:2]:
-        shutil.copy(f, d / f.name)
-    shutil.copy(real_data / "traces" / "a100_2rank_nccl.json.gz", d / "a100_2rank_nccl.json.gz")
+    for f in ("cpu_comm_rank0.pt.trace.json.gz", "cpu_comm_rank1.pt.trace.json.gz", "cpu_compute_rank0.pt.trace.json.gz",
+              "cpu_data_rank0.pt.trace.json.gz", "real/a100_alexnet_benchmark_allocator.json.gz"):
+        shutil.copy(FIXTURES / f, d / Path(f).name)
     return d
 
 

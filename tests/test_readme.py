@@ -25,15 +25,21 @@ from conftest import FIXTURES, REPO
 README = REPO / "README.md"
 BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 
+# The torch install of the set-up commands: the CPU build from PyTorch's CPU index on a machine
+# without an NVIDIA GPU, PyPI's default build on one.
+TORCH = ("python3 -m pip install torch==2.13.0 $(nvidia-smi -L >/dev/null 2>&1 || "
+         "echo --extra-index-url https://download.pytorch.org/whl/cpu)")
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
 # README line -> ("run", the command as run here, why it differs if it does) or
 # ("not here", why it cannot run on this machine). `{demo_dir}`, `{fixture}` and `{logs}`
 # are filled in by the test. Lines run as written carry no reason.
 COMMANDS: dict[str, tuple] = {
-    "python3 -m pip install torch==2.13.0 && python3 -m pip install -e . && diag demo": (
+    TORCH + " && python3 -m pip install -e . && diag demo": (
         "not here", "the installs are what .ci/run does on a fresh machine; its `diag demo` runs below"),
-    "python3 -m pip install torch==2.13.0 && python3 -m pip install -e '.[test]' && python3 -m pytest": (
+    TORCH + " && python3 -m pip install -e '.[test]' && python3 -m pytest": (
         "not here", "the README's test command: .ci/run runs it, and with it this test"),
-    "python3 -m pip install torch==2.13.0 && python3 -m pip install -e '.[dev]'": (
+    TORCH + " && python3 -m pip install -e '.[dev]'": (
         "not here", "the install .ci/run performs in a fresh virtual environment"),
     "python3 -m pytest": ("not here", "the suite this test belongs to"),
     "bash .ci/run": ("not here", "CI itself"),
@@ -445,3 +451,27 @@ dist.barrier()
 open(os.path.join("runs", f"train-done-{dist.get_rank()}"), "w").close()
 dist.destroy_process_group()
 '''
+
+
+@pytest.mark.parametrize("gpu", [False, True])
+def test_the_torch_install_takes_the_cpu_build_only_without_a_gpu(tmp_path, gpu):
+    """The set-up commands' torch install, as sh expands it: PyTorch's CPU index added where no
+    nvidia-smi lists a GPU, nothing added where one does; .ci/run installs torch the same way."""
+    import shutil
+    import subprocess
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("echo",):
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    if gpu:
+        smi = bin_dir / "nvidia-smi"
+        smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 80GB HBM3'\n")
+        smi.chmod(0o755)
+    words = TORCH.replace("python3 -m pip install", "echo", 1)
+    out = subprocess.run(["/bin/sh", "-c", words], capture_output=True, text=True, env={"PATH": str(bin_dir)})
+    args = out.stdout.split()
+    assert args[0] == "torch==2.13.0" and (CPU_INDEX in args) is not gpu
+    readme = README.read_text()
+    assert readme.count(TORCH + " && ") == 3
+    assert TORCH.split("torch==2.13.0", 1)[1] in (REPO / ".ci" / "run").read_text()

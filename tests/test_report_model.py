@@ -102,6 +102,37 @@ def test_straggler_named_in_headline_and_wait_heatmap(tmp_path):
     assert "ev-straggler-3" in {e["id"] for e in m["evidence"]}
 
 
+@pytest.mark.parametrize("predicted_ms,minor", [(47.6, True), (47.5, False)])  # 4.8% and 5% of a 50 ms step
+def test_a_change_predicted_under_five_percent_is_a_note_after_the_changes(predicted_ms, minor):
+    """A straggler whose removal wins under recommendation_min_gain of the step is no change to
+    make: it follows every other recommendation, marked minor, and no view leads with it."""
+    from diag.analyzers.job.cross_rank import analyze_job
+    from diag.report.html import render
+    from diag.report.markdown import render as render_md
+
+    assert load_tree().thresholds["recommendation_min_gain"] == 0.05
+    ranks = []
+    for r in range(4):
+        colls = [{"name": "all_reduce", "pg": "0", "seq": i, "ts_us": (i // 3) * 50_000.0 + i * 1000,
+                  "dur_us": 2000.0 if r == 3 else 12_000.0, "bytes": 1 << 24, "on": "device", "step": i // 3}
+                 for i in range(30)]
+        ranks.append(analysis_rank(r, 4, "comm", 0.45, collectives=colls, steps=range(10)))
+    job = analyze_job(ranks, load_tree())
+    job["what_if"] = [{"change": "no_straggler", "description": "Every rank runs at the median rank's pace",
+                       "baseline_step_ms": 50.0, "predicted_step_ms": predicted_ms, "speedup": 50.0 / predicted_ms,
+                       "fixes": "wait"}]
+    m = _model({"schema": "diag.analysis/1", "ranks": ranks, "job": job, "errors": []})
+    rec = next(r for r in m["recommendations"] if r["id"] == "straggler-3")
+    assert rec["minor"] is minor
+    assert (m["recommendations"][-1] is rec) is minor and m["recommendations"][0]["minor"] is False
+    md = render_md(m)
+    section = md[md.index("## What to change, in order"):md.index("## Decision path")]
+    assert ("Notes, each predicted to win under 5% of the step:" in section) is minor
+    assert (f"**{rec['title']}**" in section) is not minor
+    page = render(m)
+    assert ('class="recs-minor"' in page) is minor
+
+
 def test_verdict_and_largest_gain_disagreeing_is_explained():
     """Comm-bound by the tree (30% > 20%), but bandwidth-bound kernels hold 60% of the step."""
     sh = {"data": 0.0, "host": 0.05, "comm": 0.30, "memory": 0.60, "compute": 0.05}

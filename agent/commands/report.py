@@ -54,8 +54,9 @@ def run(args) -> int:
         print(model["headline"]["text"])
         conf = model["confidence"]
         print(f"Confidence: {conf['level']} ({conf['score']:.2f}).")
-        if model["recommendations"]:
-            r = model["recommendations"][0]
+        changes = [r for r in model["recommendations"] if not r.get("minor")]
+        if changes:
+            r = changes[0]
             print(f"Change first: {r['title']}. {r['gain']}.")
         for m in model["missing"][:5]:
             print(f"Missing: {m['what']}")

@@ -390,8 +390,9 @@ def _verdict(model: dict) -> str:
             f"<li><span class=\"phase\">{esc(PHASE_LABELS.get(c['phase'], c['phase']))}</span> {esc(c['text'])}"
             f"<br><b>Change:</b> {esc(c['action'])}<br><span class=\"gain\">Predicted: {esc(c.get('gain'))}.</span></li>"
             for c in causes) + "</ul></div>")
-    if recs:
-        r = recs[0]
+    changes = [r for r in recs if not r.get("minor")]
+    if changes:
+        r = changes[0]
         inner.append(f"<div class=\"first\"><b>Change this first:</b> {esc(r['title'])}. "
                      f"<span class=\"gain\">{esc(r['gain'])}.</span> "
                      f"<a href=\"#rec-{esc(r['id'])}\">How, and why we think so</a></div>")
@@ -416,8 +417,12 @@ def _recommendations(model: dict) -> str:
     if not recs:
         return _section("recommendations", "What to change, in order",
                         _absent("No recommendation: there is no measurement to base one on (see 'What was missing')."))
-    items = []
+    items, notes = [], []
     for r in recs:
+        if r.get("minor"):
+            notes.append(f"<li id=\"rec-{esc(r['id'])}\">{esc(r['title'])}: <span class=\"gain\">{esc(r['gain'])}."
+                         "</span></li>")
+            continue
         acts = "".join(f"<li>{esc(a)}</li>" for a in r["actions"])
         items.append(
             f"<li id=\"rec-{esc(r['id'])}\"><b>{esc(r['title'])}</b><br>"
@@ -427,7 +432,12 @@ def _recommendations(model: dict) -> str:
     note = ("<p class=\"note\">Ranked by predicted gain: each traced step's dependency graph replayed with the "
             "work a fix acts on changed (see 'What if'), beside the measured step. A phase's share of the step "
             "is only the upper bound of what removing it could win.</p>")
-    return _section("recommendations", "What to change, in order", note + f"<ol class=\"recs\">{''.join(items)}</ol>")
+    body = note + (f"<ol class=\"recs\">{''.join(items)}</ol>" if items else "")
+    if notes:
+        below = next(r["minor_below"] for r in recs if r.get("minor"))
+        body += (f"<p class=\"note\">Notes, each predicted to win under {pct(below)} of the step:</p>"
+                 f"<ul class=\"recs-minor\">{''.join(notes)}</ul>")
+    return _section("recommendations", "What to change, in order", body)
 
 
 def _decision(model: dict) -> str:

@@ -93,13 +93,20 @@ def render(model: dict) -> str:
     if not recs:
         out += ["No recommendation: nothing was measured to base one on.", ""]
     evlabels = {e["id"]: e["label"] for e in model.get("evidence") or []}
+    minor = [r for r in recs if r.get("minor")]
     for r in recs:
+        if r in minor:
+            continue
         out.append(f"{r['rank']}. **{md_text(r['title'])}** — predicted gain: {md_text(r['gain'])}.")
         out.append(f"   Why: {md_text(r['why'])}")
         out += [f"   - {md_text(a)}" for a in r["actions"]]
         if r["evidence"]:
             out.append("   Evidence: " + "; ".join(md_text(evlabels.get(e, e)) for e in r["evidence"]))
     out.append("")
+    if minor:
+        out += [f"Notes, each predicted to win under {pct(minor[0]['minor_below'])} of the step:", ""]
+        out += [f"- {md_text(r['title'])}: {md_text(r['gain'])}." for r in minor]
+        out.append("")
     path = model.get("decision_path")
     if path and path.get("nodes"):
         out += ["## Decision path", "", f"Evaluated on {md_text(path['source'])}.", "",

@@ -136,8 +136,14 @@ def recommendations(ctx: JobContext, findings: list[dict], memory: dict, evidenc
             "why": memory["advice"]["why"],
             "primary": False,
         })
-    # Ranked by predicted gain; the verdict's own fixes lead among equal gains; unpredicted last.
-    recs.sort(key=lambda r: (r["gain_share"] is None, -(r["gain_share"] or 0), not r["primary"]))
+    # Ranked by predicted gain; the verdict's own fixes lead among equal gains; unpredicted next;
+    # those predicted to win under `recommendation_min_gain` of the step last, as notes.
+    floor = tree.thresholds["recommendation_min_gain"]
+    for r in recs:
+        r["minor"] = not r["primary"] and r["gain_share"] is not None and r["gain_share"] < floor
+        if r["minor"]:
+            r["minor_below"] = floor
+    recs.sort(key=lambda r: (r["minor"], r["gain_share"] is None, -(r["gain_share"] or 0), not r["primary"]))
     for i, r in enumerate(recs, 1):
         r["rank"] = i
     return recs
