@@ -195,19 +195,23 @@ def test_missing_distributed_info_is_named(tmp_path, cpu_trace):
 
 @pytest.mark.slow
 def test_real_traces_directory(real_traces):
+    """The shared folder holds traces of four jobs (their distributedInfo: world sizes 1, 2 and
+    128, and none): refused as one, with each job's files named; each job analysed on its own."""
+    from diag.analyzers.analyze import analyze_paths
+
     proc = diag("--json", "--jobs", "2", real_traces, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    doc = json.loads(proc.stdout)
-    assert doc["errors"] == []
-    assert len(doc["ranks"]) == 6
-    for r in doc["ranks"]:
-        assert set(r) >= RANK_KEYS
-        assert r["gpu_time"]["idle_pct"] is not None
-        for s in r["steps"]:
-            assert set(s) >= STEP_KEYS
-    by_src = {r["source"].rsplit("/", 1)[-1]: r for r in doc["ranks"]}
-    assert by_src["v100_1rank_compute.json.gz"]["bound"] == "compute"
-    assert by_src["v100_resnet50_workers0_oldschema.json.gz"]["bound"] == "data"
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert ("world size 1 (v100_1rank_compute.json.gz); world size 2 (a100_2rank_nccl.json.gz); world size 128 "
+            "(job128_rank0_sampled.json.gz, job128_rank1_sampled.json.gz)") in proc.stderr, proc.stderr
+    pair = analyze_paths([real_traces / "job128_rank0_sampled.json.gz", real_traces / "job128_rank1_sampled.json.gz"],
+                         jobs=2)
+    assert pair["errors"] == [] and [r["rank"] for r in pair["ranks"]] == [0, 1]
+    for name, bound in (("v100_1rank_compute.json.gz", "compute"), ("v100_resnet50_workers0_oldschema.json.gz", "data"),
+                        ("a100_2rank_nccl.json.gz", None), ("mi250_rocm62_tiny.json.gz", None)):
+        (r,) = analyze_paths([real_traces / name], jobs=1)["ranks"]
+        assert set(r) >= RANK_KEYS and r["gpu_time"]["idle_pct"] is not None
+        assert all(set(s) >= STEP_KEYS for s in r["steps"])
+        assert bound is None or r["bound"] == bound
 
 
 def test_report_hook(tmp_path, cpu_trace):

@@ -71,8 +71,10 @@ def test_decision_path_shows_question_value_threshold_answer(tmp_path):
     assert last["value"] > last["threshold"]
 
 
-def test_straggler_named_in_headline_and_wait_heatmap(tmp_path):
-    """Rank 3 reaches every all-reduce last: its peers' collectives last 12 ms, its own 2 ms."""
+def _late_rank_3(predicted_ms: float) -> dict:
+    """Four ranks, rank 3 reaching every all-reduce last (its peers' collectives last 12 ms, its
+    own 2 ms), and the job's what-if (the ranks carry no traced steps to replay): ranks at the
+    median pace would take `predicted_ms` per step instead of 50."""
     from diag.analyzers.job.cross_rank import analyze_job
 
     ranks = []
@@ -82,12 +84,15 @@ def test_straggler_named_in_headline_and_wait_heatmap(tmp_path):
                  for i in range(30)]
         ranks.append(analysis_rank(r, 4, "comm", 0.45, collectives=colls, steps=range(10)))
     job = analyze_job(ranks, load_tree())
-    # The job's what-if (the ranks here carry no traced steps to replay): ranks at the median
-    # pace would take 20 ms per step instead of 50.
     job["what_if"] = [{"change": "no_straggler", "description": "Every rank runs at the median rank's pace",
-                       "baseline_step_ms": 50.0, "predicted_step_ms": 20.0, "speedup": 2.5, "fixes": "wait"}]
-    doc = {"schema": "diag.analysis/1", "ranks": ranks, "job": job, "errors": []}
-    m = _model(doc)
+                       "baseline_step_ms": 50.0, "predicted_step_ms": predicted_ms, "speedup": 50.0 / predicted_ms,
+                       "fixes": "wait"}]
+    return _model({"schema": "diag.analysis/1", "ranks": ranks, "job": job, "errors": []})
+
+
+def test_straggler_named_in_headline_and_wait_heatmap(tmp_path):
+    """Rank 3 reaches every all-reduce last: its peers' collectives last 12 ms, its own 2 ms."""
+    m = _late_rank_3(20.0)
     assert [s["rank"] for s in m["stragglers"]] == [3]
     assert "rank 3 is late" in m["headline"]["text"]
     hm = m["charts"]["heatmap_wait"]
@@ -106,22 +111,11 @@ def test_straggler_named_in_headline_and_wait_heatmap(tmp_path):
 def test_a_change_predicted_under_five_percent_is_a_note_after_the_changes(predicted_ms, minor):
     """A straggler whose removal wins under recommendation_min_gain of the step is no change to
     make: it follows every other recommendation, marked minor, and no view leads with it."""
-    from diag.analyzers.job.cross_rank import analyze_job
     from diag.report.html import render
     from diag.report.markdown import render as render_md
 
     assert load_tree().thresholds["recommendation_min_gain"] == 0.05
-    ranks = []
-    for r in range(4):
-        colls = [{"name": "all_reduce", "pg": "0", "seq": i, "ts_us": (i // 3) * 50_000.0 + i * 1000,
-                  "dur_us": 2000.0 if r == 3 else 12_000.0, "bytes": 1 << 24, "on": "device", "step": i // 3}
-                 for i in range(30)]
-        ranks.append(analysis_rank(r, 4, "comm", 0.45, collectives=colls, steps=range(10)))
-    job = analyze_job(ranks, load_tree())
-    job["what_if"] = [{"change": "no_straggler", "description": "Every rank runs at the median rank's pace",
-                       "baseline_step_ms": 50.0, "predicted_step_ms": predicted_ms, "speedup": 50.0 / predicted_ms,
-                       "fixes": "wait"}]
-    m = _model({"schema": "diag.analysis/1", "ranks": ranks, "job": job, "errors": []})
+    m = _late_rank_3(predicted_ms)
     rec = next(r for r in m["recommendations"] if r["id"] == "straggler-3")
     assert rec["minor"] is minor
     assert (m["recommendations"][-1] is rec) is minor and m["recommendations"][0]["minor"] is False
