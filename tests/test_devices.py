@@ -97,3 +97,54 @@ def test_calibrate_command(tmp_path):
     again = subprocess.run([sys.executable, "-m", "diag", "calibrate", "--show"], env=env,
                            capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and "GB/s" in again.stdout
+
+
+class _Clock:
+    """A clock that moves only by the work the fake calls do."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize("seconds_per_flop", [1 / 40e9, 1 / 0.5e9])  # fp32 here, bf16 without its units
+def test_the_benchmark_keeps_its_budget_however_slow_a_dtype_runs(monkeypatch, seconds_per_flop):
+    """A matrix product that runs at 0.5 GFLOP/s (bf16 on a CPU without bf16 units) is sized
+    down so that its stage keeps its share of the budget, where a 1024 product would take 4 s
+    a call; at 40 GFLOP/s the full size fits. The rate found is the rate the calls ran at."""
+    from diag import calibrate
+
+    clock = _Clock()
+    monkeypatch.setattr(calibrate.time, "perf_counter", clock)
+
+    def product(n):
+        def run():
+            clock.now += 2.0 * n**3 * seconds_per_flop
+        return run
+
+    budget = 0.75  # one stage of a 3 s calibration
+    n = calibrate._matmul_size(lambda k: product(k)(), 1024, budget)
+    spent_sizing = clock.now
+    start = clock.now
+    rate = calibrate._best_rate(product(n), 2.0 * n**3, budget)
+    assert rate == pytest.approx(1 / seconds_per_flop)
+    assert clock.now - start <= budget + 2.0 * n**3 * seconds_per_flop  # the budget, and one call past it at most
+    assert spent_sizing <= budget / 4
+    assert n == (1024 if seconds_per_flop < 1e-10 else 256)
+
+
+def test_a_busy_machine_is_said(monkeypatch, capsys, tmp_path):
+    """Peaks measured while other work holds the CPUs come out low: the command says so."""
+    import argparse
+
+    from diag import calibrate
+    from diag.commands import calibrate as command
+
+    monkeypatch.setattr(calibrate, "busy_percent", lambda sample_s=0.3: 80.0)
+    command.run(argparse.Namespace(show=False, seconds=0.2, json=False, cache=str(tmp_path / "peaks.json")))
+    err = capsys.readouterr().err
+    assert "diag calibrate: fp32 matrix multiply" in err and "diag calibrate: memory bandwidth" in err
+    assert "80% of this machine's CPUs were busy with other work" in err
+    assert json.loads((tmp_path / "peaks.json").read_text())["busy_cpu_percent"] == 80.0

@@ -11,7 +11,8 @@ HELP = "measure this host's CPU peak FLOP/s and memory bandwidth"
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--seconds", type=float, default=3.0, help="time budget of the benchmark (default 3)")
+    parser.add_argument("--seconds", type=float, default=3.0,
+                        help="time budget of the benchmark, torch's start-up aside (default 3)")
     parser.add_argument("--show", action="store_true", help="print the cached peaks without measuring")
     parser.add_argument("--json", action="store_true", help="print the peaks as JSON")
     parser.add_argument("--cache", metavar="FILE", help="cache file (default $XDG_CACHE_HOME/diag/cpu_peaks.json)")
@@ -29,7 +30,8 @@ def run(args) -> int:
     else:
         if args.seconds <= 0:
             raise DiagInputError("--seconds must be positive")
-        doc, path = cal.calibrate(args.seconds, path)
+        doc, path = cal.calibrate(args.seconds, path,
+                                  progress=lambda stage: print(f"diag calibrate: {stage}", file=sys.stderr, flush=True))
     if args.json:
         print(json.dumps(doc, indent=1))
         return 0
@@ -44,5 +46,9 @@ def run(args) -> int:
     print(f"  memory        {doc['mem_bw'] / 1e9:,.1f} GB/s")
     if fl.get("fp32") and doc.get("mem_bw"):
         print(f"  roofline knee {fl['fp32'] / doc['mem_bw']:.1f} FLOP/byte (fp32)")
+    busy = doc.get("busy_cpu_percent")
+    if isinstance(busy, (int, float)) and busy >= cal.BUSY_PERCENT:
+        print(f"diag calibrate: warning: {busy:.0f}% of this machine's CPUs were busy with other work when it "
+              "started: these peaks are low; calibrate again when it is quiet", file=sys.stderr)
     print(f"cached in {path}", file=sys.stderr)
     return 0
