@@ -21,7 +21,7 @@ from diag.analyzers.job.live import EndpointHistory, RankLive, rank_from_live_do
 from diag.exporter.registry import render_text as render_exposition
 from diag.exporter.runtime import Handle
 from diag.top.app import apply_key
-from diag.top.screen import ViewState, render_text, screen
+from diag.top.screen import ViewState, one_line, render_text, screen
 from diag.top.sources import RunDirSource, _series
 from tests.conftest import free_port_pair
 
@@ -104,6 +104,24 @@ def test_the_episode_going_on_is_judged_from_the_ranks_last_steps(late_ms, episo
         assert "episode: persistent, rank 2, since step 0" in text
     else:
         assert job["episode"] is None
+
+
+def test_a_persistent_episode_under_the_pace_excess_names_its_rank_live():
+    """Rank 2's batches arrive 15 ms late in every step: under straggler_step_excess (25%) of a
+    100 ms step, so no pace straggler, but a persistent episode; the straggler field names the
+    episode's rank, with the cause, as the report does."""
+    docs = []
+    for rank in range(3):
+        doc = _live_doc(rank=rank)
+        for i, st in enumerate(doc["steps"]):
+            st["data_wait_s"] = 0.001 * (1 + (i % 3) * 0.1) + (0.015 if rank == 2 else 0.0)
+        docs.append(rank_from_live_doc(doc, rank))
+    job = judge_live(docs, TREE, NOW)
+    assert job["episode"]["kind"] == "persistent" and job["episode"]["rank"] == 2
+    s = job["straggler"]
+    assert s["rank"] == 2 and s["cause"] == "data_loader" and s["basis"].startswith("a persistent episode")
+    line = one_line(docs, job, NOW)
+    assert "straggler rank 2 (data_loader)" in line and "episode persistent" in line
 
 
 def test_the_job_line_sums_throughput_and_takes_the_common_verdict():

@@ -8,8 +8,9 @@ From each rank's `RankLive` (`diag.analyzers.job.live`):
   than `straggler_step_excess` of their step and by more than the noise bands of both (the
   interval of each median, `steady`); or a rank whose data wait exceeds the others' by that
   much, since its peers then wait for it inside their collectives, where the step record
-  does not see it. Its likely cause is where its excess lies: waiting for data, the device
-  (with the clock-event reasons it reports), or the host;
+  does not see it; else the one rank of the episode going on (below), as the report names
+  it. Its likely cause is where its excess lies: waiting for data, the device (with the
+  clock-event reasons it reports), or the host;
 - stalled ranks: running, but no step for `live_stall_steps` median steps and at least
   `live_stall_min_s` seconds;
 - the straggler episode going on, over the last steps the ranks' live.json files hold
@@ -38,6 +39,7 @@ def judge_live(ranks: list, tree, now: float) -> dict:
     pace = {r.rank: r.step_ms - (r.wait_ms or 0.0) for r in live}
     counts = Counter(r.bound for r in live if r.bound)
     mfus = [r.mfu for r in live if r.mfu is not None]
+    episode = _ongoing_episode(live, tree)
     return {
         "verdict": counts.most_common(1)[0][0] if counts else None,
         "samples_per_s": _sum(r.samples_per_s for r in live),
@@ -46,9 +48,9 @@ def judge_live(ranks: list, tree, now: float) -> dict:
         "profiling": any(r.profiling for r in ranks),
         "pace_rank": _pace_rank(live, pace, th["noise_interval_z"]),
         "pace_ms": {k: round(v, 3) for k, v in pace.items()},
-        "straggler": _straggler(live, pace, th),
+        "straggler": _straggler(live, pace, th) or _episode_straggler(episode, live, th),
         "stalled": _stalled(ranks, th, now),
-        "episode": _ongoing_episode(live, tree),
+        "episode": episode,
     }
 
 
@@ -101,6 +103,20 @@ def _straggler(live: list, pace: dict, th: dict) -> dict | None:
     return {"rank": rank, "excess_ms": round(worst, 3), "pace_lag_ms": round(lag, 3),
             "data_wait_lag_ms": round(data_lag, 3) if data_lag is not None else None,
             "cause": cause, "text": text}
+
+
+def _episode_straggler(episode: dict | None, live: list, th: dict) -> dict | None:
+    """The rank late in the straggler episode going on, where one rank is (persistent): the
+    rule the report names a straggler over time by, for lateness under straggler_step_excess."""
+    rank = (episode or {}).get("rank")
+    mine = next((r for r in live if r.rank == rank), None)
+    if mine is None:
+        return None
+    cause, text = _likely_cause(mine, [p for p in live if p.rank != rank], th)
+    late = episode.get("median_lateness_ms")
+    return {"rank": rank, "excess_ms": round(late, 3) if isinstance(late, (int, float)) else 0.0,
+            "pace_lag_ms": None, "data_wait_lag_ms": None, "cause": cause, "text": text,
+            "basis": f"a {episode['kind']} episode since step {episode['first_step']}"}
 
 
 def _others_median(values: dict) -> dict:
