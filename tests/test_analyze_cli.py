@@ -222,6 +222,8 @@ def test_report_hook(tmp_path, cpu_trace):
     proc = diag("--report", out, cpu_trace)
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in out.iterdir()) >= ["report.html", "report.md"]
+    # It says where the report went, on stderr (stdout may be the analysis's JSON).
+    assert f"Report: {out / 'report.html'}" in proc.stderr and str(out / "report.md") in proc.stderr
     assert "Where each step's time goes" in (out / "report.html").read_text(encoding="utf-8")
 
 

@@ -105,6 +105,8 @@ def test_flags_at_80_and_50_percent():
         assert v["diagnosis"].startswith(f"{pct}% of the expected bus bandwidth")
     single = _judge(_test_with_busbw(0.0, world=1, hosts=1), topo)
     assert single["pct_of_expected"] is None and "single rank" in single["diagnosis"]
+    # The factor as the help and the README give it: all_reduce's is 2(n-1)/n.
+    assert "2(n-1)/n for all_reduce" in single["diagnosis"]
 
 
 def test_bandwidth_thresholds_are_the_tree_s():

@@ -83,3 +83,23 @@ def test_a_proxy_accept_failure_is_named_and_starts_its_error_chain():
     assert "[Service thread] Accept failed" in chains[("misc/socket.cc:826",)]["started_by"]
     # Rank 7's chains follow no WARN of their own threads in this log.
     assert [c["started_by"] for k, c in chains.items() if len(k) > 1] == [None, None]
+
+
+def test_exit_statuses_say_a_failed_test_and_asked_for_findings(real_nccl, capsys):
+    """`diag nccl parse` of an output whose test failed exits 1, as `diag nccl` running it does;
+    `diag nccl-log` exits 1 on a critical finding only when asked (--fail-on), 0 otherwise."""
+    from diag import cli
+    from diag.analyzers.nccl import nccl_tests
+
+    failed = real_nccl / "nccltests_NVIDIA-nccl-tests_15.txt"
+    assert [t["status"] for t in nccl_tests.parse_file(failed)["tests"]] == ["failed"]
+    assert cli.main(["nccl", "parse", str(failed)]) == 1
+    ok = next(p for p in sorted(real_nccl.glob("nccltests_*.txt"))
+              if all(t["status"] == "ok" for t in nccl_tests.parse_file(p)["tests"]))
+    assert cli.main(["nccl", "parse", str(ok)]) == 0
+    log = real_nccl / "nccllog_NVIDIA-nccl_226.txt"
+    assert cli.main(["nccl-log", str(log)]) == 0
+    assert cli.main(["nccl-log", str(log), "--fail-on", "critical"]) == 1
+    assert "[critical]" in capsys.readouterr().out
+    quiet = real_nccl / "nccllog_NVIDIA-nccl-tests_29.txt"
+    assert cli.main(["nccl-log", str(quiet), "--fail-on", "critical"]) == 0

@@ -76,9 +76,13 @@ def run(args) -> int:
 
 
 def _write_report(doc: dict, out_dir: str) -> None:
+    """Write the report and say where it went (on stderr: stdout may be the JSON)."""
     from diag.report import write_report_from_analysis
 
-    write_report_from_analysis(doc, out_dir)
+    paths = write_report_from_analysis(doc, out_dir)
+    print(f"Report: {paths['html']}", file=sys.stderr)
+    if paths.get("markdown"):
+        print(f"        {paths['markdown']}", file=sys.stderr)
 
 
 def _progress(n_paths: int):

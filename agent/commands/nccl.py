@@ -179,7 +179,8 @@ def _parse_mode(args, files: list[str]) -> int:
                 print(f"#   error: {err}")
         print("\n".join(interpretation_lines(doc)))
     write_outputs(doc, args)
-    if doc["errors"]:
+    # A test the output marks failed is a failed measurement, as `diag nccl` running it says.
+    if doc["errors"] or any(t.get("status") == "failed" for t in doc["tests"]):
         return 1
     return 0
 

@@ -26,6 +26,9 @@ def add_arguments(parser) -> None:
                         help="evidence lines kept per finding and warning kind (default 5)")
     parser.add_argument("--jobs", type=int, default=None, metavar="N",
                         help="processes for large plain-text logs (default: one per CPU; 1 disables)")
+    parser.add_argument("--fail-on", choices=("critical", "warning", "info"), metavar="SEVERITY",
+                        help="exit 1 when a finding of this severity or worse is found (critical, warning or "
+                             "info), for scripts; by default the exit status says only whether the logs were read")
 
 
 def _expand(paths: list[str]) -> list[Path]:
@@ -161,4 +164,11 @@ def run(args) -> int:
         sys.stdout.write("\n")
     else:
         print(render_text(doc))
-    return 0
+    return 1 if args.fail_on and _worst_at_least(doc["findings"], args.fail_on) else 0
+
+
+def _worst_at_least(findings: list[dict], severity: str) -> bool:
+    from diag.analyzers.nccl.findings import SEVERITY_ORDER
+
+    limit = SEVERITY_ORDER[severity]
+    return any(SEVERITY_ORDER.get(f.get("severity"), len(SEVERITY_ORDER)) <= limit for f in findings)

@@ -15,8 +15,8 @@ def judge(facts: dict, tree) -> dict:
     out = {**facts, "pct_of_expected": None, "flags": [], "diagnosis": None}
     measured, expected = facts.get("measured_busbw_gbps"), facts.get("expected_busbw_gbps")
     if facts.get("world_size") == 1:
-        out["diagnosis"] = ("a single rank: bus bandwidth is 0 by definition (busbw = algbw x (n-1)/n); "
-                            "run across two or more GPUs")
+        out["diagnosis"] = ("a single rank: bus bandwidth is 0 by definition (busbw = algbw x 2(n-1)/n for "
+                            "all_reduce, x (n-1)/n for the others: 0 at n = 1); run across two or more GPUs")
         return out
     if measured is None:
         out["diagnosis"] = "no measured rows to compare"
