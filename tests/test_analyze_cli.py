@@ -301,3 +301,20 @@ def test_two_single_process_traces_are_two_jobs(tmp_path):
     proc = diag(a, b)
     assert proc.returncode == 2 and "world size 1 (copy.json.gz, mi300_vllm_decode_hipgraph_triton.json.gz)" in \
         proc.stderr, proc.stderr
+
+
+def test_the_rank_line_shows_every_class_waiting_included():
+    """Both ranks of a gloo job wait for each other: the text's step-time line has a wait share
+    beside the others, summing with them to the whole step."""
+    import re
+
+    from conftest import FIXTURES
+
+    proc = diag(FIXTURES / "cpu_comm_rank0.pt.trace.json.gz", FIXTURES / "cpu_comm_rank1.pt.trace.json.gz")
+    assert proc.returncode == 0, proc.stderr
+    lines = [ln for ln in proc.stdout.splitlines() if ln.strip().startswith("step time:")]
+    assert len(lines) == 2
+    for line in lines:
+        shares = dict(re.findall(r"(data|host|comm|wait|mem|comp)\s+([0-9.]+)%", line))
+        assert list(shares) == ["data", "host", "comm", "wait", "mem", "comp"], line
+        assert sum(map(float, shares.values())) == pytest.approx(100.0, abs=0.6)

@@ -517,3 +517,21 @@ def test_the_compression_hook_is_the_one_the_backend_runs(backend, hook):
         assert e["low_ms"] <= 90.0 and e["high_ms"] >= 95.0  # the slow end: half the gain
     else:
         assert cause["what_if"] is None and "do not pay here" in cause["action"]
+
+
+def test_a_ceiling_reads_as_a_sentence():
+    """The change's description follows "replayed so that", its acronyms kept: not "replayed
+    with the input pipeline is fully hidden", nor "dDP"."""
+    from diag.analyzers.diagnosis.recommendations import _replay_text
+
+    tree = dt.load_tree()
+    for change in ("no_data_wait", "ddp_no_sync_accumulation"):
+        entry = next(c for c in tree.what_if if c["id"] == change)
+        text = _replay_text({"baseline_step_ms": 10.0, "predicted_step_ms": 5.0, "change": change,
+                             "description": entry["description"]})
+        assert "replayed so that " in text
+    assert "replayed so that the input pipeline is fully hidden" in _replay_text(
+        {"baseline_step_ms": 10.0, "predicted_step_ms": 5.0, "change": "no_data_wait",
+         "description": "The input pipeline is fully hidden"})
+    assert "replayed so that DDP all-reduces" in _replay_text(
+        {"baseline_step_ms": 10.0, "predicted_step_ms": 5.0, "change": "x", "description": "DDP all-reduces"})

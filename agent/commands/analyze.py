@@ -10,7 +10,7 @@ from diag.errors import DiagInputError
 
 HELP = "classify every step of torch.profiler traces or a run directory"
 
-_BAR = {"data": "data", "host": "host", "comm": "comm", "memory": "mem", "compute": "comp"}
+_BAR = {"data": "data", "host": "host", "comm": "comm", "wait": "wait", "memory": "mem", "compute": "comp"}
 
 
 def add_arguments(parser) -> None:

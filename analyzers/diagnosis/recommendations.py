@@ -226,7 +226,7 @@ def predicted_gain(pred: dict | None, bound_share: float | None, what: str) -> d
 def _replay_text(pred: dict) -> str:
     base, new = pred["baseline_step_ms"], pred["predicted_step_ms"]
     return (f"{new:.1f} ms per step against {base:.1f} ms measured, {base / new:.2f}x faster "
-            f"({pred['change']}: the traced steps replayed with {_lower(pred['description'])})")
+            f"({pred['change']}: the traced steps replayed so that {_lower(pred['description'])})")
 
 
 def expected_gain(expect: dict, bound_share: float | None, what: str) -> dict:
@@ -259,4 +259,7 @@ def cause_gain(expect: dict | None, ceiling: dict | None) -> str:
 
 
 def _lower(text: str) -> str:
-    return text[:1].lower() + text[1:] if text else text
+    """The sentence's first letter lowered, unless its first word is an acronym (DDP, CPU)."""
+    if not text or text[1:2].isupper():
+        return text
+    return text[:1].lower() + text[1:]
