@@ -158,6 +158,20 @@ def test_memory_capacity_advice_from_nvml_samples(tmp_path):
                or r["id"] == "finding-low_memory_use" for r in m["recommendations"])
 
 
+def test_a_healthy_memory_use_is_said_with_the_tree_s_own_range(tmp_path):
+    """5% of capacity is healthy once memory_capacity is 4% and memory_nearly_full 50%: the page
+    says so with those figures, not a fixed 80-95%."""
+    from diag.report.html import render
+
+    run = write_run(tmp_path / "run", ranks=1, steps=20, bound="compute", gpu=True)
+    m = build_run_model(run, tree=load_tree(overrides={"memory_capacity": 0.04, "memory_nearly_full": 0.5}))
+    mem = m["memory"]
+    assert mem.get("advice") is None
+    assert mem["note"] == "Memory use is in the healthy range (4% to 50% of capacity): no change needed."
+    page = render(m)
+    assert mem["note"] in page and "80-95%" not in page
+
+
 def test_memory_breakdown_levers_and_batch_headroom_from_model_facts(tmp_path):
     """4 GiB peak (NVML) of 80 GiB, 32 samples per step, and the model facts the agent records
     for 0.25 Gi parameters in bf16 with AdamW (fp32 moments) on 2 data-parallel ranks."""

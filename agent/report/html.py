@@ -704,8 +704,8 @@ def _memory(model: dict) -> str:
     if a:
         inner.append(f"<p><b>{esc(a['title'])}.</b> {esc(a['why'])}</p><ul>"
                      + "".join(f"<li>{esc(x)}</li>" for x in a["actions"]) + "</ul>")
-    elif m.get("used_fraction_max") is not None:
-        inner.append("<p>Memory use is in the healthy range (80-95% of capacity): no change needed.</p>")
+    elif m.get("note"):
+        inner.append(f"<p>{esc(m['note'])}</p>")
     return _section("memory", "Memory", "\n".join(inner))
 
 

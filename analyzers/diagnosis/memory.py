@@ -157,6 +157,9 @@ def memory_section(ranks: dict, tree, world: int | None = None) -> dict:
                     "not quantified",
             "why": f"Device memory use peaks at {pct(hi)} of capacity.",
         }
+    else:
+        out["note"] = (f"Memory use is in the healthy range ({pct(limit)} to {pct(tree.thresholds['memory_nearly_full'])}"
+                       " of capacity): no change needed.")
     return out
 
 
