@@ -124,6 +124,16 @@ def test_a_persistent_episode_under_the_pace_excess_names_its_rank_live():
     assert "straggler rank 2 (data_loader)" in line and "episode persistent" in line
 
 
+def test_a_screen_drawn_once_has_no_key_legend():
+    """`diag top --once` takes no keys: its screen ends without the interactive legend."""
+    ranks = [_rank(0), _rank(1)]
+    job = judge_live(ranks, TREE, NOW)
+    live = render_text(screen("src", ranks, job, ViewState(), NOW, 1.0), width=200)
+    once = render_text(screen("src", ranks, job, ViewState(), NOW, 1.0, keys=False), width=200)
+    assert "q quit" in live and "q quit" not in once
+    assert once.splitlines()[:3] == live.splitlines()[:3]
+
+
 def test_the_job_line_sums_throughput_and_takes_the_common_verdict():
     ranks = [_rank(0, samples_per_s=100.0, bound="compute", mfu=0.4),
              _rank(1, samples_per_s=120.0, bound="compute", mfu=0.5, profiling=True),
@@ -315,6 +325,7 @@ def test_top_shows_a_running_demo_from_its_run_directory_and_from_its_endpoints(
             assert cells[2].startswith("running") and int(cells[3]) > 0, cells  # status (profiling or not), steps
             assert float(cells[4]) > 0 and float(cells[6]) >= 0  # step ms, data ms
         assert "ranks 2/2 running" in out.stdout and "samples/s" in out.stdout
+        assert "q quit" not in out.stdout  # drawn once: no keys to press
         if args[0] == str(run_dir):  # the live files hold the last steps: the episode going on
             assert "episode: persistent, rank 1" in out.stdout, out.stdout
 

@@ -84,8 +84,8 @@ def run(args) -> int:
         if args.once:
             ranks, job, now = snapshot(source, tree)
             width = args.width or Console(file=out).width
-            sys.stdout.write(render_text(screen(source.describe(), ranks, job, ViewState(), now, args.interval),
-                                         width))
+            sys.stdout.write(render_text(screen(source.describe(), ranks, job, ViewState(), now, args.interval,
+                                                keys=False), width))
             return 0
         if not out.isatty():
             return run_lines(source, tree, sys.stdout, args.interval, args.iterations)

@@ -179,7 +179,10 @@ def rank_detail(r, job: dict, now: float) -> Panel:
 KEYS_HELP = "up/down select  enter open rank  s sort  r reverse  p profile every rank  q quit"
 
 
-def screen(source_desc: str, ranks: list, job: dict, state: ViewState, now: float, interval_s: float) -> Group:
+def screen(source_desc: str, ranks: list, job: dict, state: ViewState, now: float, interval_s: float,
+           keys: bool = True) -> Group:
+    """The whole screen; `keys`: the interactive keys' legend at its foot (none for a screen
+    drawn once, which takes no keys)."""
     head = Text()
     head.append("diag top", style="bold")
     head.append("  ")
@@ -190,11 +193,12 @@ def screen(source_desc: str, ranks: list, job: dict, state: ViewState, now: floa
         r = next((x for x in ranks if x.rank == state.opened), None)
         if r is not None:
             parts.append(rank_detail(r, job, now))
-    foot = Text(KEYS_HELP, style="dim")
+    foot = Text(KEYS_HELP if keys else "", style="dim")
     if state.message:
-        foot.append("   ")
+        foot.append("   " if keys else "")
         foot.append_text(_safe(state.message))
-    parts.append(foot)
+    if foot.plain:
+        parts.append(foot)
     return Group(*parts)
 
 
