@@ -69,11 +69,16 @@ def test_forward_passes_per_optimizer_step_are_the_traces_own(tmp_path, micro):
 
 def test_the_no_sync_replay_takes_off_the_all_reduces_it_leaves_out(tmp_path):
     """Three micro-batches a step: no_sync() on the first two leaves out two of every three
-    gradient all-reduces; the replayed step is shorter by at most their time."""
+    gradient all-reduces; the replayed step (a median over steps) is shorter, by at most two
+    thirds of the all-reduce time of the step that spent the most in them."""
     path = tmp_path / "ddp.json"
     _ddp_trace(path, 3, no_sync=False)
     facts = trace_facts(str(path))
     entry = next(e for e in facts["what_if"] if e["change"] == "ddp_no_sync_accumulation")
-    reduce_us = _sum_dur(path, "gloo:all_reduce")
+    per_step: dict[int, float] = {}
+    for c in facts["collectives"]:
+        if "all_reduce" in c["name"] and isinstance(c.get("step"), int):
+            per_step[c["step"]] = per_step.get(c["step"], 0.0) + c["dur_us"]
+    assert len(per_step) == 3 and sum(per_step.values()) == pytest.approx(_sum_dur(path, "gloo:all_reduce"))
     saved_ms = entry["baseline_step_ms"] - entry["predicted_step_ms"]
-    assert 0 < saved_ms <= 2 / 3 * reduce_us / 1e3 / 3 * 1.001
+    assert 0 < saved_ms <= 2 / 3 * max(per_step.values()) / 1e3 * 1.001
