@@ -58,8 +58,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if not argv else 2
     mod = importlib.import_module(f"diag.commands.{first._module}")
     cmd_parser = argparse.ArgumentParser(prog=f"diag {first.command}", description=mod.HELP)
-    mod.add_arguments(cmd_parser)
-    args = cmd_parser.parse_args(argv[1:])
+    rest = argv[1:]
+    if hasattr(mod, "add_arguments_for"):  # a command whose first word picks its usage (diag nccl parse)
+        rest = mod.add_arguments_for(cmd_parser, rest)
+    else:
+        mod.add_arguments(cmd_parser)
+    args = cmd_parser.parse_args(rest)
     out, err = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = VisibleStream(out), VisibleStream(err)
     try:

@@ -52,3 +52,19 @@ def test_every_file_through_both_commands(real_nccl, capsys, name):
         assert doc["schema"] == "diag.nccl_log/1"
         if name.startswith(("nccllog_", "rccllog_", "torchlog_", "torchfr_")):
             assert doc["sources"] == [path] and doc["findings"] is not None
+
+
+def test_parse_has_its_own_usage_and_help(capsys):
+    """`diag nccl parse --help` is parse's: its files, outputs and topology, not the sweep's
+    flags; without a file it says so in one line."""
+    from diag import cli
+
+    with pytest.raises(SystemExit) as done:
+        cli.main(["nccl", "parse", "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: diag nccl parse ") and "FILE" in out and "--intra" in out and "--json" in out
+    assert "--minbytes" not in out and "--nproc-per-node" not in out
+    assert cli.main(["nccl", "parse"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == "diag: error: parse needs at least one saved nccl-tests output file"

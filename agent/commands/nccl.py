@@ -94,11 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sweep.add_argument("--timeout", type=float, default=300.0,
                        help="seconds a collective may wait for its peers (also: silence allowed from --binary)")
 
-    out = parser.add_argument_group("output")
-    out.add_argument("--json", nargs="?", const="-", metavar="FILE",
-                     help="write the diag.nccl_bench/1 document to FILE (no FILE or '-': standard output)")
-    out.add_argument("--csv", metavar="FILE", help="write the rows as CSV")
-    out.add_argument("--run-dir", metavar="DIR", help=f"also write DIR/{rundir.NCCL_BENCH}")
+    out = _add_outputs(parser)
     out.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     launch = parser.add_argument_group("self-launching (outside torchrun/srun/mpirun)")
@@ -114,6 +110,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     binary.add_argument("--binary", metavar="PATH", help="run this nccl-tests binary and parse its output")
     binary.add_argument("--mpirun", metavar="CMD", help='launcher prefix, e.g. "mpirun -np 16 -N 8"')
 
+    _add_topology(parser)
+
+
+def _add_outputs(parser: argparse.ArgumentParser):
+    out = parser.add_argument_group("output")
+    out.add_argument("--json", nargs="?", const="-", metavar="FILE",
+                     help="write the diag.nccl_bench/1 document to FILE (no FILE or '-': standard output)")
+    out.add_argument("--csv", metavar="FILE", help="write the rows as CSV")
+    out.add_argument("--run-dir", metavar="DIR", help=f"also write DIR/{rundir.NCCL_BENCH}")
+    return out
+
+
+def _add_topology(parser: argparse.ArgumentParser) -> None:
     topo = parser.add_argument_group("expected bandwidth (topology)")
     topo.add_argument("--topo", metavar="FILE", help="saved `nvidia-smi topo -m` output")
     topo.add_argument("--nccl-log", metavar="FILE", action="append", default=[],
@@ -125,9 +134,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     topo.add_argument("--nodes", type=int, help="nodes in the job, for the expected figure across nodes")
 
 
+def add_arguments_for(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """The arguments of `diag nccl` as `argv` uses them: `parse FILE...` has its own usage and
+    help (its files, the outputs and the topology); anything else is the sweep's. Returns the
+    arguments left to parse."""
+    if not argv or argv[0] != "parse":
+        add_arguments(parser)
+        return argv
+    parser.prog += " parse"
+    parser.description = "parse saved nccl-tests / rccl-tests output and judge its bus bandwidth"
+    parser.add_argument("files", nargs="*", metavar="FILE", help="saved nccl-tests or rccl-tests outputs")
+    _add_outputs(parser)
+    _add_topology(parser)
+    parser.set_defaults(args=["parse"], binary=None)
+    return argv[1:]
+
+
 def run(args) -> int:
     if args.args and args.args[0] == "parse":
-        return _parse_mode(args, args.args[1:])
+        return _parse_mode(args, [*args.args[1:], *getattr(args, "files", [])])
     if args.binary:
         return _binary_mode(args)
     if args.args:
