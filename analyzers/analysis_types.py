@@ -21,6 +21,8 @@ SYNC_OP_NAMES = ("aten::item", "aten::is_nonzero", "aten::nonzero", "aten::equal
 # A host-to-device copy from pageable memory, by its device activity's name ("Memcpy HtoD
 # (Pageable -> Device)"): the driver stages it through a buffer while the host call waits.
 PAGEABLE_HTOD_RE = re.compile(r"HtoD.*Pageable", re.IGNORECASE)
+# A gradient all-reduce as traces name it (gloo:all_reduce, nccl:all_reduce, c10d::allreduce_).
+ALL_REDUCE_RE = re.compile(r"all_?reduce", re.IGNORECASE)
 
 
 class PathNode(TypedDict):

@@ -195,7 +195,8 @@ def screen(source_desc: str, ranks: list, job: dict, state: ViewState, now: floa
             parts.append(rank_detail(r, job, now))
     foot = Text(KEYS_HELP if keys else "", style="dim")
     if state.message:
-        foot.append("   " if keys else "")
+        if keys:
+            foot.append("   ")
         foot.append_text(_safe(state.message))
     if foot.plain:
         parts.append(foot)

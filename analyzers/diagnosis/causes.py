@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from diag.analyzers.analysis_types import PAGEABLE_HTOD_RE, SYNC_OP_NAMES
+from diag.analyzers.analysis_types import ALL_REDUCE_RE, PAGEABLE_HTOD_RE, SYNC_OP_NAMES
 from diag.analyzers.diagnosis import action_models
 from diag.analyzers.diagnosis.context import JobContext
 from diag.analyzers.diagnosis.inputs import traced_durations, traced_steps
@@ -763,6 +763,7 @@ def _exposed_collectives(ctx: JobContext) -> dict | None:
     small = g["median_bytes"] is not None and g["median_bytes"] < th["small_collective_bytes"] and \
         g["calls_per_step"] >= th["small_collectives_per_step"]
     late = g["backward_known"] and g["after_backward"] >= th["collective_after_backward"] * g["backward_known"]
+    hook = _compression_hook(analysis)
     if late:
         text += (f" {g['after_backward']} of its {g['backward_known']} calls in steps with a backward pass start after "
                  "backward has ended, with no computation left to hide them.")
@@ -770,15 +771,14 @@ def _exposed_collectives(ctx: JobContext) -> dict | None:
         action = (f"Start {g['name']} during backward, not after it: let DDP (or FSDP) reduce the gradients from "
                   "their autograd hooks instead of a separate collective after loss.backward(), with a bucket_cap_mb "
                   "small enough that the first buckets are ready early; and send less (ddp.no_sync() over several "
-                  "micro-batches" + (f", the {hook.split('_')[0]} compression hook" if (hook := _compression_hook(analysis))
-                                     else "") + ").")
+                  "micro-batches" + (f", the {hook.split('_')[0]} compression hook" if hook else "") + ").")
     elif small:
         action = (f"Send fewer, larger messages: {g['calls_per_step']:g} {g['name']} calls of {size} per step pay "
                   "their latency each time; raise DDP's bucket_cap_mb (25 by default) or flatten small tensors "
                   "into one before the collective.")
     else:
         action = (f"Move less, less often, and later: accumulate gradients over several micro-batches inside "
-                  f"ddp.no_sync() so {g['name']} runs once per accumulation; {_compression(analysis)}; a smaller "
+                  f"ddp.no_sync() so {g['name']} runs once per accumulation; {_compression(hook)}; a smaller "
                   "bucket_cap_mb starts the first buckets while backward still runs.")
     model = analysis.get("model") if isinstance(analysis.get("model"), dict) else {}
     fsdp = analysis.get("fsdp") if isinstance(analysis.get("fsdp"), dict) else None
@@ -809,7 +809,7 @@ def _exposed_collectives(ctx: JobContext) -> dict | None:
            "evidence": {"ranks": sorted(found), "step_ms": round(step_ms, 3), "busbw_gbps": busbw,
                         "dominant_param": one, "nccl_log_findings": [f["id"] for f in told], "fsdp": fsdp,
                         "micro_batches": micro, "backend": analysis.get("backend"),
-                        "compression_hook": None if fsdp else _compression_hook(analysis), **g}}
+                        "compression_hook": None if fsdp else hook, **g}}
     if change:
         out["change"] = change
     elif not fsdp and out["evidence"]["compression_hook"] is None:
@@ -822,7 +822,7 @@ def _micro_batches(analysis: dict, group: dict, th: dict) -> float | None:
     is an all-reduce and the step runs `accumulation_min_micro_batches` or more); else None."""
     acc = analysis.get("accumulation") if isinstance(analysis.get("accumulation"), dict) else {}
     fwd, opt = acc.get("forwards_per_step"), acc.get("optimizer_steps_per_step")
-    if not re.search(r"all_?reduce", group["name"], re.IGNORECASE) or not fwd or not opt:
+    if not ALL_REDUCE_RE.search(group["name"]) or not fwd or not opt:
         return None
     k = float(fwd) / float(opt)
     return round(k, 2) if opt >= 0.5 and k >= th["accumulation_min_micro_batches"] else None
@@ -841,8 +841,8 @@ def _compression_hook(analysis: dict) -> str | None:
     return None
 
 
-def _compression(analysis: dict) -> str:
-    hook = _compression_hook(analysis)
+def _compression(hook: str | None) -> str:
+    """The action's words on compressing the collective, with the hook the backend runs."""
     if hook:
         return (f"halve its bytes with the {hook.split('_')[0]} compression hook (ddp.register_comm_hook(None, "
                 f"torch.distributed.algorithms.ddp_comm_hooks.default_hooks.{hook}))")

@@ -15,7 +15,7 @@ import re
 import numpy as np
 
 from diag.analyzers import intervals as iv
-from diag.analyzers.analysis_types import PAGEABLE_HTOD_RE, SYNC_OP_NAMES
+from diag.analyzers.analysis_types import ALL_REDUCE_RE, PAGEABLE_HTOD_RE, SYNC_OP_NAMES
 from diag.analyzers.trace import event_classes as ec
 from diag.analyzers.trace import host_device
 from diag.analyzers.trace import python_gaps as py_gaps
@@ -24,7 +24,6 @@ from diag.analyzers.trace.columns import Trace
 # A device op's class, as the replay's parts group them (whatif.graph.DEV_CLASS).
 _DEVICE_PART = {"comm": (ec.COMM,), "memory": (ec.MEMCPY, ec.BANDWIDTH), "compute": (ec.COMPUTE, ec.OTHER)}
 COMPRESSED_BYTES = 0.5  # the bf16 compression hook sends fp32 gradients in half the bytes
-ALL_REDUCE_RE = re.compile(r"all_?reduce", re.IGNORECASE)  # DDP's reducer: gloo:all_reduce, nccl:all_reduce
 
 
 def _device_part_us(trace: Trace, win: np.ndarray, classes: np.ndarray, part: str) -> np.ndarray:
