@@ -39,6 +39,7 @@ import math
 import numbers
 import os
 import re
+import socket
 import stat
 import tempfile
 import time
@@ -478,6 +479,49 @@ def read_json(path: str | os.PathLike, problems: list | None = None, max_bytes: 
 def is_run_dir(path: str | os.PathLike) -> bool:
     p = Path(path)
     return p.is_dir() and ((p / MANIFEST).exists() or any(_RANK_DIR.match(c.name) for c in p.iterdir()))
+
+
+def is_leftover(name: str) -> bool:
+    """A file's name while diag or Kineto writes it (`.NAME.XXXX.tmp`, `.window-N.tmp`,
+    `.window-N.tmp.tmp`): a process killed mid-write leaves it behind."""
+    return name.startswith(".") and name.endswith(".tmp")
+
+
+def owner_gone(info: dict | None) -> bool:
+    """Whether the process that wrote a rank is done writing: its rank closed, or it ran on this
+    host and no longer exists. A rank on another host that never closed may still write."""
+    if not isinstance(info, dict):
+        return False
+    if info.get("status") in FINAL_STATUSES:
+        return True
+    pid = info.get("pid")
+    this_host = {socket.gethostname(), os.environ.get("SLURMD_NODENAME")}
+    if info.get("host") not in this_host or type(pid) is not int or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # it exists, owned by someone else
+    return False
+
+
+def remove_leftovers(run_dir: str | os.PathLike) -> int:
+    """Delete the partial files of the ranks whose writers are gone (see owner_gone); their count.
+    A rank still writing keeps its own."""
+    rd, removed = RunDir(run_dir), 0
+    for rank in rd.ranks():
+        if not owner_gone(rd.rank_info(rank)):
+            continue
+        for folder, _, names in os.walk(rd.rank_path(rank)):
+            for name in filter(is_leftover, names):
+                try:
+                    os.unlink(os.path.join(folder, name))
+                    removed += 1
+                except OSError:
+                    pass
+    return removed
 
 
 class RunDir:

@@ -37,30 +37,34 @@ def _wait(pred, timeout: float = 5.0) -> bool:
     return pred()
 
 
-def test_open_connections_are_capped_and_the_rest_closed_at_once():
+def test_open_connections_are_capped_and_the_longest_waiting_given_up():
+    """20 idle connections against a cap of 8: each past the cap takes the place of the one that
+    waited longest, so the 12 oldest are closed at once and a scrape still gets in."""
     logged = []
     server = _server(max_connections=8, log=logged.append)
-    idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(20)]
+    idle = []
+    for _ in range(20):
+        idle.append(socket.create_connection(("127.0.0.1", server.port)))
+        time.sleep(0.02)  # one after another, so "oldest" is well defined
     try:
         assert _wait(lambda: server.shed >= 12)
-        # The 12 past the cap were closed: a read on them ends at once.
-        closed = 0
-        for s in idle[8:]:
-            s.settimeout(2.0)
+        closed = []
+        for i, s in enumerate(idle):
+            s.settimeout(0.5)
             try:
-                closed += s.recv(1) == b""
+                closed.append(i) if s.recv(1) == b"" else None
+            except TimeoutError:
+                pass
             except ConnectionError:
-                closed += 1
-        assert closed == 12
-        threads = [t for t in threading.enumerate() if t.name.startswith("Thread-") and t.daemon]
-        assert len(threads) <= 8 + 2
+                closed.append(i)
+        assert closed == list(range(12))
+        assert _wait(lambda: len([t for t in threading.enumerate() if t.name.startswith("Thread-") and t.daemon]) <= 8 + 2)
+        assert _get(server.port) == 200
         assert len(logged) == 1 and "at most 8" in logged[0]
     finally:
         for s in idle:
             s.close()
-    # Once the idle ones have gone, a scrape is served.
-    assert _wait(lambda: _get(server.port) == 200)
-    server.stop()
+        server.stop()
 
 
 def test_a_trickled_request_is_closed_at_its_deadline():
@@ -284,3 +288,105 @@ def test_windows_asked_for_over_the_endpoint_are_off_unless_enabled(tmp_path):
         code, body = _post(agent.exporter.port, query="?step=5")
         assert code == 409 and "profile_on_demand=True" in body
         assert agent.windows.requested_step is None
+
+
+# -- the flood trial: a real training under a descriptor limit ------------------------------
+
+FLOODED_TRAINING = textwrap.dedent("""
+    import os, resource, sys, time
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+    import torch
+    import diag
+    model = torch.nn.Linear(64, 64)
+    with diag.Agent(run_dir=sys.argv[1], export=True, export_port_base=0, report=False, sampling=False,
+                    profile=False, verbose=False) as agent:
+        print(agent.exporter.port, flush=True)
+        sys.stdin.readline()  # the flood is on
+        peak_fds = peak_threads = 0
+        for step in range(400):
+            model(torch.randn(32, 64)).sum().backward()
+            with open(os.devnull) as own:  # the training's own opens
+                own.read(0)
+            time.sleep(0.01)
+            agent.step(samples=32)
+            peak_fds = max(peak_fds, len(os.listdir("/proc/self/fd")))
+            peak_threads = max(peak_threads, len(os.listdir("/proc/self/task")))
+        print("trained", agent.status, peak_fds, peak_threads, agent.exporter._server.shed, flush=True)
+        sys.stdin.readline()  # the last scrape is done
+""")
+
+
+def _flood(port: int, idle: int, trickling: int, stop: threading.Event, opened: list) -> None:
+    """Keep `idle` silent connections and `trickling` slow-header ones open against the port,
+    reopening what the server closes, until stop is set."""
+    socks: list[tuple[socket.socket, bool]] = []
+    while not stop.is_set():
+        alive = []
+        for s, trickles in socks:
+            try:
+                if trickles:
+                    s.send(b"X")
+                alive.append((s, trickles))
+            except OSError:
+                s.close()
+        socks = alive
+        want_trickling = trickling - sum(t for _, t in socks)
+        want_idle = idle - sum(not t for _, t in socks)
+        for trickles in [True] * want_trickling + [False] * want_idle:
+            try:
+                s = socket.create_connection(("127.0.0.1", port), timeout=1.0)
+                if trickles:
+                    s.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+                socks.append((s, trickles))
+                opened[0] += 1
+            except OSError:
+                break
+        stop.wait(0.2)
+    for s, _ in socks:
+        s.close()
+
+
+@pytest.mark.slow
+def test_a_flooded_endpoint_under_256_descriptors_leaves_the_training_whole(tmp_path):
+    """1,000 idle and 200 slow-header connections, reopened as they are closed, against a real
+    training under `ulimit -n 256`: the training runs all its steps, /metrics answers throughout,
+    and the process's descriptors and threads stay under their caps."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1400 and (hard == resource.RLIM_INFINITY or hard >= 1400):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1400, hard))
+    elif soft < 1400:
+        pytest.skip(f"this test opens 1,200 connections; the descriptor limit here is {hard}")
+    child = subprocess.Popen([sys.executable, "-c", FLOODED_TRAINING, str(tmp_path / "run")], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    port, stop, opened = int(child.stdout.readline()), threading.Event(), [0]
+    flood = threading.Thread(target=_flood, args=(port, 1000, 200, stop, opened), daemon=True)
+    try:
+        flood.start()
+        _wait(lambda: opened[0] >= 1200, timeout=20)
+        child.stdin.write("\n")
+        child.stdin.flush()
+        trained: list[str] = []
+        reader = threading.Thread(target=lambda: trained.extend(child.stdout.readline().split()), daemon=True)
+        reader.start()
+        scrapes = []
+        while reader.is_alive() and len(scrapes) < 400:
+            try:
+                scrapes.append(_get(port, timeout=5.0))
+            except (OSError, urllib.error.URLError) as exc:
+                scrapes.append(repr(exc))
+            time.sleep(0.25)
+        _, err = child.communicate("\n", timeout=120)
+    finally:
+        stop.set()
+        flood.join(timeout=10)
+        child.kill()
+    assert opened[0] >= 1200
+    assert trained[:2] == ["trained", "running"], (trained, err)
+    peak_fds, peak_threads, shed = map(int, trained[2:5])
+    assert peak_fds < 256 and peak_threads < 64 + 32, (peak_fds, peak_threads)
+    assert shed > 0
+    answered = [s for s in scrapes if s == 200]
+    assert scrapes and len(answered) >= 0.9 * len(scrapes), [s for s in scrapes if s != 200]
+    assert "Traceback" not in err and "Too many open files" not in err, err

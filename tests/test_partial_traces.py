@@ -73,3 +73,31 @@ def test_a_trace_being_written_counts_toward_the_budget(tmp_path):
     removed = w.enforce_budget()
     assert [p.name for p in removed] == ["window-000004.pt.trace.json.gz"]
     assert list(traces.glob(PARTIAL_GLOB))  # the one being written is never deleted
+
+
+def test_a_report_removes_the_partial_files_of_ranks_whose_writers_are_gone(tmp_path):
+    """A rank killed mid-write leaves its temporary files; the report of the run removes those
+    of ranks that closed or whose process is gone from this host, and keeps a live rank's."""
+    import json
+    import socket
+
+    from report_helpers import write_run
+
+    from diag.report import write_report
+
+    run = write_run(tmp_path / "run", ranks=3, steps=20)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    owners = {0: {"status": "completed"}, 1: {"status": "running", "pid": dead.pid},
+              2: {"status": "running", "pid": os.getpid()}}
+    for rank, owner in owners.items():
+        rank_dir = run / f"rank-{rank:05d}"
+        info = json.loads((rank_dir / "rank.json").read_text())
+        (rank_dir / "rank.json").write_text(json.dumps({**info, **owner, "host": socket.gethostname()}))
+        (rank_dir / "traces").mkdir(exist_ok=True)
+        for name in ("traces/.window-000004.tmp", "traces/.window-000004.tmp.tmp", ".live.json.k3j2.tmp"):
+            (rank_dir / name).write_bytes(b"{")
+    write_report(run)
+    left = sorted(str(p.relative_to(run)) for p in run.rglob(".*.tmp"))
+    assert left == ["rank-00002/.live.json.k3j2.tmp", "rank-00002/traces/.window-000004.tmp",
+                    "rank-00002/traces/.window-000004.tmp.tmp"]

@@ -4,7 +4,10 @@ A small threading HTTP server from the standard library, bounded so that no clie
 from the training what it needs. Each connection is served on its own daemon thread, and
 HTTP/1.1 keep-alive lets Prometheus reuse one connection per target; but
 - at most MAX_CONNECTIONS are open at once, and none once fewer than FD_RESERVE descriptors
-  are left to the process: past either a new connection is closed at once (logged once);
+  are left to the process. Past either, a new connection takes the place of the one that has
+  waited longest for a whole request (idle, or trickling its headers): a scrape sends its
+  request at once and is answered, so a flood of idle or slow clients can not keep /metrics
+  from answering. With none waiting, the new one is closed at once (logged once);
 - a request's headers and body must arrive within REQUEST_DEADLINE_S of its first line,
   however slowly they trickle, and a kept-alive connection may wait IDLE_TIMEOUT_S for its
   next request: a reaper closes what overstays;
@@ -67,12 +70,15 @@ class _Handler(BaseHTTPRequestHandler):
 
     def handle_one_request(self):
         self.server.deadline(self.connection, self.server.idle_timeout_s)
+        self.server.waiting(self.connection, True)
         super().handle_one_request()
 
     def parse_request(self):
         # The request line has come: its headers and body get request_deadline_s in all.
         self.server.deadline(self.connection, self.server.request_deadline_s)
-        return super().parse_request()
+        parsed = super().parse_request()
+        self.server.waiting(self.connection, False)
+        return parsed
 
     def _answer(self, head: bool) -> None:
         path = self.path.split("?", 1)[0]
@@ -240,6 +246,9 @@ class MetricsServer(ThreadingHTTPServer):
         self.token = token if token is not None else (os.environ.get("DIAG_EXPORTER_TOKEN") or None)
         self._names: frozenset | None = None
         self._deadlines: dict[socket.socket, float] = {}
+        # Connections still waiting for a whole request, by when they began waiting: the first
+        # given up when a new one comes past the bounds.
+        self._waiting: dict[socket.socket, float] = {}
         self._lock = threading.Lock()
         self._shed_logged = False
         self.shed = 0  # connections closed at once: past the cap, or short of descriptors
@@ -262,28 +271,54 @@ class MetricsServer(ThreadingHTTPServer):
             if conn in self._deadlines:
                 self._deadlines[conn] = time.monotonic() + seconds
 
+    def waiting(self, conn: socket.socket, waits: bool) -> None:
+        """A connection begins to wait for a whole request (True), or has one (False)."""
+        with self._lock:
+            if not waits:
+                self._waiting.pop(conn, None)
+            elif conn in self._deadlines:
+                self._waiting[conn] = time.monotonic()
+
     def verify_request(self, request, client_address) -> bool:
         with self._lock:
             open_now = len(self._deadlines)
         left = fds_left() if self.fd_reserve else None
-        if open_now >= self.max_connections or (left is not None and left < self.fd_reserve):
-            self.shed += 1
-            if not self._shed_logged and self.log is not None:
-                self._shed_logged = True
-                why = (f"{open_now} connections open (at most {self.max_connections})" if open_now >= self.max_connections
-                       else f"{left} descriptors left to the process (kept: {self.fd_reserve})")
-                self.log(f"exporter: closing new connections while {why}; the training's own files come first")
-            return False
+        if open_now < self.max_connections and (left is None or left >= self.fd_reserve):
+            return True
+        self.shed += 1
+        if not self._shed_logged and self.log is not None:
+            self._shed_logged = True
+            why = (f"{open_now} connections open (at most {self.max_connections})" if open_now >= self.max_connections
+                   else f"{left} descriptors left to the process (kept: {self.fd_reserve})")
+            self.log(f"exporter: giving up the connections that wait longest for a request while {why}; "
+                     "the training's own files come first")
+        # The threads of connections given up take a moment to end: never twice the cap open.
+        return open_now < 2 * self.max_connections and self._give_up_longest_waiting()
+
+    def _give_up_longest_waiting(self) -> bool:
+        """Close the connection that has waited longest for a whole request; False if none waits."""
+        with self._lock:
+            if not self._waiting:
+                return False
+            conn = min(self._waiting, key=self._waiting.__getitem__)
+            del self._waiting[conn]
+        try:
+            conn.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         return True
 
     def process_request(self, request, client_address):
+        now = time.monotonic()
         with self._lock:
-            self._deadlines[request] = time.monotonic() + self.idle_timeout_s
+            self._deadlines[request] = now + self.idle_timeout_s
+            self._waiting[request] = now
         super().process_request(request, client_address)
 
     def shutdown_request(self, request):
         with self._lock:
             self._deadlines.pop(request, None)
+            self._waiting.pop(request, None)
         super().shutdown_request(request)
 
     def get_request(self):

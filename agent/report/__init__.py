@@ -42,9 +42,12 @@ def analyse_and_model(source, tree=None, progress=None) -> tuple[dict, dict]:
 
 
 def write_report(run_dir, out_dir=None, progress=None, tree=None) -> dict:
-    """Write the report of a run directory into out_dir (default: the run directory)."""
+    """Write the report of a run directory into out_dir (default: the run directory), and remove
+    the partial files of its ranks whose writers are gone (killed mid-write)."""
     model = build_run_model(run_dir, tree=tree, progress=progress)
-    return write_model(model, out_dir if out_dir is not None else run_dir)
+    paths = write_model(model, out_dir if out_dir is not None else run_dir)
+    rundir.remove_leftovers(run_dir)
+    return paths
 
 
 def write_report_from_analysis(doc: dict, out_dir) -> dict:
