@@ -688,12 +688,13 @@ class Agent:
             held.add(t.step, (t, profiled), now)
         for (t, profiled), device in held.ready(self.clock, now, final):
             rec = self._record(t, profiled, device)
+            verdict = self.verdicts.judge(rec)
             self._steps_done += 1
             self._last_step = t.step
             self.writer.write_record("steps", rec)
-            self.live.add_step(rec)
+            self.live.add_step({**rec, **verdict})
             if self.exporter is not None:
-                self.exporter.observe_step(rec)
+                self.exporter.observe_step(rec, verdict.get("bound"))
 
     def _record(self, t, profiled: bool, device=None) -> dict:
         rec = {
@@ -714,7 +715,6 @@ class Agent:
             # From the device's timing events (collectors/device_clock.py); None without them.
             "device_s": device.device_s if device is not None else None,
             "data_idle_s": device.data_idle_s if device is not None else None,
-            "bound": None,
             "evidence": "sampled",
             "shares": None,
         }
@@ -726,7 +726,6 @@ class Agent:
                 flops = self.config.report.flops_per_sample * t.samples
             if flops:
                 rec["mfu"] = flops / t.duration_s / self.peak_flops
-        self.verdicts.judge(rec)
         return rec
 
     # -- window analysis in a background process (diag.window_analysis) ------------------------
@@ -748,12 +747,14 @@ class Agent:
             writable = self.writer is None or getattr(self.writer, "enabled", True)
             self._analysis.finish(timeout_s if writable else 0.0)
 
-    def _window_done(self, first: int, last: int, analysis: dict) -> None:
-        self.verdicts.window_done(analysis)
-        self._windows_meta.append({"first_step": first, "last_step": last, "bound": analysis.get("bound")})
-        self._event("profiler", f"window {first}-{last} analysed: {analysis.get('bound')}-bound")
+    def _window_done(self, first: int, last: int, facts: dict) -> None:
+        """A window's summary (facts) has landed: the live verdict judges it for the live views."""
+        judged = self.verdicts.window_done(facts)
+        bound = (judged or {}).get("bound")
+        self._windows_meta.append({"first_step": first, "last_step": last, "bound": bound})
+        self._event("profiler", f"window {first}-{last} analysed" + (f": {bound}-bound" if bound else ""))
         if self.exporter is not None:
-            self.exporter.observe_window(analysis)
+            self.exporter.observe_window(judged or facts)
 
     # -- shutdown ---------------------------------------------------------------------------------
 

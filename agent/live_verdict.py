@@ -1,9 +1,12 @@
-"""The verdict of each step as the agent records it, outside profiler windows: the decision
-tree on what is always measured (step time, data wait, device utilisation of the latest
-sample) and on how the latest analysed window split its device time.
+"""The live verdict of each step, for what watches the run as it goes (the exporter, `diag top`,
+`diag export`): the decision tree on what is always measured (step time, data wait, device
+utilisation of the latest sample) and on how the latest analysed window split its device time.
 
-A failure switches live verdicts off (logged once); the steps are still recorded and the
-run analysis judges them afterwards.
+The run directory holds facts only: a step record keeps its measured shares, and the verdict
+goes to the live feed beside it. Afterwards the run analysis judges the steps again from the
+records, with every window known.
+
+A failure switches live verdicts off (logged once); the steps are still recorded.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from diag.analyzers.diagnosis.decision_tree import verdict_from
+from diag.analyzers.diagnosis.rank import judge_trace
 from diag.analyzers.job.sampled import step_measurements, window_composition
 
 
@@ -26,27 +30,39 @@ class LiveVerdicts:
     def on(self) -> bool:
         return self.tree is not None
 
-    def judge(self, rec: dict) -> None:
-        """Fill a step record's bound and shares, and its path when it differs from the last one."""
+    def judge(self, rec: dict) -> dict:
+        """A step's live verdict: its bound, and its path where that differs from the last step's.
+        Fills the record's shares (a measurement), never its verdict."""
         if self.tree is None:
-            return
+            return {}
         try:
             shares, m = step_measurements(rec, self.latest_sample, self._composition)
             v = verdict_from(m, self.tree) if m else {"bound": None, "path": []}
-            rec["bound"], rec["shares"] = v["bound"], shares
+            rec["shares"] = shares
+            out = {"bound": v["bound"]}
             sig = tuple((p["node"], p["answer"]) for p in v["path"])
             if sig != self._last_path_sig:
-                rec["path"] = v["path"]
+                out["path"] = v["path"]
                 self._last_path_sig = sig
+            return out
         except Exception as exc:
             self.tree = None
             self.log(f"agent: live verdicts off ({type(exc).__name__}: {exc})")
+            return {}
 
-    def window_done(self, analysis: dict) -> None:
-        """The latest window's composition is used for the steps after it."""
+    def window_done(self, facts: dict) -> dict | None:
+        """The steps after an analysed window take its composition; its facts judged (the rank
+        dict with its verdict and findings), or None with live verdicts off."""
         try:
-            comp = window_composition(analysis)
+            comp = window_composition(facts)
             if comp is not None:
                 self._composition = comp
         except Exception as exc:
             self.log(f"agent: window composition failed ({type(exc).__name__}: {exc})")
+        if self.tree is None:
+            return None
+        try:
+            return judge_trace(facts, self.tree)
+        except Exception as exc:
+            self.log(f"agent: window verdict failed ({type(exc).__name__}: {exc})")
+            return None

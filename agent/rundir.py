@@ -1,6 +1,9 @@
 """The run directory: the versioned on-disk format between the agent and everything that reads it.
 
-Layout (schema "diag.run/2"; a /1 run, without open segments, reads the same):
+Layout (schema "diag.run/3"; a /2 run, whose step records and window summaries also carried
+verdicts, and a /1 run, without open segments, read the same). It holds facts only: what
+was measured, never a verdict (the live views judge the facts as they come, the analysis
+afterwards).
 
     RUN_DIR/
       manifest.json                 job-level facts, written by rank 0 (MANIFEST_SCHEMA)
@@ -48,7 +51,7 @@ from pathlib import Path
 
 import msgspec
 
-RUN_SCHEMA = "diag.run/2"
+RUN_SCHEMA = "diag.run/3"
 RANK_SCHEMA = "diag.rank/1"
 MANIFEST = "manifest.json"
 RANK_FILE = "rank.json"
@@ -104,8 +107,9 @@ STEP_FIELDS = {
     "device_s": "device time between timing events at the step's boundaries (null without a CUDA/HIP device)",
     "data_idle_s": "the device's idle time within the step's data waits, from timing events (null without them)",
     "profiled": "true when a torch.profiler window covered the step",
-    "bound": "data | host | comm | memory | compute, or null",
-    "evidence": "trace | sampled: what the verdict rests on",
+    "shares": "the step's time by class (data, host, comm, memory, compute; null where unknown): its data wait "
+              "and the latest window's split of the rest",
+    "evidence": "trace | sampled: what the step's shares rest on",
 }
 
 _RANK_DIR = re.compile(r"^rank-(\d+)$")

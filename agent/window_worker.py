@@ -6,9 +6,10 @@ Each job names a raw trace, where its summary goes, the rank and window's steps,
 decision-tree settings the agent resolved ("tree", diag.tree_settings/1) and the host's
 calibration ("host_peaks"). It compresses the raw trace (gzip, atomically; the raw file is
 removed), analyses it with the trace analyzer, and writes the small window summary of the
-run-directory format: {"first_step", "last_step", "trace", "analysis": <rank dict>}, whose
-verdicts the run's analysis gives again once the ranks' waits are split. The
-training process keeps only that summary; the big trace never enters its memory.
+run-directory format: {"first_step", "last_step", "trace", "analysis": <the rank's trace
+facts>}. It holds facts only: the agent judges them for its live views, and the run's
+analysis judges them once the ranks' waits are split. The training process keeps only that
+summary; the big trace never enters its memory.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ import time
 from pathlib import Path
 
 from diag import rundir
-from diag.analyzers.analyze import analyze_trace
 from diag.analyzers.diagnosis.decision_tree import load_tree
+from diag.analyzers.trace.analysis import trace_facts
 
 
 def compress(raw: Path) -> Path:
@@ -54,10 +55,9 @@ def summarise(trace: Path, rank: int, first: int, last: int, tree_settings: dict
     except OSError as exc:
         doc["error"] = f"{trace}: could not compress ({exc.strerror or exc})"
     try:
-        tree = load_tree(recorded=tree_settings) if tree_settings else None
+        tree = load_tree(recorded=tree_settings) if tree_settings else load_tree()
         # The window's own steps only: the trace may hold a partial step at either edge.
-        doc["analysis"] = analyze_trace(str(trace), tree=tree, rank=rank, host_peaks=host_peaks,
-                                         step_range=(first, last))
+        doc["analysis"] = trace_facts(str(trace), tree, rank=rank, host_peaks=host_peaks, step_range=(first, last))
     except Exception as exc:
         doc["error"] = f"{trace}: analysis failed ({type(exc).__name__}: {exc})"
     return doc

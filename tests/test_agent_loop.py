@@ -80,9 +80,13 @@ def test_records_windows_and_verdicts(tmp_path):
         for s in rank["steps"]:
             assert s["bound"] in BOUNDS
             assert abs(sum(s["shares"].values()) - 1.0) < 1e-6
-        # Live step records after the first window carry a sampled verdict with shares.
+        # Step records after the first window carry the shares that window measured; the run
+        # directory holds facts only, no verdict (the analysis above gives each step's).
         late = [s for s in steps if s["step"] > 6 and not s["profiled"]]
-        assert any(s["bound"] and s["shares"] and s["evidence"] == "sampled" for s in late)
+        assert any(s["shares"] and s["evidence"] == "sampled" for s in late)
+        assert not any("bound" in s or "path" in s for s in steps)
+        assert not any("bound" in w["analysis"] or "path" in w["analysis"] or "findings" in w["analysis"]
+                       for w in windows)
     assert doc["job"]["missing_ranks"] == []
 
 
@@ -104,8 +108,9 @@ def test_data_wait_is_measured(tmp_path):
             x.sum()
             agent.step()
     steps = rundir.RunDir(agent.run_dir).steps(0)
-    assert all(s["data_wait_s"] >= 0.025 for s in steps)
-    assert all(s["bound"] == "data" and s["evidence"] == "sampled" for s in steps)
+    assert all(s["data_wait_s"] >= 0.025 and s["evidence"] == "sampled" for s in steps)
+    judged = analyze_run(agent.run_dir)["ranks"][0]["steps"]
+    assert [s["bound"] for s in judged] == ["data"] * len(steps)
 
 
 def test_exception_propagates_unchanged_and_run_is_closed(tmp_path):

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import free_port_pair, wait_for_line
 
+from diag import rundir
 from diag.demo import BOTTLENECKS, schedule
 
 STEPS = 16
@@ -95,6 +96,19 @@ def test_demo_verdict_matches_the_induced_bottleneck(bottleneck, tmp_path):
     assert os.path.exists(report), os.listdir(actual)
     assert f"Report: {report}" in out
     _assert_one_set_of_numbers(json.loads(Path(actual, "summary.json").read_text())["diagnosis"], doc)
+    _assert_facts_only(Path(actual))
+
+
+def _assert_facts_only(run_dir: Path) -> None:
+    """The run directory holds what was measured: no step record or window summary carries a
+    verdict (bound, path) or a judgement (findings)."""
+    rd = rundir.RunDir(run_dir)
+    for rank in rd.ranks():
+        steps, windows = rd.steps(rank), rd.windows(rank)
+        assert steps and windows
+        assert not [s["step"] for s in steps if {"bound", "path"} & set(s)]
+        assert not [w["first_step"] for w in windows
+                    if {"bound", "path", "findings", "title", "fixes"} & set(w.get("analysis") or {})]
 
 
 def _assert_causes(bottleneck: str, diagnosis: dict, run_dir: Path) -> None:

@@ -52,14 +52,17 @@ LAYERS = {
                        "diag.rundir",
                        "diag.window_analysis", "diag.calibrate", "diag.live_verdict", "diag.nccl_watch",
                        f"{_ANALYZERS}.diagnosis", f"{_ANALYZERS}.trace.devices"),
-    "agent/live_verdict.py": (f"{_ANALYZERS}.job.sampled", f"{_ANALYZERS}.diagnosis.decision_tree"),
+    # The live views' verdicts: the diagnosis's own functions over the facts as they come.
+    "agent/live_verdict.py": (f"{_ANALYZERS}.job.sampled", f"{_ANALYZERS}.diagnosis.decision_tree",
+                              f"{_ANALYZERS}.diagnosis.rank"),
     # diag nccl: its output (the judgement of each test is the diagnosis's) and its measuring mode.
     "agent/nccl_output.py": ("diag.errors", "diag.rundir", f"{_ANALYZERS}.diagnosis", f"{_ANALYZERS}.nccl"),
     "agent/nccl_measure.py": ("diag.errors", "diag.rundir", "diag.nccl_output", "diag.nccl_table", "diag.collectors",
                               f"{_ANALYZERS}.nccl"),
     "agent/nccl_watch.py": ("diag.rundir", f"{_ANALYZERS}.nccl.log"),
     "agent/window_analysis.py": ("diag.rundir",),
-    "agent/window_worker.py": ("diag.rundir", f"{_ANALYZERS}.diagnosis.decision_tree", f"{_ANALYZERS}.analyze"),
+    # A window's facts only: the run directory holds no verdict.
+    "agent/window_worker.py": ("diag.rundir", f"{_ANALYZERS}.diagnosis.decision_tree", f"{_ANALYZERS}.trace.analysis"),
     "agent/config.py": ("diag.errors", "diag.collectors", f"{_ANALYZERS}.diagnosis.decision_tree"),
     "agent/calibrate.py": ("diag.rundir", f"{_ANALYZERS}.trace.devices"),
     "agent/integrations.py": ("diag.agent", "diag.trackers"),

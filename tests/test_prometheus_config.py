@@ -97,7 +97,9 @@ def test_bad_input_is_one_line_exit_2(capsys, monkeypatch, args, message):
     assert out.err.startswith("diag: error:") and message in out.err and out.err.count("\n") == 1
 
 
-def _write_run(path, ranks=2, steps=6):
+def _write_run(path, ranks=2, steps=6, bound: str | None = "data"):
+    """A run directory; its step records carry a verdict as diag.run/2 wrote them, or with
+    bound=None only facts, as diag.run/3 writes them."""
     for r in range(ranks):
         rd = path / rundir.rank_dir_name(r)
         rundir.atomic_write_json(rd / rundir.RANK_FILE, {"schema": rundir.RANK_SCHEMA, "run_id": "exp1",
@@ -105,9 +107,10 @@ def _write_run(path, ranks=2, steps=6):
                                                          "device": None, "started_unix": 1000.0})
         w = rundir.SegmentWriter(rd / "steps", "steps", flush_records=3)
         for i in range(steps):
-            w.write({"step": i, "start_unix": 1000.0 + i, "duration_s": 0.5 + r, "data_wait_s": 0.1,
-                     "samples": 8, "tokens": None, "peak_mem_bytes": None, "profiled": False,
-                     "bound": "data", "evidence": "sampled", "shares": None})
+            rec = {"step": i, "start_unix": 1000.0 + i, "duration_s": 0.5 + r, "data_wait_s": 0.1,
+                   "samples": 8, "tokens": None, "peak_mem_bytes": None, "profiled": False,
+                   "evidence": "sampled", "shares": None}
+            w.write({**rec, "bound": bound} if bound else rec)
         w.flush()
         s = rundir.SegmentWriter(rd / "samples", "samples")
         s.write({"t": 1001.0, "gpu": None, "host": {"cpu_ratio": 0.5, "memory_used_bytes": 1e9}})
@@ -145,6 +148,21 @@ def test_export_serves_a_run_directory_and_follows_new_segments(tmp_path, capsys
     promtool = require_executable("promtool", "Debian package prometheus")
     check = subprocess.run([promtool, "check", "metrics"], input=out, capture_output=True, text=True, timeout=60)
     assert check.returncode == 0 and not check.stdout.strip(), check.stdout + check.stderr
+
+
+def test_export_judges_a_facts_only_run_as_its_agents_did_live(tmp_path):
+    """A diag.run/3 step record holds no verdict: the export judges each step with the live
+    verdict's own functions (a data wait of 0.1 s in a 0.5 s step is data-bound; in 1.5 s it
+    is not)."""
+    from prometheus_client import generate_latest
+
+    from diag.commands.export import RunDirExport
+    from diag.exporter.registry import make_registry
+
+    _write_run(tmp_path, bound=None)
+    text = generate_latest(make_registry(RunDirExport(tmp_path).refresh)).decode()
+    assert value(text, "diag_step_bound_total", bound="data", **R0) == 6
+    assert not value(text, "diag_step_bound_total", bound="data", **R1)
 
 
 def test_export_rejects_what_is_not_a_run_directory(tmp_path, capsys):

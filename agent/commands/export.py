@@ -15,10 +15,12 @@ import threading
 import time
 from pathlib import Path
 
+from diag.analyzers.diagnosis.decision_tree import load_tree
 from diag.errors import DiagInputError
 from diag.exporter.registry import render_text
 from diag.exporter.runtime import DEFAULT_PORT_BASE, Handle
 from diag.exporter.server import MetricsServer
+from diag.live_verdict import LiveVerdicts
 from diag.report import SUMMARY_JSON, diagnosis_in
 from diag.rundir import NCCL_BENCH, RunDir, is_run_dir, read_json, read_segment
 
@@ -57,6 +59,8 @@ class RunDirExport:
         self._seen: dict[tuple[int, str], set[str]] = {}
         self._mtimes: dict[str, float] = {}
         self._lock = threading.Lock()
+        self._live: dict[int, LiveVerdicts] = {}
+        self._tree_loaded = None
 
     def refresh(self) -> list:
         with self._lock:
@@ -80,15 +84,38 @@ class RunDirExport:
         return new
 
     def _feed(self, rank: int, h: Handle) -> None:
-        for stream, observe in (("steps", h.observe_step), ("samples", h.observe_sample),
-                                ("events", h.observe_event)):
-            for seg in self._new_files(rank, stream, f"{stream}-*.jsonl"):
-                for rec in read_segment(seg, self.run.problems):
-                    observe(rec)
+        """The rank's new records and windows, each step and window judged as the rank's own
+        agent judges them live (the run directory holds facts only)."""
+        live = self._live.get(rank)
+        if live is None:
+            live = self._live[rank] = LiveVerdicts(self._tree(), lambda msg: None)
         for win in self._new_files(rank, "windows", "window-*.json"):
             doc = read_json(win, self.run.problems)
-            if doc:
-                h.observe_window(doc)
+            facts = doc.get("analysis") if isinstance(doc, dict) else None
+            if isinstance(facts, dict):
+                judged = live.window_done(facts)
+                h.observe_window(judged or doc)
+        for seg in self._new_files(rank, "samples", "samples-*.jsonl"):
+            for rec in read_segment(seg, self.run.problems):
+                h.observe_sample(rec)
+                live.latest_sample = rec
+        for seg in self._new_files(rank, "steps", "steps-*.jsonl"):
+            for rec in read_segment(seg, self.run.problems):
+                verdict = live.judge(rec) if isinstance(rec, dict) and "bound" not in rec else {}
+                h.observe_step(rec, verdict.get("bound"))
+        for seg in self._new_files(rank, "events", "events-*.jsonl"):
+            for rec in read_segment(seg, self.run.problems):
+                h.observe_event(rec)
+
+    def _tree(self):
+        """The thresholds the run's agents resolved (decision_tree.json), else the defaults."""
+        if self._tree_loaded is None:
+            recorded = read_json(self.run.path / "decision_tree.json", self.run.problems)
+            try:
+                self._tree_loaded = load_tree(recorded=recorded) if recorded else load_tree()
+            except Exception:
+                self._tree_loaded = load_tree()
+        return self._tree_loaded
 
     def _feed_nccl(self) -> None:
         """The job's files: bus bandwidth for every rank; the job verdict from the report

@@ -77,8 +77,10 @@ class Handle:
         return f"http://{host}:{self.port}/metrics"
 
     # ---------------------------------------------------------------- observers
-    def observe_step(self, record: dict) -> None:
-        self._guard("step", self._step, record)
+    def observe_step(self, record: dict, bound: str | None = None) -> None:
+        """A step record, with its live verdict (the record holds facts only; a diag.run/2
+        record carried its own)."""
+        self._guard("step", self._step, {**record, "bound": bound} if bound is not None else record)
 
     def observe_sample(self, sample: dict) -> None:
         self._guard("sample", self._sample, sample)
@@ -235,7 +237,7 @@ class Handle:
                     getattr(s, method)(name, value, labels)
 
     def _window(self, doc: dict) -> None:
-        # A window summary file of the run directory (diag.run/2) wraps the rank dict under "analysis".
+        # A window summary file of the run directory wraps the rank dict under "analysis".
         rank = doc.get("analysis") if isinstance(doc.get("analysis"), dict) else doc
         mfu = _num(rank.get("mfu"))
         gpu_time = rank.get("gpu_time") if isinstance(rank.get("gpu_time"), dict) else {}

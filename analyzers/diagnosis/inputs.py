@@ -118,7 +118,7 @@ _SHARES, _BOUND, _EVIDENCE = len(Steps.FIELDS), len(Steps.FIELDS) + 1, len(Steps
 
 
 def _rank_steps(records: list, doc_steps: list) -> Steps:
-    """Step records of the run directory (diag.run/2) merged with analysed steps (diag.analysis/1); the analysis wins
+    """Step records of the run directory (diag.run) merged with analysed steps (diag.analysis/1); the analysis wins
     for shares, verdict and evidence, the records for timings."""
     rows: dict[int, list] = {}
     for rec in records:
