@@ -121,9 +121,8 @@ def job_facts(ranks: list[dict], tree, run_job: dict | None = None) -> dict:
     job = analyze_job(ranks, tree) if ranks else {"stragglers": [], "findings": [], "world_size": None}
     if run_job is None:
         return job
-    return {**job, "missing_ranks": run_job.get("missing_ranks") or [],
-            "findings": list(run_job.get("findings") or []) + [f for f in job.get("findings") or []
-                                                              if f.get("id") != "missing_ranks"],
+    return {**job, "missing_ranks": run_job.get("missing_ranks") or [], "reports": run_job.get("reports"),
+            "findings": list(run_job.get("findings") or []) + list(job.get("findings") or []),
             "world_size": run_job.get("world_size") or job.get("world_size")}
 
 

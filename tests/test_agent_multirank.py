@@ -79,23 +79,24 @@ def test_killed_rank_is_named_by_the_survivors(tmp_path):
     manifest = rd.manifest()
     assert manifest["lost_ranks"] == [1] and manifest["status"] == "failed"
 
+    # The analysis holds facts: no rank is absent, and rank 1 never closed.
     doc = analyze_run(run_dir)
-    assert doc["job"]["missing_ranks"] == [1]
-    finding = next(f for f in doc["job"]["findings"] if f["id"] == "missing_ranks")
-    assert "rank 1" in finding["message"] and "stopped reporting after step 7" in finding["message"]
-    assert {r["rank"]: r["status"] for r in doc["ranks"]} == {0: "failed", 1: "lost"}
+    assert doc["job"]["missing_ranks"] == []
+    assert {r["rank"]: (r["status"], r["closed"]) for r in doc["job"]["reports"]["ranks"]} == {
+        0: ("failed", True), 1: ("running", False)}
+    assert {r["rank"]: r["status"] for r in doc["ranks"]} == {0: "failed", 1: "running"}
     assert len(doc["ranks"][1]["steps"]) == 8
 
-    # Rank 0 wrote the job report at exit, naming the rank that was killed.
+    # Rank 0 wrote the job report at exit; the diagnosis names the rank that was killed.
     summary = json.loads((run_dir / "summary.json").read_text())
-    missing = next(f for f in summary["diagnosis"]["findings"] if f["id"] == "missing_ranks")
-    assert "rank 1" in missing["message"] and "stopped reporting" in missing["message"], missing
+    assert summary["diagnosis"]["stopped_ranks"] == [1] and summary["diagnosis"]["missing_ranks"] == []
+    assert not [f for f in summary["diagnosis"]["findings"] if f["id"] == "missing_ranks"]
     # The headline counts only the rank that lived to the end, and the survivor's own error is
     # quoted beside the rank that stopped reporting.
     text = summary["diagnosis"]["headline"]["text"]
     assert "on both ranks" not in text and "rank 1 stopped before the job ended" in text, text
     ended = next(f for f in summary["diagnosis"]["findings"] if f["id"] == "ranks_ended_abnormally")
     error = rd.rank_info(0)["error"]
-    assert f"rank 0 failed: {error.splitlines()[0][:300]}" in ended["message"] and "rank 1 stopped reporting" \
-        in ended["message"], ended
+    assert f"rank 0 failed: {error.splitlines()[0][:300]}" in ended["message"], ended
+    assert "rank 1 on " in ended["message"] and "stopped reporting after step 7" in ended["message"], ended
     assert "rank 0 failed: " in (run_dir / "report.md").read_text()

@@ -15,6 +15,7 @@ from conftest import FIXTURES
 
 from diag.analyzers.analyze import analyze_trace, job_facts, judged_ranks
 from diag.analyzers.diagnosis.decision_tree import load_tree
+from diag.analyzers.diagnosis.document import build_diagnosis
 from diag.analyzers.diagnosis.scaling import scaling_efficiency
 from diag.analyzers.diagnosis.verdict import job_verdict
 from diag.analyzers.job.cross_rank import SYMMETRIC, match_collectives
@@ -61,6 +62,12 @@ def _job(ranks):
 
 def _finding(job, fid):
     return next((f for f in job["findings"] if f["id"] == fid), None)
+
+
+def _judged_finding(ranks, job, fid):
+    """A finding of the diagnosis of these ranks and job facts (missing ranks are its call)."""
+    diagnosis = build_diagnosis({"ranks": ranks, "job": job})
+    return next((f for f in diagnosis["findings"] if f["id"] == fid), None)
 
 
 @pytest.mark.slow
@@ -194,8 +201,8 @@ def test_job128_two_real_ranks(real_traces):
     assert job["missing_ranks"] == list(range(2, 128))
     # The sampled traces hold different subsets of the calls: some cannot be paired.
     assert _finding(job, "collective_count_mismatch") is not None
-    missing = _finding(job, "missing_ranks")
-    assert missing is not None and "126 of 128" in missing["message"]
+    missing = _judged_finding(ranks, job, "missing_ranks")
+    assert missing is not None and "126 of 128" in missing["message"] and missing["severity"] == "warning"
     assert job["collectives"]["source"] == "device"
     if job["collectives"]["matched_by"] == "order":
         matched, total = _waits_by_order(ranks)
@@ -232,7 +239,7 @@ def test_missing_duplicate_and_unknown_ranks():
     assert r0["world_size"] == 2
     job = _job([r0])
     assert job["missing_ranks"] == [1]
-    assert "ranks 1" in _finding(job, "missing_ranks")["message"]
+    assert "ranks 1)" in _judged_finding([r0], job, "missing_ranks")["message"]
     assert job["stragglers"] == []
     # One comm-bound rank alone cannot tell waiting from transfer.
     assert job["bound"] == "comm" and job["cause"] == "undetermined"

@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from diag.analyzers.diagnosis import decision_tree
+from diag.analyzers.diagnosis import decision_tree, reporting
 from diag.analyzers.diagnosis.causes import causes
 from diag.analyzers.diagnosis.context import JobContext
 from diag.analyzers.diagnosis.decision_tree import metric_text
@@ -70,8 +70,9 @@ def diagnose_ranks(doc: dict, ranks: dict, run: dict, tree) -> dict:
     """`build_diagnosis` on ranks already merged with `inputs.merge_ranks` (the report merges them once)."""
     job = with_likely_causes(diagnose_job(doc, ranks, tree), ranks, tree)
     job_missing = {r for r in job.get("missing_ranks") or [] if isinstance(r, int)}
+    stopped = [x for x in reporting.stopped_ranks(job.get("reports"), tree) if x["rank"] in ranks]
     run = {**run, "missing_ranks": sorted((set(run.get("missing_ranks") or []) | job_missing) - set(ranks)),
-           "stopped_ranks": sorted(job_missing & set(ranks))}
+           "stopped_ranks": [x["rank"] for x in stopped], "stopped": stopped}
     return _judge(job, ranks, run, tree)
 
 
@@ -108,7 +109,8 @@ def _judge(job: dict, ranks: dict, run: dict, tree) -> dict:
     path = _decision_path(job, ranks, bound)
     episodes = straggler_episodes(ranks, tree)
     over_time = episode_finding(episodes, tree)
-    extra = [f for f in (over_time, ended_finding(ranks, job)) if f]
+    extra = [f for f in (over_time, ended_finding(ranks, run),
+                         reporting.missing_finding(run["missing_ranks"], world)) if f]
     findings = merged_findings({**job, "findings": [*(job.get("findings") or []), *extra]} if extra else job, ranks)
     basis = mset["basis"] if mset else f"{int(steps.has_shares.sum())} step(s) of {len(ranks)} rank(s)"
     ev = evidence(ranks, allt, steps, job_shares, basis, stragglers, ctx.nccl, findings)
@@ -207,32 +209,29 @@ def _blind(ranks: dict) -> set:
 ABNORMAL_ENDS = {"failed": "failed", "terminated": "was told to stop", "interrupted": "was interrupted"}
 
 
-def _stopped_reporting(ranks: dict, job: dict) -> list[int]:
-    """The ranks with data that the job counts as missing: they stopped reporting before it ended."""
-    return sorted(r for r in job.get("missing_ranks") or [] if isinstance(r, int) and r in ranks)
-
-
-def ended_finding(ranks: dict, job: dict) -> dict | None:
+def ended_finding(ranks: dict, run: dict) -> dict | None:
     """The ranks that did not finish, each with what ended it in its own words (the exception
     its training raised, the signal), and the ranks that stopped reporting: a killed rank makes
     its peers fail at the next collective, so the first to go is what to read first."""
-    lost = _stopped_reporting(ranks, job)
+    lost = run.get("stopped") or []
     ended = sorted((r["rank"], r["analysis"]) for r in ranks.values()
                    if r["analysis"].get("status") in ABNORMAL_ENDS)
     if not ended and not lost:
         return None
     parts = [f"rank {k} {ABNORMAL_ENDS[a['status']]}" + (f": {a['error'].splitlines()[0][:300]}" if a.get("error") else "")
              for k, a in ended]
-    if lost:
-        parts.append(f"{'rank' if len(lost) == 1 else 'ranks'} {', '.join(map(str, lost[:16]))} stopped reporting "
-                     "without ending (killed: the OOM killer, a hard kill, a crash)")
+    for x in lost[:16]:
+        where = f" on {x['host']}" if x.get("host") else ""
+        step = f" after step {x['last_step']}" if x.get("last_step") is not None else ""
+        parts.append(f"rank {x['rank']}{where} stopped reporting{step} without ending (killed: the OOM killer, "
+                     "a hard kill, a crash, or it hangs)")
     return {"id": "ranks_ended_abnormally", "severity": "error",
             "message": "The job did not end normally: " + "; ".join(parts) + ".",
             "advice": "Read the first rank to go first: a rank killed without warning leaves no error of its own "
                       "(the host's kernel log, dmesg, names the OOM killer), and its peers then fail at the next "
                       "collective with a connection error that is a consequence, not the cause.",
             "evidence": {"ended": [{"rank": k, "status": a["status"], "error": a.get("error")} for k, a in ended],
-                         "stopped_reporting": lost}}
+                         "stopped_reporting": [x["rank"] for x in lost], "stopped": lost[:1000]}}
 
 
 def _headline(ctx: JobContext) -> dict:
@@ -257,7 +256,7 @@ def _headline(ctx: JobContext) -> dict:
     if not agree:
         agree = [r for r in ranks.values() if mode_bound(r["step_table"].bound) == bound]
     n_agree, n_ranks = len(agree), len(ranks)
-    lost = _stopped_reporting(ranks, job)
+    lost = ctx.run.get("stopped_ranks") or []
     if n_ranks == 0:
         where = ""
     elif n_agree == n_ranks and n_ranks == world and not lost:

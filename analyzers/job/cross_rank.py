@@ -300,19 +300,6 @@ def _wait_stats(groups: list[dict]) -> tuple[dict[int, RankCollectiveStats], lis
 # --- the job --------------------------------------------------------------------------
 
 
-def _ranges(ids: list[int]) -> str:
-    """[0,1,2,5,7,8] -> '0-2, 5, 7-8'."""
-    out, ids = [], sorted(ids)
-    i = 0
-    while i < len(ids):
-        j = i
-        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
-            j += 1
-        out.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
-        i = j + 1
-    return ", ".join(out)
-
-
 def _finding(fid, severity, message, advice, evidence) -> dict:
     return {"id": fid, "severity": severity, "message": message, "advice": advice, "evidence": evidence}
 
@@ -338,17 +325,6 @@ def analyze_job(ranks: list[dict], tree) -> dict:
     world = max([*sizes, (max(by_id) + 1) if by_id else 0, len(by_id)]) or None
     present = sorted(by_id)
     missing = [i for i in range(world or 0) if i not in by_id]
-    if missing:
-        findings.append(
-            _finding(
-                "missing_ranks",
-                "warning",
-                f"{len(missing)} of {world} ranks have no analysed trace (ranks {_ranges(missing)}); "
-                "the job verdict rests on the other ranks.",
-                "Profile every rank (or pass every rank's trace) so stragglers among the missing ranks are not overlooked.",
-                {"world_size": world, "present": len(present), "missing": missing[:1000]},
-            )
-        )
     if dups:
         findings.append(
             _finding(

@@ -8,8 +8,9 @@ Every step is measured, labelled with its evidence:
 The verdicts of the steps and ranks are the diagnosis's (`diagnosis.rank.judge_run_rank`),
 on each rank's dict and the `RankInputs` beside it.
 
-Ranks that are absent, or that stopped reporting before the job ended (killed, hung,
-out of memory), are named in the job finding `missing_ranks`.
+The job part holds the ranks absent (`missing_ranks`) and when each rank present last
+reported and whether it closed (`reports`); which of those stopped before the job ended
+(killed, hung, out of memory) is the diagnosis's call (diagnosis/reporting.py).
 Pure: reads the run directory, returns plain data.
 """
 
@@ -18,7 +19,6 @@ from __future__ import annotations
 import bisect
 import math
 import statistics
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,8 +43,6 @@ from diag.analyzers.whatif import rank as what_if
 
 SCHEMA = "diag.analysis/1"
 FINAL_STATUSES = rundir.FINAL_STATUSES
-# A running rank whose heartbeat is this much older than the newest one has stopped.
-STALE_S = 120.0
 _STEP_EXTRAS = ("start_unix", "samples", "tokens", "peak_mem_bytes", "mfu")  # step record fields kept as they are
 TOP_N = 20
 
@@ -158,8 +156,7 @@ def rank_windows(rd: rundir.RunDir, rank: int, tree, errors: list, host_peaks: d
     return sorted(windows, key=lambda w: int(w.get("first_step", 0)))
 
 
-def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None = None,
-                 errors: list | None = None, windows: list[dict] | None = None) -> tuple[RunRankFacts, RankInputs]:
+def analyze_rank(rd: rundir.RunDir, rank: int, tree, errors: list | None = None, windows: list[dict] | None = None) -> tuple[RunRankFacts, RankInputs]:
     """One rank of a run directory: (its rank dict, of step records measured by their profiler
     windows or by the sampled measurements and the rank's measurements over its counted
     steps; what the diagnosis judges it by besides)."""
@@ -192,7 +189,7 @@ def analyze_rank(rd: rundir.RunDir, rank: int, tree, status_override: str | None
         "backend": info.get("backend") or next((w["analysis"].get("backend") for w in analysed
                                                 if w["analysis"].get("backend")), None),
         "host": info.get("host"),
-        "status": status_override or info.get("status"),
+        "status": info.get("status"),
         # What ended the rank, where it did not finish (the exception its training raised, the signal).
         "error": str(info["error"])[:2000] if isinstance(info.get("error"), str) else None,
         "steps": steps_out,
@@ -449,51 +446,20 @@ def _memory_used_frac(samples: list[dict], info: dict) -> float | None:
 # -- the job ----------------------------------------------------------------------------
 
 
-def lost_ranks(rd: rundir.RunDir, manifest: dict, now: float | None = None) -> list[dict]:
-    """Ranks absent from the run, or that stopped reporting before the job ended."""
-    world = rd.expected_world_size() or 0
-    present = rd.ranks()
-    infos = {r: rd.rank_info(r) for r in present}
-    beats = [float(i.get("updated_unix") or 0.0) for i in infos.values() if i]
-    newest = max(beats + [float(manifest.get("ended_unix") or 0.0)]) if beats else 0.0
-    job_over = manifest.get("status") not in (None, "running") or any(
-        (i or {}).get("status") in FINAL_STATUSES for i in infos.values()
-    )
-    out = []
-    for r in range(world):
-        if r not in infos:
-            out.append({"rank": r, "reason": "absent", "last_step": None, "host": None})
-    for r, info in infos.items():
-        if not info:
-            out.append({"rank": r, "reason": "no rank.json", "last_step": None, "host": None})
-            continue
-        if info.get("status") in FINAL_STATUSES:
-            continue
-        beat = float(info.get("updated_unix") or 0.0)
-        if job_over or newest - beat > STALE_S:
-            out.append({"rank": r, "reason": "stopped reporting", "last_step": info.get("last_step"),
-                        "host": info.get("host"), "last_heartbeat_unix": beat})
-    return sorted(out, key=lambda x: x["rank"])
-
-
-def _missing_finding(lost: list[dict], world: int | None) -> dict:
-    parts = []
-    for x in lost:
-        if x["reason"] == "stopped reporting":
-            where = f" on {x['host']}" if x.get("host") else ""
-            step = f" after step {x['last_step']}" if x.get("last_step") is not None else ""
-            parts.append(f"rank {x['rank']}{where} stopped reporting{step} and never finished")
-        else:
-            parts.append(f"rank {x['rank']} {'left no data' if x['reason'] == 'absent' else 'has no rank.json'}")
-    return {
-        "id": "missing_ranks",
-        "severity": "error",
-        "message": f"{len(lost)} of {world or '?'} ranks missing: " + "; ".join(parts)
-                   + ". The job analysis rests on the surviving ranks.",
-        "advice": "Check the launcher's log and the host's kernel log (OOM killer, segfault, NCCL watchdog) "
-                  "for the missing ranks; a killed rank usually makes its peers fail in the next collective.",
-        "evidence": {"ranks": [x["rank"] for x in lost], "details": lost, "world_size": world},
-    }
+def rank_reports(rd: rundir.RunDir, manifest: dict) -> dict:
+    """When each rank present last reported, and whether it closed: the facts the diagnosis
+    tells a stopped rank by (diagnosis/reporting.py)."""
+    rows = []
+    for r in rd.ranks():
+        info = rd.rank_info(r)
+        readable, info = bool(info), info or {}
+        beat = info.get("updated_unix")
+        rows.append({"rank": r, "readable": readable, "status": info.get("status"), "closed": info.get("status") in FINAL_STATUSES,
+                     "last_heartbeat_unix": float(beat) if _finite(beat) else None,
+                     "last_step": info.get("last_step"), "host": info.get("host")})
+    return {"run_closed": manifest.get("status") not in (None, "running"),
+            "ended_unix": manifest.get("ended_unix") if _finite(manifest.get("ended_unix")) else None,
+            "ranks": rows}
 
 
 def analyze_run(run_dir, tree=None, host_peaks: dict | None = None) -> tuple[dict, dict[int, RankInputs]]:
@@ -504,19 +470,16 @@ def analyze_run(run_dir, tree=None, host_peaks: dict | None = None) -> tuple[dic
     tree = tree or load_tree()
     rd = rundir.RunDir(run_dir)
     manifest = rd.manifest()
-    lost = lost_ranks(rd, manifest, now=time.time())
-    lost_ids = {x["rank"] for x in lost if x["reason"] == "stopped reporting"}
     trace_errors: list[dict] = []
     windows = {r: rank_windows(rd, r, tree, trace_errors, host_peaks) for r in rd.ranks()}
     windows = _split_window_waits(windows)
     ranks, inputs = [], {}
     for r in rd.ranks():
-        doc, inputs[r] = analyze_rank(rd, r, tree, status_override="lost" if r in lost_ids else None,
-                                      errors=trace_errors, windows=windows[r])
+        doc, inputs[r] = analyze_rank(rd, r, tree, errors=trace_errors, windows=windows[r])
         ranks.append(doc)
     world = rd.expected_world_size()
-    job = {"missing_ranks": [x["rank"] for x in lost], "world_size": world,
-           "findings": [_missing_finding(lost, world)] if lost else []}
+    job = {"missing_ranks": rd.missing_ranks(), "world_size": world, "reports": rank_reports(rd, manifest),
+           "findings": []}
     errors = [{"source": p.split(": ", 1)[0], "error": p.split(": ", 1)[-1]} for p in rd.problems] + trace_errors
     if not ranks:
         errors.append({"source": str(run_dir), "error": "no rank data in this run directory"})

@@ -1,0 +1,74 @@
+"""Which ranks are missing from a job, and which stopped reporting before it ended: the one
+rule every consumer takes (the job finding, the ended-abnormally finding, the headline, the
+report's "What was missing", confidence).
+
+The analysis gives facts only: the world size, the ranks with no data at all
+(`job.missing_ranks`), and for a run directory each rank's last heartbeat and whether it
+closed (`job.reports`, from `job.run_analysis.rank_reports`). Here:
+
+- a rank is *missing* when the world size names it and it left no data: the finding
+  `missing_ranks`, a warning (the analysis rests on the others);
+- a rank is *stopped* when it left data, never closed, and either the job is over (the run
+  or another rank closed) or its last heartbeat is `rank_silent_s` older than the newest one:
+  its process was killed, crashed or hangs. `document.ended_finding` names it, an error.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def _time(x) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+
+
+def stopped_ranks(reports: dict | None, tree) -> list[dict]:
+    """The ranks of a run directory that stopped reporting before the job ended, each with
+    its rank, host, last step and last heartbeat (unix seconds), in rank order."""
+    if not isinstance(reports, dict):
+        return []
+    rows = [r for r in reports.get("ranks") or [] if isinstance(r, dict) and isinstance(r.get("rank"), int)]
+    beats = [b for b in (_time(r.get("last_heartbeat_unix")) for r in rows) if b is not None]
+    ended = _time(reports.get("ended_unix"))
+    newest = max(beats + ([ended] if ended is not None else []), default=None)
+    job_over = bool(reports.get("run_closed")) or any(r.get("closed") for r in rows)
+    silent_s = tree.thresholds["rank_silent_s"]
+    out = []
+    for r in sorted(rows, key=lambda r: r["rank"]):
+        if r.get("closed"):
+            continue
+        beat = _time(r.get("last_heartbeat_unix"))
+        no_info = r.get("readable") is False
+        if no_info or job_over or (newest is not None and (beat is None or newest - beat > silent_s)):
+            out.append({"rank": r["rank"], "host": r.get("host"), "last_step": r.get("last_step"),
+                        "last_heartbeat_unix": beat, "reason": "no rank.json" if no_info else "stopped reporting"})
+    return out
+
+
+def missing_finding(missing: list[int], world: int | None) -> dict | None:
+    """The job finding for the ranks the world size names that left no data."""
+    if not missing:
+        return None
+    return {
+        "id": "missing_ranks",
+        "severity": "warning",
+        "message": f"{len(missing)} of {world or '?'} ranks left no data (ranks {_ranges(missing)}); "
+                   "the job analysis rests on the other ranks.",
+        "advice": "Profile every rank (or pass every rank's trace), so a straggler or a crash among the missing "
+                  "ranks is not overlooked; in a run directory, a rank that never wrote could not reach it or "
+                  "died before its first step (read the launcher's log).",
+        "evidence": {"missing": list(missing)[:1000], "world_size": world},
+    }
+
+
+def _ranges(ranks: list[int]) -> str:
+    """0-3, 7, 9-10: consecutive ranks folded."""
+    out, ranks = [], sorted(set(ranks))
+    i = 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        out.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return ", ".join(out[:16]) + (" ..." if len(out) > 16 else "")
