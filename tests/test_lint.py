@@ -19,15 +19,17 @@ _ANALYZERS = "diag.analyzers"
 LAYERS = {
     "analyzers/intervals.py": (),
     "analyzers/analysis_types.py": (),
+    # The core every layer reads numbers through.
+    "analyzers/numbers.py": (),
     "analyzers/trace": ("diag.errors", "diag.inflate", "diag.rundir", f"{_ANALYZERS}.analysis_types", f"{_ANALYZERS}.intervals", f"{_ANALYZERS}.trace",
                         f"{_ANALYZERS}.diagnosis.decision_tree", f"{_ANALYZERS}.whatif.rank"),
     "analyzers/whatif": ("diag.errors", f"{_ANALYZERS}.intervals", f"{_ANALYZERS}.trace.event_classes",
                          f"{_ANALYZERS}.whatif"),
     "analyzers/nccl": ("diag.errors", "diag.inflate", f"{_ANALYZERS}.nccl"),
-    "analyzers/job": ("diag.errors", "diag.rundir", f"{_ANALYZERS}.analysis_types", f"{_ANALYZERS}.intervals", f"{_ANALYZERS}.trace", f"{_ANALYZERS}.job",
+    "analyzers/job": ("diag.errors", f"{_ANALYZERS}.numbers", "diag.rundir", f"{_ANALYZERS}.analysis_types", f"{_ANALYZERS}.intervals", f"{_ANALYZERS}.trace", f"{_ANALYZERS}.job",
                       f"{_ANALYZERS}.diagnosis.decision_tree", f"{_ANALYZERS}.diagnosis.steady", f"{_ANALYZERS}.whatif"),
-    "analyzers/diagnosis": ("diag.errors", f"{_ANALYZERS}.analysis_types", f"{_ANALYZERS}.diagnosis", f"{_ANALYZERS}.plan.memory"),
-    "analyzers/plan": ("diag.errors", f"{_ANALYZERS}.plan", f"{_ANALYZERS}.trace.devices",
+    "analyzers/diagnosis": ("diag.errors", f"{_ANALYZERS}.numbers", f"{_ANALYZERS}.analysis_types", f"{_ANALYZERS}.diagnosis", f"{_ANALYZERS}.plan.memory"),
+    "analyzers/plan": ("diag.errors", f"{_ANALYZERS}.numbers", f"{_ANALYZERS}.plan", f"{_ANALYZERS}.trace.devices",
                        f"{_ANALYZERS}.nccl.expected"),
     "analyzers/views": ("diag.errors", f"{_ANALYZERS}.diagnosis", f"{_ANALYZERS}.views",
                         f"{_ANALYZERS}.job.cross_rank"),
@@ -43,7 +45,7 @@ LAYERS = {
     # The views render the diagnosis: they read the facade's document, never a trace or a log.
     "agent/report": ("diag.__version__", "diag.errors", "diag.rundir", "diag.report", f"{_ANALYZERS}.analyze",
                      f"{_ANALYZERS}.views", f"{_ANALYZERS}.diagnosis"),
-    "agent/exporter": ("diag.__version__", "diag.exporter", f"{_ANALYZERS}.diagnosis"),
+    "agent/exporter": ("diag.__version__", f"{_ANALYZERS}.numbers", "diag.exporter", f"{_ANALYZERS}.diagnosis"),
     # diag top: reads live.json or the endpoints into the live facts, draws the live judgement.
     "agent/top": ("diag.errors", "diag.rundir", "diag.report", "diag.top", f"{_ANALYZERS}.job.live",
                   f"{_ANALYZERS}.diagnosis.live"),

@@ -23,11 +23,10 @@ diag_exporter_errors_total{stage} and otherwise ignored.
 from __future__ import annotations
 
 import errno
-import math
-import numbers
 import os
 import time
 
+from diag.analyzers.numbers import finite as _num
 from diag.exporter.metrics_table import BOUNDS, CLASSES, CLOCK_EVENT_REASONS, STRAGGLER_KINDS
 from diag.exporter.registry import MetricState, make_registry, render_text
 from diag.exporter.server import MetricsServer
@@ -41,19 +40,6 @@ PORT_SEARCH = 64
 MAX_INTEGRATION_GAP_S = 30.0
 
 _OFF = ("0", "false", "no", "off")
-
-
-def _num(v) -> float | None:
-    """A finite number as float, else None (bools, strings, NaN and infinities are not values)."""
-    t = type(v)
-    if t is float:
-        return v if v - v == 0.0 else None  # False for NaN and +-Inf
-    if t is int:
-        return float(v)
-    if t is bool or not isinstance(v, numbers.Real):  # numpy scalars are Real too
-        return None
-    v = float(v)
-    return v if math.isfinite(v) else None
 
 
 class Handle:

@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from diag.analyzers.diagnosis.decision_tree import CLASSES
+from diag.analyzers.numbers import finite as num
 
 PHASE_LABELS = {
     "data": "waiting for data",
@@ -33,12 +34,6 @@ PHASE_PHRASES = {
     "memory": "bandwidth-bound kernels (elementwise, norms, copies) take",
     "compute": "compute kernels (matmul, convolution, attention) take",
 }
-
-
-def num(v) -> float | None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    return None if math.isnan(v) or math.isinf(v) else float(v)
 
 
 def bucket_starts(n: int, k: int) -> np.ndarray:

@@ -32,6 +32,7 @@ import statistics
 from dataclasses import dataclass
 
 from diag.analyzers.diagnosis.steady import level_drift, median_half_width, warmup_steps
+from diag.analyzers.numbers import finite as _num
 
 
 @dataclass(frozen=True)
@@ -61,10 +62,6 @@ class WorkerPlan:
     high_ms: float
     ceiling_ms: float  # the step with the input fully hidden
     limit: str  # what sets expected_ms: "rest", "workers" or "cpus"
-
-
-def _num(v) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
 def loader_rates(steps: list, workers: int, thresholds: dict, workers_cpu: float | None = None) -> LoaderRates | None:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 import statistics
 
+from diag.analyzers.numbers import finite_values as _finite
+
 MAD_TO_SIGMA = 1.4826
 MEDIAN_SE = 1.2533  # standard error of a median, in sigma / sqrt(n), for a normal sample
 MIN_STEPS = 3  # fewer steps give no spread worth the name
@@ -27,10 +29,6 @@ def warmup_steps(n_steps: int, thresholds: dict) -> int:
     if n_steps < thresholds["warmup_min_run_steps"]:
         return 0
     return int(min(thresholds["warmup_max_steps"], max(1, n_steps * thresholds["warmup_fraction"])))
-
-
-def _finite(values) -> list[float]:
-    return [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
 
 
 def robust_sigma(values) -> float | None:

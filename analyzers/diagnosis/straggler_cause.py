@@ -23,6 +23,7 @@ import statistics
 
 from diag.analyzers.diagnosis.inputs import num, rank_shares, traced_steps
 from diag.analyzers.diagnosis.throttle import slowing_reasons, throttle_reasons
+from diag.analyzers.numbers import median as _median
 
 
 def _step_ms(r: dict) -> float | None:
@@ -46,11 +47,6 @@ def _gpu(r: dict, key: str) -> list:
 
 def _clock_events(r: dict) -> list[list]:
     return [e for e in _gpu(r, "clock_events") if isinstance(e, list)]
-
-
-def _median(values) -> float | None:
-    vals = [v for v in (num(x) for x in values) if v is not None]
-    return float(statistics.median(vals)) if vals else None
 
 
 def likely_cause(straggler: dict, peers: list[dict], tree) -> dict:

@@ -16,6 +16,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from diag.analyzers.diagnosis.steady import median_half_width
+from diag.analyzers.numbers import median as _median
 
 
 @dataclass
@@ -293,11 +294,6 @@ def _finding(fid, severity, message, advice, evidence) -> dict:
 def _rounded(x: float | None, per: float = 1.0) -> float | None:
     """x / per to three decimals (microseconds to milliseconds with per=1000)."""
     return round(x / per, 3) if x is not None else None
-
-
-def _median(values) -> float | None:
-    values = [v for v in values if v is not None]
-    return float(statistics.median(values)) if values else None
 
 
 def straggler_what_if(entries: list, tree) -> list:

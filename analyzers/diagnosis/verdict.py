@@ -20,6 +20,7 @@ from collections import Counter
 from diag.analyzers.diagnosis import stragglers
 from diag.analyzers.diagnosis.borderline import borderline, step_values
 from diag.analyzers.diagnosis.decision_tree import BOUNDS, CLASSES, PEER, share_ratios, verdict_from
+from diag.analyzers.numbers import finite as _number
 
 # Findings this module adds to the job; a document that already holds them (a saved
 # analysis read again) has them replaced, not repeated.
@@ -31,12 +32,6 @@ VERDICT_FINDINGS = frozenset({
 _CANDIDATES = ("comm_explanation", "straggler_finding")
 # Where the job facts carry the collective facts (diag.analyzers.job.cross_rank.FACTS_KEY).
 FACTS_KEY = "collective_facts"
-
-
-def _number(v) -> float | None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    return None if math.isnan(v) else float(v)
 
 
 def rank_measurements(rank: dict) -> dict | None:

@@ -24,6 +24,7 @@ import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
+from diag.analyzers.numbers import median as _median
 from diag.analyzers.whatif.job import job_what_if
 from diag.rundir import rank_number, world_size_number
 
@@ -47,11 +48,6 @@ def _ms(us: float) -> float:
 
 def _r3(x: float | None) -> float | None:
     return round(x, 3) if x is not None else None
-
-
-def _median(values) -> float | None:
-    values = [v for v in values if v is not None]
-    return float(statistics.median(values)) if values else None
 
 
 # --- matching -----------------------------------------------------------------------

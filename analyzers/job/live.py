@@ -13,12 +13,12 @@ does not have it; nothing here raises on a damaged document.
 
 from __future__ import annotations
 
-import math
-import statistics
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from diag.analyzers.diagnosis.decision_tree import BOUNDS
+from diag.analyzers.numbers import finite as _num
+from diag.analyzers.numbers import median as _median
 
 RECENT_STEPS = 8  # the figures shown are the median of this many last steps
 BAND_HISTORY = 32  # step times kept for the noise band
@@ -56,18 +56,6 @@ class RankLive:
     profiling: bool = False
     endpoint: str | None = None  # where the figures came from (host:port or the file)
     error: str | None = None  # why a source gave nothing
-
-
-def _num(v) -> float | None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    v = float(v)
-    return v if math.isfinite(v) else None
-
-
-def _median(values) -> float | None:
-    vals = [v for v in values if v is not None]
-    return float(statistics.median(vals)) if vals else None
 
 
 def _ms(seconds) -> float | None:

@@ -17,7 +17,6 @@ Pure: reads the run directory, returns plain data.
 from __future__ import annotations
 
 import bisect
-import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +36,8 @@ from diag.analyzers.job.sampled import (
     sampled_steps,
     window_composition,
 )
+from diag.analyzers.numbers import finite
+from diag.analyzers.numbers import median as _median
 from diag.analyzers.trace import host_device
 from diag.analyzers.trace.analysis import trace_facts
 from diag.analyzers.whatif import rank as what_if
@@ -50,18 +51,10 @@ TOP_N = 20
 # -- one rank ---------------------------------------------------------------------------
 
 
-_INF = (math.inf, -math.inf)
 
 
 def _finite(x) -> bool:
-    if type(x) is float:  # the common case, first
-        return math.isfinite(x)
-    return isinstance(x, (int, float)) and x == x and x not in _INF
-
-
-def _median(values):
-    vals = [v for v in values if _finite(v)]
-    return statistics.median(vals) if vals else None
+    return finite(x) is not None
 
 
 def _sorted_quantile(vals: list, q: float):

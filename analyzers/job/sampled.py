@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from diag.analyzers.diagnosis.decision_tree import CLASSES, share_ratios
+from diag.analyzers.numbers import finite as _finite_or_none
 
 # The classes of a step's non-data time, and of its busy time (a collective waiting for a
 # peer occupies the device or gloo's thread as its transfer does).
@@ -59,10 +60,6 @@ def window_composition(analysis: dict | None) -> dict | None:
         "wait_measured": bool((analysis.get("wait_split") or {}).get("measured")),
     }
     return comp
-
-
-def _finite_or_none(x) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
 
 
 def sampled_shares(

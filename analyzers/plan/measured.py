@@ -18,8 +18,7 @@ re-sharded by the ZeRO stage, and only data parallelism applies.
 
 from __future__ import annotations
 
-import statistics
-
+from diag.analyzers.numbers import median as _median
 from diag.analyzers.plan.memory import zero_stage
 from diag.analyzers.plan.planner import (
     FRAGMENTATION,
@@ -32,11 +31,6 @@ from diag.analyzers.plan.planner import (
     step_timing,
 )
 from diag.errors import DiagInputError
-
-
-def _median(values) -> float | None:
-    vals = [float(v) for v in values if isinstance(v, (int, float)) and v == v]
-    return statistics.median(vals) if vals else None
 
 
 def run_facts(analysis: dict) -> dict:

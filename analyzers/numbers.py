@@ -1,0 +1,40 @@
+"""The small core every layer reads numbers through: a document's value as a finite float or
+nothing, and the median of what is finite. Documents come from files a user may have damaged,
+so a bool, a string, NaN or an infinity is never a value.
+
+Neutral: the analysis, the diagnosis, the views and the agent import it; it imports nothing
+of diag.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import statistics
+from collections.abc import Iterable
+
+
+def finite(v) -> float | None:
+    """`v` as a float when it is a finite real number (numpy scalars included), else None."""
+    t = type(v)
+    if t is float:
+        return v if v - v == 0.0 else None  # False for NaN and +-Inf; the common case first
+    if t is bool or not isinstance(v, numbers.Real):
+        return None
+    try:
+        v = float(v)
+    except OverflowError:  # an int past any float
+        return None
+    return v if math.isfinite(v) else None
+
+
+def finite_values(values: Iterable) -> list[float]:
+    """The finite values, as floats, in their order; the rest left out."""
+    return [x for x in map(finite, values) if x is not None]
+
+
+def median(values: Iterable) -> float | None:
+    """The median of the finite values (the mean of the two middle ones for an even count);
+    None when there is none."""
+    vals = finite_values(values)
+    return float(statistics.median(vals)) if vals else None
