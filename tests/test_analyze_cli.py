@@ -118,6 +118,16 @@ def test_cli_text_summary(cpu_trace):
     assert "job: DATA-BOUND" in out
 
 
+def test_the_job_lines_show_the_diagnosis_findings():
+    """One rank of a world of two: the job's lines carry the diagnosis's missing-rank warning."""
+    from conftest import FIXTURES
+
+    proc = diag(FIXTURES / "cpu_comm_rank0.pt.trace.json.gz")
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.split("\njob: ", 1)[1]
+    assert "[warning] 1 of 2 ranks left no data (rank 1); the job analysis rests on the other ranks." in job
+
+
 # --- bad input --------------------------------------------------------------------------
 
 

@@ -200,7 +200,8 @@ def test_job128_two_real_ranks(real_traces):
     assert job["world_size"] == 128
     assert job["missing_ranks"] == list(range(2, 128))
     # The sampled traces hold different subsets of the calls: some cannot be paired.
-    assert _finding(job, "collective_count_mismatch") is not None
+    assert job["collectives"]["count_mismatch"] and _finding(job, "collective_count_mismatch") is None
+    assert _judged_finding(ranks, job, "collective_count_mismatch")["severity"] == "info"
     missing = _judged_finding(ranks, job, "missing_ranks")
     assert missing is not None and "126 of 128" in missing["message"] and missing["severity"] == "warning"
     assert job["collectives"]["source"] == "device"
@@ -239,16 +240,21 @@ def test_missing_duplicate_and_unknown_ranks():
     assert r0["world_size"] == 2
     job = _job([r0])
     assert job["missing_ranks"] == [1]
-    assert "ranks 1)" in _judged_finding([r0], job, "missing_ranks")["message"]
+    assert "(rank 1)" in _judged_finding([r0], job, "missing_ranks")["message"]
     assert job["stragglers"] == []
     # One comm-bound rank alone cannot tell waiting from transfer.
     assert job["bound"] == "comm" and job["cause"] == "undetermined"
     assert _finding(job, "comm_cause_undetermined") is not None
 
-    job = _job([r0, dict(r0, source="copy.json")])
-    assert _finding(job, "duplicate_ranks")["evidence"]["duplicates"] == [{"rank": 0, "source": "copy.json"}]
-    job = _job([r0, dict(r0, rank=None, source="anon.json")])
-    assert _finding(job, "unknown_rank")["evidence"]["sources"] == ["anon.json"]
+    # The analysis gives the facts; the findings are the diagnosis's.
+    twice = [r0, dict(r0, source="copy.json")]
+    job = _job(twice)
+    assert job["duplicate_ranks"] == [{"rank": 0, "source": "copy.json"}] and _finding(job, "duplicate_ranks") is None
+    assert "claim the same rank: rank 0 (copy.json)" in _judged_finding(twice, job, "duplicate_ranks")["message"]
+    unnamed = [r0, dict(r0, rank=None, source="anon.json")]
+    job = _job(unnamed)
+    assert job["unnamed_traces"] == ["anon.json"]
+    assert _judged_finding(unnamed, job, "unknown_rank")["message"].startswith("1 trace(s) name no rank")
     assert _job([])["bound"] is None
 
 

@@ -152,3 +152,19 @@ def test_judgements_are_made_in_the_diagnosis_layer():
     analysis_side = {c for c in callers if c.startswith(("analyzers/trace/", "analyzers/job/", "analyzers/nccl/",
                                                          "analyzers/whatif/"))}
     assert not analysis_side, analysis_side
+
+
+def test_the_analysis_writes_no_finding():
+    """Facts, then one judgement: no module of the trace, job or what-if analysis writes a
+    finding (a severity or advice); the diagnosis makes them from the facts. (The NCCL log
+    analyzer's findings are its own subsystem, not yet split.)"""
+    judged_keys = {"severity", "advice"}
+    found = []
+    for folder in ("trace", "job", "whatif"):
+        for path in sorted((REPO / "analyzers" / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                keys = [k.value for k in node.keys if isinstance(k, ast.Constant)] if isinstance(node, ast.Dict) else []
+                keys += [k.arg for k in node.keywords] if isinstance(node, ast.Call) else []
+                if judged_keys & set(keys):
+                    found.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert not found, found

@@ -21,4 +21,4 @@ def test_median_of_what_is_finite():
     assert median([3, 1, 2]) == 2.0 and median([4, 1, 3, 2]) == 2.5
     assert median([1.0, math.nan, None, "9", True, 5.0]) == 3.0
     assert median([]) is None and median([math.nan]) is None
-    assert finite_values((x for x in [1, None, 2.5])) == [1.0, 2.5]
+    assert finite_values(x for x in [1, None, 2.5]) == [1.0, 2.5]

@@ -172,8 +172,10 @@ def format_summary(doc: dict) -> str:
         for s in job.get("stragglers") or []:
             said = s.get("message") or s.get("evidence_text")
             out.append(f"  straggler: {said}" if isinstance(said, str) else f"  straggler: rank {s.get('rank')}")
-        for f in job.get("findings") or []:
-            out.append(f"  [{f.get('severity', 'info')}] {f.get('message')}")
+        # The job's findings as the diagnosis judged them (the ranks' own are listed above).
+        for f in (doc.get("diagnosis") or {}).get("findings") or []:
+            if not f.get("ranks"):
+                out.append(f"  [{f.get('severity', 'info')}] {f.get('message')}")
     causes = (doc.get("diagnosis") or {}).get("causes") or []
     if causes:
         out.append("causes:")

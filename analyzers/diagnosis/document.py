@@ -109,8 +109,8 @@ def _judge(job: dict, ranks: dict, run: dict, tree) -> dict:
     path = _decision_path(job, ranks, bound)
     episodes = straggler_episodes(ranks, tree)
     over_time = episode_finding(episodes, tree)
-    extra = [f for f in (over_time, ended_finding(ranks, run),
-                         reporting.missing_finding(run["missing_ranks"], world)) if f]
+    extra = [f for f in (over_time, ended_finding(ranks, run), reporting.missing_finding(run["missing_ranks"], world))
+             if f] + reporting.input_findings(job)
     findings = merged_findings({**job, "findings": [*(job.get("findings") or []), *extra]} if extra else job, ranks)
     basis = mset["basis"] if mset else f"{int(steps.has_shares.sum())} step(s) of {len(ranks)} rank(s)"
     ev = evidence(ranks, allt, steps, job_shares, basis, stragglers, ctx.nccl, findings)

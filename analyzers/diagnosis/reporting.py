@@ -1,6 +1,7 @@
-"""Which ranks are missing from a job, and which stopped reporting before it ended: the one
-rule every consumer takes (the job finding, the ended-abnormally finding, the headline, the
-report's "What was missing", confidence).
+"""What a job's inputs cover: which ranks are missing from it, which stopped reporting before
+it ended (the one rule every consumer takes: the job findings, the ended-abnormally finding,
+the headline, the report's "What was missing", confidence), and which traces claim a rank
+twice, name none, or recorded different numbers of a collective.
 
 The analysis gives facts only: the world size, the ranks with no data at all
 (`job.missing_ranks`), and for a run directory each rank's last heartbeat and whether it
@@ -52,13 +53,47 @@ def missing_finding(missing: list[int], world: int | None) -> dict | None:
     return {
         "id": "missing_ranks",
         "severity": "warning",
-        "message": f"{len(missing)} of {world or '?'} ranks left no data (ranks {_ranges(missing)}); "
+        "message": f"{len(missing)} of {world or '?'} ranks left no data ({'rank' if len(missing) == 1 else 'ranks'} "
+                   f"{_ranges(missing)}); "
                    "the job analysis rests on the other ranks.",
         "advice": "Profile every rank (or pass every rank's trace), so a straggler or a crash among the missing "
                   "ranks is not overlooked; in a run directory, a rank that never wrote could not reach it or "
                   "died before its first step (read the launcher's log).",
         "evidence": {"missing": list(missing)[:1000], "world_size": world},
     }
+
+
+def input_findings(job: dict) -> list[dict]:
+    """The job findings of the cross-rank facts on the traces themselves: a rank claimed twice,
+    traces that name no rank, collectives the ranks recorded different numbers of."""
+    out = []
+    dups = [d for d in job.get("duplicate_ranks") or [] if isinstance(d, dict)]
+    if dups:
+        out.append({"id": "duplicate_ranks", "severity": "warning",
+                    "message": "Several traces claim the same rank: "
+                               + ", ".join(f"rank {d.get('rank')} ({d.get('source')})" for d in dups[:16])
+                               + "; only the first is used.",
+                    "advice": "Pass one trace per rank, from the same profiling window.",
+                    "evidence": {"duplicates": dups[:1000]}})
+    unnamed = list(job.get("unnamed_traces") or [])
+    if unnamed:
+        out.append({"id": "unknown_rank", "severity": "warning",
+                    "message": f"{len(unnamed)} trace(s) name no rank and are left out of the cross-rank comparison.",
+                    "advice": "Name trace files with their rank (e.g. rank-3.json.gz) or profile with distributed "
+                              "info enabled.",
+                    "evidence": {"sources": unnamed[:1000]}})
+    mismatch = [m for m in (job.get("collectives") or {}).get("count_mismatch") or [] if isinstance(m, dict)]
+    if mismatch:
+        out.append({"id": "collective_count_mismatch", "severity": "info",
+                    "message": "Ranks recorded different numbers of some collectives (" + "; ".join(
+                        f"{m.get('name')}" + (f" of {m['bytes']} bytes" if m.get("bytes") else "")
+                        + (f" on group {m['pg']}" if m.get("pg") is not None else "") + ": "
+                        + ", ".join(f"rank {r}: {n}" for r, n in (m.get("counts") or {}).items())
+                        for m in mismatch[:5]) + "), so matching by order may pair different calls.",
+                    "advice": "Profile the same steps on every rank; a rank with fewer calls may have hung or "
+                              "diverged.",
+                    "evidence": {"mismatch": mismatch[:50]}})
+    return out
 
 
 def _ranges(ranks: list[int]) -> str:

@@ -296,15 +296,11 @@ def _wait_stats(groups: list[dict]) -> tuple[dict[int, RankCollectiveStats], lis
 # --- the job --------------------------------------------------------------------------
 
 
-def _finding(fid, severity, message, advice, evidence) -> dict:
-    return {"id": fid, "severity": severity, "message": message, "advice": advice, "evidence": evidence}
-
-
 def analyze_job(ranks: list[dict], tree) -> dict:
     """The facts of the "job" part of the analysis document from the rank dicts of one job;
-    `tree` gives the what-if changes to replay."""
-    findings: list[dict] = []
-
+    `tree` gives the what-if changes to replay. Which findings these facts make (ranks missing,
+    claimed twice or unnamed; collectives counted differently) is the diagnosis's call
+    (diagnosis/reporting.py)."""
     # Which ranks do we have?
     by_id: dict[int, dict] = {}
     dups, unknown = [], []
@@ -321,29 +317,6 @@ def analyze_job(ranks: list[dict], tree) -> dict:
     world = max([*sizes, (max(by_id) + 1) if by_id else 0, len(by_id)]) or None
     present = sorted(by_id)
     missing = [i for i in range(world or 0) if i not in by_id]
-    if dups:
-        findings.append(
-            _finding(
-                "duplicate_ranks",
-                "warning",
-                "Several traces claim the same rank: "
-                + ", ".join(f"rank {r} ({s})" for r, s in dups)
-                + "; only the first is used.",
-                "Pass one trace per rank, from the same profiling window.",
-                {"duplicates": [{"rank": r, "source": s} for r, s in dups]},
-            )
-        )
-    if unknown:
-        findings.append(
-            _finding(
-                "unknown_rank",
-                "warning",
-                f"{len(unknown)} trace(s) name no rank and are left out of the cross-rank comparison.",
-                "Name trace files with their rank (e.g. rank-3.json.gz) or profile with distributed info enabled.",
-                {"sources": unknown},
-            )
-        )
-
     # Collectives and waits.
     match = match_collectives({rid: r.get("collectives") or [] for rid, r in by_id.items()})
     per, groups, transfer_us = _wait_stats(match["groups"])
@@ -360,9 +333,6 @@ def analyze_job(ranks: list[dict], tree) -> dict:
         median_step=_median(step_ms.values()), median_work=_median(work_ms.values()),
         median_gap=_median(_median(p.gaps) for p in per.values()), transfer_share=transfer_share, busbw=busbw,
     )
-    if match["count_mismatch"]:
-        findings.append(_count_mismatch_finding(match["count_mismatch"]))
-
     critical_path, what_if = job_what_if(ranks, tree.what_if)
     return {
         "world_size": world,
@@ -370,7 +340,9 @@ def analyze_job(ranks: list[dict], tree) -> dict:
         "critical_path": critical_path,
         "what_if": what_if,
         "missing_ranks": missing,
-        "findings": findings,
+        "duplicate_ranks": [{"rank": r, "source": src} for r, src in dups],
+        "unnamed_traces": unknown,
+        "findings": [],
         "collectives": {
             "source": match["source"],
             "matched_by": match["matched_by"],
@@ -381,29 +353,13 @@ def analyze_job(ranks: list[dict], tree) -> dict:
             "wait_fraction": round(wait_us / comm_us, 4) if comm_us > 0 else None,
             "transfer_fraction": round(transfer_share, 4) if transfer_share is not None else None,
             "busbw": busbw,
+            # Collectives the ranks recorded different numbers of: matching by order may pair
+            # different calls.
+            "count_mismatch": match["count_mismatch"][:50],
         },
         # The judgement's input (diag.analyzers.diagnosis.stragglers), taken out of the job block there.
         FACTS_KEY: facts,
     }
-
-
-def _count_mismatch_finding(mismatch: list[dict]) -> dict:
-    return _finding(
-        "collective_count_mismatch",
-        "info",
-        "Ranks recorded different numbers of some collectives ("
-        + "; ".join(
-            f"{m['name']}"
-            + (f" of {m['bytes']} bytes" if m.get("bytes") else "")
-            + (f" on group {m['pg']}" if m["pg"] is not None else "")
-            + ": "
-            + ", ".join(f"rank {r}: {n}" for r, n in m["counts"].items())
-            for m in mismatch[:5]
-        )
-        + "), so matching by order may pair different calls.",
-        "Profile the same steps on every rank; a rank with fewer calls may have hung or diverged.",
-        {"mismatch": mismatch[:50]},
-    )
 
 
 def achieved_busbw(groups: list[dict], world: int | None) -> dict | None:
