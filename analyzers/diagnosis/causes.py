@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from diag.analyzers.analysis_types import ALL_REDUCE_RE, PAGEABLE_HTOD_RE, SYNC_OP_NAMES
 from diag.analyzers.diagnosis import action_models
 from diag.analyzers.diagnosis.context import JobContext
-from diag.analyzers.diagnosis.inputs import traced_durations, traced_steps
+from diag.analyzers.diagnosis.inputs import num, traced_durations, traced_steps
 from diag.analyzers.diagnosis.loader_model import (
     LoaderRates,
     WorkerPlan,
@@ -890,7 +890,8 @@ def _dominant_param(model: dict, share: float) -> dict | None:
 def _bandwidth_kernels(ctx: JobContext) -> dict | None:
     """Bandwidth-bound kernels taking `bandwidth_kernels_step_share` of the step or more, named
     by the ops that launch them with the bandwidth they reach against the memory's peak: a
-    group far under the peak (`slow` in the facts) has a layout to fix, the others bytes to cut."""
+    group far under the peak (`bandwidth_slow_peak`, moving `bandwidth_min_call_mb` a call or
+    more) has a layout to fix, the others bytes to cut."""
     minimum = ctx.tree.thresholds["bandwidth_kernels_step_share"]
     found = {}
     for rank, merged in ctx.ranks.items():
@@ -919,7 +920,9 @@ def _bandwidth_kernels(ctx: JobContext) -> dict | None:
         text += (f" {', '.join(g['op'] + ' (' + _ms(float(g['ms_per_step'])) + ')' for g in irregular[:2])} "
                  f"read{'s' if one else ''} memory where {'its' if one else 'their'} indices point: "
                  f"{'its' if one else 'their'} bytes, and so {'its' if one else 'their'} rate, are not known.")
-    slow = [g for g in groups if g.get("slow")]
+    th = ctx.tree.thresholds
+    slow = [g for g in groups if float(g["peak_frac"]) < th["bandwidth_slow_peak"]
+            and (num(g.get("mb_per_call")) or 0.0) >= th["bandwidth_min_call_mb"]]
     if slow:
         names = ", ".join(g["name"] for g in slow[:2])
         action = (f"Fix the memory layout behind {names}: at {slow[0]['peak_frac']:.0%} of the peak they read or "

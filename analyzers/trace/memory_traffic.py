@@ -53,8 +53,10 @@ def traffic_facts(trace: Trace, classes: np.ndarray, win: np.ndarray, device, ta
     """{"peak_gbps", "bandwidth_ms_per_step", "rated_share", "groups": [...], "irregular": [...]}
     over the bandwidth-class kernels of the windows (None without any); and per window, what
     the groups under `slow_frac` of the peak would save running at `target_frac` (µs; None
-    without the device's peak or such a group). Groups moving under `min_call_bytes` a call
-    are not called slow: kernels that small cannot reach the peak, whatever their pattern."""
+    without the device's peak or such a group): the what-if change's own definition. Groups
+    moving under `min_call_bytes` a call are left out of it: kernels that small cannot reach
+    the peak, whatever their pattern. Which groups to name as slow is the diagnosis's call,
+    from each group's peak_frac and mb_per_call."""
     n = len(win)
     if not n or not len(trace.dev_ts):
         return None, None
@@ -127,8 +129,9 @@ def traffic_facts(trace: Trace, classes: np.ndarray, win: np.ndarray, device, ta
             out.append({"name": f"{where} on {shapes or '?'} in {dtype}", "op": name,
                         "called_from": top if top != name else None, "shapes": shapes, "dtype": dtype, "calls_per_step": round(g["calls"] / n, 3),
                         "ms_per_step": round(us / 1e3 / n, 4), "gb_per_step": round(g["bytes"] / 1e9 / n, 4),
+                        "mb_per_call": round(g["bytes"] / 1e6 / g["calls"], 3),
                         "achieved_gbps": round(rate / 1e9, 1) if rate else None,
-                        "peak_frac": round(frac, 3) if frac is not None else None, "slow": slow})
+                        "peak_frac": round(frac, 3) if frac is not None else None})
     facts = {
         "peak_gbps": round(peak / 1e9, 1) if peak else None,
         "bandwidth_ms_per_step": round(total_us / 1e3 / n, 4),
