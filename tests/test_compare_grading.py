@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from diag.analyzers.diagnosis import change
+from diag.analyzers.diagnosis import change, run_figures
 from diag.analyzers.diagnosis import decision_tree as dt
 from diag.analyzers.diagnosis.gate import graded_prediction
 
@@ -44,7 +44,14 @@ def test_no_change_is_inferred_without_a_record():
     assert named["change"] == "no_data_wait" and named["kind"] == "ceiling"
 
 
+def _diagnosis(doc: dict) -> dict:
+    """The diagnosis's run figures of a document: what identifies the run."""
+    merged = {r["rank"]: {"analysis": r, "device": None} for r in doc["ranks"]}
+    return {"run_figures": {"identity": run_figures.identity(merged, len(merged))}}
+
+
 def test_runs_that_train_different_jobs_are_not_graded():
-    c = graded_prediction(_doc(0, 100.0), {}, _doc(8, 2.5, model_params=2000), {}, None, TREE)
+    before, after = _doc(0, 100.0), _doc(8, 2.5, model_params=2000)
+    c = graded_prediction(before, _diagnosis(before), after, _diagnosis(after), None, TREE)
     assert c["kind"] == "refused" and c["error"] is None
     assert "model: Net with 1,000 parameters before, Net with 2,000 parameters after" in c["text"]

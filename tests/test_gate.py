@@ -12,26 +12,37 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from diag.analyzers.diagnosis import change
 from diag.analyzers.diagnosis import decision_tree as dt
 from diag.analyzers.diagnosis import gate as gt
+from diag.analyzers.diagnosis import run_figures as rf
 from diag.report.gate import junit, markdown
 
 TREE = dt.load_tree()
 
 
-def _run(step_ms: float, n: int = 40, world: int = 2, device: str = "2 x CPU", params: int = 1000,
+def _run(step_ms: float, n: int = 40, world: int = 2, device: str = "CPU", params: int = 1000,
          samples: int = 64, scatter: float = 0.01, host_share: float = 0.1, drift: float = 0.0):
-    """(analysis document, report model) of a run whose steps scatter by +-scatter around step_ms,
-    and whose second half runs `drift` slower than its first."""
+    """(analysis document, diagnosis) of a run whose steps scatter by +-scatter around step_ms,
+    and whose second half runs `drift` slower than its first; the diagnosis's run figures are
+    made by its own functions from the ranks and the job's steps."""
     times = [step_ms * (1 + scatter * ((k % 5) - 2) / 2) * (1 + drift * (k >= n // 2)) / 1e3 for k in range(n)]
     steps = [{"step": k, "duration_ms": t * 1e3, "samples": samples,
               "shares": {"data": 0.0, "host": host_share, "comm": 0.0, "wait": 0.0, "memory": 0.1,
                          "compute": 0.8 - host_share}} for k, t in enumerate(times)]
-    doc = {"ranks": [{"rank": r, "steps": steps, "model": {"class": "Sequential", "params": params}}
-                     for r in range(world)]}
-    model = {"run": {"world_size": world, "devices": [device]}, "step_times_s": times,
-             "throughput": {"samples_per_s": samples * world / (step_ms / 1e3)}}
-    return doc, model
+    doc = {"ranks": [{"rank": r, "steps": steps} | ({"model": {"class": "Sequential", "params": params}} if params
+                                                    else {}) for r in range(world)]}
+    merged = {r: {"analysis": a, "device": device} for r, a in enumerate(doc["ranks"])}
+    figures = {"identity": rf.identity(merged, world), "step_time": rf.step_time(change.steady_steps(times, TREE)),
+               "throughput": {"samples_per_s": samples * world / (step_ms / 1e3)}}
+    return doc, {"run_figures": figures}
+
+
+def _model(run) -> dict:
+    """The report model compare() reads beside the diagnosis."""
+    figures = run[1]["run_figures"]
+    return {"run": {"world_size": figures["identity"]["world size"]}, "diagnosis": run[1],
+            "throughput": figures["throughput"]}
 
 
 def _gate(before, after, **kw):
@@ -74,7 +85,7 @@ def test_a_phase_that_grows_past_the_limit_fails_even_when_the_step_does_not():
 
 @pytest.mark.parametrize("what,after", [
     ("world size: 2 before, 4 after", {"world": 4}),
-    ("device: CPU before, NVIDIA H100 after", {"device": "2 x NVIDIA H100"}),
+    ("device: CPU before, NVIDIA H100 after", {"device": "NVIDIA H100"}),
     ("model: Sequential with 1,000 parameters before, Sequential with 2,000 parameters after", {"params": 2000}),
     ("batch: 128 before, 256 after", {"samples": 128}),
 ])
@@ -86,10 +97,7 @@ def test_runs_that_differ_are_not_comparable(what, after):
 
 def test_too_few_steps_are_not_comparable_and_an_unrecorded_fact_is_a_note():
     assert "too few steps" in _gate(_run(100.0), _run(100.0, n=2))["reasons"][0]
-    before = _run(100.0)
-    for r in before[0]["ranks"]:
-        del r["model"]
-    out = _gate(before, _run(100.0))
+    out = _gate(_run(100.0, params=None), _run(100.0))
     assert out["result"] == "pass" and out["notes"] == ["model is not recorded in BEFORE: not checked"]
 
 
@@ -179,13 +187,13 @@ def test_compare_and_the_gate_give_one_interval(drift):
 
     before, after = _run(100.0, drift=drift), _run(106.0, drift=drift)
     step = _gate(before, after)["figures"][0]
-    st = compare(before[1], after[1], before[0], after[0], TREE)["step_time"]
+    st = compare(_model(before), _model(after), before[0], after[0], TREE)["step_time"]
     assert [st["ci_low"] - 1, st["ci_high"] - 1] == pytest.approx(step["band"], rel=1e-12)
     assert st["change"] == pytest.approx(step["change"], rel=1e-12)
 
 
 @pytest.mark.parametrize("what,after", [
-    ("device: CPU before, NVIDIA H100 after", {"device": "2 x NVIDIA H100"}),
+    ("device: CPU before, NVIDIA H100 after", {"device": "NVIDIA H100"}),
     ("model: Sequential with 1,000 parameters before, Sequential with 2,000 parameters after", {"params": 2000}),
     ("batch: 128 before, 256 after", {"samples": 128}),
 ])
@@ -195,8 +203,9 @@ def test_plain_compare_draws_no_conclusion_where_the_gate_refuses(what, after):
     from diag.analyzers.views.compare_model import compare
 
     before, other = _run(100.0), _run(270.0, **after)
-    before[1]["bound"], other[1]["bound"] = "comm", "compute"
-    c = compare(before[1], other[1], before[0], other[0], TREE)
+    model_a, model_b = _model(before), _model(other)
+    model_a["bound"], model_b["bound"] = "comm", "compute"
+    c = compare(model_a, model_b, before[0], other[0], TREE)
     assert what in _gate(before, other)["reasons"] and c["differences"] == [what] and not c["comparable"]
     assert c["step_time"] is None and c["headline"].startswith("Not comparable: the runs train different jobs")
     assert "removed the old bottleneck" not in c["verdict_change"]["text"]
@@ -210,7 +219,8 @@ def test_two_world_sizes_are_a_scaling_study_for_compare_and_refused_by_the_gate
 
     two, four = _run(100.0), _run(110.0, world=4)
     assert _gate(two, four)["result"] == "not_comparable"
-    c = compare(two[1], four[1], two[0], four[0], TREE)
+    c = compare(_model(two), _model(four), two[0], four[0], TREE)
     assert c["comparable"] and c["step_time"] is not None
-    split = compare(two[1], _run(60.0, world=4, samples=32)[1], two[0], _run(60.0, world=4, samples=32)[0], TREE)
+    halves = _run(60.0, world=4, samples=32)
+    split = compare(_model(two), _model(halves), two[0], halves[0], TREE)
     assert split["differences"] == ["batch per rank: 64 before, 32 after"]

@@ -88,7 +88,7 @@ def _gate(args, doc_a, model_a, doc_b, model_b, tree, out) -> int:
     from diag.analyzers.diagnosis.gate import gate
     from diag.report.gate import junit, markdown
 
-    result = gate(doc_a, model_a, doc_b, model_b, tree, max_slowdown=args.max_slowdown)
+    result = gate(doc_a, model_a["diagnosis"], doc_b, model_b["diagnosis"], tree, max_slowdown=args.max_slowdown)
     print(result["summary"])
     rundir.atomic_write_json(os.path.join(out, "gate.json"), result)
     table = markdown(result, args.run_a, args.run_b)

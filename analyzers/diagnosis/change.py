@@ -11,7 +11,7 @@ it is a "fragile" win or loss; otherwise "no clear change".
 from __future__ import annotations
 
 from diag.analyzers.diagnosis.loader_model import batch_is_cpu_work, cpus_per_rank, expectation, loader_rates
-from diag.analyzers.diagnosis.steady import interval_level, level_ratio_interval, warmup_steps
+from diag.analyzers.diagnosis.steady import interval_level, level, levels_ratio_interval, warmup_steps
 
 RESULTS = ("helped", "hurt", "fragile_win", "fragile_loss", "no_change")
 MIN_STEPS = 3  # after warm-up, in each run
@@ -25,16 +25,21 @@ def steady_steps(step_times_s: list, tree) -> list[float]:
 
 def step_time_change(before_s: list[float], after_s: list[float], tree) -> dict | None:
     """The judgement of two runs' steady step times; None with fewer than MIN_STEPS in either."""
-    if len(before_s) < MIN_STEPS or len(after_s) < MIN_STEPS:
+    return level_change(level(before_s), level(after_s), tree)
+
+
+def level_change(before: dict | None, after: dict | None, tree) -> dict | None:
+    """The judgement of two runs' levels (steady.level); None with fewer than MIN_STEPS in either."""
+    if not before or not after or before["steps"] < MIN_STEPS or after["steps"] < MIN_STEPS:
         return None
     th = tree.thresholds
     # The interval of two runs' levels (each median's error and each run's own drift): the
     # one interval of compare and of the gate.
-    ratio, lo, hi = level_ratio_interval(before_s, after_s, th["noise_interval_z"])
+    ratio, lo, hi = levels_ratio_interval(before, after, th["noise_interval_z"])
     kind = verdict_of_change(ratio, lo, hi, th["change_min_effect"])
     return {
         "ratio": ratio, "ci_low": lo, "ci_high": hi, "change": ratio - 1, "result": kind,
-        "statement": statement(kind, ratio, lo, hi, len(before_s), len(after_s),
+        "statement": statement(kind, ratio, lo, hi, before["steps"], after["steps"],
                                interval_level(th["noise_interval_z"])),
         "method": f"ratio of median step times with the interval of both runs' levels: each median's robust "
                   f"standard error and each run's drift (z = {th['noise_interval_z']:g}); changes under "

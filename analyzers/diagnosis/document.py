@@ -51,6 +51,7 @@ from diag.analyzers.diagnosis.inputs import (
 from diag.analyzers.diagnosis.memory import memory_section
 from diag.analyzers.diagnosis.precision import cpu_without_bf16_units, withhold_half_precision
 from diag.analyzers.diagnosis.recommendations import recommendations
+from diag.analyzers.diagnosis.run_figures import run_figures
 from diag.analyzers.diagnosis.straggler_cause import with_likely_causes
 from diag.analyzers.diagnosis.straggler_episodes import episode_finding, straggler_episodes
 from diag.analyzers.diagnosis.verdict import has_all_shares, job_verdict, rank_measurements
@@ -148,6 +149,8 @@ def _judge(job: dict, ranks: dict, run: dict, tree) -> dict:
         "world_size": world,
         "missing_ranks": list(run.get("missing_ranks") or []),
         "stopped_ranks": list(run.get("stopped_ranks") or []),
+        # What the run is and how fast it went, for the report and for comparing it with another.
+        "run_figures": run_figures(ranks, steps, world, tree),
     }
 
 

@@ -18,7 +18,7 @@ pace wanders within itself.
 - each phase (data, host, comm, wait, memory, compute) in milliseconds of a step: worse when
   the whole interval of its growth lies above `limit` of BEFORE's median step, so a phase
   that takes the time another gave back is no regression of the step.
-Pure: two analysis documents and their report models in, plain data out.
+Pure: two runs' diagnoses (their run figures) and analysis documents in, plain data out.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import statistics
 
 from diag.analyzers.diagnosis import change
 from diag.analyzers.diagnosis.inputs import CLASSES
+from diag.analyzers.diagnosis.run_figures import as_level
 from diag.analyzers.diagnosis.steady import level_drift, median_standard_error
 
 GATE_SCHEMA = "diag.gate/1"
@@ -34,35 +35,16 @@ PASS, REGRESSION, NOT_COMPARABLE = "pass", "regression", "not_comparable"
 EXIT_STATUS = {PASS: 0, REGRESSION: 1, NOT_COMPARABLE: 2}
 
 
-def run_identity(doc: dict, model: dict) -> dict:
+def _figures(diagnosis: dict | None) -> dict:
+    """A diagnosis's run figures (diagnosis/run_figures.py): identity, step time, throughput."""
+    figures = (diagnosis or {}).get("run_figures")
+    return figures if isinstance(figures, dict) else {}
+
+
+def run_identity(diagnosis: dict | None) -> dict:
     """What must match for two runs to be compared: world size, device kind, model, batch."""
-    run = model.get("run") or {}
-    ranks = [r for r in doc.get("ranks") or [] if isinstance(r, dict)]
-    facts = next((r["model"] for r in ranks if isinstance(r.get("model"), dict)), None) or {}
-    return {
-        "world size": run.get("world_size"),
-        "device": _device_kind(run.get("devices")),
-        "model": f"{facts['class']} with {facts['params']:,} parameters" if facts.get("class") and
-        isinstance(facts.get("params"), int) else None,
-        "batch": _batch(ranks),
-    }
-
-
-def _device_kind(devices) -> str | None:
-    """'2 x NVIDIA H100' -> 'NVIDIA H100': the kind, whatever the count (the world size says it)."""
-    kinds = sorted({str(d).split(" x ", 1)[-1] for d in devices or []})
-    return ", ".join(kinds) or None
-
-
-def _batch(ranks: list[dict]) -> float | None:
-    """Samples per step, summed over ranks (the median of each rank's recorded steps)."""
-    per_rank = []
-    for r in ranks:
-        samples = [s.get("samples") for s in r.get("steps") or [] if isinstance(s, dict)]
-        samples = [float(x) for x in samples if isinstance(x, (int, float)) and x > 0]
-        if samples:
-            per_rank.append(statistics.median(samples))
-    return sum(per_rank) if per_rank else None
+    ident = _figures(diagnosis).get("identity")
+    return dict(ident) if isinstance(ident, dict) else dict.fromkeys(("world size", "device", "model", "batch"))
 
 
 def differences(before: dict, after: dict) -> list[str]:
@@ -80,42 +62,43 @@ def _shown(v) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
-def comparison(doc_a: dict | None, model_a: dict, doc_b: dict | None, model_b: dict, tree,
-               scaling: bool = False) -> dict:
-    """What `diag compare` and the gate both judge, once: the runs' identities, the notes on
-    what neither could check, why they may not be compared ("differences"), and the step-time
-    change with its one interval (None with too few steps, or runs that may not be compared).
+def comparison(diag_a: dict | None, diag_b: dict | None, tree, scaling: bool = False) -> dict:
+    """What `diag compare` and the gate both judge, once, from the two runs' diagnoses: the
+    runs' identities, the notes on what neither could check, why they may not be compared
+    ("differences"), each run's steady step time, and the step-time change with its one
+    interval (None with too few steps, or runs that may not be compared).
 
     scaling: two world sizes are the point (a scaling study), so the world size and the
     job's batch may differ where the batch per rank does not."""
-    ident_a, ident_b = run_identity(doc_a or {}, model_a), run_identity(doc_b or {}, model_b)
+    ident_a, ident_b = run_identity(diag_a), run_identity(diag_b)
     notes = [f"{k} is not recorded in {'BEFORE' if ident_a[k] is None else 'AFTER'}: not checked"
-             for k in ident_a if ident_a[k] is None or ident_b[k] is None]
+             for k in ident_a if ident_a[k] is None or ident_b.get(k) is None]
     if scaling:
         per_rank = [{"batch per rank": _per_rank(i["batch"], i["world size"])} for i in (ident_a, ident_b)]
         ident_a, ident_b = ({k: v for k, v in i.items() if k not in ("world size", "batch")} | p
                             for i, p in zip((ident_a, ident_b), per_rank))
     reasons = differences(ident_a, ident_b)
-    ta = change.steady_steps(model_a.get("step_times_s") or [], tree)
-    tb = change.steady_steps(model_b.get("step_times_s") or [], tree)
-    few = len(ta) < change.MIN_STEPS or len(tb) < change.MIN_STEPS
+    sa, sb = _figures(diag_a).get("step_time"), _figures(diag_b).get("step_time")
+    na, nb = (s["steps"] if s else 0 for s in (sa, sb))
+    few = na < change.MIN_STEPS or nb < change.MIN_STEPS
     return {"before": ident_a, "after": ident_b, "notes": notes, "differences": reasons,
-            "too_few_steps": (f"too few steps after warm-up to compare ({len(ta)} before, {len(tb)} after; "
+            "too_few_steps": (f"too few steps after warm-up to compare ({na} before, {nb} after; "
                               f"at least {change.MIN_STEPS} each)") if few else None,
-            "steps": (ta, tb),
-            "step_time": None if few or reasons else change.step_time_change(ta, tb, tree)}
+            "step_times": (sa, sb),
+            "step_time": None if few or reasons else change.level_change(as_level(sa), as_level(sb), tree)}
 
 
 def _per_rank(batch: float | None, world: int | None) -> float | None:
     return batch / world if isinstance(batch, (int, float)) and isinstance(world, int) and world > 0 else None
 
 
-def gate(doc_a: dict, model_a: dict, doc_b: dict, model_b: dict, tree, max_slowdown: float | None = None) -> dict:
+def gate(doc_a: dict, diag_a: dict, doc_b: dict, diag_b: dict, tree, max_slowdown: float | None = None) -> dict:
     """The gate's result ("pass", "regression", "not_comparable"), its exit status, the reasons,
-    the figures with their bands, and notes on what could not be checked."""
+    the figures with their bands, and notes on what could not be checked: the two runs'
+    diagnoses, and their analysis documents for the phases of their steps."""
     th = tree.thresholds
     limit = float(th["gate_max_slowdown"] if max_slowdown is None else max_slowdown)
-    c = comparison(doc_a, model_a, doc_b, model_b, tree)
+    c = comparison(diag_a, diag_b, tree)
     out = {"schema": GATE_SCHEMA, "limit": limit, "before": c["before"], "after": c["after"], "notes": c["notes"],
            "figures": []}
     reasons = c["differences"] + ([c["too_few_steps"]] if c["too_few_steps"] else [])
@@ -123,13 +106,13 @@ def gate(doc_a: dict, model_a: dict, doc_b: dict, model_b: dict, tree, max_slowd
         return {**out, "result": NOT_COMPARABLE, "exit_status": EXIT_STATUS[NOT_COMPARABLE], "reasons": reasons,
                 "summary": "diag gate: NOT COMPARABLE: " + "; ".join(reasons)}
     z = float(th["noise_interval_z"])
-    ta, tb = c["steps"]
+    sa, sb = c["step_times"]
     st = c["step_time"]
     ratio, lo, hi = st["ratio"], st["ci_low"], st["ci_high"]
-    base_ms = statistics.median(ta) * 1e3
-    figures = [_figure("step time", "ms", base_ms, statistics.median(tb) * 1e3, ratio, lo, hi, limit, higher_is_worse=True)]
+    base_ms = sa["median_ms"]
+    figures = [_figure("step time", "ms", base_ms, sb["median_ms"], ratio, lo, hi, limit, higher_is_worse=True)]
     for key, name in (("samples_per_s", "throughput"), ("tokens_per_s", "throughput (tokens)"), ("mfu", "MFU")):
-        a, b = (model_a.get("throughput") or {}).get(key), (model_b.get("throughput") or {}).get(key)
+        a, b = ((_figures(d).get("throughput") or {}).get(key) for d in (diag_a, diag_b))
         if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a > 0 and b > 0:
             figures.append(_figure(name, "/s" if key != "mfu" else "", a, b, b / a, 1 / hi, 1 / lo, limit,
                                    higher_is_worse=False))
@@ -186,13 +169,13 @@ def _phase_figures(doc_a, doc_b, base_ms: float, limit: float, z: float) -> list
     return out
 
 
-def graded_prediction(doc_a: dict | None, model_a: dict, doc_b: dict | None, model_b: dict, applied: str | None,
-                      tree) -> dict | None:
+def graded_prediction(doc_a: dict | None, diag_a: dict | None, doc_b: dict | None, diag_b: dict | None,
+                      applied: str | None, tree) -> dict | None:
     """The prediction made on A, graded against B: refused between runs that train different
     jobs; else the DataLoader change both runs recorded, where there is one; else the what-if
     change named (`applied`, a ceiling); None where nothing was named or recorded."""
     if doc_a is not None and doc_b is not None:
-        differ = differences(run_identity(doc_a, model_a), run_identity(doc_b, model_b))
+        differ = differences(run_identity(diag_a), run_identity(diag_b))
         if differ:
             return {"change": applied, "kind": "refused", "error": None,
                     "text": "No prediction graded: the runs do not train the same job (" + "; ".join(differ) + ")."}
@@ -200,8 +183,8 @@ def graded_prediction(doc_a: dict | None, model_a: dict, doc_b: dict | None, mod
             found = change.loader_check(doc_a, doc_b, tree)
             if found is not None:
                 return found
-    return change.prediction_check(_what_if(model_a), _what_if(model_b), applied)
+    return change.prediction_check(_what_if(diag_a), _what_if(diag_b), applied)
 
 
-def _what_if(model: dict) -> list[dict]:
-    return [e for e in (model.get("what_if") or {}).get("changes") or [] if isinstance(e, dict)]
+def _what_if(diagnosis: dict | None) -> list[dict]:
+    return [e for e in ((diagnosis or {}).get("what_if") or {}).get("changes") or [] if isinstance(e, dict)]

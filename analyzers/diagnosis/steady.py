@@ -81,14 +81,31 @@ def level_drift(values, blocks: int = 4, min_block: int = 4) -> float | None:
     return statistics.stdev(medians) / whole if whole > 0 else None
 
 
-def level_ratio_interval(before, after, z: float = Z_95) -> tuple[float, float, float]:
-    """median_ratio_interval widened by each run's level_drift: the interval of two runs'
-    levels rather than of two samples of one level."""
-    mb, ma = statistics.median(before), statistics.median(after)
-    ratio = ma / mb
-    rel = math.hypot(_relative_se(before, mb), _relative_se(after, ma), level_drift(before) or 0.0,
-                     level_drift(after) or 0.0)
+def level(values) -> dict | None:
+    """A run's level, all a comparison with another run needs of its steady values:
+    {"steps", "median", "relative_se" (the median's standard error over it), "drift"
+    (level_drift, 0 where too few steps)}; None without a positive median."""
+    vals = _finite(values)
+    if not vals:
+        return None
+    med = statistics.median(vals)
+    if med <= 0:
+        return None
+    return {"steps": len(vals), "median": med, "relative_se": _relative_se(vals, med),
+            "drift": level_drift(vals) or 0.0}
+
+
+def levels_ratio_interval(before: dict, after: dict, z: float = Z_95) -> tuple[float, float, float]:
+    """(after's median over before's, low, high): median_ratio_interval widened by each run's
+    drift, the interval of two runs' levels rather than of two samples of one level."""
+    ratio = after["median"] / before["median"]
+    rel = math.hypot(before["relative_se"], after["relative_se"], before["drift"], after["drift"])
     return ratio, ratio * math.exp(-z * rel), ratio * math.exp(z * rel)
+
+
+def level_ratio_interval(before, after, z: float = Z_95) -> tuple[float, float, float]:
+    """levels_ratio_interval of two runs' steady values."""
+    return levels_ratio_interval(level(before), level(after), z)
 
 
 def _relative_se(values, median: float) -> float:

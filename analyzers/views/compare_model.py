@@ -9,8 +9,6 @@ absolute deviation), the phase table in shares and milliseconds, throughput.
 
 from __future__ import annotations
 
-import numpy as np
-
 from diag.analyzers.diagnosis import change, gate
 from diag.analyzers.diagnosis.decision_tree import load_tree
 from diag.analyzers.diagnosis.inputs import CLASSES
@@ -20,18 +18,14 @@ from diag.errors import DiagInputError
 COMPARE_SCHEMA = "diag.compare/1"
 
 
-def _mad(x: np.ndarray) -> float:
-    return float(np.median(np.abs(x - np.median(x)))) if len(x) else float("nan")
-
-
 def compare(model_a: dict, model_b: dict, doc_a: dict | None = None, doc_b: dict | None = None,
             tree=None, applied: str | None = None) -> dict:
     """The comparison model of run A (before) and run B (after)."""
     tree = tree or load_tree()
+    diag_a, diag_b = model_a.get("diagnosis"), model_b.get("diagnosis")
     worlds = {(m.get("run") or {}).get("world_size") for m in (model_a, model_b)}
-    judged = gate.comparison(doc_a, model_a, doc_b, model_b, tree, scaling=len(worlds - {None}) == 2)
-    ta, tb = judged["steps"]
-    runs = [_run_summary(model_a, np.asarray(ta)), _run_summary(model_b, np.asarray(tb))]
+    judged = gate.comparison(diag_a, diag_b, tree, scaling=len(worlds - {None}) == 2)
+    runs = [_run_summary(m, st) for m, st in zip((model_a, model_b), judged["step_times"])]
     out: dict = {"schema": COMPARE_SCHEMA, "before": runs[0], "after": runs[1], "missing": [],
                  "comparable": not judged["differences"], "differences": judged["differences"]}
     out["step_time"] = judged["step_time"]
@@ -45,22 +39,21 @@ def compare(model_a: dict, model_b: dict, doc_a: dict | None = None, doc_b: dict
     out["verdict_change"] = change.verdict_change(model_a.get("bound"), model_b.get("bound"), out["comparable"])
     out["throughput"] = _throughput_change(model_a, model_b)
     out["scaling"] = _scaling(model_a, model_b, doc_a, doc_b, tree)
-    out["prediction"] = gate.graded_prediction(doc_a, model_a, doc_b, model_b, applied, tree)
+    out["prediction"] = gate.graded_prediction(doc_a, diag_a, doc_b, diag_b, applied, tree)
     out["headline"] = _headline(out)
     return out
 
 
-def _run_summary(model: dict, t: np.ndarray) -> dict:
+def _run_summary(model: dict, step: dict | None) -> dict:
+    """A run beside the other: its steady step time as the diagnosis states it (run_figures)."""
     run = model.get("run") or {}
+    step = step or {}
     return {
         "name": run.get("name"), "path": run.get("path"), "world_size": run.get("world_size"),
         "bound": model.get("bound"), "headline": (model.get("headline") or {}).get("text"),
         "confidence": (model.get("confidence") or {}).get("level"),
-        "steps": int(len(t)),
-        "median_ms": float(np.median(t)) * 1000 if len(t) else None,
-        "mad_ms": _mad(t) * 1000 if len(t) else None,
-        "p10_ms": float(np.percentile(t, 10)) * 1000 if len(t) else None,
-        "p90_ms": float(np.percentile(t, 90)) * 1000 if len(t) else None,
+        "steps": int(step.get("steps") or 0),
+        **{k: step.get(k) for k in ("median_ms", "mad_ms", "p10_ms", "p90_ms")},
         "shares": model.get("phase_shares"),
         "throughput": model.get("throughput") or {},
         "missing": [m["what"] for m in model.get("missing") or []],

@@ -105,8 +105,7 @@ def build_model(doc: dict, run: dict | None = None, limits: Limits | None = None
         **judged,
         "ranks": _rank_rows(ranks, diagnosis["stragglers"], limits, notes),
         "step_stats": _step_stats(steps),
-        "step_times_s": [round(float(x), 6) for x in steps.dur[~np.isnan(steps.dur)]],
-        "throughput": _throughput_summary(ranks, steps),
+        "throughput": diagnosis["run_figures"]["throughput"],
         "top_kernels": _top_table(doc, "top_kernels", limits),
         "top_ops": _top_table(doc, "top_ops", limits),
         "nccl": nccl,
@@ -468,25 +467,6 @@ def _step_stats(steps: Steps) -> dict | None:
             # The device's own step time, from timing events (GPU runs of the agent).
             "device_median_ms": float(np.median(dev)) * 1000 if len(dev) else None,
             "device_steps": int(len(dev))}
-
-
-def _throughput_summary(ranks, steps: Steps) -> dict:
-    """Job throughput: units summed over ranks per step, over the job's (slowest rank's) step time."""
-    m = ~np.isnan(steps.dur)
-    out = {"steps_per_s": None, "samples_per_s": None, "tokens_per_s": None, "mfu": None}
-    if not m.any():
-        return out
-    total = float(steps.dur[m].sum())
-    out["steps_per_s"] = int(m.sum()) / total
-    for key, col in (("samples_per_s", steps.samples[m]), ("tokens_per_s", steps.tokens[m])):
-        if np.nansum(col) > 0:
-            out[key] = float(np.nansum(col)) / total
-    mfu = steps.mfu[m & ~np.isnan(steps.mfu)]
-    if len(mfu):
-        out["mfu"] = float(mfu.mean())
-    else:
-        out["mfu"] = mean([v for v in (num(r["analysis"].get("mfu")) for r in ranks.values()) if v is not None])
-    return out
 
 
 def _run_meta(doc, run, ranks, world, steps) -> dict:

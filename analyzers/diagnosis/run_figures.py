@@ -1,0 +1,84 @@
+"""What a run is and how fast it went, as the diagnosis states it once for every consumer
+(the report, `diag compare` and its gate): the run's identity (what must match for two runs
+to be compared), its steady step time as a level (steady.level: what a comparison with
+another run needs), and its throughput.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import numpy as np
+
+from diag.analyzers.diagnosis import change
+from diag.analyzers.diagnosis.inputs import Steps, mean, num
+from diag.analyzers.diagnosis.steady import level
+
+
+def run_figures(ranks: dict, job: Steps, world: int | None, tree) -> dict:
+    """{"identity", "step_time", "throughput"} of the job's merged ranks and its steps."""
+    series = [float(x) for x in job.dur[~np.isnan(job.dur)]]
+    return {"identity": identity(ranks, world), "step_time": step_time(change.steady_steps(series, tree)),
+            "throughput": throughput(ranks, job)}
+
+
+def identity(ranks: dict, world: int | None) -> dict:
+    """What must match for two runs to be compared: world size, device kind, model, batch."""
+    docs = [r["analysis"] for r in ranks.values()]
+    facts = next((d["model"] for d in docs if isinstance(d.get("model"), dict)), None) or {}
+    kinds = sorted({str(r["device"]) for r in ranks.values() if r.get("device")})
+    return {
+        "world size": world,
+        "device": ", ".join(kinds) or None,
+        "model": f"{facts['class']} with {facts['params']:,} parameters" if facts.get("class") and
+        isinstance(facts.get("params"), int) and not isinstance(facts.get("params"), bool) else None,
+        "batch": _batch(docs),
+    }
+
+
+def _batch(docs: list[dict]) -> float | None:
+    """Samples per step, summed over ranks (the median of each rank's recorded steps)."""
+    per_rank = []
+    for d in docs:
+        samples = [num(s.get("samples")) for s in d.get("steps") or [] if isinstance(s, dict)]
+        samples = [x for x in samples if x is not None and x > 0]
+        if samples:
+            per_rank.append(statistics.median(samples))
+    return sum(per_rank) if per_rank else None
+
+
+def step_time(steady_s: list[float]) -> dict | None:
+    """The steady steps' level (steady.level, in ms) and their spread; None without any."""
+    ms = [t * 1e3 for t in steady_s]
+    lv = level(ms)
+    if lv is None:
+        return None
+    arr = np.asarray(ms)
+    med = lv.pop("median")
+    return {**lv, "median_ms": med, "mad_ms": float(np.median(np.abs(arr - med))),
+            "p10_ms": float(np.percentile(arr, 10)), "p90_ms": float(np.percentile(arr, 90))}
+
+
+def as_level(step: dict | None) -> dict | None:
+    """A run's step_time figure as the level steady.levels_ratio_interval reads."""
+    return None if not step else {"steps": step["steps"], "median": step["median_ms"],
+                                  "relative_se": step["relative_se"], "drift": step["drift"]}
+
+
+def throughput(ranks: dict, job: Steps) -> dict:
+    """Job throughput: units summed over ranks per step, over the job's (slowest rank's) step time."""
+    m = ~np.isnan(job.dur)
+    out = {"steps_per_s": None, "samples_per_s": None, "tokens_per_s": None, "mfu": None}
+    if not m.any():
+        return out
+    total = float(job.dur[m].sum())
+    out["steps_per_s"] = int(m.sum()) / total
+    for key, col in (("samples_per_s", job.samples[m]), ("tokens_per_s", job.tokens[m])):
+        if np.nansum(col) > 0:
+            out[key] = float(np.nansum(col)) / total
+    mfu = job.mfu[m & ~np.isnan(job.mfu)]
+    if len(mfu):
+        out["mfu"] = float(mfu.mean())
+    else:
+        out["mfu"] = mean([v for v in (num(r["analysis"].get("mfu")) for r in ranks.values()) if v is not None])
+    return out
