@@ -19,14 +19,17 @@ from diag.report import analyse_and_model
 
 
 def job_step_times(run) -> np.ndarray:
-    """Straight from the step records: per step the slowest rank, warm-up left out."""
+    """Straight from the step records: per step the slowest rank, warm-up left out (the steps
+    before the first profiler window, else the first warmup_fraction of them)."""
     rd = rundir.RunDir(run)
     per: dict[int, float] = {}
     for r in rd.ranks():
         for rec in rd.steps(r):
             per[rec["step"]] = max(per.get(rec["step"], 0.0), rec["duration_s"])
-    t = np.array([per[k] for k in sorted(per)])
-    return t[warmup_steps(len(t), load_tree().thresholds):]
+    firsts = [w["first_step"] for r in rd.ranks() for w in rd.windows(r)]
+    steps = sorted(per)
+    cut = min(firsts) if firsts else steps[0] + warmup_steps(len(steps), load_tree().thresholds)
+    return np.array([per[k] for k in steps if k >= cut])
 
 
 def test_clear_win_is_called_helped(tmp_path):

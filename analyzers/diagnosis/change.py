@@ -11,16 +11,10 @@ it is a "fragile" win or loss; otherwise "no clear change".
 from __future__ import annotations
 
 from diag.analyzers.diagnosis.loader_model import batch_is_cpu_work, cpus_per_rank, expectation, loader_rates
-from diag.analyzers.diagnosis.steady import interval_level, level, levels_ratio_interval, warmup_steps
+from diag.analyzers.diagnosis.steady import interval_level, level, levels_ratio_interval
 
 RESULTS = ("helped", "hurt", "fragile_win", "fragile_loss", "no_change")
 MIN_STEPS = 3  # after warm-up, in each run
-
-
-def steady_steps(step_times_s: list, tree) -> list[float]:
-    """A run's step times, positive ones only, warm-up left out."""
-    t = [float(x) for x in step_times_s if isinstance(x, (int, float)) and x > 0]
-    return t[warmup_steps(len(t), tree.thresholds):]
 
 
 def step_time_change(before_s: list[float], after_s: list[float], tree) -> dict | None:

@@ -150,7 +150,7 @@ def _judge(job: dict, ranks: dict, run: dict, tree) -> dict:
         "missing_ranks": list(run.get("missing_ranks") or []),
         "stopped_ranks": list(run.get("stopped_ranks") or []),
         # What the run is and how fast it went, for the report and for comparing it with another.
-        "run_figures": run_figures(ranks, steps, world, tree),
+        "run_figures": run_figures(ranks, steps, world),
     }
 
 

@@ -10,16 +10,25 @@ import statistics
 
 import numpy as np
 
-from diag.analyzers.diagnosis import change
 from diag.analyzers.diagnosis.inputs import Steps, mean, num
 from diag.analyzers.diagnosis.steady import level
+from diag.analyzers.diagnosis.verdict import measured_steps
 
 
-def run_figures(ranks: dict, job: Steps, world: int | None, tree) -> dict:
+def run_figures(ranks: dict, job: Steps, world: int | None) -> dict:
     """{"identity", "step_time", "throughput"} of the job's merged ranks and its steps."""
-    series = [float(x) for x in job.dur[~np.isnan(job.dur)]]
-    return {"identity": identity(ranks, world), "step_time": step_time(change.steady_steps(series, tree)),
+    return {"identity": identity(ranks, world), "step_time": step_time(steady_durations(ranks, job)),
             "throughput": throughput(ranks, job)}
+
+
+def steady_durations(ranks: dict, job: Steps) -> list[float]:
+    """The job's step times (s) from the first step every rank's measurements count: the one
+    warm-up cut, the verdict's own (verdict.measured_steps)."""
+    firsts = [f for f in (measured_steps(r["analysis"])["first"] for r in ranks.values()) if f is not None]
+    keep = ~np.isnan(job.dur) & (job.dur > 0)
+    if firsts:
+        keep &= job.step >= max(firsts)
+    return [float(x) for x in job.dur[keep]]
 
 
 def identity(ranks: dict, world: int | None) -> dict:
