@@ -16,11 +16,7 @@ closed (`job.reports`, from `job.run_analysis.rank_reports`). Here:
 
 from __future__ import annotations
 
-import math
-
-
-def _time(x) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+from diag.analyzers.numbers import finite as _time
 
 
 def stopped_ranks(reports: dict | None, tree) -> list[dict]:
