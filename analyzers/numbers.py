@@ -28,6 +28,18 @@ def finite(v) -> float | None:
     return v if math.isfinite(v) else None
 
 
+def number(v) -> float | None:
+    """`v` as a float when it is a real number other than NaN: an infinity is kept (a ratio
+    over a share of zero, such as memory_to_compute on a step with no compute, is one)."""
+    if type(v) is bool or not isinstance(v, numbers.Real):
+        return None
+    try:
+        v = float(v)
+    except OverflowError:
+        return math.inf if v > 0 else -math.inf
+    return None if v != v else v
+
+
 def finite_values(values: Iterable) -> list[float]:
     """The finite values, as floats, in their order; the rest left out."""
     return [x for x in map(finite, values) if x is not None]

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from diag.analyzers.numbers import finite, finite_values, median
+from diag.analyzers.numbers import finite, finite_values, median, number
 
 
 def test_only_finite_reals_are_values():
@@ -22,3 +22,24 @@ def test_median_of_what_is_finite():
     assert median([1.0, math.nan, None, "9", True, 5.0]) == 3.0
     assert median([]) is None and median([math.nan]) is None
     assert finite_values(x for x in [1, None, 2.5]) == [1.0, 2.5]
+
+
+def test_a_number_keeps_infinities_and_drops_nan():
+    """memory_to_compute on steps with no compute is +inf: a measurement, not damage."""
+    assert number(math.inf) == math.inf and number(-math.inf) == -math.inf and number(2) == 2.0
+    assert number(10**400) == math.inf and number(-(10**400)) == -math.inf
+    for bad in (True, None, "1", math.nan, [1]):
+        assert number(bad) is None, bad
+
+
+def test_a_rank_with_no_compute_keeps_its_infinite_memory_to_compute():
+    """The memory demo's ranks: memory 91% of the step, compute none. The tree's memory question
+    reads memory_to_compute, +inf here; dropping it left the job without a verdict."""
+    from diag.analyzers.diagnosis import decision_tree as dt
+    from diag.analyzers.diagnosis.verdict import rank_measurements
+
+    shares = {"data_share": 0.0, "host_share": 0.04, "comm_share": 0.006, "wait_share": 0.04,
+              "memory_share": 0.914, "compute_share": 0.0}
+    m = rank_measurements({"measurements": {**shares, "memory_to_compute": math.inf}})
+    assert m["memory_to_compute"] == math.inf
+    assert dt.verdict_from(m, dt.load_tree())["bound"] == "memory"

@@ -20,7 +20,7 @@ from collections import Counter
 from diag.analyzers.diagnosis import stragglers
 from diag.analyzers.diagnosis.borderline import borderline, step_values
 from diag.analyzers.diagnosis.decision_tree import BOUNDS, CLASSES, PEER, share_ratios, verdict_from
-from diag.analyzers.numbers import finite as _number
+from diag.analyzers.numbers import number as _number
 
 # Findings this module adds to the job; a document that already holds them (a saved
 # analysis read again) has them replaced, not repeated.
