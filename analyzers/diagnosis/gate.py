@@ -27,7 +27,7 @@ import statistics
 
 from diag.analyzers.diagnosis import change
 from diag.analyzers.diagnosis.inputs import CLASSES
-from diag.analyzers.diagnosis.run_figures import as_level
+from diag.analyzers.diagnosis.run_figures import IDENTITY_KEYS, as_level
 from diag.analyzers.diagnosis.steady import level_drift, median_standard_error
 
 GATE_SCHEMA = "diag.gate/1"
@@ -44,7 +44,7 @@ def _figures(diagnosis: dict | None) -> dict:
 def run_identity(diagnosis: dict | None) -> dict:
     """What must match for two runs to be compared: world size, device kind, model, batch."""
     ident = _figures(diagnosis).get("identity")
-    return dict(ident) if isinstance(ident, dict) else dict.fromkeys(("world size", "device", "model", "batch"))
+    return dict(ident) if isinstance(ident, dict) else dict.fromkeys(IDENTITY_KEYS)
 
 
 def differences(before: dict, after: dict) -> list[str]:

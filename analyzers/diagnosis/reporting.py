@@ -16,7 +16,7 @@ closed (`job.reports`, from `job.run_analysis.rank_reports`). Here:
 
 from __future__ import annotations
 
-from diag.analyzers.numbers import finite as _time
+from diag.analyzers.numbers import finite
 
 
 def stopped_ranks(reports: dict | None, tree) -> list[dict]:
@@ -25,8 +25,8 @@ def stopped_ranks(reports: dict | None, tree) -> list[dict]:
     if not isinstance(reports, dict):
         return []
     rows = [r for r in reports.get("ranks") or [] if isinstance(r, dict) and isinstance(r.get("rank"), int)]
-    beats = [b for b in (_time(r.get("last_heartbeat_unix")) for r in rows) if b is not None]
-    ended = _time(reports.get("ended_unix"))
+    beats = [b for b in (finite(r.get("last_heartbeat_unix")) for r in rows) if b is not None]
+    ended = finite(reports.get("ended_unix"))
     newest = max(beats + ([ended] if ended is not None else []), default=None)
     job_over = bool(reports.get("run_closed")) or any(r.get("closed") for r in rows)
     silent_s = tree.thresholds["rank_silent_s"]
@@ -34,7 +34,7 @@ def stopped_ranks(reports: dict | None, tree) -> list[dict]:
     for r in sorted(rows, key=lambda r: r["rank"]):
         if r.get("closed"):
             continue
-        beat = _time(r.get("last_heartbeat_unix"))
+        beat = finite(r.get("last_heartbeat_unix"))
         no_info = r.get("readable") is False
         if no_info or job_over or (newest is not None and (beat is None or newest - beat > silent_s)):
             out.append({"rank": r["rank"], "host": r.get("host"), "last_step": r.get("last_step"),

@@ -31,8 +31,12 @@ def steady_durations(ranks: dict, job: Steps) -> list[float]:
     return [float(x) for x in job.dur[keep]]
 
 
+# What must match for two runs to be compared.
+IDENTITY_KEYS = ("world size", "device", "model", "batch")
+
+
 def identity(ranks: dict, world: int | None) -> dict:
-    """What must match for two runs to be compared: world size, device kind, model, batch."""
+    """The run's IDENTITY_KEYS: world size, device kind, model, batch."""
     docs = [r["analysis"] for r in ranks.values()]
     facts = next((d["model"] for d in docs if isinstance(d.get("model"), dict)), None) or {}
     kinds = sorted({str(r["device"]) for r in ranks.values() if r.get("device")})

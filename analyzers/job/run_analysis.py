@@ -51,8 +51,6 @@ TOP_N = 20
 # -- one rank ---------------------------------------------------------------------------
 
 
-
-
 def _finite(x) -> bool:
     return finite(x) is not None
 
@@ -149,7 +147,8 @@ def rank_windows(rd: rundir.RunDir, rank: int, tree, errors: list, host_peaks: d
     return sorted(windows, key=lambda w: int(w.get("first_step", 0)))
 
 
-def analyze_rank(rd: rundir.RunDir, rank: int, tree, errors: list | None = None, windows: list[dict] | None = None) -> tuple[RunRankFacts, RankInputs]:
+def analyze_rank(rd: rundir.RunDir, rank: int, tree, errors: list | None = None,
+                 windows: list[dict] | None = None) -> tuple[RunRankFacts, RankInputs]:
     """One rank of a run directory: (its rank dict, of step records measured by their profiler
     windows or by the sampled measurements and the rank's measurements over its counted
     steps; what the diagnosis judges it by besides)."""
@@ -447,7 +446,8 @@ def rank_reports(rd: rundir.RunDir, manifest: dict) -> dict:
         info = rd.rank_info(r)
         readable, info = bool(info), info or {}
         beat = info.get("updated_unix")
-        rows.append({"rank": r, "readable": readable, "status": info.get("status"), "closed": info.get("status") in FINAL_STATUSES,
+        rows.append({"rank": r, "readable": readable, "status": info.get("status"),
+                     "closed": info.get("status") in FINAL_STATUSES,
                      "last_heartbeat_unix": float(beat) if _finite(beat) else None,
                      "last_step": info.get("last_step"), "host": info.get("host")})
     return {"run_closed": manifest.get("status") not in (None, "running"),
