@@ -67,7 +67,7 @@ NCCL = "nccl"
 # analysis of the run judges by them unless told otherwise (diag.tree_settings/1).
 TREE_SETTINGS = "decision_tree.json"
 # `diag nccl --run-dir`'s measured bus bandwidth (diag.nccl_bench/1), and the NCCL logs of a
-# `diag run` job parsed into one document (diag.nccl_log/1).
+# `diag run` job parsed into one document of facts (diag.nccl_log/2).
 NCCL_BENCH = "nccl_bench.json"
 NCCL_LOG_DOC = "nccl_log.json"
 

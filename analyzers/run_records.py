@@ -73,9 +73,7 @@ def _read_nccl(rd: rundir.RunDir, run: dict) -> None:
         if saved is not None and str(saved.get("schema", "")).startswith("diag.nccl_log/"):
             run["nccl_log"] = saved
         elif saved is not None:
-            run["problems"].append(f"{rd.path / rundir.NCCL_LOG_DOC}: not a diag.nccl_log/1 document")
-    if run.get("nccl_log") is not None:
-        run["nccl_log_summary"] = nccl_log.summarize_for_diagnosis(run["nccl_log"])
+            run["problems"].append(f"{rd.path / rundir.NCCL_LOG_DOC}: not a diag.nccl_log document")
     if run.get("nccl_bench"):
         try:
             run["nccl_bandwidth"] = bench_bandwidth(run["nccl_bench"], run.get("nccl_log"))

@@ -55,7 +55,7 @@ def populated_handle():
                       "findings": [{"id": f"finding_{i}"} for i in range(5)]})
     h.observe_nccl({"schema": "diag.nccl_bench/1", "tests": [
         {"collective": c, "avg_busbw_gbps": 100.0} for c in ("all_reduce", "all_gather", "reduce_scatter")]})
-    h.observe_nccl({"schema": "diag.nccl_log/1", "findings": [{"id": "nccl_socket_transport"}]})
+    h.observe_nccl({"schema": "diag.nccl_log/1", "findings": [{"id": "nccl_socket_transport"}]})  # a saved /1 document
     return h
 
 

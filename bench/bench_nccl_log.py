@@ -40,6 +40,7 @@ PREFIX = re.compile(r"^(?P<lead>.*?)(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+)
 
 CHILD = r"""
 import json, os, resource, sys, time
+from diag.analyzers.diagnosis.nccl_log import findings
 from diag.analyzers.nccl.log import parse_files
 mode, path, jobs = sys.argv[1], sys.argv[2], int(sys.argv[3])
 t0 = time.perf_counter()
@@ -47,7 +48,7 @@ if mode == "parse":
     doc = parse_files([path], jobs=jobs or None)
     from diag.analyzers.nccl.log_parallel import MIN_PARALLEL_BYTES, default_jobs
     used = (jobs or default_jobs()) if os.path.getsize(path) >= MIN_PARALLEL_BYTES else 1
-    extra = {"findings": [f["id"] for f in doc["findings"]], "lines": doc["lines"], "jobs": used,
+    extra = {"findings": [f["id"] for f in findings(doc)], "lines": doc["lines"], "jobs": used,
              "warning_kinds": len(doc["warnings"]), "peers": len(doc["transports"]["peers"])}
 else:
     n = 0

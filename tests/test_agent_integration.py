@@ -219,7 +219,7 @@ def test_report_reads_nccl_logs_from_the_run_folder_and_the_saved_document(tmp_p
     rundir.atomic_write_json(run_dir / "nccl_log.json", {"schema": "something/else"})
     _, run = load_run(run_dir)
     assert "nccl_log" not in run
-    assert any("nccl_log.json: not a diag.nccl_log/1 document" in p for p in run["problems"])
+    assert any("nccl_log.json: not a diag.nccl_log document" in p for p in run["problems"])
 
 
 # -- per-step verdicts of a long run: the batched path gives the per-step answers ------------------

@@ -73,7 +73,8 @@ def test_run_parses_nccl_logs(tmp_path, real_nccl):
     proc = _diag(["run", "--run-dir", str(tmp_path / "job"), "--", sys.executable, str(child), str(sample)], env=env)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads((tmp_path / "job" / "nccl_log.json").read_text())
-    assert doc["schema"] == "diag.nccl_log/1"
+    # Facts only: the signals the findings are made from, and no findings.
+    assert doc["schema"] == "diag.nccl_log/2" and "signals" in doc and "findings" not in doc
     assert "parsed 1 NCCL log file" in proc.stderr
 
 

@@ -155,12 +155,11 @@ def test_judgements_are_made_in_the_diagnosis_layer():
 
 
 def test_the_analysis_writes_no_finding():
-    """Facts, then one judgement: no module of the trace, job or what-if analysis writes a
-    finding (a severity or advice); the diagnosis makes them from the facts. (The NCCL log
-    analyzer's findings are its own subsystem, not yet split.)"""
+    """Facts, then one judgement: no module of the trace, job, NCCL or what-if analysis writes
+    a finding (a severity or advice); the diagnosis makes them from the facts."""
     judged_keys = {"severity", "advice"}
     found = []
-    for folder in ("trace", "job", "whatif"):
+    for folder in ("trace", "job", "nccl", "whatif"):
         for path in sorted((REPO / "analyzers" / folder).rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text())):
                 keys = [k.value for k in node.keys if isinstance(k, ast.Constant)] if isinstance(node, ast.Dict) else []

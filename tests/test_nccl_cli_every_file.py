@@ -49,7 +49,7 @@ def test_every_file_through_both_commands(real_nccl, capsys, name):
     assert code in (0, 1, 2)
     if out.strip():
         doc = json.loads(out)
-        assert doc["schema"] == "diag.nccl_log/1"
+        assert doc["schema"] == "diag.nccl_log/2"
         if name.startswith(("nccllog_", "rccllog_", "torchlog_", "torchfr_")):
             assert doc["sources"] == [path] and doc["findings"] is not None
 

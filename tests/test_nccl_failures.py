@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from conftest import FIXTURES
 
-from diag.analyzers.nccl.log import parse_files
+from diag.analyzers.diagnosis.nccl_log import judged
+from diag.analyzers.nccl import log as nccl_log
+
+
+def parse_files(paths: list) -> dict:
+    """The parsed logs as `diag nccl-log` shows them: facts and the diagnosis's findings."""
+    return judged(nccl_log.parse_files(paths))
+
 
 # Real lines from an RCCL issue report (UCX net plugin with GPUDirect RDMA, two nodes; reporter
 # clearsky07, July 2024), with their build paths shortened. Only WARN lines and one error

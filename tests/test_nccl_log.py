@@ -11,16 +11,26 @@ import sys
 import pytest
 from conftest import REPO, real_data_dir
 
+from diag.analyzers.diagnosis.nccl_log import judged, summary_sentences
+from diag.analyzers.nccl import log as nccl_log
 from diag.analyzers.nccl.ib_status import IBV_WC_STATUS
-from diag.analyzers.nccl.log import (
-    NcclLogParser,
-    parse_file,
-    parse_files,
-    parse_lines,
-    summarize_for_diagnosis,
-)
+from diag.analyzers.nccl.log import NcclLogParser
 from diag.analyzers.nccl.log_grammar import SCHEMA
 from diag.errors import DiagInputError
+
+
+# The parsed logs as `diag nccl-log` shows them: the parser's facts with the diagnosis's findings.
+def parse_lines(*args, **kwargs) -> dict:
+    return judged(nccl_log.parse_lines(*args, **kwargs))
+
+
+def parse_files(*args, **kwargs) -> dict:
+    return judged(nccl_log.parse_files(*args, **kwargs))
+
+
+def parse_file(*args, **kwargs) -> dict:
+    return judged(nccl_log.parse_file(*args, **kwargs))
+
 
 LOG_PREFIXES = ("nccllog_", "rccllog_", "torchlog_", "torchfr_", "inspector_")
 
@@ -80,13 +90,14 @@ def test_log_summary_and_findings(real_nccl, name):
     version, backend, nhosts, world, kinds, findings = EXPECTED[name]
     assert doc["schema"] == SCHEMA
     assert set(doc) >= {"schema", "nccl_version", "hosts", "ranks", "transports", "collectives", "warnings",
-                        "findings"}
+                        "signals", "findings"}
     assert doc["nccl_version"] == version
     assert doc["backend"] == backend
     assert len(doc["hosts"]) == nhosts
     assert doc["world_size"] == world
     assert doc["transports"]["by_kind"] == kinds
     assert {f["id"] for f in doc["findings"]} == findings
+    assert "findings" not in nccl_log.parse_file(real_nccl / name)  # the parser writes facts only
     for f in doc["findings"]:
         assert f["severity"] in ("critical", "warning", "info")
         assert f["message"] and f["evidence"], f
@@ -134,12 +145,12 @@ def test_interface_kinds(name, address, kind):
 
 
 def test_a_virtual_interface_between_nodes_is_a_warning_with_the_bootstrap_too():
-    from diag.analyzers.nccl.findings import RULES_BY_ID
+    from diag.analyzers.diagnosis.nccl_log import RULES_BY_ID
 
     doc = {"nodes": 2, "communicators": [], "env": {"NCCL_SOCKET_IFNAME": "d"},
            "transports": {"interfaces": [
-               {"role": "bootstrap", "name": "docker0", "address": "172.17.0.1", "line": "a"},
-               {"role": "socket", "name": "docker0", "address": "172.17.0.1", "line": "b"}]}}
+               {"role": "bootstrap", "name": "docker0", "address": "172.17.0.1", "line": "a", "kind": "container bridge"},
+               {"role": "socket", "name": "docker0", "address": "172.17.0.1", "line": "b", "kind": "container bridge"}]}}
     res = RULES_BY_ID["socket_virtual_interface"].check(doc, {})
     assert res["severity"] == "warning" and "other nodes cannot reach it" in res["message"]
     assert "NCCL_SOCKET_IFNAME=<the interface the nodes reach each other on>" in res["advice"]
@@ -206,7 +217,7 @@ def test_socket_fallback_between_nodes(real_nccl):
     f = doc["findings"][0]
     assert f["id"] == "net_socket_fallback" and f["severity"] == "critical"
     assert "between nodes" in f["message"] and "via NET/Socket/0" in f["evidence"][0]
-    assert summarize_for_diagnosis(doc)[0] == "NCCL fell back to TCP sockets between nodes"
+    assert summary_sentences(doc["findings"])[0] == "NCCL fell back to TCP sockets between nodes"
     # two processes on hosts both named "ubuntu" but bootstrapping from two addresses
     doc = _doc(real_nccl, "nccllog_NVIDIA-nccl-tests_166.txt")
     assert doc["nodes"] == 2 and doc["processes"] == 2
@@ -355,7 +366,7 @@ def test_streaming_keeps_counts_exact_and_evidence_bounded(real_nccl):
     for i in range(2000):
         for ln in lines:
             p.feed(ln.replace("node0:", f"node{i % 50}x:"))
-    doc = p.result()
+    doc = judged(p.result())
     assert doc["lines"] == 2000 * len(lines)
     assert doc["transports"]["by_kind"] == {"NET/Socket": 8 * 2000, "SHM": 2 * 2000}
     f = doc["findings"][0]
@@ -464,9 +475,9 @@ def test_tuning_choice_lines(real_nccl):
 def test_summary_sentences_skip_info_findings(real_nccl):
     doc = _doc(real_nccl, "nccllog_NVIDIA-nccl-tests_188.txt")
     assert [f["severity"] for f in doc["findings"]] == ["info"]
-    assert summarize_for_diagnosis(doc) == []
+    assert summary_sentences(doc["findings"]) == []
     doc = _doc(real_nccl, "nccllog_NVIDIA-nccl_1612.txt")
-    assert summarize_for_diagnosis(doc) == ["NCCL lost a socket connection to a peer",
+    assert summary_sentences(doc["findings"]) == ["NCCL lost a socket connection to a peer",
                                             "NCCL communicator initialisation failed"]
 
 
@@ -487,7 +498,7 @@ def test_parallel_ranges_merge_to_the_sequential_result(real_nccl, tmp_path):
     path = tmp_path / "job.log"
     path.write_text(text * 40)
     seq = parse_files([path], jobs=1)
-    par = parse_large_file(path, max_evidence=5, jobs=3).result()
+    par = judged(parse_large_file(path, max_evidence=5, jobs=3).result())
     for key in ("lines", "nccl_lines", "versions", "hosts", "ranks", "communicators", "transports", "collectives",
                 "timeouts", "watchdog", "tuning", "env", "nvls", "channels", "warning_lines", "max_op_count"):
         assert par[key] == seq[key], key
@@ -535,7 +546,7 @@ def test_truncated_and_mangled_lines_never_raise(real_nccl):
             p.feed(ln[cut:])
     p.feed_all(["NCCL INFO ", "NCCL WARN ", " NCCL INFO Channel", "x NCCL INFO Trees [0]", "{", '"coll": ',
                 "WorkNCCL(", "[Rank x] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=a)"])
-    doc = p.result()
+    doc = judged(p.result())
     assert doc["lines"] > 2 * len(lines) and doc["findings"]
     json.dumps(doc, default=str)
 
@@ -609,7 +620,7 @@ def test_byte_chunks_in_bulk_equal_line_by_line(real_nccl):
         end = data.rfind(b"\n", pos, pos + rnd.randrange(2000, 40000)) + 1 or len(data)
         p.feed_bytes(data[pos:end])
         pos = end
-    assert p.result() == ref
+    assert judged(p.result()) == ref
     bulk = len(seq) - len(per_line)
     assert bulk > 0.2 * len(seq)
     std = re.compile(r"[\w.\-]+:\d+:\d+ \[\d+\] NCCL INFO (?:Channel \d+/\d+ : \d+.* via |\w+: opCount |\w+: \d+ Bytes)")

@@ -161,7 +161,7 @@ def run_label(run_dir) -> str | None:
 
 # ---------------------------------------------------------------------------- GPU-shaped feeder
 def nccl_documents() -> list[dict]:
-    """diag.nccl_bench/1 and diag.nccl_log/1 documents parsed from the real files; hand-written
+    """diag.nccl_bench/1 and diag.nccl_log/2 documents parsed from the real files; hand-written
     ones only where the real data is absent. A parser that fails on the real files fails here."""
     data = real_data_dir()
     if data is None:
@@ -172,13 +172,14 @@ def nccl_documents() -> list[dict]:
             {"schema": "diag.nccl_log/1", "findings": [{"id": "nccl_socket_transport", "severity": "warning",
                                                          "message": "NET/Socket", "evidence": ""}]},
         ]
+    from diag.analyzers.diagnosis.nccl_log import findings
     from diag.analyzers.nccl import log as nccl_log
     from diag.analyzers.nccl import nccl_tests
 
     bench = next(doc for doc in (nccl_tests.parse_file(p) for p in sorted((data / "nccl").glob("nccltests_*.txt")))
                  if any(t.get("avg_busbw_gbps") for t in doc.get("tests") or []))
     log = next(doc for doc in (nccl_log.parse_files([p]) for p in sorted((data / "nccl").glob("nccllog_*.txt")))
-               if doc.get("findings"))
+               if findings(doc))
     return [bench, log]
 
 

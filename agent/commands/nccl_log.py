@@ -21,7 +21,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("files", nargs="+", metavar="FILE",
                         help="log files (plain or .gz), directories of them, or a diag run directory "
                              "(its rank-*/nccl/ logs); all are read as one job")
-    parser.add_argument("--json", action="store_true", help="print the diag.nccl_log/1 document")
+    parser.add_argument("--json", action="store_true", help="print the diag.nccl_log/2 document with its findings")
     parser.add_argument("--evidence", type=int, default=5, metavar="N",
                         help="evidence lines kept per finding and warning kind (default 5)")
     parser.add_argument("--jobs", type=int, default=None, metavar="N",
@@ -55,9 +55,7 @@ def _fmt_bytes(n: float) -> str:
 
 
 def render_text(doc: dict) -> str:
-    """The human-readable summary printed by default."""
-    from diag.analyzers.nccl.findings import warn_message
-
+    """The human-readable summary of a judged document (facts and findings), printed by default."""
     L: list[str] = []
     srcs = doc["sources"]
     L.append(f"NCCL log: {srcs[0]}" + (f" (+{len(srcs) - 1} more files)" if len(srcs) > 1 else ""))
@@ -133,8 +131,8 @@ def render_text(doc: dict) -> str:
     for c in doc["error_chains"][:3]:
         L.append(f"  error chain: {c['code_name']} ({c['code']}) " + " -> ".join(c["frames"][:8])
                  + (" ..." if len(c["frames"]) > 8 else ""))
-        if c.get("started_by"):
-            L.append(f"    after: {warn_message(c['started_by'])[:160]}")
+        if c.get("started_by_message"):
+            L.append(f"    after: {c['started_by_message'][:160]}")
     L.append("")
     if not doc["findings"]:
         L.append("No problems found.")
@@ -149,12 +147,13 @@ def render_text(doc: dict) -> str:
 
 
 def run(args) -> int:
+    from diag.analyzers.diagnosis.nccl_log import judged
     from diag.analyzers.nccl.log import parse_files
 
     files = _expand(args.files)
     if not files:
         raise DiagInputError("no files found", source=" ".join(args.files))
-    doc = parse_files(files, max_evidence=max(1, args.evidence), jobs=args.jobs)
+    doc = judged(parse_files(files, max_evidence=max(1, args.evidence), jobs=args.jobs))
     for e in doc["errors"]:
         print(f"diag: error: {e['error']}", file=sys.stderr)
     if not doc["sources"]:
@@ -168,7 +167,7 @@ def run(args) -> int:
 
 
 def _worst_at_least(findings: list[dict], severity: str) -> bool:
-    from diag.analyzers.nccl.findings import SEVERITY_ORDER
+    from diag.analyzers.diagnosis.nccl_log import SEVERITY_ORDER
 
     limit = SEVERITY_ORDER[severity]
     return any(SEVERITY_ORDER.get(f.get("severity"), len(SEVERITY_ORDER)) <= limit for f in findings)

@@ -104,7 +104,9 @@ def run(args) -> int:
     if logs:
         doc = _parse_logs(run_dir, logs)
         if doc is not None:
-            findings = doc.get("findings") or []
+            from diag.analyzers.diagnosis.nccl_log import findings as log_findings
+
+            findings = log_findings(doc)
             print(f"diag run: parsed {len(logs)} NCCL log file(s) into {run_dir / 'nccl_log.json'}"
                   f" ({len(findings)} finding(s))", file=sys.stderr)
             for f in findings[:5]:

@@ -5,7 +5,7 @@ diag.exporter.metrics_table.
     handle.observe_step(step_record)      # from the agent's step path
     handle.observe_sample(sample)         # from the sampling thread
     handle.observe_window(rank_dict)      # after a profiler window was analysed
-    handle.observe_nccl(document)         # diag.nccl_bench/1 or diag.nccl_log/1
+    handle.observe_nccl(document)         # diag.nccl_bench/1 or diag.nccl_log/2 (or /1)
     handle.close()
 
 The endpoint listens on port base + LOCAL_RANK (default base 9870, all interfaces), so
@@ -26,6 +26,7 @@ import errno
 import os
 import time
 
+from diag.analyzers.diagnosis import nccl_log
 from diag.analyzers.numbers import finite as _num
 from diag.exporter.metrics_table import BOUNDS, CLASSES, CLOCK_EVENT_REASONS, STRAGGLER_KINDS
 from diag.exporter.registry import MetricState, make_registry, render_text
@@ -250,7 +251,7 @@ class Handle:
                 for labels, value in bw.items():
                     self.state.set("diag_nccl_bus_bandwidth_bytes_per_second", value, labels)
         elif schema.startswith("diag.nccl_log/"):
-            findings = _count_ids(doc.get("findings"))
+            findings = _count_ids(nccl_log.findings(doc))
             with self.state.lock:
                 self.state.replace("diag_nccl_findings", findings)
         else:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from diag.analyzers.diagnosis import bandwidth
+from diag.analyzers.diagnosis import bandwidth, nccl_log
 from diag.analyzers.diagnosis.inputs import CLASSES, PHASE_LABELS, Steps, describe, mean, num, pct
 
 
@@ -119,12 +119,11 @@ def nccl_facts(run: dict, tree) -> dict:
             {"id": str(f.get("id", "")), "severity": str(f.get("severity", "info")),
              "message": str(f.get("message", "")), "evidence": [str(x) for x in (f.get("evidence") or [])][:5],
              "advice": str(f.get("advice") or ""), "summary": str(f.get("summary") or "")}
-            for f in log.get("findings") or [] if isinstance(f, dict)
+            for f in nccl_log.findings(log)
         ]
+        out["log_sentences"] = nccl_log.summary_sentences(out["log_findings"])
         out["warnings"] = [str(w.get("message", w)) if isinstance(w, dict) else str(w)
                            for w in (log.get("warnings") or [])][:20]
-    if isinstance(run.get("nccl_log_summary"), list):
-        out["log_sentences"] = [str(x) for x in run["nccl_log_summary"] if x][:5]
     if bench:
         interp = [bandwidth.judge(i, tree) for i in run.get("nccl_bandwidth") or [] if isinstance(i, dict)]
         # The headline figure: all_reduce first (what data-parallel training uses), else the first test.

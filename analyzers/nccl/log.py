@@ -1,5 +1,6 @@
 """Stream NCCL_DEBUG=INFO logs (and RCCL, PyTorch watchdog, flight-recorder and NCCL
-Inspector output) into one `diag.nccl_log/1` document with findings.
+Inspector output) into one `diag.nccl_log/2` document of facts; the findings are the
+diagnosis's (diag.analyzers.diagnosis.nccl_log).
 
 The parser reads line by line and keeps only aggregates: counts, per-peer transports,
 per-op collective totals, and at most `max_evidence` example lines per finding signal
@@ -686,7 +687,7 @@ def _open_log(path: Path):
 
 
 def parse_lines(lines: Iterable[str], source: str | None = None, max_evidence: int = MAX_EVIDENCE) -> dict:
-    """The diag.nccl_log/1 document of one stream of lines."""
+    """The diag.nccl_log/2 document of one stream of lines."""
     p = NcclLogParser(max_evidence=max_evidence)
     if source:
         p.sources.append(source)
@@ -756,10 +757,3 @@ def parse_file(path) -> dict:
         raise DiagInputError(doc["errors"][0]["error"].split(": ", 1)[-1], source=str(path))
     return doc
 
-
-def summarize_for_diagnosis(log_doc: dict) -> list[str]:
-    """Short sentences for the job report and the comm-bound diagnosis, most severe first,
-    e.g. "NCCL fell back to TCP sockets between nodes"."""
-    from diag.analyzers.nccl.findings import summary_sentences
-
-    return summary_sentences(log_doc)

@@ -1,10 +1,12 @@
-"""The NCCL log parser's state turned into a `diag.nccl_log/1` document: merging the
-parsers of parallel parts of one log, and the result with its findings (the rules are in
-findings.py).
+"""The NCCL log parser's state turned into a `diag.nccl_log/2` document: merging the
+parsers of parallel parts of one log, and the result. The document holds facts only,
+among them the signals the diagnosis's finding rules read (diag.analyzers.diagnosis.nccl_log).
 """
 
 from __future__ import annotations
 
+from diag.analyzers.nccl.ib_status import ib_status
+from diag.analyzers.nccl.interfaces import interface_kind
 from diag.analyzers.nccl.log_grammar import (
     MAX_CHAINS,
     MAX_COMMS,
@@ -15,11 +17,12 @@ from diag.analyzers.nccl.log_grammar import (
     MAX_WARN_KINDS,
     SCHEMA,
     _add_counts,
+    warn_message,
 )
 
 
 class LogDocument:
-    """Merge parsers of parts of one log; the document with its findings. A part of NcclLogParser (log.py)."""
+    """Merge parsers of parts of one log; the document of facts. A part of NcclLogParser (log.py)."""
 
     # -- merging (parallel parsing of one large file in byte ranges) ---------------------
     def merge(self, o: LogDocument) -> None:
@@ -248,9 +251,20 @@ class LogDocument:
         for r in self.ranks.values():
             r["host"] = alias.get(r.get("host"), r.get("host"))
 
-    def result(self) -> dict:
-        from diag.analyzers.nccl.findings import evaluate
+    def _signal_facts(self) -> dict:
+        """Each signal as the finding rules read it: its count, its first lines with their WARN
+        messages, and what it carried (InfiniBand statuses decoded)."""
+        out = {}
+        for name in sorted(self.signals):
+            b = self.signals[name]
+            data = {k: sorted(v) if isinstance(v, set) else v for k, v in b.data.items()}
+            if "statuses" in data:
+                data["statuses"] = [ib_status(c) for c in data["statuses"]]
+            out[name] = {"count": b.count, "lines": list(b.lines),
+                         "messages": [warn_message(line) for line in b.lines], "data": data}
+        return out
 
+    def result(self) -> dict:
         self._close_chains()
         self._flush_colls()
         self._unglue_hosts()
@@ -272,7 +286,8 @@ class LogDocument:
             "by_kind": dict(sorted(self.by_kind.items(), key=lambda kv: -kv[1])),
             "network": sorted(self.net_used, key=lambda n: -self.net_used[n]),
             "nics": self.nics,
-            "interfaces": [{"role": role, "name": name, "address": address, "line": line}
+            "interfaces": [{"role": role, "name": name, "address": address, "line": line,
+                            "kind": interface_kind(name, address)}
                            for (role, name, address), line in self.interfaces.items()],
             "gdrdma": sum(v for k, v in net_kinds.items() if k.endswith("/GDRDMA")),
             "no_gdrdma": sum(v for k, v in net_kinds.items() if not k.endswith("/GDRDMA")),
@@ -336,15 +351,16 @@ class LogDocument:
             "max_op_count": max(self.opcounts.values()) if self.opcounts else None,
             "warnings": sorted(self.warn_kinds.values(), key=lambda w: -w["count"]),
             "warning_lines": self.warn_total,
-            "error_chains": sorted(self.chains.values(), key=lambda c: -c["count"]),
+            "error_chains": [{**c, "started_by_message": warn_message(c["started_by"]) if c.get("started_by") else None}
+                             for c in sorted(self.chains.values(), key=lambda c: -c["count"])],
             "timeouts": timeouts,
             "watchdog": sorted(self.wd_state.values(), key=lambda w: (str(w["pg"]), w["rank"])),
             "desync_reports": self.desync_reports,
             "flight_recorder": fr,
             "inspector": insp,
+            "signals": self._signal_facts(),
             "errors": [],
         }
-        doc["findings"] = evaluate(doc, self.signals)
         return doc
 
     def _node_count(self) -> int | None:

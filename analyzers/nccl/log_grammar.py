@@ -10,7 +10,9 @@ import re
 from functools import lru_cache
 from operator import itemgetter
 
-SCHEMA = "diag.nccl_log/1"
+# /2: the signals the finding rules read are facts of the document, and the findings are the
+# diagnosis's (diag.analyzers.diagnosis.nccl_log), made from them; /1 carried its findings.
+SCHEMA = "diag.nccl_log/2"
 _NONE3 = (None,) * 3
 
 MAX_EVIDENCE = 5
@@ -286,6 +288,18 @@ _B_K = _B_LINE.groups + 1  # items per match in _B_LINE.split(): the text before
 
 
 _LINE_ERRORS = (ValueError, IndexError, KeyError, TypeError, AttributeError)
+
+
+def warn_message(line: str) -> str:
+    """A WARN line's own message, after its prefix and the "NCCL WARN" tag (or, before NCCL
+    2.3, the bare "WARN" and the source location that came with it)."""
+    if "NCCL WARN" in line:
+        return line.split("NCCL WARN", 1)[-1].strip()
+    m = _UNTAGGED_WARN.search(line)
+    return line[m.end():].strip() if m else line.strip()
+
+
+_UNTAGGED_WARN = re.compile(r"(?:^|\] )(?:\S{1,512}:\d+ )?WARN (?:\S{1,512}:\d+ )?")
 
 
 class _Bucket:

@@ -50,8 +50,7 @@ RUN_KEYS = {
     "'windows': [...], 'traces': int, 'nccl_logs': int}}",
     "missing_ranks": "ranks expected from the world size but absent",
     "problems": "unreadable or damaged files, one line each",
-    "nccl_log": "diag.nccl_log/1 document or None",
-    "nccl_log_summary": "diag.analyzers.nccl.log.summarize_for_diagnosis(doc): sentences, most severe first",
+    "nccl_log": "diag.nccl_log/2 document (facts; /1 from older runs) or None",
     "nccl_bench": "diag.nccl_bench/1 document or None",
     "nccl_bandwidth": "[{'collective', **diag.analyzers.nccl.expected.bandwidth_facts(test, topology)}]",
 }

@@ -1,22 +1,21 @@
-"""Finding rules over a parsed NCCL log: each rule is an object holding its stable id,
+"""The findings of a parsed NCCL log: each rule is an object holding its stable id,
 severity, the short sentence used by the report and the comm-bound diagnosis, its advice
 and the check that produces the message and evidence lines.
 
-A check receives the `diag.nccl_log/1` document (without findings) and the parser's
-signal buckets (`name -> _Bucket` with `count`, example `lines` and `data`) and returns
-None or `{"message", "evidence", "details"?}`.
+A check receives the `diag.nccl_log/2` document of facts and its signals (`name -> {"count",
+"lines", "messages", "data"}`, as the parser counted them) and returns None or `{"message",
+"evidence", "details"?}`. `findings(doc)` is the one reader: a `diag.nccl_log/1` document
+(written before the findings moved here) has no signals, and its recorded findings are read
+as they were judged.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from diag.analyzers.nccl.ib_status import ib_status
-from diag.analyzers.nccl.interfaces import interface_kind
-
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+_EMPTY_SIGNAL = {"count": 0, "lines": [], "messages": [], "data": {}}
 
 
 @dataclass(frozen=True)
@@ -28,20 +27,26 @@ class Rule:
     check: Callable[[dict, dict], dict | None]
 
 
+def _signal(signals: dict, name: str) -> dict:
+    b = signals.get(name)
+    return b if isinstance(b, dict) else _EMPTY_SIGNAL
+
+
 def _lines(signals: dict, *names: str, cap: int = 5) -> list[str]:
     out: list[str] = []
     for n in names:
-        b = signals.get(n)
-        if b is not None:
-            for line in b.lines:
-                if line not in out:
-                    out.append(line)
+        for line in _signal(signals, n)["lines"]:
+            if line not in out:
+                out.append(line)
     return out[:cap]
 
 
 def _count(signals: dict, name: str) -> int:
-    b = signals.get(name)
-    return b.count if b is not None else 0
+    return int(_signal(signals, name)["count"] or 0)
+
+
+def _first_message(signals: dict, name: str) -> str:
+    return (_signal(signals, name)["messages"] or [""])[0]
 
 
 def _ranks_text(ranks: list[int], limit: int = 8) -> str:
@@ -49,18 +54,6 @@ def _ranks_text(ranks: list[int], limit: int = 8) -> str:
         return "unknown ranks"
     shown = ", ".join(str(r) for r in ranks[:limit])
     return f"rank{'s' if len(ranks) > 1 else ''} {shown}" + (f" and {len(ranks) - limit} more" if len(ranks) > limit else "")
-
-
-def warn_message(line: str) -> str:
-    """A WARN line's own message, after its prefix and the "NCCL WARN" tag (or, before NCCL
-    2.3, the bare "WARN" and the source location that came with it)."""
-    if "NCCL WARN" in line:
-        return line.split("NCCL WARN", 1)[-1].strip()
-    m = _UNTAGGED_WARN.search(line)
-    return line[m.end():].strip() if m else line.strip()
-
-
-_UNTAGGED_WARN = re.compile(r"(?:^|\] )(?:\S{1,512}:\d+ )?WARN (?:\S{1,512}:\d+ )?")
 
 
 def _multi_node(doc: dict) -> bool:
@@ -93,16 +86,17 @@ def _ib_no_gdrdma(doc, sig):
 
 
 def _ib_completion(doc, sig):
-    b = sig.get("ib_completion_error")
-    if b is None:
+    n = _count(sig, "ib_completion_error")
+    if not n:
         return None
-    statuses = [ib_status(c) for c in b.data.get("statuses", [])]
+    data = _signal(sig, "ib_completion_error")["data"]
+    statuses = data.get("statuses") or []
     expl = "; ".join(f"status {s['code']} = {s['name']}: {s['meaning']}" for s in statuses)
-    peers = b.data.get("peers") or []
-    return {"message": f"{b.count} InfiniBand work completion error{'s' if b.count > 1 else ''}"
+    peers = data.get("peers") or []
+    return {"message": f"{n} InfiniBand work completion error{'s' if n > 1 else ''}"
                        + (f" with peer {', '.join(peers[:4])}" if peers else "") + f" ({expl})",
             "evidence": _lines(sig, "ib_completion_error"),
-            "details": {"statuses": statuses, "vendor_errors": b.data.get("vendor", [])}}
+            "details": {"statuses": statuses, "vendor_errors": data.get("vendor", [])}}
 
 
 def _socket_error(doc, sig):
@@ -184,9 +178,9 @@ def _warn_failure(doc, sig):
     n = _count(sig, "warn_failure")
     if not n:
         return None
-    first = (sig["warn_failure"].lines or [""])[0]
+    first = _first_message(sig, "warn_failure")
     return {"message": f"{n} NCCL WARN line{'s' if n > 1 else ''} report{'' if n > 1 else 's'} a failure that no "
-                       f"other finding explains, first: {warn_message(first)[:200]}",
+                       f"other finding explains, first: {first[:200]}",
             "evidence": _lines(sig, "warn_failure")}
 
 
@@ -203,7 +197,7 @@ def _error_chain(doc, sig):
         return None
     c = chains[0]
     more = f" ({len(chains) - 1} more chain{'s' if len(chains) > 2 else ''})" if len(chains) > 1 else ""
-    after = f", after the WARN on the same thread: {warn_message(c['started_by'])}" if c.get("started_by") else ""
+    after = f", after the WARN on the same thread: {c['started_by_message']}" if c.get("started_by_message") else ""
     started = [c["started_by"] for c in chains if c.get("started_by")]
     return {"message": f"NCCL returned error {c['code']} ({c['code_name']}) from {c['origin']}, propagated through "
                        f"{len(c['frames'])} frame{'s' if len(c['frames']) > 1 else ''}{after}{more}",
@@ -216,10 +210,10 @@ def _proxy_failure(doc, sig):
     n = _count(sig, "proxy_failure")
     if not n:
         return None
-    data = sig["proxy_failure"].data
+    data = _signal(sig, "proxy_failure")["data"]
     ops, ranks = data.get("operations") or [], data.get("ranks") or []
     what = (f"; it failed to execute {', '.join(ops)} for local {_ranks_text(ranks)}" if ops else "")
-    first = warn_message(sig["proxy_failure"].lines[0])
+    first = _first_message(sig, "proxy_failure")
     return {"message": f"NCCL's proxy service failed ({n} WARN line{'s' if n > 1 else ''}, first: {first}){what}",
             "evidence": _lines(sig, "proxy_failure"),
             "details": {"operations": ops, "ranks": ranks}}
@@ -250,7 +244,7 @@ def _cuda_oom(doc, sig):
     n = _count(sig, "cuda_oom")
     if not n:
         return None
-    first = warn_message(sig["cuda_oom"].lines[0])
+    first = _first_message(sig, "cuda_oom")
     return {"message": f"NCCL could not allocate device memory ({n} WARN line{'s' if n > 1 else ''}, first: "
                        f"{first[:200]})", "evidence": _lines(sig, "cuda_oom", "unhandled_cuda_error", "nccl_error")}
 
@@ -259,8 +253,8 @@ def _unhandled_cuda(doc, sig):
     n = _count(sig, "unhandled_cuda_error")
     if not n or _count(sig, "cuda_oom"):
         return None  # out of memory names the CUDA error already
-    failures = _lines(sig, "cuda_failure")
-    why = f"; the CUDA call that failed: {warn_message(failures[0])[:200]}" if failures else \
+    failed = _first_message(sig, "cuda_failure")
+    why = f"; the CUDA call that failed: {failed[:200]}" if failed else \
         "; no WARN line names the CUDA call that failed (the log was taken without NCCL_DEBUG=WARN)"
     return {"message": f"NCCL returned an unhandled CUDA error (ncclUnhandledCudaError; {n} line{'s' if n > 1 else ''})"
                        + why, "evidence": _lines(sig, "unhandled_cuda_error", "cuda_failure")}
@@ -362,7 +356,7 @@ def _virtual_interface(doc, sig):
     """An interface other nodes cannot route to (a container bridge, a tunnel, the loopback)
     among those NCCL chose, quoted with the interface to name instead."""
     chosen = (doc.get("transports") or {}).get("interfaces") or []
-    bad = [(i, kind) for i in chosen if (kind := interface_kind(i.get("name"), i.get("address")))]
+    bad = [(i, kind) for i in chosen if (kind := i.get("kind"))]
     if not bad:
         return None
     names = list(dict.fromkeys(i["name"] for i, _ in bad))
@@ -492,8 +486,9 @@ RULES: list[Rule] = [
 RULES_BY_ID = {r.id: r for r in RULES}
 
 
-def evaluate(doc: dict, signals: dict) -> list[dict]:
+def _evaluate(doc: dict) -> list[dict]:
     """Findings in rule order, most severe first."""
+    signals = doc.get("signals") if isinstance(doc.get("signals"), dict) else {}
     out = []
     for rule in RULES:
         res = rule.check(doc, signals)
@@ -509,11 +504,24 @@ def evaluate(doc: dict, signals: dict) -> list[dict]:
     return out
 
 
-def summary_sentences(log_doc: dict, max_sentences: int = 5, min_severity: str = "warning") -> list[str]:
-    """Pure: the report's and comm-bound verdict's short sentences for a diag.nccl_log/1 doc."""
+def findings(doc: dict) -> list[dict]:
+    """The findings of a diag.nccl_log document, most severe first; a /1 document's as recorded."""
+    if "signals" in doc:
+        return _evaluate(doc)
+    return [f for f in doc.get("findings") or [] if isinstance(f, dict)]
+
+
+def judged(doc: dict) -> dict:
+    """The document with its findings, as `diag nccl-log` and `diag run` show it."""
+    return {**doc, "findings": findings(doc)}
+
+
+def summary_sentences(found: list[dict], max_sentences: int = 5, min_severity: str = "warning") -> list[str]:
+    """The report's and comm-bound verdict's short sentences for the findings of a log, most
+    severe first, e.g. "NCCL fell back to TCP sockets between nodes"."""
     limit = SEVERITY_ORDER[min_severity]
     out = []
-    for f in sorted(log_doc.get("findings", []), key=lambda f: SEVERITY_ORDER.get(f.get("severity"), 9)):
+    for f in sorted(found, key=lambda f: SEVERITY_ORDER.get(f.get("severity"), 9)):
         if SEVERITY_ORDER.get(f.get("severity"), 9) > limit:
             continue
         rule = RULES_BY_ID.get(f.get("id"))
