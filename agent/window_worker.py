@@ -57,7 +57,7 @@ def summarise(trace: Path, rank: int, first: int, last: int, tree_settings: dict
     try:
         tree = load_tree(recorded=tree_settings) if tree_settings else load_tree()
         # The window's own steps only: the trace may hold a partial step at either edge.
-        doc["analysis"] = trace_facts(str(trace), tree, rank=rank, host_peaks=host_peaks, step_range=(first, last))
+        doc["analysis"] = trace_facts(str(trace), tree.facts, rank=rank, host_peaks=host_peaks, step_range=(first, last))
     except Exception as exc:
         doc["error"] = f"{trace}: analysis failed ({type(exc).__name__}: {exc})"
     return doc

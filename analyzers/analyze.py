@@ -97,7 +97,7 @@ def analyze_trace(path, tree: dt.Tree | None = None, rank: int | None = None, wo
                   host_peaks: dict | None = None, step_range: tuple[int, int] | None = None) -> dict:
     """One trace file's rank dict of the diag.analysis/1 document, facts and verdicts."""
     tree = tree or dt.load_tree()
-    return judge_trace(trace_facts(path, tree, rank=rank, workers=workers, host_peaks=host_peaks,
+    return judge_trace(trace_facts(path, tree.facts, rank=rank, workers=workers, host_peaks=host_peaks,
                                    step_range=step_range), tree)
 
 
@@ -175,7 +175,7 @@ def analyze_run_ranks(path, tree, progress=None, host_peaks: dict | None = None)
                              source=str(path))
     problems: list[str] = []
     try:
-        doc, inputs = analyze_run(path, tree=tree, host_peaks=host_peaks)
+        doc, inputs = analyze_run(path, tree.facts, host_peaks=host_peaks)
         doc = {**doc, "ranks": [judge_run_rank(r, inputs[r["rank"]].windows, inputs[r["rank"]].sampled, tree)
                                 for r in doc["ranks"]]}
     except Exception as exc:  # noqa: BLE001 - a bug in the run analysis costs the precise verdict, not the report
@@ -241,7 +241,7 @@ def _estimate_bytes(path: str) -> float:
 def _analyze_one(path: str, tree, decode_workers: int | None = None, host_peaks: dict | None = None
                  ) -> tuple[str, object]:
     try:
-        return "ok", trace_facts(path, tree=tree, workers=decode_workers, host_peaks=host_peaks)
+        return "ok", trace_facts(path, tree.facts, workers=decode_workers, host_peaks=host_peaks)
     except DiagInputError as exc:
         return "error", _msg(exc)
     except MemoryError:

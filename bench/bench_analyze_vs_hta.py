@@ -302,7 +302,7 @@ def breakdown(path: Path, cli_wall_s: float) -> dict:
     del decoded
     t = time.perf_counter()
     tree = dt.load_tree()
-    judge_trace(facts_of_loaded(trace, tree), tree)
+    judge_trace(facts_of_loaded(trace, tree.facts), tree)
     analysis = time.perf_counter() - t
     t = time.perf_counter()
     load.load_trace(path, workers=None)

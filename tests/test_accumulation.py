@@ -12,8 +12,12 @@ import torch
 import torch.distributed as dist
 from torch.profiler import profile
 
+from diag.analyzers.diagnosis.decision_tree import load_tree
 from diag.analyzers.trace.analysis import trace_facts
 from tests.conftest import free_port_pair
+
+# What the analysis measures by under the default tree.
+FACTS = load_tree().facts
 
 
 def _ddp_trace(path, micro: int, no_sync: bool) -> None:
@@ -57,7 +61,7 @@ def _sum_dur(path, name: str) -> float:
 def test_forward_passes_per_optimizer_step_are_the_traces_own(tmp_path, micro):
     path = tmp_path / "ddp.json"
     _ddp_trace(path, micro, no_sync=False)
-    facts = trace_facts(str(path))
+    facts = trace_facts(str(path), FACTS)
     forwards = _count(path, lambda n: n == "DistributedDataParallel.forward")
     steps = _count(path, lambda n: n.startswith("Optimizer.step#"))
     assert (forwards, steps) == (3 * micro, 3)
@@ -73,7 +77,7 @@ def test_the_no_sync_replay_takes_off_the_all_reduces_it_leaves_out(tmp_path):
     thirds of the all-reduce time of the step that spent the most in them."""
     path = tmp_path / "ddp.json"
     _ddp_trace(path, 3, no_sync=False)
-    facts = trace_facts(str(path))
+    facts = trace_facts(str(path), FACTS)
     entry = next(e for e in facts["what_if"] if e["change"] == "ddp_no_sync_accumulation")
     per_step: dict[int, float] = {}
     for c in facts["collectives"]:

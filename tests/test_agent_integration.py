@@ -309,7 +309,7 @@ def test_batched_sampled_verdicts_equal_the_per_step_ones(tmp_path, seed):
     _varied_run(tmp_path, seed)
     tree = load_tree()
     rd = rundir.RunDir(tmp_path)
-    facts, inputs = analyze_rank(rd, 0, tree)
+    facts, inputs = analyze_rank(rd, 0, tree.facts)
     got = judge_run_rank(facts, inputs.windows, inputs.sampled, tree)
     sampled = [(s["step"], s["bound"], s["shares"], s["path"]) for s in got["steps"] if s["evidence"] == "sampled"]
     expected = _reference_steps(rd, 0, tree)

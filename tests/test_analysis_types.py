@@ -35,7 +35,7 @@ def _steps_conform(rank: dict, declared, where: str) -> None:
 @pytest.mark.parametrize("name", ["cpu_comm_rank0.pt.trace.json.gz", "cpu_data_rank0.pt.trace.json.gz"])
 def test_a_traces_facts_and_its_verdicts_are_as_declared(name):
     tree = load_tree()
-    facts = trace_facts(FIXTURES / name, tree)
+    facts = trace_facts(FIXTURES / name, tree.facts)
     _conforms(facts, types.TraceRankFacts, "facts")
     _steps_conform(facts, types.TraceStepFacts, "facts")
     assert "bound" not in facts and not any("bound" in s for s in facts["steps"])  # no verdict among the facts
@@ -58,7 +58,7 @@ def test_real_gpu_ranks_of_one_job_are_as_declared(real_traces):
 def test_a_real_runs_ranks_are_as_declared(demo_run_dir):
     tree = load_tree()
     rd = rundir.RunDir(demo_run_dir)
-    facts, inputs = analyze_rank(rd, 0, tree)
+    facts, inputs = analyze_rank(rd, 0, tree.facts)
     _conforms(facts, types.RunRankFacts, "facts")
     _steps_conform(facts, types.RunStepFacts, "facts")
     assert {s["evidence"] for s in facts["steps"]} == {"trace", "sampled"}

@@ -22,6 +22,9 @@ from diag.analyzers.job.cross_rank import SYMMETRIC, match_collectives
 from diag.analyzers.trace.analysis import trace_facts
 from diag.errors import DiagInputError
 
+# What the analysis measures by under the default tree.
+FACTS = load_tree().facts
+
 
 def _load_generator():
     # Importable by name: gloo workers started with "spawn" unpickle their entry point from it.
@@ -51,7 +54,7 @@ def gloo_job(tmp_path_factory):
 
 def _ranks(paths):
     """The ranks as the facade gives them: waits split from transfer, then each judged."""
-    return judged_ranks([trace_facts(str(p)) for p in paths], load_tree())
+    return judged_ranks([trace_facts(str(p), FACTS) for p in paths], load_tree())
 
 
 def _job(ranks):
@@ -219,7 +222,7 @@ def test_job128_two_real_ranks(real_traces):
         lo = min(g["dur_us"].values())
         for rk, d in g["dur_us"].items():
             raw_wait_ms[rk] += (d - lo) / 1000
-    single = [trace_facts(str(real_traces / f"job128_rank{r}_sampled.json.gz")) for r in (0, 1)]
+    single = [trace_facts(str(real_traces / f"job128_rank{r}_sampled.json.gz"), FACTS) for r in (0, 1)]
     for before, after in zip(single, ranks):
         for sb, sa in zip(before["steps"], after["steps"]):
             assert sb["shares"]["wait"] == 0.0

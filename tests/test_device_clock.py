@@ -235,7 +235,7 @@ def test_the_agent_records_device_times_and_the_run_analysis_uses_them(tmp_path)
     from diag.analyzers.diagnosis.decision_tree import load_tree
     from diag.analyzers.job.run_analysis import analyze_rank
 
-    facts, _ = analyze_rank(run, 0, load_tree())
+    facts, _ = analyze_rank(run, 0, load_tree().facts)
     steps = [s for s in facts["steps"] if "data_idle_ms" in s]
     assert len(steps) == 30 and sum("device_ms" in s for s in steps) == 29  # the first has no start event
     # No utilisation and no window: the rank's data share is the measured idle time's.

@@ -110,20 +110,20 @@ def _annotated(tmp_path, gaps_us: list[float], name="train_step"):
 
 @pytest.mark.parametrize("first,left_out", [(1.4, []), (1.6, [0])])
 def test_start_up_is_a_leading_iteration_over_the_ratio(tmp_path, first, left_out):
-    thresholds = dt.load_tree().thresholds
-    assert thresholds["iteration_startup_ratio"] == 1.5
+    settings = dt.load_tree().facts
+    assert settings.iteration_startup_ratio == 1.5
     trace = _annotated(tmp_path, [first * 1000.0] + [1000.0] * 6)
-    it = steady_iterations(trace, step_windows(trace)[0][1:], thresholds)
+    it = steady_iterations(trace, step_windows(trace)[0][1:], settings)
     assert it.marker == "train_step" and it.marker_kind == "a user annotation"
     assert it.startup == left_out and len(it.windows) == 7 - len(left_out)
 
 
 @pytest.mark.parametrize("repeats,found", [(3, False), (4, True)])
 def test_iterations_need_a_marker_repeated_past_the_minimum(tmp_path, repeats, found):
-    thresholds = dt.load_tree().thresholds
-    assert thresholds["iteration_min_count"] == 3
+    settings = dt.load_tree().facts
+    assert settings.iteration_min_count == 3
     trace = _annotated(tmp_path, [1000.0] * (repeats - 1))  # `repeats` markers, then one more at the end
-    it = steady_iterations(trace, step_windows(trace)[0][1:], thresholds)
+    it = steady_iterations(trace, step_windows(trace)[0][1:], settings)
     assert (it.marker is not None) is found
     if not found:
         assert len(it.windows) == 1 and "whole trace is judged as one step" in it.reason

@@ -12,10 +12,14 @@ from torch.profiler import profile, schedule
 
 from diag.analyzers.diagnosis import causes as cs
 from diag.analyzers.diagnosis import decision_tree as dt
+from diag.analyzers.diagnosis.decision_tree import load_tree
 from diag.analyzers.trace import matrix_ops
 from diag.analyzers.trace.analysis import trace_facts
 from diag.collectors.loader_facts import cpu_facts
 from tests.test_causes import _ctx
+
+# What the analysis measures by under the default tree.
+FACTS = load_tree().facts
 
 RESNET = "v100_resnet50_workers0_oldschema.json.gz"
 V100_FP32_TFLOPS = 15.7
@@ -43,7 +47,7 @@ def test_convolutions_by_shape_on_a_real_v100_resnet_trace(real_data):
     """HTA's V100 ResNet-50 trace records input shapes: each conv2d group's calls, kernel time
     and rate are the file's own, against the V100's fp32 peak (15.7 TFLOP/s)."""
     path = real_data / "traces" / RESNET
-    facts = trace_facts(str(path))["matrix_ops"]
+    facts = trace_facts(str(path), FACTS)["matrix_ops"]
     top = facts["groups"][0]
     assert (top["op"], top["shapes"], top["dtype"]) == ("aten::conv2d", "32x256x14x14, 1024x256x1x1", "fp32")
     calls, us, n = _conv_from_the_file(path, [[32, 256, 14, 14], [1024, 256, 1, 1]])
@@ -90,7 +94,7 @@ def _linear_from_the_file(path, dims):
 @pytest.fixture(scope="module")
 def mlp(tmp_path_factory):
     path = _mlp_trace(tmp_path_factory.mktemp("mlp"))
-    return path, trace_facts(str(path))
+    return path, trace_facts(str(path), FACTS)
 
 
 def test_linear_layers_by_shape_on_a_real_cpu_profiler_run(mlp):
@@ -199,8 +203,8 @@ def test_a_step_cut_by_the_jobs_end_is_no_traced_step(tmp_path):
                 else:
                     torch.zeros(1)
     prof.export_chrome_trace(str(path))
-    cut = trace_facts(str(path), step_range=(1, 3))
-    whole = trace_facts(str(path))
+    cut = trace_facts(str(path), FACTS, step_range=(1, 3))
+    whole = trace_facts(str(path), FACTS)
     assert [s["step"] for s in cut["steps"]] == [1, 2, 3] and len(whole["steps"]) == 4
     forward = next(g for g in cut["matrix_ops"]["groups"] if g["op"] in ("aten::linear", "aten::addmm"))
     assert forward["calls_per_step"] == 1

@@ -17,8 +17,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.profiler import ProfilerActivity, profile, schedule
 
+from diag.analyzers.diagnosis.decision_tree import load_tree
 from diag.analyzers.trace.analysis import trace_facts
 from diag.demo import free_port
+
+# What the analysis measures by under the default tree.
+FACTS = load_tree().facts
 
 STEPS = 4
 pytestmark = pytest.mark.slow
@@ -56,7 +60,7 @@ def traces(tmp_path_factory):
 
 
 def _after(traces, mode: str) -> list:
-    facts = trace_facts(str(traces / f"{mode}_rank0.json"))
+    facts = trace_facts(str(traces / f"{mode}_rank0.json"), FACTS)
     return [c["after_backward"] for c in facts["collectives"] if c["name"] == "all_reduce"]
 
 

@@ -16,58 +16,19 @@ from pathlib import Path
 
 import numpy as np
 
-BOUNDS = ("data", "host", "comm", "memory", "compute")
-# The classes a step's time is split into: the five bounds plus waiting for other ranks
-# (only measured when collectives are matched across ranks). A verdict is never "wait":
-# a rank that mostly waits is bound by the rank it waits for (PEER, resolved by the job).
-CLASSES = ("data", "host", "comm", "wait", "memory", "compute")
-PEER = "peer"
+from diag.analyzers.model import (  # noqa: F401 (the names the diagnosis reads through the tree)
+    BOUNDS,
+    CLASSES,
+    MEASUREMENTS,
+    PEER,
+    FactSettings,
+    Measurement,
+    derive,
+    metric_text,
+    share_ratios,
+)
+
 DEFAULT_TREE = Path(__file__).with_name("decision_tree.toml")
-
-@dataclass(frozen=True)
-class Measurement:
-    """One quantity the tree can ask about: a fraction (shown as a percentage) or a ratio of
-    two times (shown as "0.19x"), and what it is."""
-    unit: str  # "fraction" | "ratio"
-    meaning: str
-
-    def text(self, value: float, threshold: bool = False) -> str:
-        if self.unit == "ratio":
-            if value == math.inf:
-                return "inf"
-            return f"{value:g}x" if threshold else f"{value:.2f}x"
-        return f"{100 * value:g}%" if threshold else f"{100 * value:.1f}%"
-
-
-# The measurement registry: every metric a node or an advisory of a tree may name (load_tree
-# refuses others), with its unit for every view that prints it. The analyzers fill them in.
-MEASUREMENTS = {
-    "data_share": Measurement("fraction", "DataLoader wait / step time"),
-    "host_share": Measurement("fraction", "device idle, not waiting for data / step time"),
-    "comm_share": Measurement("fraction", "exposed communication transfer (not waiting for peers) / step time"),
-    "wait_share": Measurement("fraction", "waiting in collectives for the last peer to arrive / step time "
-                                          "(matched ranks only)"),
-    "memory_share": Measurement("fraction", "bandwidth-bound kernel time (exclusive) / step time"),
-    "compute_share": Measurement("fraction", "compute-bound kernel time (exclusive) / step time"),
-    "busy_share": Measurement("fraction", "device busy / step time (derived: comm + wait + memory + compute)"),
-    "data_fraction_of_idle": Measurement("fraction", "data wait / (data wait + host idle) (derived)"),
-    "memory_to_compute": Measurement("ratio", "bandwidth-bound device time / compute-bound device time"),
-    "achieved_bw_frac": Measurement("fraction", "achieved memory bandwidth / device peak"),
-    "memory_used_frac": Measurement("fraction", "peak device memory used / capacity"),
-    "mfu": Measurement("fraction", "model FLOPs utilisation, achieved FLOP/s / peak"),
-    "scaling_efficiency": Measurement("fraction", "per-rank throughput at larger world size / at smaller"),
-}
-
-
-def metric_text(metric: str, value, threshold: bool = False) -> str:
-    """A measurement's value (or threshold) as every view prints it, by its registered unit."""
-    if value is None:
-        return "unknown"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return str(value)
-    m = MEASUREMENTS.get(metric)
-    return m.text(value, threshold) if m else f"{value:.3g}"
-
 
 _OPS = {">=": operator.ge, ">": operator.gt, "<": operator.lt, "<=": operator.le}
 
@@ -93,6 +54,12 @@ class Tree:
         """The tree's Walker for single steps, made once: its path signatures are as many as
         the tree has distinct paths, so it stays small however many steps it walks."""
         return Walker(self)
+
+    @property
+    def facts(self) -> FactSettings:
+        """What the analysis measures by under this tree: its what-if changes and the
+        thresholds that set how a fact is measured."""
+        return FactSettings.of(self.thresholds, self.what_if)
 
     def threshold(self, ref) -> float:
         if isinstance(ref, (int, float)):
@@ -286,18 +253,6 @@ def parse_overrides(items: list[str] | None) -> dict:
     return out
 
 
-def derive(measurements: dict) -> dict:
-    """Fill in derived measurements from the shares where they are missing."""
-    m = {k: v for k, v in measurements.items() if v is not None and not _nan(v)}
-    if "busy_share" not in m and all(k in m for k in ("comm_share", "memory_share", "compute_share")):
-        # A collective waiting for a peer occupies the device (or gloo's thread) as its transfer does.
-        m["busy_share"] = m["comm_share"] + m.get("wait_share", 0.0) + m["memory_share"] + m["compute_share"]
-    if "data_fraction_of_idle" not in m and "data_share" in m and "host_share" in m:
-        idle = m["data_share"] + m["host_share"]
-        m["data_fraction_of_idle"] = m["data_share"] / idle if idle > 0 else 0.0
-    return m
-
-
 def _nan(v) -> bool:
     return isinstance(v, float) and math.isnan(v)
 
@@ -429,13 +384,6 @@ def evaluate(measurements: dict, tree: Tree, force: dict | None = None) -> dict:
 
 # A tree answer of "unknown" on one of these means the verdict would be a guess.
 CORE_METRICS = frozenset({"data_share", "busy_share", "data_fraction_of_idle", "comm_share", "memory_to_compute"})
-
-
-def share_ratios(shares: dict) -> dict:
-    mem, comp = shares.get("memory", 0.0), shares.get("compute", 0.0)
-    if comp > 0:
-        return {"memory_to_compute": mem / comp}
-    return {"memory_to_compute": float("inf")} if mem > 0 else {}
 
 
 def verdict_from(measurements: dict, tree, force: dict | None = None) -> dict:

@@ -5,7 +5,8 @@ measurement set, borderline verdicts, and whether a change between two runs is r
 
 - Warm-up: the steps before a rank's first profiler window (the profiler's own schedule
   skips start-up); without windows, the first `warmup_fraction` of the steps, at least one
-  and at most `warmup_max_steps`, none in a run shorter than `warmup_min_run_steps`.
+  and at most `warmup_max_steps`, none in a run shorter than `warmup_min_run_steps`
+  (`model.warmup_steps`, which the run analysis counts its steps by too).
 - Noise: the robust spread of the steps themselves (1.4826 x the median absolute
   deviation: a normal sample's standard deviation, unmoved by a few outlier steps), and
   from it the interval of a median (its standard error is about 1.2533 sigma / sqrt(n)).
@@ -16,19 +17,13 @@ from __future__ import annotations
 import math
 import statistics
 
+from diag.analyzers.model import warmup_steps  # noqa: F401 (the warm-up rule, read through here)
 from diag.analyzers.numbers import finite_values as _finite
 
 MAD_TO_SIGMA = 1.4826
 MEDIAN_SE = 1.2533  # standard error of a median, in sigma / sqrt(n), for a normal sample
 MIN_STEPS = 3  # fewer steps give no spread worth the name
 Z_95 = 1.959964
-
-
-def warmup_steps(n_steps: int, thresholds: dict) -> int:
-    """How many of a run's first steps are warm-up when no profiler window says where it ends."""
-    if n_steps < thresholds["warmup_min_run_steps"]:
-        return 0
-    return int(min(thresholds["warmup_max_steps"], max(1, n_steps * thresholds["warmup_fraction"])))
 
 
 def robust_sigma(values) -> float | None:

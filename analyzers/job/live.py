@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from diag.analyzers.diagnosis.decision_tree import BOUNDS
+from diag.analyzers.model import BOUNDS
 from diag.analyzers.numbers import finite as _num
 from diag.analyzers.numbers import median as _median
 

@@ -25,8 +25,6 @@ import numpy as np
 
 from diag import rundir
 from diag.analyzers.analysis_types import RunRankFacts
-from diag.analyzers.diagnosis.decision_tree import CLASSES, load_tree, share_ratios
-from diag.analyzers.diagnosis.steady import warmup_steps
 from diag.analyzers.job import waits
 from diag.analyzers.job.sampled import (
     NO_SAMPLE,
@@ -36,6 +34,7 @@ from diag.analyzers.job.sampled import (
     sampled_steps,
     window_composition,
 )
+from diag.analyzers.model import CLASSES, FactSettings, share_ratios
 from diag.analyzers.numbers import finite
 from diag.analyzers.numbers import median as _median
 from diag.analyzers.trace import host_device
@@ -104,15 +103,15 @@ def _merge_gpu_time(windows: list[dict]) -> dict:
     return out
 
 
-def _warmup_cut(steps: list[dict], windows: list[dict], tree) -> int:
+def _warmup_cut(steps: list[dict], windows: list[dict], settings: FactSettings) -> int:
     """First step number that counts for the rank's verdict (start-up steps are atypical):
-    the first profiler window's, else the diagnosis's one warm-up rule."""
+    the first profiler window's, else the one warm-up rule (model.warmup_steps)."""
     if windows:
         return min(int(w.get("first_step", 0)) for w in windows)
-    return steps[0]["step"] + warmup_steps(len(steps), tree.thresholds) if steps else 0
+    return steps[0]["step"] + settings.warmup_steps(len(steps)) if steps else 0
 
 
-def _unsummarised_windows(rd: rundir.RunDir, rank: int, windows: list[dict], tree, errors: list,
+def _unsummarised_windows(rd: rundir.RunDir, rank: int, windows: list[dict], settings: FactSettings, errors: list,
                           host_peaks: dict | None) -> list[dict]:
     """Traces whose background analysis never finished (the rank exited or was killed first).
     CPU traces use the calibration the rank's agent recorded, else `host_peaks`."""
@@ -130,7 +129,7 @@ def _unsummarised_windows(rd: rundir.RunDir, rank: int, windows: list[dict], tre
         if path.name in named or path.name.startswith("."):
             continue
         try:
-            a = trace_facts(str(path), tree=tree, rank=rank, host_peaks=host_peaks, step_range=done)
+            a = trace_facts(str(path), settings, rank=rank, host_peaks=host_peaks, step_range=done)
         except Exception as exc:
             errors.append({"source": str(path), "error": f"{type(exc).__name__}: {exc}"})
             continue
@@ -140,14 +139,15 @@ def _unsummarised_windows(rd: rundir.RunDir, rank: int, windows: list[dict], tre
     return out
 
 
-def rank_windows(rd: rundir.RunDir, rank: int, tree, errors: list, host_peaks: dict | None = None) -> list[dict]:
+def rank_windows(rd: rundir.RunDir, rank: int, settings: FactSettings, errors: list,
+                 host_peaks: dict | None = None) -> list[dict]:
     """A rank's profiler windows, in step order, with their trace analyses where there are any."""
     windows = rd.windows(rank)
-    windows += _unsummarised_windows(rd, rank, windows, tree, errors, host_peaks)
+    windows += _unsummarised_windows(rd, rank, windows, settings, errors, host_peaks)
     return sorted(windows, key=lambda w: int(w.get("first_step", 0)))
 
 
-def analyze_rank(rd: rundir.RunDir, rank: int, tree, errors: list | None = None,
+def analyze_rank(rd: rundir.RunDir, rank: int, settings: FactSettings, errors: list | None = None,
                  windows: list[dict] | None = None) -> tuple[RunRankFacts, RankInputs]:
     """One rank of a run directory: (its rank dict, of step records measured by their profiler
     windows or by the sampled measurements and the rank's measurements over its counted
@@ -155,19 +155,19 @@ def analyze_rank(rd: rundir.RunDir, rank: int, tree, errors: list | None = None,
     info = rd.rank_info(rank) or {}
     records = sorted((r for r in rd.steps(rank) if isinstance(r.get("step"), int)), key=lambda r: r["step"])
     if windows is None:
-        windows = rank_windows(rd, rank, tree, errors if errors is not None else [])
+        windows = rank_windows(rd, rank, settings, errors if errors is not None else [])
     analysed = [w for w in windows if isinstance(w.get("analysis"), dict)]
     samples = sorted((s for s in rd.samples(rank) if _finite(s.get("t"))), key=lambda s: s["t"])
     trace_steps, comps = _window_steps(analysed)
     steps_out, sampled = _rank_steps(records, trace_steps, comps, samples)
-    cut = _warmup_cut(steps_out, analysed, tree)
+    cut = _warmup_cut(steps_out, analysed, settings)
     counted = [s for s in steps_out if s["step"] >= cut] or steps_out
     shares = _time_weighted_shares(counted)
     split = [w["analysis"].get("wait_split") or {} for w in analysed]
     measurements = _rank_measurements(counted, shares, any(x.get("measured") for x in split), comps, analysed,
                                       samples, info)
     critical_path, what_if_entries = what_if.summarize([s for s in counted if s["evidence"] == "trace"],
-                                                       getattr(tree, "what_if", ()))
+                                                       settings.what_if)
     dev = info.get("device") if isinstance(info.get("device"), dict) else {}
     device = dev.get("name") or next((w["analysis"].get("device") for w in reversed(analysed)
                                       if w["analysis"].get("device")), None)
@@ -455,20 +455,19 @@ def rank_reports(rd: rundir.RunDir, manifest: dict) -> dict:
             "ranks": rows}
 
 
-def analyze_run(run_dir, tree=None, host_peaks: dict | None = None) -> tuple[dict, dict[int, RankInputs]]:
+def analyze_run(run_dir, settings: FactSettings, host_peaks: dict | None = None) -> tuple[dict, dict[int, RankInputs]]:
     """(the facts of the analysis document (diag.analysis/1) of a run directory, what the
     diagnosis judges each rank by besides); `host_peaks` calibrates the CPU traces of ranks
     whose agent recorded no calibration. The job block holds the run's own job facts: the
     ranks missing and the world size; the cross-rank facts come after the verdicts."""
-    tree = tree or load_tree()
     rd = rundir.RunDir(run_dir)
     manifest = rd.manifest()
     trace_errors: list[dict] = []
-    windows = {r: rank_windows(rd, r, tree, trace_errors, host_peaks) for r in rd.ranks()}
+    windows = {r: rank_windows(rd, r, settings, trace_errors, host_peaks) for r in rd.ranks()}
     windows = _split_window_waits(windows)
     ranks, inputs = [], {}
     for r in rd.ranks():
-        doc, inputs[r] = analyze_rank(rd, r, tree, errors=trace_errors, windows=windows[r])
+        doc, inputs[r] = analyze_rank(rd, r, settings, errors=trace_errors, windows=windows[r])
         ranks.append(doc)
     world = rd.expected_world_size()
     job = {"missing_ranks": rd.missing_ranks(), "world_size": world, "reports": rank_reports(rd, manifest),

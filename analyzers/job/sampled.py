@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from diag.analyzers.diagnosis.decision_tree import CLASSES, share_ratios
+from diag.analyzers.model import CLASSES, share_ratios
 from diag.analyzers.numbers import finite as _finite_or_none
 
 # The classes of a step's non-data time, and of its busy time (a collective waiting for a

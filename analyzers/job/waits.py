@@ -26,8 +26,8 @@ from collections import defaultdict
 import numpy as np
 
 from diag.analyzers import intervals as iv
-from diag.analyzers.diagnosis.decision_tree import CLASSES
 from diag.analyzers.job.cross_rank import match_collectives
+from diag.analyzers.model import CLASSES
 from diag.analyzers.trace.attribution import normalize_shares
 
 

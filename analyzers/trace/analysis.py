@@ -1,6 +1,6 @@
 """One rank's Kineto trace -> the facts of its rank dict (schema diag.analysis/1).
 
-`trace_facts(path)` loads the trace (`trace_load`), classifies its events
+`trace_facts(path, settings)` loads the trace (`trace_load`), classifies its events
 (`event_classes`, `roofline`), attributes every step's wall time to data / host / comm /
 memory / compute (`attribution`), measures what the decision tree asks of each step and
 of the rank, replays each step's dependency graph (`whatif`), and adds HTA's GPU-time
@@ -18,7 +18,7 @@ import numpy as np
 
 from diag.analyzers import intervals as iv
 from diag.analyzers.analysis_types import SYNC_OP_NAMES, TraceRankFacts
-from diag.analyzers.diagnosis import decision_tree as dt
+from diag.analyzers.model import FactSettings
 from diag.analyzers.trace import (
     accumulation,
     call_sites,
@@ -56,10 +56,10 @@ _DTYPE_SIZE = {"float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2,
                "bool": 1, "short": 2, "int16": 2}
 
 
-def trace_facts(path, tree: dt.Tree | None = None, rank: int | None = None, workers: int | None = 1,
+def trace_facts(path, settings: FactSettings, rank: int | None = None, workers: int | None = 1,
                 host_peaks: dict | None = None, step_range: tuple[int, int] | None = None) -> TraceRankFacts:
-    """The facts of one rank of the diag.analysis/1 document from one Kineto trace file; the
-    tree gives the what-if changes to replay.
+    """The facts of one rank of the diag.analysis/1 document from one Kineto trace file,
+    measured by `settings` (the what-if changes to replay among them; a tree's are `tree.facts`).
 
     workers: decoding processes for a large file (1: serial, the default; None: by file
     size and idle CPUs, as `diag analyze` does).
@@ -70,11 +70,10 @@ def trace_facts(path, tree: dt.Tree | None = None, rank: int | None = None, work
     cut by the job's end holds the step then in progress (its marker around the exit's own
     work), which is no training step, and per-step facts divide by the steps kept.
     """
-    tree = tree or dt.load_tree()
     trace = load_trace(path, workers=workers)
     if step_range is not None:
         trace.keep_steps(*step_range)
-    return facts_of_loaded(trace, tree, rank=rank, host=devices.host_device(host_peaks))
+    return facts_of_loaded(trace, settings, rank=rank, host=devices.host_device(host_peaks))
 
 
 
@@ -85,9 +84,9 @@ def _uses_nccl(trace, dist: dict) -> bool:
     ids = [i for i, name in enumerate(trace.names) if name.startswith("nccl:")]
     return bool(ids) and bool(np.isin(trace.cpu_name, ids).any())
 
-def _what_if(trace: Trace, tree, steps: list[dict], windows, classes, layers, att, on_device: bool, removals: dict):
+def _what_if(trace: Trace, changes: tuple, steps: list[dict], windows, classes, layers, att, on_device: bool,
+             removals: dict):
     """(critical path, what-if entries, the error that stopped them or None), each step updated with its own."""
-    changes = getattr(tree, "what_if", ())
     what_if_error = None
     try:
         if on_device:
@@ -132,7 +131,7 @@ def _rank_of(trace: Trace, rank: int | None) -> tuple[int | None, str | None, di
     return rank, rank_from, dist
 
 
-def facts_of_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: devices.Device | None = None
+def facts_of_loaded(trace: Trace, settings: FactSettings, rank: int | None = None, host: devices.Device | None = None
                     ) -> TraceRankFacts:
     """The facts of one rank of the diag.analysis/1 document from a loaded trace."""
     meta = trace.meta
@@ -146,7 +145,7 @@ def facts_of_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: 
         raise DiagInputError("trace has no timed events", source=trace.source)
     iterations = None
     if not trace.steps:  # no ProfilerStep spans: the steady iterations, found from repeating markers
-        iterations = steady_iterations(trace, windows[0][1:], tree.thresholds)
+        iterations = steady_iterations(trace, windows[0][1:], settings)
         windows = iterations.windows
     win = window_array(windows)
 
@@ -191,39 +190,37 @@ def facts_of_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: 
     rank_shares = normalize_shares(totals, total_time)
 
     def worth(*phases: str) -> bool:
-        """Whether a phase is large enough on this rank for a cause rule to name what is in it:
-        the facts cost time on a large trace, and none is named from `cause_facts_min_share`
-        of the traced time or less."""
-        return any(rank_shares.get(p, 0.0) >= tree.thresholds["cause_facts_min_share"] for p in phases)
+        """Whether a phase covers enough of this rank's time for its detailed facts to be worth
+        their cost on a large trace (`cause_facts_min_share`: no cause rule names less)."""
+        return any(rank_shares.get(p, 0.0) >= settings.cause_facts_min_share for p in phases)
 
     # Per traced step: device copies, launches, matrix math by precision, elementwise chains (the
     # cause rules' facts), and what removing each cause would take away (their what-ifs).
     chains, chain_saving = fusion.elementwise_chains(trace, win) if worth("memory") else ([], None)
     math, math_saving = precision.math_facts(trace, classes, win, device) if on_device and worth("compute") \
         else (None, None)
-    th = tree.thresholds
     traffic, traffic_saving = memory_traffic.traffic_facts(
-        trace, classes, win, device, float(th["bandwidth_target_peak"]), float(th["bandwidth_slow_peak"]),
-        float(th["bandwidth_min_call_mb"]) * 1e6) if on_device and worth("memory") else (None, None)
+        trace, classes, win, device, settings.bandwidth_target_peak, settings.bandwidth_slow_peak,
+        settings.bandwidth_min_call_mb * 1e6) if on_device and worth("memory") else (None, None)
     coll_records = _exposed(_tag_steps(collectives(trace, classes), windows), att["parts"].get("comm"))
     if worth("comm", "wait"):
         coll_records = overlap.mark_after_backward(coll_records, trace, win, on_device)
     matrix, matrix_saving = matrix_ops.matrix_facts(trace, op_info, win, comp_t, device, on_device,
-                                                    float(tree.thresholds["cpu_half_precision_speedup"]),
+                                                    settings.cpu_half_precision_speedup,
                                                     att["parts"].get("compute", iv.EMPTY)) if worth("compute") \
         else (None, None)
     host_facts = on_device and worth("host")
     # The training thread's stretches outside every op: its facts and its what-if both read them.
-    gaps = python_gaps.python_gaps(trace, win, float(th["python_gap_min_us"]), float(th["cpu_work_min_op_coverage"])) \
+    gaps = python_gaps.python_gaps(trace, win, settings.python_gap_min_us, settings.cpu_work_min_op_coverage) \
         if host_facts else iv.EMPTY
     passes = accumulation.ddp_passes(trace, win) if coll_records else None
     removals = removal_measures.per_window(trace, win, classes, att, layers, chain_saving, math_saving, coll_records,
                                            matrix_saving, traffic_saving, host_calls=host_facts,
-                                           cpu_work_coverage=float(th["cpu_work_min_op_coverage"]), python_gaps=gaps,
+                                           cpu_work_coverage=settings.cpu_work_min_op_coverage, python_gaps=gaps,
                                            redundant_reduce=accumulation.redundant_share(passes))
 
     # Each step's critical path and its duration under each what-if change.
-    critical_path, what_if_entries, what_if_error = _what_if(trace, tree, steps, windows, classes, layers, att,
+    critical_path, what_if_entries, what_if_error = _what_if(trace, settings.what_if, steps, windows, classes, layers, att,
                                                              on_device, removals)
 
     rank_m = _measurements(rank_shares, mem_t.sum(), comp_t.sum(), total_time, peak_frac_w, None,
@@ -253,7 +250,7 @@ def facts_of_loaded(trace: Trace, tree: dt.Tree, rank: int | None = None, host: 
         "copies": host_device.copy_facts(trace, win) if on_device and worth("data", "host") else [],
         "launches": host_device.launch_facts(trace, win) if on_device and worth("host") else None,
         "allocator": host_device.allocator_facts(trace, win) if on_device and worth("host") else [],
-        "cpu_work": host_device.cpu_work_facts(trace, win, float(tree.thresholds["cpu_work_min_op_coverage"]))
+        "cpu_work": host_device.cpu_work_facts(trace, win, settings.cpu_work_min_op_coverage)
         if on_device and worth("host") else [],
         "python_gaps": python_gaps.python_gap_facts(trace, win, gaps) if host_facts else None,
         "math": math,

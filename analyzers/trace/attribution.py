@@ -44,7 +44,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from diag.analyzers import intervals as iv
-from diag.analyzers.diagnosis.decision_tree import BOUNDS, CLASSES
+from diag.analyzers.model import BOUNDS, CLASSES
 
 GPU_ORDER = ("compute", "memory", "comm", "data")
 CPU_ORDER = ("data", "compute", "memory", "comm")

@@ -80,10 +80,12 @@ def _candidates(trace, min_occurrences: int) -> list[tuple[int, str, str]]:
     return out[:MAX_CANDIDATES]
 
 
-def steady_iterations(trace, whole: tuple[float, float], thresholds: dict) -> Iterations:
-    """The steady iterations of a trace without ProfilerStep spans, or the whole trace as one window."""
-    min_count = int(thresholds["iteration_min_count"])
-    ratio = float(thresholds["iteration_startup_ratio"])
+def steady_iterations(trace, whole: tuple[float, float], settings) -> Iterations:
+    """The steady iterations of a trace without ProfilerStep spans, or the whole trace as one
+    window; `settings` (model.FactSettings) says how many repeats make a loop and how much
+    longer than the steady ones a start-up iteration is."""
+    min_count = int(settings.iteration_min_count)
+    ratio = float(settings.iteration_startup_ratio)
     for name_id, name, kind in _candidates(trace, min_count + 1):
         starts = _starts(trace, name_id)
         if len(starts) < min_count + 1:
