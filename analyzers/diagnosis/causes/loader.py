@@ -1,0 +1,221 @@
+"""The input pipeline's causes: a DataLoader without workers, and one whose workers cannot keep up,
+each with the worker count that would and the step predicted for it (loader_model)."""
+
+from __future__ import annotations
+
+from diag.analyzers.diagnosis.causes.common import ranks_text, recorded_loaders, upper_median
+from diag.analyzers.diagnosis.context import JobContext
+from diag.analyzers.diagnosis.loader_model import (
+    LoaderRates,
+    WorkerPlan,
+    cpus_per_rank,
+    loader_rates,
+    plan_workers,
+)
+
+
+def _host_median(merged: dict, key: str) -> float | None:
+    """The median of a host sample figure over the rank's samples (None where none has it)."""
+    return upper_median([float(s["host"][key]) for s in merged.get("samples") or [] if isinstance(s.get("host"), dict)
+                    and isinstance(s["host"].get(key), (int, float)) and not isinstance(s["host"][key], bool)])
+
+
+def _collate_split(analysis: dict) -> tuple[float, float] | None:
+    """(median data wait, median collate time) in ms per step, over the steps that timed both."""
+    rows = [(float(s["data_wait_ms"]), float(s["collate_ms"])) for s in analysis.get("steps") or []
+            if isinstance(s, dict) and isinstance(s.get("data_wait_ms"), (int, float))
+            and isinstance(s.get("collate_ms"), (int, float))]
+    return (upper_median([w for w, _ in rows]), upper_median([c for _, c in rows])) if rows else None
+
+
+def _io_text(merged: dict) -> tuple[str, dict]:
+    """What the rank's samples say about reads: the CPUs' I/O wait and the bytes read from
+    storage per second by the process and its workers; ("", {}) where they say nothing."""
+    ev = {k: _host_median(merged, k) for k in ("cpu_iowait_ratio", "process_read_bytes_per_second",
+                                               "dataloader_workers_read_bytes_per_second")}
+    parts = []
+    if ev["cpu_iowait_ratio"] is not None:
+        parts.append(f"the CPUs wait on I/O {ev['cpu_iowait_ratio']:.0%} of their time")
+    read = (ev["process_read_bytes_per_second"] or 0.0) + (ev["dataloader_workers_read_bytes_per_second"] or 0.0)
+    if ev["process_read_bytes_per_second"] is not None or ev["dataloader_workers_read_bytes_per_second"] is not None:
+        parts.append(f"the process and its workers read {read / 1e6:.1f} MB/s from storage")
+    return (" and ".join(parts), {k: round(v, 4) for k, v in ev.items() if v is not None})
+
+
+def no_loader_workers(ctx: JobContext) -> dict | None:
+    """The DataLoader loads in the training process: num_workers=0. The agent times its
+    collate_fn, so the wait splits into reading the samples and collating them; a collate
+    taking `collate_wait_share` of the wait or more is named as the larger part. The worker
+    count named, and the step it gives, come from the run's own rates (loader_model.py)."""
+    loaders = recorded_loaders(ctx)
+    idle = sorted(r for r, ld in loaders.items() if ld["num_workers"] == 0)
+    if not idle:
+        return None
+    ld = loaders[idle[0]]
+    merged = ctx.ranks[idle[0]]
+    where = f"{ld['class']} over {ld['dataset']}"
+    text = (f"The {where} has num_workers=0 on {ranks_text(idle)}: every batch is read and collated on the "
+            "training thread, inside the step.")
+    planned = _worker_plan(ctx, merged, ld)
+    if planned:
+        rates, plan = planned
+        lead = f"Give the {where} worker processes: " if plan.expected_ms < rates.step_ms else f"For the {where}, "
+        action = lead + _workers_sizing(rates, plan, ld)
+    else:
+        per_rank = cpus_per_rank(ld)
+        start = max(1, per_rank - 1) if per_rank else None
+        sizing = (f"start at num_workers={start} ({ld.get('cpus')} CPUs for {ld.get('local_ranks') or 1} local "
+                  "ranks, one left to the training process)" if start else "start at the number of CPU cores per rank")
+        action = (f"Give the {where} worker processes: {sizing}, with persistent_workers=True so that they "
+                  "outlive each epoch. (Too few steps were timed to size them from this run.)")
+    split = _collate_split(merged.get("analysis") or {})
+    if split and split[0]:
+        wait, collate = split
+        text += (f" Of its median wait of {wait:.1f} ms per step, collate_fn takes {collate:.1f} ms and reading the "
+                 f"samples {max(wait - collate, 0.0):.1f} ms.")
+        if collate >= ctx.tree.thresholds["collate_wait_share"] * wait:
+            action += (" Collating is the larger part: store samples ready to batch (tensors of one size), index "
+                       "whole batches at once (a BatchSampler passed as sampler, batch_size=None), or do the "
+                       "per-sample work in the Dataset, which the workers run.")
+    io, io_ev = _io_text(merged)
+    if io:
+        text += f" Meanwhile {io}."
+    out = {"text": text, "action": action,
+           "evidence": {"ranks": idle, "loader": ld, "data_wait_ms": split[0] if split else None,
+                        "collate_ms": split[1] if split else None, **io_ev}}
+    if planned:
+        out["evidence"]["model"] = _plan_evidence(*planned)
+        out["expect"] = _plan_expectation(*planned)
+    return out
+
+
+def _worker_plan(ctx: JobContext, merged: dict, ld: dict, cpu_bound: bool | None = None
+                 ) -> tuple[LoaderRates, WorkerPlan] | None:
+    """The rank's loader rates and the worker count they call for; None where the run timed
+    too few steps, or no wait to hide. `cpu_bound`: whether making a batch is CPU work, where
+    the workers' sampled CPU says (the step records of a loader with workers can not: its
+    batches are made in other processes)."""
+    th = ctx.tree.thresholds
+    rates = loader_rates((merged.get("analysis") or {}).get("steps") or [], ld["num_workers"], th,
+                         _workers_cpu(merged) if ld["num_workers"] > 0 else None)
+    if rates is None or rates.wait_ms <= 0.0:
+        return None
+    return rates, plan_workers(rates, cpus_per_rank(ld), th, cpu_bound=cpu_bound, host_cpus=ld.get("cpus"))
+
+
+def _workers_sizing(rates: LoaderRates, plan: WorkerPlan, ld: dict) -> str:
+    """The worker count to set and why that many, in the run's own figures."""
+    k, per_batch = plan.workers, rates.batch_ms / plan.workers
+    if plan.cpu_bound:
+        made = ("making a batch is CPU work" + (f" ({rates.batch_cpu_ms / rates.batch_ms:.0%} of its "
+                f"{rates.batch_ms:.0f} ms)" if rates.batch_cpu_ms is not None else " (its CPU time was not measured)")
+                + f", so the workers share this rank's CPUs ({ld.get('cpus')} CPUs for "
+                f"{ld.get('local_ranks') or 1} local ranks, one left to the training process)")
+    else:
+        made = (f"making a {rates.batch_ms:.0f} ms batch is mostly waiting ({rates.batch_cpu_ms:.1f} ms of it is CPU "
+                "time), so workers beyond the CPU count still help")
+    if plan.expected_ms >= rates.step_ms:
+        return (f"more workers will not make this step faster: {made}, and with num_workers={k} the rank's CPUs, "
+                f"busy with the batches' CPU work and the training's own, would make the step "
+                f"{plan.expected_ms:.1f} ms against the {rates.step_ms:.1f} ms measured. Make each batch cheaper "
+                "instead (less work per sample, decode once and keep the result, smaller images read), or give "
+                "each rank more CPUs.")
+    if plan.hides:
+        return (f"set num_workers={k}, with persistent_workers=True so that they outlive each epoch: {made}, and "
+                f"{k} of them make a batch every {per_batch:.1f} ms, within the {rates.rest_ms:.1f} ms the rest of "
+                "the step takes.")
+    pace = (", so the step still waits" if per_batch > rates.rest_ms else
+            f", too close to hide the batches' own scatter ({plan.needed} would)")
+    return (f"set num_workers={k}, with persistent_workers=True, the most this rank can run for these reads: {made}. "
+            f"They make a batch every {per_batch:.1f} ms against the {rates.rest_ms:.1f} ms the rest of the step "
+            f"takes{pace}; to hide the rest, make each batch cheaper (less work per sample, faster or local "
+            "storage) or give each rank more CPUs.")
+
+
+def _plan_expectation(rates: LoaderRates, plan: WorkerPlan) -> dict:
+    """The prediction for the worker count named, with its range and ceiling."""
+    limit = {"rest": "the rest of the step, with the input hidden",
+             "workers": f"the {plan.workers} workers' pace, {rates.batch_ms:.1f} ms a batch each",
+             "cpus": "the rank's CPUs, shared by the workers and the training process"}[plan.limit]
+    limit += ("; each thread's CPU work taken slower as the other CPUs get busy (cpu_shared_throughput: shared "
+              "cores, a VM's vCPUs)")
+    return {"action": f"num_workers={plan.workers}", "baseline_step_ms": rates.step_ms,
+            "expected_step_ms": plan.expected_ms, "low_ms": plan.low_ms, "high_ms": plan.high_ms,
+            "ceiling_step_ms": plan.ceiling_ms, "limit": plan.limit,
+            "assumes": f"the step is then set by {limit}; the ceiling is the step without its data wait"}
+
+
+def _plan_evidence(rates: LoaderRates, plan: WorkerPlan) -> dict:
+    return {"batch_ms": round(rates.batch_ms, 3), "batch_cpu_ms": _rounded(rates.batch_cpu_ms),
+            "rest_ms": round(rates.rest_ms, 3), "rest_cpu_ms": _rounded(rates.rest_cpu_ms),
+            "step_ms": round(rates.step_ms, 3), "steps": rates.steps, "cpu_bound": plan.cpu_bound,
+            "workers": plan.workers, "workers_cap": plan.cap, "hides": plan.hides}
+
+
+def _rounded(v: float | None) -> float | None:
+    return None if v is None else round(v, 3)
+
+
+def _workers_cpu(merged: dict) -> float | None:
+    """The median CPU seconds per second of the rank's DataLoader workers, over its samples."""
+    return upper_median([float(s["host"]["dataloader_workers_cpu_ratio"]) for s in merged.get("samples") or []
+                    if isinstance(s.get("host"), dict) and (s["host"].get("dataloader_workers") or 0) > 0
+                    and isinstance(s["host"].get("dataloader_workers_cpu_ratio"), (int, float))])
+
+
+def loader_workers(ctx: JobContext) -> dict | None:
+    """A DataLoader with workers that still keeps the step waiting: workers busy for
+    `loader_workers_busy` of their cores or more are CPU-bound (more workers where CPUs are
+    spare, else less work per sample); under `loader_workers_idle` they wait on reads, and more
+    of them help whatever the CPU count. Workers that keep the step waiting set its pace, so
+    each makes a batch in about k steps: the count named and its step follow from that."""
+    th = ctx.tree.thresholds
+    found = {}
+    for rank, ld in recorded_loaders(ctx).items():
+        used = _workers_cpu(ctx.ranks[rank])
+        if ld["num_workers"] > 0 and used is not None:
+            load = used / ld["num_workers"]
+            if load >= th["loader_workers_busy"]:
+                found[rank] = ("busy", ld, used)
+            elif load < th["loader_workers_idle"]:
+                found[rank] = ("idle", ld, used)
+    if not found:
+        return None
+    rank = min(found)
+    kind, ld, used = found[rank]
+    where, w = f"{ld['class']} over {ld['dataset']}", ld["num_workers"]
+    ranks = sorted(r for r, f in found.items() if f[0] == kind)
+    per_rank = cpus_per_rank(ld)
+    io, io_ev = _io_text(ctx.ranks[rank])
+    planned = _worker_plan(ctx, ctx.ranks[rank], ld, cpu_bound=kind == "busy")
+    more = planned is not None and planned[1].workers > w
+    if kind == "busy":
+        spare = per_rank - 1 - w if per_rank else None
+        text = (f"The {where} on {ranks_text(ranks)} has {w} workers, and they use {used:.1f} CPUs ({used / w:.0%} of "
+                "theirs): decoding and augmenting the samples is CPU-bound, and the step still waits for it.")
+        if more:
+            action = (f"Raise num_workers from {w} to {planned[1].workers} ({ld['cpus']} CPUs for "
+                      f"{ld.get('local_ranks') or 1} local ranks, one left to the training process).")
+        elif spare and spare > 0 and planned is None:
+            action = (f"Raise num_workers from {w} to {w + spare} ({ld['cpus']} CPUs for {ld.get('local_ranks') or 1} "
+                      "local ranks, one left to the training process).")
+        else:
+            action = (f"The {per_rank or ld.get('cpus')} CPUs of each rank are all in use: do less per sample on the "
+                      "CPU (decode on the GPU with torchvision.io / DALI, augment batches on the device, store the "
+                      "dataset pre-processed), or give each rank more CPUs.")
+    else:
+        text = (f"The {where} on {ranks_text(ranks)} has {w} workers, but they use {used:.2f} CPUs ({used / w:.0%} of "
+                "theirs) while the step waits for data: the workers wait on reads, not on the CPU"
+                + (f"; {io}" if io else "") + ".")
+        action = ((f"Raise num_workers from {w} to {planned[1].workers}: workers that wait on reads need no CPU of "
+                   "their own. " if more else "")
+                  + "Make the reads faster or earlier: copy the dataset to local NVMe, read larger sequential shards "
+                  "(WebDataset, a packed format) instead of many small files, and raise prefetch_factor "
+                  f"(now {ld.get('prefetch_factor')}) so that more batches are in flight.")
+    out = {"text": text, "action": action,
+           "evidence": {"ranks": ranks, "kind": kind, "loader": ld, "workers_cpu": round(used, 3),
+                        "cpus_per_rank": per_rank, **io_ev}}
+    if more:
+        out["evidence"]["model"] = _plan_evidence(*planned)
+        out["expect"] = _plan_expectation(*planned)
+    return out
