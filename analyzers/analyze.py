@@ -2,15 +2,15 @@
 directories and run directories, with its diagnosis.
 
 `analyze_paths` expands directories into per-rank trace files and runs the stages in
-their order:
+their order, every fact before any judgement:
 1. facts: the traces in parallel worker processes (as many as memory allows,
-   `trace.analysis.trace_facts`), run directories by `job.run_analysis.analyze_run`, and
-   waiting for peers apart from transfer (`job.waits`);
-2. each rank's and step's verdicts (`diagnosis.rank`), then ranks bound by their peer
-   resolved across the job (`diagnosis.peers`);
-3. the cross-rank facts (`job.cross_rank.analyze_job`) of the judged ranks;
-4. the diagnosis (`diagnosis.document.build_diagnosis`): the job block's verdict is the
-   diagnosis's, and the whole diagnosis document is under "diagnosis".
+   `trace.analysis.trace_facts`), run directories by `job.run_analysis.analyze_run`,
+   waiting for peers apart from transfer (`job.waits`), and the cross-rank facts
+   (`job.cross_rank.analyze_job`);
+2. judgement: each rank's and step's verdicts (`diagnosis.rank`), ranks bound by their
+   peer resolved across the job (`diagnosis.peers`), and the diagnosis
+   (`diagnosis.document.build_diagnosis`): the job block's verdict is the diagnosis's, and
+   the whole diagnosis document is under "diagnosis".
 A bad file becomes an entry in "errors"; the others are still analysed. Pure: nothing is
 printed or written.
 """
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 from diag import rundir
@@ -56,13 +57,13 @@ def analyze_paths(paths, tree: dt.Tree | None = None, jobs: int | None = None, p
     errors: list[dict] = []
     warnings: list[dict] = []
     files: list[str] = []
-    run_docs: list[tuple[dict, dict]] = []  # (analysis with its ranks judged, records) of each run directory
+    runs: list[RunFacts] = []
     for p in paths:
         p = os.fspath(p)
         if os.path.isdir(p):
             if rundir.is_run_dir(p):
                 try:
-                    run_docs.append(analyze_run_ranks(p, tree, host_peaks=host_peaks))
+                    runs.append(run_facts(p, tree, host_peaks=host_peaks))
                 except DiagInputError as exc:
                     errors.append({"source": exc.source or p, "error": _msg(exc)})
                 continue
@@ -77,20 +78,22 @@ def analyze_paths(paths, tree: dt.Tree | None = None, jobs: int | None = None, p
 
     trace_ranks = _analyze_files(files, tree, jobs, progress, errors, pool, host_peaks)
     refuse_mixed_jobs(trace_ranks)
-    run_ranks = [r for doc, _ in run_docs for r in doc.get("ranks") or []]
-    for doc, _ in run_docs:
-        errors.extend(doc.get("errors") or [])
-        warnings.extend(doc.get("warnings") or [])
-    _settle_ranks(trace_ranks + run_ranks, warnings)
-    ranks = judged_ranks(trace_ranks, tree, run_ranks)
-    ranks.sort(key=lambda r: (r["rank"] is None, r["rank"] if r["rank"] is not None else 0))
-    records, run_job = None, None
-    if len(run_docs) == 1 and not files:
-        # One run directory: its own job facts, and its records for the diagnosis.
-        run_job, records = run_docs[0][0].get("job"), run_docs[0][1]
-    doc = {"schema": SCHEMA, "ranks": ranks, "job": job_facts(ranks, tree, run_job), "errors": errors,
-           "warnings": warnings}
+    for run in runs:
+        errors.extend(run.doc.get("errors") or [])
+        warnings.extend(run.doc.get("warnings") or [])
+    _settle_ranks(trace_ranks + [r for run in runs for r in run.doc["ranks"]], warnings)
+    trace_ranks = split_waits(trace_ranks)
+    run_job = runs[0].doc.get("job") if len(runs) == 1 and not files else None
+    job = job_facts(_in_rank_order(trace_ranks + [r for run in runs for r in run.doc["ranks"]]), tree, run_job)
+    ranks = _in_rank_order(judged_ranks(trace_ranks, tree, runs))
+    # One run directory: its records for the diagnosis.
+    records = runs[0].records if len(runs) == 1 and not files else None
+    doc = {"schema": SCHEMA, "ranks": ranks, "job": job, "errors": errors, "warnings": warnings}
     return with_diagnosis(doc, tree, records)
+
+
+def _in_rank_order(ranks: list[dict]) -> list[dict]:
+    return sorted(ranks, key=lambda r: (r["rank"] is None, r["rank"] if r["rank"] is not None else 0))
 
 
 def analyze_trace(path, tree: dt.Tree | None = None, rank: int | None = None, workers: int | None = 1,
@@ -101,24 +104,30 @@ def analyze_trace(path, tree: dt.Tree | None = None, rank: int | None = None, wo
                                    step_range=step_range), tree)
 
 
-def judged_ranks(trace_ranks: list[dict], tree, run_ranks: list[dict] = ()) -> list[dict]:
-    """The ranks of one job with their verdicts: the traces' facts with their waits split
-    across the ranks and then judged, beside a run directory's ranks (judged already), and
-    every rank bound by its peer resolved."""
-    judged = []
-    if trace_ranks:
-        by_rank: dict = {}
-        for r in trace_ranks:
-            by_rank.setdefault(r["rank"], []).append(r)
-        split, _ = waits.split_waits(by_rank)
-        judged = [judge_trace(r, tree) for docs in split.values() for r in docs]
-    return peers.resolve(judged + list(run_ranks), tree)
+def split_waits(trace_ranks: list[dict]) -> list[dict]:
+    """The traces' facts with each rank's waiting for its peers split from transfer (new dicts)."""
+    if not trace_ranks:
+        return []
+    by_rank: dict = {}
+    for r in trace_ranks:
+        by_rank.setdefault(r["rank"], []).append(r)
+    split, _ = waits.split_waits(by_rank)
+    return [r for docs in split.values() for r in docs]
+
+
+def judged_ranks(trace_ranks: list[dict], tree, runs: list[RunFacts] = ()) -> list[dict]:
+    """The ranks of one job with their verdicts: the traces' facts (their waits split) and the
+    run directories' ranks, each judged on its own, then every rank bound by its peer resolved."""
+    judged = [judge_trace(r, tree) for r in trace_ranks]
+    for run in runs:
+        judged += run.judged(tree)
+    return peers.resolve(judged, tree)
 
 
 def job_facts(ranks: list[dict], tree, run_job: dict | None = None) -> dict:
-    """The cross-rank facts of judged ranks (the diagnosis adds the verdict), with a run
+    """The cross-rank facts of the ranks (the diagnosis adds the verdict), with a run
     directory's own: the ranks missing from it and its world size."""
-    job = analyze_job(ranks, tree) if ranks else {"stragglers": [], "findings": [], "world_size": None}
+    job = analyze_job(ranks, tree.what_if) if ranks else {"stragglers": [], "findings": [], "world_size": None}
     if run_job is None:
         return job
     return {**job, "missing_ranks": run_job.get("missing_ranks") or [], "reports": run_job.get("reports"),
@@ -136,10 +145,10 @@ def analyze_run_with_records(path, tree: dt.Tree | None = None, progress=None) -
     report draws its charts from the same records the diagnosis was built on. Without a
     tree, the run's own recorded settings decide."""
     tree = tree or tree_for_run(path)
-    doc, records = analyze_run_ranks(path, tree, progress)
-    ranks = peers.resolve(doc["ranks"], tree)
-    return with_diagnosis({**doc, "ranks": ranks, "job": job_facts(ranks, tree, doc.get("job"))}, tree,
-                          records), records
+    run = run_facts(path, tree, progress)
+    job = job_facts(run.doc["ranks"], tree, run.doc.get("job"))
+    ranks = peers.resolve(run.judged(tree), tree)
+    return with_diagnosis({**run.doc, "ranks": ranks, "job": job}, tree, run.records), run.records
 
 
 def tree_for_run(path, config=None, overrides: dict | None = None) -> dt.Tree:
@@ -164,9 +173,26 @@ def recorded_tree_settings(path) -> dict | None:
     return settings
 
 
-def analyze_run_ranks(path, tree, progress=None, host_peaks: dict | None = None) -> tuple[dict, dict]:
-    """(analysis document of one run directory, its ranks judged each on its own and its job
-    block the run's own facts; its records)."""
+@dataclass(frozen=True)
+class RunFacts:
+    """A run directory's facts: its analysis document (ranks and job block, no verdicts), what
+    each rank is judged by besides (`RankInputs`; none where its ranks came from the window
+    summaries alone), and its records."""
+    doc: dict
+    inputs: dict
+    records: dict
+
+    def judged(self, tree) -> list[dict]:
+        """The run's ranks, each judged on its own."""
+        if not self.inputs:
+            return [judge_trace(r, tree) for r in self.doc["ranks"]]
+        return [judge_run_rank(r, self.inputs[r["rank"]].windows, self.inputs[r["rank"]].sampled, tree)
+                for r in self.doc["ranks"]]
+
+
+def run_facts(path, tree, progress=None, host_peaks: dict | None = None) -> RunFacts:
+    """The facts of one run directory: its analysis (or, where that failed, its ranks from
+    their window summaries) and its records."""
     path = Path(path)
     if not path.exists():
         raise DiagInputError("no such run directory", source=str(path))
@@ -176,16 +202,14 @@ def analyze_run_ranks(path, tree, progress=None, host_peaks: dict | None = None)
     problems: list[str] = []
     try:
         doc, inputs = analyze_run(path, tree.facts, host_peaks=host_peaks)
-        doc = {**doc, "ranks": [judge_run_rank(r, inputs[r["rank"]].windows, inputs[r["rank"]].sampled, tree)
-                                for r in doc["ranks"]]}
     except Exception as exc:  # noqa: BLE001 - a bug in the run analysis costs the precise verdict, not the report
         problems.append(f"{path}: run analysis failed ({type(exc).__name__}: {exc})")
-        doc = {"schema": SCHEMA, "ranks": [], "job": {}, "errors": []}
+        doc, inputs = {"schema": SCHEMA, "ranks": [], "job": {}, "errors": []}, {}
     records = read_records(path, doc, progress)
     if not doc["ranks"]:
-        doc = {**doc, "ranks": [judge_trace(r, tree) for r in ranks_from_windows(records["ranks"])]}
+        doc, inputs = {**doc, "ranks": ranks_from_windows(records["ranks"])}, {}
     records["problems"] = list(dict.fromkeys(problems + records["problems"]))
-    return doc, records
+    return RunFacts(doc, inputs, records)
 
 
 def with_diagnosis(doc: dict, tree, records: dict | None = None) -> dict:

@@ -12,6 +12,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
+import numpy as np
+
 BOUNDS = ("data", "host", "comm", "memory", "compute")
 # The classes a step's time is split into: the five bounds plus waiting for other ranks
 # (only measured when collectives are matched across ranks). A verdict is never "wait":
@@ -75,6 +77,26 @@ def derive(measurements: dict) -> dict:
         idle = m["data_share"] + m["host_share"]
         m["data_fraction_of_idle"] = m["data_share"] / idle if idle > 0 else 0.0
     return m
+
+
+def derive_columns(columns: dict) -> dict:
+    """`derive` over columns of steps (NaN: unmeasured), as a new dict: a derived column is the
+    measured one where there is one, else derived as `derive` derives it."""
+    cols = dict(columns)
+    if all(k in cols for k in ("comm_share", "memory_share", "compute_share")):
+        wait = cols.get("wait_share")
+        derived = cols["comm_share"] + (np.nan_to_num(wait) if wait is not None else 0.0) \
+            + cols["memory_share"] + cols["compute_share"]
+        busy = cols.get("busy_share")
+        cols["busy_share"] = derived if busy is None else np.where(np.isnan(busy), derived, busy)
+    if "data_share" in cols and "host_share" in cols:
+        ds, hs = cols["data_share"], cols["host_share"]
+        idle = ds + hs
+        with np.errstate(divide="ignore", invalid="ignore"):
+            frac = np.where(idle > 0, ds / np.where(idle > 0, idle, 1.0), 0.0)
+        frac[np.isnan(idle)] = np.nan
+        cols["data_fraction_of_idle"] = frac
+    return cols
 
 
 def share_ratios(shares: dict) -> dict:

@@ -12,8 +12,8 @@ by diag. Each simulated rank gets:
 A few ranks, drawn at random, are stragglers: they reach every collective `--delay` of a
 step late. Each collective ends when its last rank arrives plus its own transfer time, so
 the others' records show the wait. The merge is then timed:
-- waits split, verdicts given and peers resolved (`judged_ranks`), then cross-rank matching and
-  stragglers (`job_facts`);
+- waits split (`split_waits`), cross-rank matching (`job_facts`), then verdicts given and peers
+  resolved (`judged_ranks`) and stragglers judged (`with_diagnosis`);
 - the diagnosis (`with_diagnosis`).
 It is timed once plainly, and once under tracemalloc for the peak memory it allocates. The
 check is that exactly the injected stragglers are named.
@@ -70,12 +70,13 @@ def simulate(template: dict, n: int, stragglers: set[int], delay: float, rng: ra
 
 
 def merge(ranks: list[dict]) -> dict:
-    from diag.analyzers.analyze import job_facts, judged_ranks, with_diagnosis
+    from diag.analyzers.analyze import job_facts, judged_ranks, split_waits, with_diagnosis
     from diag.analyzers.diagnosis import decision_tree as dt
 
     tree = dt.load_tree()
-    ranks = judged_ranks(ranks, tree)
-    return with_diagnosis({"schema": "diag.analysis/1", "ranks": ranks, "job": job_facts(ranks, tree), "errors": []},
+    ranks = split_waits(ranks)
+    job = job_facts(ranks, tree)
+    return with_diagnosis({"schema": "diag.analysis/1", "ranks": judged_ranks(ranks, tree), "job": job, "errors": []},
                           tree)
 
 

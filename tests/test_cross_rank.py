@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES
 
-from diag.analyzers.analyze import analyze_trace, job_facts, judged_ranks
+from diag.analyzers.analyze import analyze_trace, job_facts, judged_ranks, split_waits
 from diag.analyzers.diagnosis.decision_tree import load_tree
 from diag.analyzers.diagnosis.document import build_diagnosis
 from diag.analyzers.diagnosis.scaling import scaling_efficiency
@@ -54,7 +54,7 @@ def gloo_job(tmp_path_factory):
 
 def _ranks(paths):
     """The ranks as the facade gives them: waits split from transfer, then each judged."""
-    return judged_ranks([trace_facts(str(p), FACTS) for p in paths], load_tree())
+    return judged_ranks(split_waits([trace_facts(str(p), FACTS) for p in paths]), load_tree())
 
 
 def _job(ranks):

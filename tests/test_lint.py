@@ -173,3 +173,47 @@ def test_the_analysis_writes_no_finding():
                 if judged_keys & set(keys):
                     found.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert not found, found
+
+
+def _diagnosis_calls_into_the_analysis(run) -> dict:
+    """Every call a function of analyzers/diagnosis/ makes into a function of the analysis
+    (trace/, job/, whatif/, nccl/) or the views while `run()` runs: (caller, callee) -> count."""
+    import sys
+
+    root = (REPO / "analyzers").resolve()
+    diagnosis = str(root / "diagnosis") + "/"
+    others = tuple(str(root / p) + "/" for p in ("trace", "job", "whatif", "nccl", "views"))
+    calls: dict = {}
+
+    def watch(frame, event, arg):
+        if event != "call" or frame.f_back is None:
+            return
+        callee, caller = frame.f_code.co_filename, frame.f_back.f_code.co_filename
+        if caller.startswith(diagnosis) and callee.startswith(others):
+            key = (f"{caller[len(str(root)) + 1:]}:{frame.f_back.f_code.co_name}",
+                   f"{callee[len(str(root)) + 1:]}:{frame.f_code.co_name}")
+            calls[key] = calls.get(key, 0) + 1
+
+    sys.setprofile(watch)
+    try:
+        run()
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def test_the_diagnosis_calls_nothing_of_the_analysis_at_run_time(real_traces, demo_run_dir):
+    """Facts, then one judgement, proven by a call trace (imports alone could be passed by an
+    object that carries the analysis's code): judging two ranks' real traces, matched across
+    ranks, and a real run directory with its sampled steps, no diagnosis function calls into
+    the analysis or the views."""
+    from diag.analyzers.analyze import analyze_paths, analyze_run_dir
+
+    pair = [str(real_traces / f"job128_rank{r}_sampled.json.gz") for r in (0, 1)]
+    docs = []
+    calls = _diagnosis_calls_into_the_analysis(lambda: docs.append(analyze_paths(pair, jobs=1)))
+    calls |= _diagnosis_calls_into_the_analysis(lambda: docs.append(analyze_run_dir(demo_run_dir)))
+    assert not calls, calls
+    # The trace was live: the judgement ran (stragglers over matched collectives, sampled steps).
+    assert docs[0]["job"].get("rank_waits") and docs[1]["diagnosis"]["bound"]
+    assert any(s.get("evidence") == "sampled" for r in docs[1]["ranks"] for s in r["steps"])

@@ -83,7 +83,7 @@ def _late_rank_3(predicted_ms: float) -> dict:
                   "dur_us": 2000.0 if r == 3 else 12_000.0, "bytes": 1 << 24, "on": "device", "step": i // 3}
                  for i in range(30)]
         ranks.append(analysis_rank(r, 4, "comm", 0.45, collectives=colls, steps=range(10)))
-    job = analyze_job(ranks, load_tree())
+    job = analyze_job(ranks, load_tree().what_if)
     job["what_if"] = [{"change": "no_straggler", "description": "Every rank runs at the median rank's pace",
                        "baseline_step_ms": 50.0, "predicted_step_ms": predicted_ms, "speedup": 50.0 / predicted_ms,
                        "fixes": "wait"}]

@@ -13,8 +13,11 @@ job (`peers.resolve`).
 
 from __future__ import annotations
 
+import math
+
 from diag.analyzers.analysis_types import RunRank, RunRankFacts, TraceRank, TraceRankFacts
 from diag.analyzers.diagnosis.decision_tree import advise, evaluate, verdict_from
+from diag.analyzers.model import derive_columns
 
 
 def with_verdict(doc: dict, v: dict, tree) -> dict:
@@ -151,6 +154,13 @@ def _replay_notes(facts: dict, tree) -> list[dict]:
 # -- a run directory's rank ----------------------------------------------------------------
 
 
+def _step_measurements(sampled, i: int, j: int | None) -> dict:
+    """One sampled step's measurements: its row of the columns, else its own."""
+    if j is None:
+        return sampled.alone[i]
+    return {k: float(v[j]) for k, v in sampled.columns.items() if not math.isnan(v[j])}
+
+
 def sampled_verdicts(sampled, tree) -> list[tuple[str | None, list]]:
     """(bound, path) of each sampled step of a rank, in step order; the path is given only
     where it differs from the previous sampled step's, so long runs stay small.
@@ -162,8 +172,9 @@ def sampled_verdicts(sampled, tree) -> list[tuple[str | None, list]]:
     """
     walker = tree.walker
     fast: list = [None] * sampled.count
+    position = {i: j for j, i in enumerate(sampled.covered)}
     if sampled.covered:
-        sig, verdict = walker.walk(sampled.columns, len(sampled.covered))
+        sig, verdict = walker.walk(derive_columns(sampled.columns), len(sampled.covered))
         sig_l = sig.tolist()
         guessed = {k: walker.guessed(k) for k in set(sig_l)}  # once per distinct path, not per step
         for j, i in enumerate(sampled.covered):
@@ -173,7 +184,7 @@ def sampled_verdicts(sampled, tree) -> list[tuple[str | None, list]]:
     last = None
     for i, f in enumerate(fast):
         if f is None or f[1] != last:
-            m = sampled.measurements(i)
+            m = _step_measurements(sampled, i, position.get(i))
             v = verdict_from(m, tree) if m else {"bound": None, "path": []}
             bound, path = v["bound"], v["path"]
             sig = tuple((p["node"], p["answer"]) for p in path)

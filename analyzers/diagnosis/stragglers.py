@@ -27,13 +27,15 @@ class _Lateness:
     imposed_us: float = 0.0  # the peers' median wait in those, summed
 
 
-def judge(facts, tree) -> dict:
+def judge(facts, bounds: dict, tree) -> dict:
     """{"stragglers", "rank_waits", "comm_explanation", "straggler_finding"}: what the job
-    block gains from its collective facts."""
+    block gains from its collective facts; `bounds` are the ranks' own verdicts (rank -> bound),
+    which each straggler and row is named with."""
     th = tree.thresholds
     lateness, late_by_group, imposed_by_group = _lateness(facts.groups, th["straggler_late_tolerance"])
-    rank_waits = _rank_waits(facts, lateness)
-    stragglers = _stragglers(facts, lateness, late_by_group, imposed_by_group, th)
+    rank_waits = _rank_waits(facts, lateness, bounds)
+    stragglers = [{"rank": s["rank"], "bound": bounds.get(s["rank"]), **s}
+                  for s in _stragglers(facts, lateness, late_by_group, imposed_by_group, th)]
     return {
         "stragglers": stragglers,
         "rank_waits": rank_waits,
@@ -63,11 +65,12 @@ def _lateness(groups: list[dict], tol: float) -> tuple[dict[int, _Lateness], lis
     return per, late_by_group, imposed_by_group
 
 
-def _rank_waits(facts, lateness: dict) -> list[dict]:
+def _rank_waits(facts, lateness: dict, bounds: dict) -> list[dict]:
     total_imposed = sum(p.imposed_us for p in lateness.values())
     out = []
-    for row in facts.rank_rows():
-        rid = row["rank"]
+    for measured in facts.rank_rows:
+        rid = measured["rank"]
+        row = {"rank": rid, "bound": bounds.get(rid), **{k: v for k, v in measured.items() if k != "rank"}}
         if row["collectives"]:
             p = lateness.get(rid, _Lateness())
             row.update(late_fraction=round(p.late / row["collectives"], 4),
@@ -80,7 +83,7 @@ def _rank_waits(facts, lateness: dict) -> list[dict]:
 def _stragglers(facts, lateness, late_by_group, imposed_by_group, th) -> list[dict]:
     if facts.per_rank:
         out = _by_collectives(facts, lateness, late_by_group, imposed_by_group, th)
-    elif len(facts.bounds) >= 2 and facts.median_work:
+    elif len(facts.ranks) >= 2 and facts.median_work:
         out = _by_step_time(facts, th["straggler_step_excess"])
     else:
         out = []
@@ -108,7 +111,7 @@ def _by_collectives(facts, lateness, late_by_group, imposed_by_group, th) -> lis
     per = facts.per_rank
     blame_factor, share_min, steps_min = (th["straggler_blame_factor"], th["straggler_wait_share"],
                                           th["straggler_step_fraction"])
-    chunks = facts.step_chunks()
+    chunks = facts.step_chunks
     total_imposed = sum(p.imposed_us for p in lateness.values())
     n_ranks = len(per)
     wait_per_step = {r: q.wait_us / facts.n_steps[r] / 1000.0 for r, q in per.items()}
@@ -180,7 +183,7 @@ def _by_collectives(facts, lateness, late_by_group, imposed_by_group, th) -> lis
         if work_ms is not None and facts.median_work:
             msg += (f"; its time outside communication is {work_ms:.1f} ms per step against a median "
                     f"of {facts.median_work:.1f} ms")
-        out.append({"rank": rid, "bound": facts.bounds.get(rid), "message": msg + ".", "evidence": ev})
+        out.append({"rank": rid, "message": msg + ".", "evidence": ev})
     return out
 
 
@@ -192,7 +195,6 @@ def _by_step_time(facts, excess: float) -> list[dict]:
         if w is not None and w >= (1.0 + excess) * median_work:
             out.append({
                 "rank": rid,
-                "bound": facts.bounds.get(rid),
                 "message": f"Rank {rid} works {w:.1f} ms per step outside communication against a median "
                 f"of {median_work:.1f} ms ({w / median_work - 1:.0%} more); no collectives were recorded "
                 "to confirm that its peers wait for it.",
@@ -208,11 +210,11 @@ def _comm_explanation(facts, stragglers, rank_waits, tree) -> dict:
     if not facts.groups:
         return {"cause": "undetermined", "finding": _finding(
             "comm_cause_undetermined", "info",
-            f"Comm-bound, but with {len(facts.bounds)} rank(s) and no collective matched across ranks, "
+            f"Comm-bound, but with {len(facts.ranks)} rank(s) and no collective matched across ranks, "
             "waiting for a late rank cannot be told apart from slow transfers.",
             "Analyse the traces of all ranks (or several) of the same steps together: "
             "`diag analyze rank0.json.gz rank1.json.gz ...` or a directory of them.",
-            {"ranks_present": sorted(facts.bounds)[:1000]})}
+            {"ranks_present": sorted(facts.ranks)[:1000]})}
     if stragglers:
         return {"cause": "straggler", "finding": _straggler_comm_finding(stragglers, rank_waits)}
     if transfer_share is not None and transfer_share < tree.thresholds["network_transfer_share"]:

@@ -185,7 +185,8 @@ def job_verdict(ranks: list[dict], cross: dict | None, tree) -> dict:
     cross = dict(cross or {})
     facts = cross.pop(FACTS_KEY, None)
     if facts is not None:  # the cross-rank facts, judged here
-        cross.update(stragglers.judge(facts, tree))
+        bounds = {r["rank"]: r.get("bound") for r in _unique_ranks(ranks) if r["rank"] in facts.ranks}
+        cross.update(stragglers.judge(facts, bounds, tree))
     candidates = {k: cross.pop(k, None) for k in _CANDIDATES}
     findings = [f for f in cross.get("findings") or [] if isinstance(f, dict) and f.get("id") not in VERDICT_FINDINGS]
     late = {s.get("rank") for s in cross.get("stragglers") or [] if isinstance(s, dict)}

@@ -216,13 +216,14 @@ class RankCollectiveStats:
     gaps: list = field(default_factory=list)  # from the end of its previous matched collective to this one
 
 
-@dataclass
+@dataclass(frozen=True)
 class CollectiveFacts:
     """What the judgement of stragglers and of communication reads (in memory only: the
-    diagnosis takes it out of the job block)."""
+    diagnosis takes it out of the job block). Facts only: the ranks' verdicts are the
+    diagnosis's, which it reads from the ranks themselves."""
     groups: list  # matched collectives; "wait_us" per rank is each rank's wait in it
     per_rank: dict  # rank -> RankCollectiveStats, for ranks with matched collectives
-    bounds: dict  # rank -> its own verdict, for every rank present
+    ranks: list  # every rank present
     step_ms: dict  # rank -> median step time
     work_ms: dict  # rank -> median time outside communication per step
     n_steps: dict  # rank -> steps counted (at least 1)
@@ -231,39 +232,41 @@ class CollectiveFacts:
     median_gap: float | None  # the ranks' median arrival gap
     transfer_share: float | None  # transfer (the shortest duration) over all time in collectives
     busbw: dict | None
+    rank_rows: list  # each rank's waiting, as measured (_rank_rows)
+    step_chunks: list  # the matched collectives' indices by step (_step_chunks)
 
-    def rank_rows(self) -> list[dict]:
-        """Each rank's waiting, as measured (new dicts)."""
-        out = []
-        for rid in sorted(self.bounds):
-            p = self.per_rank.get(rid)
-            row = {"rank": rid, "bound": self.bounds[rid], "step_ms": _r3(self.step_ms[rid]),
-                   "work_ms": _r3(self.work_ms[rid]), "collectives": p.n if p else 0}
-            if p:
-                row.update(comm_ms=_ms(p.comm_us), wait_ms=_ms(p.wait_us),
-                           wait_fraction=round(p.wait_us / p.comm_us, 4) if p.comm_us > 0 else 0.0,
-                           median_wait_ms=_ms(statistics.median(p.waits)),
-                           arrival_gap_ms=_ms(statistics.median(p.gaps)) if p.gaps else None)
-            out.append(row)
-        return out
 
-    def step_chunks(self) -> list[list[int]]:
-        """Indices of the matched collectives by step: by the records' step numbers where
-        present, else in equal runs in order (each step issues the same collectives)."""
-        groups = self.groups
-        if groups and all(g.get("step") is not None for g in groups):
-            by: dict = defaultdict(list)
-            for i, g in enumerate(groups):
-                by[g["step"]].append(i)
-            return [by[k] for k in sorted(by)]
-        n = max(1, min(int(statistics.median(self.n_steps.values())) if self.n_steps else 1, len(groups)))
-        size, extra = divmod(len(groups), n)
-        out, i = [], 0
-        for k in range(n):
-            j = i + size + (1 if k < extra else 0)
-            out.append(list(range(i, j)))
-            i = j
-        return out
+def _rank_rows(ranks: list[int], per_rank: dict, step_ms: dict, work_ms: dict) -> list[dict]:
+    """Each rank's waiting, as measured."""
+    out = []
+    for rid in ranks:
+        p = per_rank.get(rid)
+        row = {"rank": rid, "step_ms": _r3(step_ms[rid]), "work_ms": _r3(work_ms[rid]), "collectives": p.n if p else 0}
+        if p:
+            row.update(comm_ms=_ms(p.comm_us), wait_ms=_ms(p.wait_us),
+                       wait_fraction=round(p.wait_us / p.comm_us, 4) if p.comm_us > 0 else 0.0,
+                       median_wait_ms=_ms(statistics.median(p.waits)),
+                       arrival_gap_ms=_ms(statistics.median(p.gaps)) if p.gaps else None)
+        out.append(row)
+    return out
+
+
+def _step_chunks(groups: list[dict], n_steps: dict) -> list[list[int]]:
+    """Indices of the matched collectives by step: by the records' step numbers where
+    present, else in equal runs in order (each step issues the same collectives)."""
+    if groups and all(g.get("step") is not None for g in groups):
+        by: dict = defaultdict(list)
+        for i, g in enumerate(groups):
+            by[g["step"]].append(i)
+        return [by[k] for k in sorted(by)]
+    n = max(1, min(int(statistics.median(n_steps.values())) if n_steps else 1, len(groups)))
+    size, extra = divmod(len(groups), n)
+    out, i = [], 0
+    for k in range(n):
+        j = i + size + (1 if k < extra else 0)
+        out.append(list(range(i, j)))
+        i = j
+    return out
 
 
 def _wait_stats(groups: list[dict]) -> tuple[dict[int, RankCollectiveStats], list[dict], float]:
@@ -296,9 +299,9 @@ def _wait_stats(groups: list[dict]) -> tuple[dict[int, RankCollectiveStats], lis
 # --- the job --------------------------------------------------------------------------
 
 
-def analyze_job(ranks: list[dict], tree) -> dict:
+def analyze_job(ranks: list[dict], changes: tuple) -> dict:
     """The facts of the "job" part of the analysis document from the rank dicts of one job;
-    `tree` gives the what-if changes to replay. Which findings these facts make (ranks missing,
+    `changes` are the what-if changes to replay (FactSettings.what_if). Which findings these facts make (ranks missing,
     claimed twice or unnamed; collectives counted differently) is the diagnosis's call
     (diagnosis/reporting.py)."""
     # Which ranks do we have?
@@ -327,13 +330,15 @@ def analyze_job(ranks: list[dict], tree) -> dict:
     wait_us = sum(p.wait_us for p in per.values())
     transfer_share = transfer_us / comm_us if comm_us > 0 else None
     busbw = achieved_busbw(groups, world)
+    n_steps = {rid: _collective_steps(r) for rid, r in by_id.items()}
     facts = CollectiveFacts(
-        groups=groups, per_rank=per, bounds={rid: by_id[rid].get("bound") for rid in present},
-        step_ms=step_ms, work_ms=work_ms, n_steps={rid: _collective_steps(r) for rid, r in by_id.items()},
+        groups=groups, per_rank=per, ranks=present,
+        step_ms=step_ms, work_ms=work_ms, n_steps=n_steps,
         median_step=_median(step_ms.values()), median_work=_median(work_ms.values()),
         median_gap=_median(_median(p.gaps) for p in per.values()), transfer_share=transfer_share, busbw=busbw,
+        rank_rows=_rank_rows(present, per, step_ms, work_ms), step_chunks=_step_chunks(groups, n_steps),
     )
-    critical_path, what_if = job_what_if(ranks, tree.what_if)
+    critical_path, what_if = job_what_if(ranks, changes)
     return {
         "world_size": world,
         "ranks_present": present,

@@ -459,7 +459,7 @@ def analyze_run(run_dir, settings: FactSettings, host_peaks: dict | None = None)
     """(the facts of the analysis document (diag.analysis/1) of a run directory, what the
     diagnosis judges each rank by besides); `host_peaks` calibrates the CPU traces of ranks
     whose agent recorded no calibration. The job block holds the run's own job facts: the
-    ranks missing and the world size; the cross-rank facts come after the verdicts."""
+    ranks missing and the world size; the facade adds the cross-rank facts."""
     rd = rundir.RunDir(run_dir)
     manifest = rd.manifest()
     trace_errors: list[dict] = []

@@ -162,22 +162,20 @@ def nearest_samples(times: np.ndarray, mids: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class SampledSteps:
-    """A rank's sampled steps, in step order, as the tree's measurements.
+    """A rank's sampled steps, in step order, as the tree's measurements (facts only).
 
     covered: the indices of the steps whose measurements are plain numbers, described by
-    `columns` (one array per measurement, NaN where unmeasured) and `empty` (no measurement
-    at all); `shares` of every step (None where unknown); `measurements(i)` of any one step,
-    computed alone.
+    `columns` (one array per measured quantity, NaN where unmeasured; the derived ones are
+    the diagnosis's, `model.derive_columns`) and `empty` (no measurement at all); `shares` of
+    every step (None where unknown); `alone`, the measurements of each step the columns do
+    not cover, by its index.
     """
     count: int
     covered: list[int]
     columns: dict[str, np.ndarray]
     empty: list[bool]
     shares: list[dict | None]
-    inputs: list[tuple[dict, dict | None, dict | None]]  # (record, nearest sample, window composition)
-
-    def measurements(self, i: int) -> dict:
-        return step_measurements(*self.inputs[i])[1]
+    alone: dict[int, dict]
 
 
 def sampled_steps(recs: list[dict], samples_of: list, comp_of: list, util: np.ndarray) -> SampledSteps:
@@ -188,12 +186,13 @@ def sampled_steps(recs: list[dict], samples_of: list, comp_of: list, util: np.nd
           if _plain_number(r.get("duration_s")) and r["duration_s"] > 0
           and (r.get("data_wait_s") is None or _plain_number(r["data_wait_s"]))]
     cols, empty, rows = _columns(recs, ok, comp_of, util) if ok else ({}, [], {})
-    shares = [rows[i] if i in rows else step_measurements(*inputs[i])[0] for i in range(len(recs))]
-    return SampledSteps(len(recs), ok, cols, empty, shares, inputs)
+    alone = {i: step_measurements(*inputs[i]) for i in range(len(recs)) if i not in rows}
+    shares = [rows[i] if i in rows else alone[i][0] for i in range(len(recs))]
+    return SampledSteps(len(recs), ok, cols, empty, shares, {i: m for i, (_, m) in alone.items()})
 
 
 def _columns(recs: list[dict], ok: list[int], comp_of: list, util: np.ndarray) -> tuple[dict, list, dict]:
-    """(the tree's measurement columns of the covered records, which have none at all, the
+    """(the tree's measured columns of the covered records, which have none at all, the
     shares of each covered record by its index)."""
     idx = np.array(ok, dtype=np.int64)
     dur = np.array([float(recs[i]["duration_s"]) for i in ok])
@@ -258,15 +257,6 @@ def _columns(recs: list[dict], ok: list[int], comp_of: list, util: np.ndarray) -
     cols["memory_to_compute"] = np.where(has_shares, ratio, nan)
     bw = per_row([c["achieved_bw_frac"] if c.get("achieved_bw_frac") is not None else np.nan for c in table])
     cols["achieved_bw_frac"] = np.where(has_shares, bw, nan)
-    # Derived as decision_tree.derive does.
-    derived_busy = (cols["comm_share"] + np.nan_to_num(cols["wait_share"]) + cols["memory_share"]
-                    + cols["compute_share"])
-    cols["busy_share"] = np.where(np.isnan(cols["busy_share"]), derived_busy, cols["busy_share"])
-    ds, hs = cols["data_share"], cols["host_share"]
-    idle = ds + hs
-    with np.errstate(divide="ignore", invalid="ignore"):
-        cols["data_fraction_of_idle"] = np.where(idle > 0, ds / np.where(idle > 0, idle, 1.0), 0.0)
-    cols["data_fraction_of_idle"][np.isnan(idle)] = np.nan
 
     empty = ~(has_dw | has_u | has_shares)  # no measurement at all: no verdict, empty path
     share_rows = np.column_stack([shares[b] for b in CLASSES]).tolist()
