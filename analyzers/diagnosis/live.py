@@ -3,7 +3,8 @@
 From each rank's `RankLive` (`diag.analyzers.job.live`):
 - its pace: its step time less its waiting for peers, where a window measured that. In a job
   synchronised by collectives every rank's step lasts as long as the slowest one's work, so
-  the rank with the longest pace sets it, when it leads the others by more than the noise;
+  the rank with the longest pace sets it, when it leads the others by more than the noise
+  (`pace.pace_setter`, the job verdict's rule too);
 - a straggler: the pace-setting rank when its pace exceeds the other ranks' median by more
   than `straggler_step_excess` of their step and by more than the noise bands of both (the
   interval of each median, `steady`); or a rank whose data wait exceeds the others' by that
@@ -25,7 +26,7 @@ from __future__ import annotations
 import statistics
 from collections import Counter
 
-from diag.analyzers.diagnosis.steady import median_half_width
+from diag.analyzers.diagnosis.pace import band, pace_setter
 from diag.analyzers.diagnosis.straggler_episodes import straggler_episodes
 
 LIVE_STATUSES = ("running",)
@@ -46,25 +47,12 @@ def judge_live(ranks: list, tree, now: float) -> dict:
         "tokens_per_s": _sum(r.tokens_per_s for r in live),
         "mfu": statistics.median(mfus) if mfus else None,
         "profiling": any(r.profiling for r in ranks),
-        "pace_rank": _pace_rank(live, pace, th["noise_interval_z"]),
+        "pace_rank": pace_setter(pace, {r.rank: _band(r, th["noise_interval_z"]) for r in live}),
         "pace_ms": {k: round(v, 3) for k, v in pace.items()},
         "straggler": _straggler(live, pace, th) or _episode_straggler(episode, live, th),
         "stalled": _stalled(ranks, th, now),
         "episode": episode,
     }
-
-
-def _pace_rank(live: list, pace: dict, z: float) -> int | None:
-    """The rank with the longest pace, when it leads the others' median by more than the noise
-    bands of both; None when every rank keeps the same pace (a synchronised job without
-    measured waits looks so) or there is one rank."""
-    if len(live) < 2:
-        return None
-    top = max(live, key=lambda r: (pace[r.rank], -r.rank))
-    peers = [r for r in live if r.rank != top.rank]
-    lead = pace[top.rank] - statistics.median(pace[r.rank] for r in peers)
-    band = _band(top, z) + statistics.median(_band(r, z) for r in peers)
-    return top.rank if lead > band else None
 
 
 def _sum(values) -> float | None:
@@ -73,7 +61,7 @@ def _sum(values) -> float | None:
 
 
 def _band(r, z: float) -> float:
-    return median_half_width(list(r.recent_step_ms), z) or 0.0
+    return band(r.recent_step_ms, z)
 
 
 def _straggler(live: list, pace: dict, th: dict) -> dict | None:

@@ -20,6 +20,7 @@ from collections import Counter
 from diag.analyzers.diagnosis import stragglers
 from diag.analyzers.diagnosis.borderline import borderline, step_values
 from diag.analyzers.diagnosis.decision_tree import BOUNDS, CLASSES, PEER, share_ratios, verdict_from
+from diag.analyzers.diagnosis.pace import band, pace_setter
 from diag.analyzers.numbers import number as _number
 
 # Findings this module adds to the job; a document that already holds them (a saved
@@ -146,25 +147,41 @@ def _vote(ranks: list[dict]) -> tuple[str | None, dict]:
     return max(tied, key=lambda b: (mean[b], -BOUNDS.index(b))), dict(counts)
 
 
-def _pace_setters(present: list[dict], late: set, rank_waits) -> tuple[list[dict], str | None]:
+def _pace_setters(present: list[dict], late: set, rank_waits, z: float) -> tuple[list[dict], str | None]:
     """The ranks on the critical path, and why. In a synchronous job the slowest rank sets
     the pace and its peers' extra time is waiting for it, which their shares count as
-    communication: the named stragglers, else the rank that waits least at collectives."""
+    communication: the named stragglers, else the pace-setting rank (`pace.pace_setter`)
+    where the ranks' waits at collectives were measured."""
     if len(present) < 2:
         return present, None
     if late:
         names = ", ".join(str(r["rank"]) for r in present if r["rank"] in late)
         return [r for r in present if r["rank"] in late], f"the straggler(s) the others wait for: rank {names}"
-    waits = {w["rank"]: float(w["wait_ms"]) for w in rank_waits or []
-             if isinstance(w, dict) and isinstance(w.get("wait_ms"), (int, float)) and not isinstance(w["wait_ms"], bool)}
-    if len({r["rank"] for r in present} & set(waits)) < 2:
+    measured = {w.get("rank") for w in rank_waits or [] if isinstance(w, dict) and w.get("collectives")}
+    per_step = {r["rank"]: _step_paces(r) for r in present if r["rank"] in measured}
+    per_step = {k: v for k, v in per_step.items() if v}
+    if len(per_step) < 2:
         return present, None  # no collective matched across ranks: nothing tells who waits
-    least = min(waits[r["rank"]] for r in present if r["rank"] in waits)
-    pace = [r for r in present if waits.get(r["rank"]) == least]
-    if len(pace) == len(present):
+    lead = pace_setter({k: statistics.median(v) for k, v in per_step.items()},
+                       {k: band(v, z) for k, v in per_step.items()})
+    if lead is None:
         return present, None
-    return pace, (f"rank {', '.join(str(r['rank']) for r in pace)}, which waits least for its peers at collectives "
-                  "(the critical path)")
+    return [r for r in present if r["rank"] == lead], (
+        f"rank {lead}, whose own work per step (its step less its waiting for peers) is the longest "
+        "(the critical path)")
+
+
+def _step_paces(rank: dict) -> list[float]:
+    """A rank's pace in each counted step (ms): its duration less its waiting for peers."""
+    steps = sorted((s for s in rank.get("steps") or [] if isinstance(s, dict) and isinstance(s.get("step"), int)),
+                   key=lambda s: s["step"])
+    out = []
+    for s in steps[measured_steps(rank)["warmup_excluded"]:]:
+        dur = _number(s.get("duration_ms"))
+        sh = s.get("shares") if isinstance(s.get("shares"), dict) else {}
+        if dur is not None and dur > 0:
+            out.append(dur * (1.0 - (_number(sh.get("wait")) or 0.0)))
+    return out
 
 
 def _unique_ranks(ranks: list[dict]) -> list[dict]:
@@ -191,7 +208,7 @@ def job_verdict(ranks: list[dict], cross: dict | None, tree) -> dict:
     findings = [f for f in cross.get("findings") or [] if isinstance(f, dict) and f.get("id") not in VERDICT_FINDINGS]
     late = {s.get("rank") for s in cross.get("stragglers") or [] if isinstance(s, dict)}
     present = _unique_ranks(ranks)
-    base, pace = _pace_setters(present, late, cross.get("rank_waits"))
+    base, pace = _pace_setters(present, late, cross.get("rank_waits"), float(tree.thresholds["noise_interval_z"]))
     mset = measurement_set(base or [r for r in ranks if isinstance(r, dict)])
     if mset is not None and pace:
         mset["pace"] = pace
