@@ -164,3 +164,15 @@ def test_a_gpu_rank_doing_the_same_work_slower_is_not_called_contention():
         r["device"] = "NVIDIA H100 80GB HBM3"
     m = _merged(ranks, {0: _gpu_samples(1980), 1: _gpu_samples(1975)})
     assert likely_cause(m[1], [m[0]], TREE)["cause"] == "uneven_work"
+
+
+@pytest.mark.parametrize("excess,where", [(4.99, None), (5.0, "device")])
+def test_the_excess_is_placed_where_it_is_largest_from_its_threshold(excess, where):
+    """The one rule of the report and `diag top`: the largest part, from straggler_cause_min_excess
+    of a step (5% of 100 ms here); unmeasured parts are left out."""
+    from diag.analyzers.diagnosis.straggler_cause import excess_at
+
+    th = TREE.thresholds
+    assert th["straggler_cause_min_excess"] == 0.05
+    assert excess_at({"data": 1.0, "host": None, "device": excess}, 100.0, th) == where
+    assert excess_at({"data": None, "host": None, "device": None}, 100.0, th) is None

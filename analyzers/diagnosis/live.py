@@ -27,6 +27,7 @@ import statistics
 from collections import Counter
 
 from diag.analyzers.diagnosis.pace import band, pace_setter
+from diag.analyzers.diagnosis.straggler_cause import excess_at
 from diag.analyzers.diagnosis.straggler_episodes import straggler_episodes
 
 LIVE_STATUSES = ("running",)
@@ -132,19 +133,26 @@ def _lag(r, peers: list, attr: str) -> float | None:
 
 
 def _likely_cause(r, peers: list, th: dict) -> tuple[str, str]:
-    """Where the straggler's excess lies: waiting for data, its device, or its host."""
+    """Where the straggler's excess lies (`straggler_cause.excess_at`, the report's rule), on
+    what a live rank measures: its data wait, its device time, and the rest of its pace."""
     step = statistics.median(p.step_ms for p in peers)
-    floor = th["straggler_cause_min_excess"] * step
     data, device = _lag(r, peers, "data_wait_ms"), _lag(r, peers, "device_ms")
-    if data is not None and data >= floor and data >= (device or 0.0):
+    paces = [p.step_ms - (p.wait_ms or 0.0) for p in peers if p.step_ms is not None]
+    pace = r.step_ms - (r.wait_ms or 0.0) - statistics.median(paces) if r.step_ms is not None and paces else None
+    host = pace - (data or 0.0) - (device or 0.0) if pace is not None else None
+    where = excess_at({"data": data, "host": host, "device": device}, step, th)
+    if where is None:
+        return "undetermined", "its data wait, device and host time per step are within noise of its peers'"
+    if where == "data":
         return "data_loader", (f"waits {data:.1f} ms more per step for its DataLoader than its peers: "
                                "its input pipeline")
-    if device is not None and device >= floor:
+    if where == "device":
         reasons = ", ".join(r.clock_events)
         if reasons:
             return "throttling", f"its device takes {device:.1f} ms more per step, with clocks reduced ({reasons})"
         return "device", f"its device takes {device:.1f} ms more per step than its peers'"
-    return "host", "its own work takes longer on the host (CPU time, Python, I/O or other processes)"
+    return "host", (f"its own work takes {host:.1f} ms more per step on the host (CPU time, Python, I/O or "
+                    "other processes)")
 
 
 def _ongoing_episode(live: list, tree) -> dict | None:

@@ -49,6 +49,18 @@ def _clock_events(r: dict) -> list[list]:
     return [e for e in _gpu(r, "clock_events") if isinstance(e, list)]
 
 
+def excess_at(excess: dict[str, float | None], step_ms: float, thresholds) -> str | None:
+    """Where a straggler's excess over its peers lies: the part of its step ("data", "host",
+    "device"; None where not measured) with the largest excess, when that reaches
+    `straggler_cause_min_excess` of a step; None when no part does (noise). The one rule for
+    the report's likely cause and `diag top`'s (diagnosis/live.py), each on what it measured."""
+    known = {k: v for k, v in excess.items() if v is not None}
+    if not known:
+        return None
+    where = max(known, key=lambda k: known[k])
+    return where if known[where] >= thresholds["straggler_cause_min_excess"] * step_ms else None
+
+
 def likely_cause(straggler: dict, peers: list[dict], tree) -> dict:
     """{"cause", "text", "evidence"} for a straggler (merged rank) against its peers, by the
     tree's straggler_cause_min_excess, throttle_sample_fraction, clock_deficit and busy_cpu."""
@@ -64,8 +76,8 @@ def likely_cause(straggler: dict, peers: list[dict], tree) -> dict:
     step = _step_ms(straggler) or 1.0
     ev.update({f"{k}_ms_per_step": round(own[k], 3) for k in own})
     ev.update({f"peers_{k}_ms_per_step": round(peer[k], 3) for k in peer})
-    where = max(excess, key=lambda k: excess[k])
-    if excess[where] < th["straggler_cause_min_excess"] * step:
+    where = excess_at(excess, step, th)
+    if where is None:
         return {"cause": "undetermined", "evidence": ev,
                 "text": "its data, host and device time per step are within noise of its peers'; look at "
                         "the collectives it reaches last"}
