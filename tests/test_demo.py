@@ -162,8 +162,9 @@ def _assert_causes(bottleneck: str, diagnosis: dict, run_dir: Path) -> None:
         ev = cause["evidence"]
         assert ev["ops"][:5] == ["aten::mul", "aten::add", "aten::gelu", "aten::mean", "aten::sub"]
         assert ev["length"] >= 5 * 6 and ev["per_step"] == 1
-        # With no matrix math to break it, the one chain holds most of the step.
-        assert ev["ms_per_step"] >= 0.5 * ev["step_ms"]
+        # With no matrix math to break it, the one chain holds most of the step's memory time (of
+        # the step itself on a quiet machine; on a busy one the ranks wait for each other longer).
+        assert ev["ms_per_step"] >= 0.5 * shares["memory"] * ev["step_ms"]
         assert "torch.compile" in cause["action"]
     elif bottleneck == "comm":
         # DDP all-reduces every gradient once per step; the model facts the agent recorded say how many bytes.
