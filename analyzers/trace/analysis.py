@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -131,24 +132,23 @@ def _rank_of(trace: Trace, rank: int | None) -> tuple[int | None, str | None, di
     return rank, rank_from, dist
 
 
-def facts_of_loaded(trace: Trace, settings: FactSettings, rank: int | None = None, host: devices.Device | None = None
-                    ) -> TraceRankFacts:
-    """The facts of one rank of the diag.analysis/1 document from a loaded trace."""
-    meta = trace.meta
-    rank, rank_from, dist = _rank_of(trace, rank)
-    props = meta.get("deviceProperties") or []
-    props = props[0] if isinstance(props, list) and props and isinstance(props[0], dict) else None
-    on_device = trace.has_device
-    device = devices.lookup(props) if on_device else host
-    windows = step_windows(trace)
-    if not windows:
-        raise DiagInputError("trace has no timed events", source=trace.source)
-    iterations = None
-    if not trace.steps:  # no ProfilerStep spans: the steady iterations, found from repeating markers
-        iterations = steady_iterations(trace, windows[0][1:], settings)
-        windows = iterations.windows
-    win = window_array(windows)
+@dataclass(frozen=True)
+class _Timeline:
+    """A trace's steps and every event in its class, attributed: what each fact reads."""
+    windows: list  # (step number, start µs, end µs)
+    win: np.ndarray
+    on_device: bool
+    device: object
+    op_info: object
+    classes: np.ndarray | None  # each device event's class (None on a CPU timeline)
+    layers: dict
+    busy: dict
+    order: tuple
+    att: dict
 
+
+def _timeline(trace: Trace, windows: list, on_device: bool, device) -> _Timeline:
+    win = window_array(windows)
     op_info = _op_info(trace, device)
     if on_device:
         classes = _device_classes(trace, op_info, device)
@@ -158,54 +158,77 @@ def facts_of_loaded(trace: Trace, settings: FactSettings, rank: int | None = Non
         classes = None
         layers, busy = _cpu_layers(trace, op_info, device)
         order = CPU_ORDER
-    att = attribute(layers, order, win)
+    return _Timeline(windows, win, on_device, device, op_info, classes, layers, busy, order,
+                     attribute(layers, order, win))
 
-    # Memory-vs-compute device (or CPU) time and achieved bandwidth, per window.
-    mem_t = iv.measure_in_windows(busy["memory"], win)
-    comp_t = iv.measure_in_windows(busy["compute"], win)
-    peak_frac_w = _peak_work_in_windows(trace, op_info, win, device)
-    flops_w = _flops_in_windows(trace, op_info, win)
-    bw_bytes, bw_time = _bandwidth_in_windows(trace, classes, op_info, win) if on_device else (None, None)
 
+@dataclass(frozen=True)
+class _Rates:
+    """Memory-vs-compute device (or CPU) time, work and achieved bandwidth, per window."""
+    mem_t: np.ndarray
+    comp_t: np.ndarray
+    peak_frac: object
+    flops: object
+    bw_bytes: object
+    bw_time: object
+
+    def measurements(self, shares: dict, k: int | None, dur: float, device) -> dict:
+        """The tree's measurements of window `k` (None: of the whole rank, over `dur`)."""
+        mem, comp = (self.mem_t.sum(), self.comp_t.sum()) if k is None else (self.mem_t[k], self.comp_t[k])
+        return _measurements(shares, mem, comp, dur, self.peak_frac, k, self.bw_bytes, self.bw_time, device)
+
+
+def _rates(trace: Trace, tl: _Timeline) -> _Rates:
+    bw_bytes, bw_time = _bandwidth_in_windows(trace, tl.classes, tl.op_info, tl.win) if tl.on_device else (None, None)
+    return _Rates(iv.measure_in_windows(tl.busy["memory"], tl.win), iv.measure_in_windows(tl.busy["compute"], tl.win),
+                  _peak_work_in_windows(trace, tl.op_info, tl.win, tl.device),
+                  _flops_in_windows(trace, tl.op_info, tl.win), bw_bytes, bw_time)
+
+
+def _step_records(tl: _Timeline, rates: _Rates) -> tuple[list[dict], dict, float]:
+    """(each traced step's record, the rank's shares, the traced time in µs)."""
     steps = []
     totals = {b: 0.0 for b in BOUNDS}
-    for k, (num, lo, hi) in enumerate(windows):
+    for k, (num, lo, hi) in enumerate(tl.windows):
         dur = hi - lo
-        shares = att["shares"][k]
+        shares = tl.att["shares"][k]
         for b in BOUNDS:
-            totals[b] += att["us"][b][k]
+            totals[b] += tl.att["us"][b][k]
         steps.append({
             "step": num,
             "start_us": lo,
             "duration_ms": dur / 1e3,
             "shares": shares,
             "evidence": "trace",
-            "measurements": _measurements(shares, mem_t[k], comp_t[k], dur, peak_frac_w, k, bw_bytes, bw_time,
-                                          device),
+            "measurements": rates.measurements(shares, k, dur, tl.device),
             # Executed FLOPs of the step's ops (from their shapes), for measured rates (diag plan --run).
-            "flops": float(flops_w[k]) if flops_w is not None else None,
+            "flops": float(rates.flops[k]) if rates.flops is not None else None,
         })
+    total_time = float(np.sum(tl.win[:, 1] - tl.win[:, 0]))
+    return steps, normalize_shares(totals, total_time), total_time
 
-    total_time = float(np.sum(win[:, 1] - win[:, 0]))
-    rank_shares = normalize_shares(totals, total_time)
+
+def _cause_facts(trace: Trace, tl: _Timeline, rates: _Rates, settings: FactSettings,
+                 rank_shares: dict) -> tuple[dict, dict]:
+    """(the cause rules' facts per traced step, in the document's order; what removing each
+    cause would take away from each window, for the what-ifs)."""
+    win, classes, on_device, device, att = tl.win, tl.classes, tl.on_device, tl.device, tl.att
 
     def worth(*phases: str) -> bool:
         """Whether a phase covers enough of this rank's time for its detailed facts to be worth
         their cost on a large trace (`cause_facts_min_share`: no cause rule names less)."""
         return any(rank_shares.get(p, 0.0) >= settings.cause_facts_min_share for p in phases)
 
-    # Per traced step: device copies, launches, matrix math by precision, elementwise chains (the
-    # cause rules' facts), and what removing each cause would take away (their what-ifs).
     chains, chain_saving = fusion.elementwise_chains(trace, win) if worth("memory") else ([], None)
     math, math_saving = precision.math_facts(trace, classes, win, device) if on_device and worth("compute") \
         else (None, None)
     traffic, traffic_saving = memory_traffic.traffic_facts(
         trace, classes, win, device, settings.bandwidth_target_peak, settings.bandwidth_slow_peak,
         settings.bandwidth_min_call_mb * 1e6) if on_device and worth("memory") else (None, None)
-    coll_records = _exposed(_tag_steps(collectives(trace, classes), windows), att["parts"].get("comm"))
+    coll_records = _exposed(_tag_steps(collectives(trace, classes), tl.windows), att["parts"].get("comm"))
     if worth("comm", "wait"):
         coll_records = overlap.mark_after_backward(coll_records, trace, win, on_device)
-    matrix, matrix_saving = matrix_ops.matrix_facts(trace, op_info, win, comp_t, device, on_device,
+    matrix, matrix_saving = matrix_ops.matrix_facts(trace, tl.op_info, win, rates.comp_t, device, on_device,
                                                     settings.cpu_half_precision_speedup,
                                                     att["parts"].get("compute", iv.EMPTY)) if worth("compute") \
         else (None, None)
@@ -214,44 +237,15 @@ def facts_of_loaded(trace: Trace, settings: FactSettings, rank: int | None = Non
     gaps = python_gaps.python_gaps(trace, win, settings.python_gap_min_us, settings.cpu_work_min_op_coverage) \
         if host_facts else iv.EMPTY
     passes = accumulation.ddp_passes(trace, win) if coll_records else None
-    removals = removal_measures.per_window(trace, win, classes, att, layers, chain_saving, math_saving, coll_records,
-                                           matrix_saving, traffic_saving, host_calls=host_facts,
+    removals = removal_measures.per_window(trace, win, classes, att, tl.layers, chain_saving, math_saving,
+                                           coll_records, matrix_saving, traffic_saving, host_calls=host_facts,
                                            cpu_work_coverage=settings.cpu_work_min_op_coverage, python_gaps=gaps,
                                            redundant_reduce=accumulation.redundant_share(passes))
-
-    # Each step's critical path and its duration under each what-if change.
-    critical_path, what_if_entries, what_if_error = _what_if(trace, settings.what_if, steps, windows, classes, layers, att,
-                                                             on_device, removals)
-
-    rank_m = _measurements(rank_shares, mem_t.sum(), comp_t.sum(), total_time, peak_frac_w, None,
-                           bw_bytes, bw_time, device)
-    mem_frac = _memory_used_frac(trace, props)
-    if mem_frac is not None:
-        rank_m["memory_used_frac"] = mem_frac
-
-    gt = gpu_time.breakdown(trace) if on_device else None
-    dev_info = _device_info(props, device, on_device)
-    gpu_time_out = gt or {"idle_pct": None, "compute_pct": None, "non_compute_pct": None,
-                          "comm_compute_overlap_pct": None}
-    return {
-        "rank": rank,
-        "rank_from": rank_from,
-        "source": trace.source,
-        "device": dev_info["name"] or ("cpu" if not on_device else "gpu"),
-        "device_info": dev_info,
-        "world_size": dist["world_size"],
-        "backend": dist.get("backend"),
-        "shares": rank_shares,
-        "measurements": rank_m,
-        "steps": steps,
-        "gpu_time": gpu_time_out,
-        "top_kernels": _top_kernels(trace, classes, op_info) if on_device else [],
-        "top_ops": _top_ops(trace),
+    facts = {
         "copies": host_device.copy_facts(trace, win) if on_device and worth("data", "host") else [],
-        "launches": host_device.launch_facts(trace, win) if on_device and worth("host") else None,
-        "allocator": host_device.allocator_facts(trace, win) if on_device and worth("host") else [],
-        "cpu_work": host_device.cpu_work_facts(trace, win, settings.cpu_work_min_op_coverage)
-        if on_device and worth("host") else [],
+        "launches": host_device.launch_facts(trace, win) if host_facts else None,
+        "allocator": host_device.allocator_facts(trace, win) if host_facts else [],
+        "cpu_work": host_device.cpu_work_facts(trace, win, settings.cpu_work_min_op_coverage) if host_facts else [],
         "python_gaps": python_gaps.python_gap_facts(trace, win, gaps) if host_facts else None,
         "math": math,
         "memory_traffic": traffic,
@@ -263,6 +257,54 @@ def facts_of_loaded(trace: Trace, settings: FactSettings, rank: int | None = Non
         # The job's own frames that call the ops pulling values to the host (windows with stacks).
         "sync_sites": call_sites.call_sites(trace, win, SYNC_OP_NAMES),
         "collectives": coll_records,
+    }
+    return facts, removals
+
+
+def facts_of_loaded(trace: Trace, settings: FactSettings, rank: int | None = None, host: devices.Device | None = None
+                    ) -> TraceRankFacts:
+    """The facts of one rank of the diag.analysis/1 document from a loaded trace."""
+    rank, rank_from, dist = _rank_of(trace, rank)
+    props = trace.meta.get("deviceProperties") or []
+    props = props[0] if isinstance(props, list) and props and isinstance(props[0], dict) else None
+    on_device = trace.has_device
+    device = devices.lookup(props) if on_device else host
+    windows = step_windows(trace)
+    if not windows:
+        raise DiagInputError("trace has no timed events", source=trace.source)
+    iterations = None
+    if not trace.steps:  # no ProfilerStep spans: the steady iterations, found from repeating markers
+        iterations = steady_iterations(trace, windows[0][1:], settings)
+        windows = iterations.windows
+    tl = _timeline(trace, windows, on_device, device)
+    rates = _rates(trace, tl)
+    steps, rank_shares, total_time = _step_records(tl, rates)
+    # Per traced step: the cause rules' facts, and what removing each cause would take away;
+    # then each step's critical path and its duration under each what-if change.
+    cause_facts, removals = _cause_facts(trace, tl, rates, settings, rank_shares)
+    critical_path, what_if_entries, what_if_error = _what_if(trace, settings.what_if, steps, windows, tl.classes,
+                                                             tl.layers, tl.att, on_device, removals)
+    rank_m = rates.measurements(rank_shares, None, total_time, device)
+    mem_frac = _memory_used_frac(trace, props)
+    if mem_frac is not None:
+        rank_m["memory_used_frac"] = mem_frac
+    dev_info = _device_info(props, device, on_device)
+    return {
+        "rank": rank,
+        "rank_from": rank_from,
+        "source": trace.source,
+        "device": dev_info["name"] or ("cpu" if not on_device else "gpu"),
+        "device_info": dev_info,
+        "world_size": dist["world_size"],
+        "backend": dist.get("backend"),
+        "shares": rank_shares,
+        "measurements": rank_m,
+        "steps": steps,
+        "gpu_time": (gpu_time.breakdown(trace) if on_device else None) or {
+            "idle_pct": None, "compute_pct": None, "non_compute_pct": None, "comm_compute_overlap_pct": None},
+        "top_kernels": _top_kernels(trace, tl.classes, tl.op_info) if on_device else [],
+        "top_ops": _top_ops(trace),
+        **cause_facts,
         "mfu": rank_m.get("mfu"),
         "timeline": "device" if on_device else "cpu",
         # The process used a GPU (its properties, or runtime calls that launch work) but the trace
@@ -278,7 +320,7 @@ def facts_of_loaded(trace: Trace, settings: FactSettings, rank: int | None = Non
         "iterations": iterations.facts() if iterations is not None else None,
         "n_events": trace.n_events,
         "repairs": trace.repairs,
-        "attribution_order": list(order) + ["host"],
+        "attribution_order": list(tl.order) + ["host"],
         "critical_path": critical_path,
         "what_if": what_if_entries,
         "what_if_error": what_if_error,
