@@ -237,22 +237,26 @@ def ended_finding(ranks: dict, run: dict) -> dict | None:
                          "stopped_reporting": [x["rank"] for x in lost], "stopped": lost[:1000]}}
 
 
+def _no_verdict(ctx: JobContext) -> dict:
+    """The headline where nothing bounds the job: why no verdict was given."""
+    ranks = ctx.ranks
+    if not ranks:
+        text = "No verdict: the run directory holds no readable rank data."
+    elif len(ctx.all_steps) == 0:
+        text = "No verdict: no training step was recorded (the run may have stopped before its first step)."
+    elif _blind(ranks) == set(ranks):
+        text = ("Can't tell: the trace holds no device events of its GPU process (no kernel, memcpy or "
+                "memset), so its host-side time says nothing of what bounds the device.")
+    else:
+        text = "No verdict: steps were timed, but nothing measured where their time went."
+    return {"bound": None, "title": "No verdict", "text": text}
+
+
 def _headline(ctx: JobContext) -> dict:
-    bound, ranks, allt, world, job_shares = ctx.bound, ctx.ranks, ctx.all_steps, ctx.world, ctx.shares
-    tree, nccl, stragglers, job, mset = ctx.tree, ctx.nccl, ctx.stragglers, ctx.job, ctx.mset
+    bound, ranks, world, mset = ctx.bound, ctx.ranks, ctx.world, ctx.mset
     if bound is None:
-        n_steps = len(allt)
-        if not ranks:
-            text = "No verdict: the run directory holds no readable rank data."
-        elif n_steps == 0:
-            text = "No verdict: no training step was recorded (the run may have stopped before its first step)."
-        elif _blind(ranks) == set(ranks):
-            text = ("Can't tell: the trace holds no device events of its GPU process (no kernel, memcpy or "
-                    "memset), so its host-side time says nothing of what bounds the device.")
-        else:
-            text = "No verdict: steps were timed, but nothing measured where their time went."
-        return {"bound": None, "title": "No verdict", "text": text}
-    title = tree.verdicts[bound]["title"]
+        return _no_verdict(ctx)
+    title = ctx.tree.verdicts[bound]["title"]
     title = title[:1].upper() + title[1:]
     measured = set(mset["ranks"]) if mset else set(ranks)
     agree = [r for r in ranks.values() if r["analysis"].get("bound") == bound]
@@ -268,8 +272,8 @@ def _headline(ctx: JobContext) -> dict:
         where = f" on {n_agree} of {world} ranks" if world > 1 else ""
     # The verdict's own number: the measurement set's, which the decision path shows too.
     share = num(((mset or {}).get("values") or {}).get(f"{bound}_share"))
-    if share is None and job_shares:
-        share = job_shares.get(bound)
+    if share is None and ctx.shares:
+        share = ctx.shares.get(bound)
     per_rank = [x for x in (_rank_share(r, bound) for r in ranks.values() if r["rank"] in measured) if x is not None]
     spread = ""
     if len(per_rank) > 1 and max(per_rank) - min(per_rank) >= 0.02:
@@ -278,11 +282,24 @@ def _headline(ctx: JobContext) -> dict:
         text = f"{title}: {PHASE_PHRASES[bound]} {pct(share)} of step time{spread}{where}"
     else:
         text = f"{title}{where}"
+    edge = ctx.job.get("borderline") if isinstance(ctx.job.get("borderline"), dict) else None
+    extra = _headline_extras(ctx, lost, edge)
+    if extra:
+        text += "; " + "; ".join(extra)
+    return {"bound": bound, "title": title, "text": text + ".", "share": share,
+            "borderline": list(edge["candidates"]) if edge else None,
+            "ranks_agreeing": n_agree, "world_size": world, "basis": mset["basis"] if mset else None,
+            "summary": ctx.tree.verdicts[bound]["summary"]}
+
+
+def _headline_extras(ctx: JobContext, lost: list, edge: dict | None) -> list[str]:
+    """What the headline adds after its verdict: stopped ranks, a borderline call, and per
+    verdict its own figure (the bandwidth and the late ranks, MFU, the wait for a batch)."""
+    bound, nccl, job = ctx.bound, ctx.nccl, ctx.job
     extra = []
     if lost:
         extra.append(f"{'rank' if len(lost) == 1 else 'ranks'} {', '.join(map(str, lost[:8]))} stopped before the "
                      "job ended")
-    edge = job.get("borderline") if isinstance(job.get("borderline"), dict) else None
     if edge and edge.get("text"):
         extra.append(str(edge["text"]))
     if bound == "comm":
@@ -295,7 +312,7 @@ def _headline(ctx: JobContext) -> dict:
             said = (summary or "").lower()
             if not any(k in said and k in sentence.lower() for k in ("tcp socket", "gpudirect", "shared memory")):
                 extra.append(sentence)
-        late = [s for s in stragglers if s.get("rank") is not None]
+        late = [s for s in ctx.stragglers if s.get("rank") is not None]
         if late:
             names = ", ".join(str(s["rank"]) for s in late[:4])
             if len(late) == 1:
@@ -308,19 +325,14 @@ def _headline(ctx: JobContext) -> dict:
         elif cause == "imbalance":
             extra.append("no single rank is late, but ranks reach the collectives at different times")
     if bound == "compute":
-        mfu = mean([r["analysis"].get("mfu") for r in ranks.values() if num(r["analysis"].get("mfu")) is not None])
+        mfu = mean([r["analysis"].get("mfu") for r in ctx.ranks.values() if num(r["analysis"].get("mfu")) is not None])
         if mfu is not None:
             extra.append(f"MFU {pct(mfu)}")
     if bound == "data":
-        waits = allt.wait[~np.isnan(allt.wait)]
+        waits = ctx.all_steps.wait[~np.isnan(ctx.all_steps.wait)]
         if len(waits):
             extra.append(f"median wait for a batch {np.median(waits) * 1000:.1f} ms")
-    if extra:
-        text += "; " + "; ".join(extra)
-    return {"bound": bound, "title": title, "text": text + ".", "share": share,
-            "borderline": list(edge["candidates"]) if edge else None,
-            "ranks_agreeing": n_agree, "world_size": world, "basis": mset["basis"] if mset else None,
-            "summary": tree.verdicts[bound]["summary"]}
+    return extra
 
 
 def _order_note(bound, recs, job_shares) -> str | None:
@@ -357,6 +369,40 @@ BLIND_DEVICE_SCORE = 0.45
 WHOLE_TRACE_FACTOR = 0.7
 
 
+def _evidence_base(allt: Steps) -> tuple[float, list[str]]:
+    """The confidence the evidence itself allows (traced steps, sampled ones, none), and why."""
+    n_trace = int(allt.traced.sum())
+    n_all = int((allt.bound >= 0).sum())
+    if n_trace:
+        return 0.9, [f"{n_trace} of the {n_all} analysed rank-steps rest on profiler traces, which "
+                     "attribute every microsecond of a step to one phase; the others rest on sampled measurements."]
+    if n_all:
+        return 0.65, ["No profiler window was analysed: the verdict rests on sampled measurements only "
+                      "(step time, DataLoader wait, device utilisation), which cannot split device time "
+                      "into communication, memory and compute."]
+    return 0.5, ["No per-step verdicts were recorded; the verdict comes from the analysis summary alone."]
+
+
+def _deciding_margin(path, edge, reasons: list[str]) -> float:
+    """The factor the deciding node's margin gives (adding its sentence to `reasons`): the
+    borderline node where there is one (never called clear beside it), else the last of the path."""
+    nodes = (path or {}).get("nodes") or []
+    last = next((n for n in nodes if isinstance(edge, dict) and n.get("metric") == edge.get("metric")),
+                nodes[-1] if nodes else None)
+    if last is None:
+        return 1.0
+    v, t = last["value"], last["threshold"]
+    if v is None or t in (None, 0) or math.isinf(v):
+        return 1.0
+    vs, ts = metric_text(last["metric"], v), metric_text(last["metric"], t, threshold=True)
+    if abs(v - t) / abs(t) < 0.15:
+        reasons.append(f"The deciding measurement ({last['metric']} = {vs}) is within 15% of its threshold "
+                       f"({ts}): a small change could flip the verdict.")
+        return 0.75
+    reasons.append(f"The deciding measurement ({last['metric']} = {vs}) is clear of its threshold ({ts}).")
+    return 1.0
+
+
 def _confidence(bound, allt: Steps, path, run, world, edge=None, blind=(), whole=()) -> dict:
     """A score in [0, 1] from four factors, each explained in a sentence."""
     if bound is None:
@@ -365,25 +411,7 @@ def _confidence(bound, allt: Steps, path, run, world, edge=None, blind=(), whole
             why.append(f"The traces of rank{'s' if len(blind) > 1 else ''} {', '.join(map(str, blind))} hold no device "
                        "events of their GPU process: no class can be given from the host's time alone.")
         return {"level": "none", "score": 0.0, "reasons": why}
-    reasons = []
-    n_trace = int(allt.traced.sum())
-    n_all = int((allt.bound >= 0).sum())
-    if n_trace:
-        base = 0.9
-        reasons.append(
-            f"{n_trace} of the {n_all} analysed rank-steps rest on profiler traces, which "
-            "attribute every microsecond of a step to one phase; the others rest on sampled measurements."
-        )
-    elif n_all:
-        base = 0.65
-        reasons.append(
-            "No profiler window was analysed: the verdict rests on sampled measurements only "
-            "(step time, DataLoader wait, device utilisation), which cannot split device time "
-            "into communication, memory and compute."
-        )
-    else:
-        base = 0.5
-        reasons.append("No per-step verdicts were recorded; the verdict comes from the analysis summary alone.")
+    base, reasons = _evidence_base(allt)
     # Agreement across steps.
     codes = allt.bound[allt.bound >= 0]
     agree = float((codes == BOUND_CODE[bound]).mean()) if len(codes) else None
@@ -391,24 +419,7 @@ def _confidence(bound, allt: Steps, path, run, world, edge=None, blind=(), whole
     if agree is not None:
         factor *= 0.5 + 0.5 * agree
         reasons.append(f"{pct(agree)} of analysed steps across ranks give the same verdict.")
-    # Margin at the deciding node: the borderline one where there is one (never called clear
-    # beside it), else the last of the path.
-    nodes = (path or {}).get("nodes") or []
-    last = next((n for n in nodes if isinstance(edge, dict) and n.get("metric") == edge.get("metric")),
-                nodes[-1] if nodes else None)
-    if last is not None:
-        v, t = last["value"], last["threshold"]
-        if v is not None and t not in (None, 0) and not math.isinf(v):
-            margin = abs(v - t) / abs(t)
-            vs, ts = metric_text(last["metric"], v), metric_text(last["metric"], t, threshold=True)
-            if margin < 0.15:
-                factor *= 0.75
-                reasons.append(
-                    f"The deciding measurement ({last['metric']} = {vs}) is within 15% of its threshold "
-                    f"({ts}): a small change could flip the verdict."
-                )
-            else:
-                reasons.append(f"The deciding measurement ({last['metric']} = {vs}) is clear of its threshold ({ts}).")
+    factor *= _deciding_margin(path, edge, reasons)
     if isinstance(edge, dict) and edge.get("candidates"):
         factor *= 0.7
         reasons.append(f"The verdict is borderline between {' and '.join(edge['candidates'])}: "

@@ -19,50 +19,89 @@ def recommendations(ctx: JobContext, findings: list[dict], memory: dict, evidenc
                     causes: list[dict] = ()) -> list[dict]:
     """What to change, ranked by predicted gain, each linked to the evidence behind it; a phase's
     causes (causes.py) lead its actions, in the job's own names."""
-    bound, job_shares, tree, job, stragglers, nccl = ctx.bound, ctx.shares, ctx.tree, ctx.job, ctx.stragglers, ctx.nccl
     ev_ids = {e["id"] for e in evidence}
+    what_if = [e for e in ctx.job.get("what_if") or [] if isinstance(e, dict)]
+    recs = _phase_recommendations(ctx, causes, what_if, ev_ids)
+    seen_phases = {r["id"][len("phase-"):] for r in recs}
+    recs += _straggler_recommendations(ctx, what_if)
+    recs += _nccl_recommendations(ctx, what_if, ev_ids)
+    covered = {"comm_share_notable", "straggler"} | (COMM_CAUSE_FINDINGS if "comm" in seen_phases else set())
+    recs += _finding_recommendations(findings, covered)
+    if memory.get("advice") and not any(r["id"] == "finding-low_memory_use" for r in recs):
+        recs.append({
+            "id": "memory-capacity",
+            "title": memory["advice"]["title"],
+            "actions": memory["advice"]["actions"],
+            "gain_share": None,
+            "gain": memory["advice"]["gain"],
+            "evidence": ["memory"],
+            "why": memory["advice"]["why"],
+            "primary": False,
+        })
+    return _ranked(recs, ctx.tree.thresholds["recommendation_min_gain"])
+
+
+def _ranked(recs: list[dict], floor: float) -> list[dict]:
+    """Ranked by predicted gain; the verdict's own fixes lead among equal gains; unpredicted next;
+    those predicted to win under `recommendation_min_gain` (`floor`) of the step last, as notes."""
+    for r in recs:
+        r["minor"] = not r["primary"] and r["gain_share"] is not None and r["gain_share"] < floor
+        if r["minor"]:
+            r["minor_below"] = floor
+    recs.sort(key=lambda r: (r["minor"], r["gain_share"] is None, -(r["gain_share"] or 0), not r["primary"]))
+    for i, r in enumerate(recs, 1):
+        r["rank"] = i
+    return recs
+
+
+def _phase_recommendations(ctx: JobContext, causes, what_if: list[dict], ev_ids: set) -> list[dict]:
+    """The verdict's phase first, then other phases large enough to matter, each with its causes'
+    actions before the tree's fixes they supersede."""
+    bound, job_shares, tree = ctx.bound, ctx.shares, ctx.tree
+    if not job_shares:
+        return []
     recs = []
-    seen_phases = set()
-    what_if = [e for e in job.get("what_if") or [] if isinstance(e, dict)]
-    if job_shares:
-        # The verdict's phase first, then other phases large enough to matter (>= 10% of the step).
-        order = [bound] if bound else []
-        order += [p for p in sorted(CLASSES, key=lambda p: -job_shares[p]) if p != bound]
-        for p in order:
-            share = job_shares[p]
-            if p != bound and share < tree.thresholds["recommendation_min_share"]:
-                continue
-            if p == "compute" and p != bound:
-                continue  # compute time is the work itself; only advise on it when it bounds the step
-            if p == "wait":
-                continue  # waiting is fixed on the rank waited for: the straggler recommendations below
-            seen_phases.add(p)
-            refs = ["ev-shares"] + (["ev-data-wait"] if p == "data" and "ev-data-wait" in ev_ids else [])
-            if p == "comm":
-                refs += [e for e in ev_ids if e.startswith(("ev-busbw", "ev-nccl-", "ev-straggler-"))]
-            why = f"{PHASE_LABELS[p].capitalize()}: {pct(share)} of step time."
-            if p == "comm":
-                # The cross-rank diagnosis says why communication is exposed; it belongs here.
-                for f in job.get("findings") or []:
-                    if isinstance(f, dict) and f.get("id") in COMM_CAUSE_FINDINGS and f.get("message"):
-                        why += " " + str(f["message"])
-            mine = [c for c in causes if c["phase"] == p]
-            lead = next((c["expected"] for c in mine if c.get("expected")), None)
-            why += "".join(" " + c["text"] for c in mine)
-            recs.append({
-                "id": f"phase-{p}",
-                "title": _phase_title(p, share),
-                "actions": [c["action"] for c in mine] + [
-                    f for f in tree.verdicts[p]["fixes"]
-                    if not any(f.startswith(old) for c in mine for old in c["supersedes"])],
-                "causes": [c["id"] for c in mine],
-                **(expected_gain(lead, share, PHASE_LABELS[p]) if lead else
-                   predicted_gain(_best_prediction(what_if, p), share, PHASE_LABELS[p])),
-                "evidence": sorted(set(refs)),
-                "why": why,
-                "primary": p == bound,
-            })
-    for s in stragglers:
+    order = [bound] if bound else []
+    order += [p for p in sorted(CLASSES, key=lambda p: -job_shares[p]) if p != bound]
+    for p in order:
+        share = job_shares[p]
+        if p != bound and share < tree.thresholds["recommendation_min_share"]:
+            continue
+        if p == "compute" and p != bound:
+            continue  # compute time is the work itself; only advise on it when it bounds the step
+        if p == "wait":
+            continue  # waiting is fixed on the rank waited for: the straggler recommendations
+        refs = ["ev-shares"] + (["ev-data-wait"] if p == "data" and "ev-data-wait" in ev_ids else [])
+        if p == "comm":
+            refs += [e for e in ev_ids if e.startswith(("ev-busbw", "ev-nccl-", "ev-straggler-"))]
+        why = f"{PHASE_LABELS[p].capitalize()}: {pct(share)} of step time."
+        if p == "comm":
+            # The cross-rank diagnosis says why communication is exposed; it belongs here.
+            for f in ctx.job.get("findings") or []:
+                if isinstance(f, dict) and f.get("id") in COMM_CAUSE_FINDINGS and f.get("message"):
+                    why += " " + str(f["message"])
+        mine = [c for c in causes if c["phase"] == p]
+        lead = next((c["expected"] for c in mine if c.get("expected")), None)
+        why += "".join(" " + c["text"] for c in mine)
+        recs.append({
+            "id": f"phase-{p}",
+            "title": _phase_title(p, share),
+            "actions": [c["action"] for c in mine] + [
+                f for f in tree.verdicts[p]["fixes"]
+                if not any(f.startswith(old) for c in mine for old in c["supersedes"])],
+            "causes": [c["id"] for c in mine],
+            **(expected_gain(lead, share, PHASE_LABELS[p]) if lead else
+               predicted_gain(_best_prediction(what_if, p), share, PHASE_LABELS[p])),
+            "evidence": sorted(set(refs)),
+            "why": why,
+            "primary": p == bound,
+        })
+    return recs
+
+
+def _straggler_recommendations(ctx: JobContext, what_if: list[dict]) -> list[dict]:
+    recs = []
+    for s in ctx.stragglers:
         wait = num(s.get("wait_share")) or num(s.get("others_wait_share"))
         recs.append({
             "id": f"straggler-{s['rank']}",
@@ -78,6 +117,13 @@ def recommendations(ctx: JobContext, findings: list[dict], memory: dict, evidenc
             "why": f"Rank {s['rank']} is named as a straggler: {s['evidence_text']}",
             "primary": False,
         })
+    return recs
+
+
+def _nccl_recommendations(ctx: JobContext, what_if: list[dict], ev_ids: set) -> list[dict]:
+    """The bus bandwidth below what the network can do, and the NCCL log's findings with advice."""
+    job_shares, nccl, tree = ctx.shares, ctx.nccl, ctx.tree
+    recs = []
     frac = nccl.get("busbw_fraction")
     if frac is not None and frac < tree.thresholds["busbw_healthy"] and job_shares \
             and job_shares["comm"] > tree.thresholds["recommendation_min_comm_share"]:
@@ -111,42 +157,21 @@ def recommendations(ctx: JobContext, findings: list[dict], memory: dict, evidenc
             "why": f["message"],
             "primary": False,
         })
-    covered = {"comm_share_notable", "straggler"} | (COMM_CAUSE_FINDINGS if "comm" in seen_phases else set())
-    for i, f in enumerate(findings):
-        if not f.get("advice") or f["id"] in covered:
-            continue
-        recs.append({
-            "id": f"finding-{f['id']}",
-            "title": _short(f["message"]),
-            "actions": [f["advice"]],
-            "gain_share": None,
-            "gain": "Not quantified from these measurements",
-            "evidence": [f"ev-finding-{i}"],
-            "why": f["message"],
-            "primary": False,
-        })
-    if memory.get("advice") and not any(r["id"] == "finding-low_memory_use" for r in recs):
-        recs.append({
-            "id": "memory-capacity",
-            "title": memory["advice"]["title"],
-            "actions": memory["advice"]["actions"],
-            "gain_share": None,
-            "gain": memory["advice"]["gain"],
-            "evidence": ["memory"],
-            "why": memory["advice"]["why"],
-            "primary": False,
-        })
-    # Ranked by predicted gain; the verdict's own fixes lead among equal gains; unpredicted next;
-    # those predicted to win under `recommendation_min_gain` of the step last, as notes.
-    floor = tree.thresholds["recommendation_min_gain"]
-    for r in recs:
-        r["minor"] = not r["primary"] and r["gain_share"] is not None and r["gain_share"] < floor
-        if r["minor"]:
-            r["minor_below"] = floor
-    recs.sort(key=lambda r: (r["minor"], r["gain_share"] is None, -(r["gain_share"] or 0), not r["primary"]))
-    for i, r in enumerate(recs, 1):
-        r["rank"] = i
     return recs
+
+
+def _finding_recommendations(findings: list[dict], covered: set) -> list[dict]:
+    """Each finding with advice that no recommendation above covers."""
+    return [{
+        "id": f"finding-{f['id']}",
+        "title": _short(f["message"]),
+        "actions": [f["advice"]],
+        "gain_share": None,
+        "gain": "Not quantified from these measurements",
+        "evidence": [f"ev-finding-{i}"],
+        "why": f["message"],
+        "primary": False,
+    } for i, f in enumerate(findings) if f.get("advice") and f["id"] not in covered]
 
 
 # Cross-rank findings that explain exposed communication (shown with the comm recommendation).
