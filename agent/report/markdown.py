@@ -42,6 +42,19 @@ def pct(x, digits: int = 0) -> str:
 
 
 def render(model: dict) -> str:
+    """The Markdown report of a report model: its sections in reading order."""
+    out: list[str] = []
+    for section in (_head, _changes, _decision_path, _evidence_and_findings, _stragglers, _top_tables, _nccl):
+        out += section(model)
+    out += _what_if(model.get("what_if") or {})
+    for section in (_memory, _missing):
+        out += section(model)
+    out.append("")
+    return "\n".join(out)
+
+
+def _head(model: dict) -> list[str]:
+    """The title, the verdict with its confidence, the step-time split and the step figures."""
     run = model.get("run") or {}
     h = model.get("headline") or {}
     c = model.get("confidence") or {}
@@ -81,6 +94,12 @@ def render(model: dict) -> str:
         if thr.get("mfu") is not None:
             line += f"; MFU {pct(thr['mfu'])}"
         out += [line + ".", ""]
+    return out
+
+
+def _changes(model: dict) -> list[str]:
+    """The causes found, then what to change in order, with the minor ones as notes."""
+    out = []
     causes = model.get("causes") or []
     if causes:
         out += ["## Causes found", ""]
@@ -107,18 +126,28 @@ def render(model: dict) -> str:
         out += [f"Notes, each predicted to win under {pct(minor[0]['minor_below'])} of the step:", ""]
         out += [f"- {md_text(r['title'])}: {md_text(r['gain'])}." for r in minor]
         out.append("")
+    return out
+
+
+def _decision_path(model: dict) -> list[str]:
     path = model.get("decision_path")
-    if path and path.get("nodes"):
-        out += ["## Decision path", "", f"Evaluated on {md_text(path['source'])}.", "",
-                "| question | measured | threshold | answer |", "|---|---:|---:|---|"]
-        for n in path["nodes"]:
-            v, t = n["value"], n["threshold"]
-            frac = n["metric"].endswith(("share", "frac", "_idle")) or n["metric"] == "mfu"
-            vs = "not measured" if v is None else (pct(v, 1) if frac else f"{v:.3g}")
-            ts = "" if t is None else (pct(t) if frac else f"{t:.3g}")
-            op = OPS.get(n["op"], md_text(n["op"]))
-            out.append(f"| {md_text(n['question'])} | {vs} | {op} {ts} | {md_text(n['answer'])} |")
-        out.append("")
+    if not (path and path.get("nodes")):
+        return []
+    out = ["## Decision path", "", f"Evaluated on {md_text(path['source'])}.", "",
+           "| question | measured | threshold | answer |", "|---|---:|---:|---|"]
+    for n in path["nodes"]:
+        v, t = n["value"], n["threshold"]
+        frac = n["metric"].endswith(("share", "frac", "_idle")) or n["metric"] == "mfu"
+        vs = "not measured" if v is None else (pct(v, 1) if frac else f"{v:.3g}")
+        ts = "" if t is None else (pct(t) if frac else f"{t:.3g}")
+        op = OPS.get(n["op"], md_text(n["op"]))
+        out.append(f"| {md_text(n['question'])} | {vs} | {op} {ts} | {md_text(n['answer'])} |")
+    out.append("")
+    return out
+
+
+def _evidence_and_findings(model: dict) -> list[str]:
+    out = []
     ev = model.get("evidence") or []
     if ev:
         out += ["## Evidence", ""]
@@ -130,6 +159,11 @@ def render(model: dict) -> str:
         out += [f"- {md_text(f['severity'])} `{md_text(f['id'])}`: {md_text(f['message'])}"
                 + (f" Advice: {md_text(f['advice'])}" if f.get("advice") else "") for f in findings]
         out.append("")
+    return out
+
+
+def _stragglers(model: dict) -> list[str]:
+    out = []
     strag = model.get("stragglers") or []
     if strag:
         out += ["## Stragglers", ""]
@@ -144,6 +178,11 @@ def render(model: dict) -> str:
             out.append(f"| {md_text(e['kind'])} | {md_text(str(who))} | {e['first_step']}-{e['last_step']} | "
                        f"{e['straggled_steps']} | {e['cost_ms'] / 1000.0:.2f} |")
         out.append("")
+    return out
+
+
+def _top_tables(model: dict) -> list[str]:
+    out = []
     for key, title in (("top_kernels", "Top kernels"), ("top_ops", "Top operators")):
         rows = model.get(key) or []
         if not rows:
@@ -155,17 +194,25 @@ def render(model: dict) -> str:
             out.append(f"| {md_code(r['name'][:120])} | {md_text(r['class'])} | {r['time_ms']:.2f} | "
                        f"{r['count']} | {p} | {inten} |")
         out.append("")
+    return out
+
+
+def _nccl(model: dict) -> list[str]:
     n = model.get("nccl") or {}
-    if n.get("bandwidth_summary") or n.get("log_findings"):
-        out += ["## Communication (NCCL)", ""]
-        if n.get("bandwidth_summary"):
-            out += [md_text(n["bandwidth_summary"]) + ".", ""]
-        for f in n.get("log_findings") or []:
-            out.append(f"- {md_text(f['severity'])} `{md_text(f['id'])}`: {md_text(f['message'])}")
-        out.append("")
-    out += _what_if(model.get("what_if") or {})
+    if not (n.get("bandwidth_summary") or n.get("log_findings")):
+        return []
+    out = ["## Communication (NCCL)", ""]
+    if n.get("bandwidth_summary"):
+        out += [md_text(n["bandwidth_summary"]) + ".", ""]
+    for f in n.get("log_findings") or []:
+        out.append(f"- {md_text(f['severity'])} `{md_text(f['id'])}`: {md_text(f['message'])}")
+    out.append("")
+    return out
+
+
+def _memory(model: dict) -> list[str]:
     mem = model.get("memory") or {}
-    out += ["## Memory", "", md_text(mem.get("text") or "No memory figures."), ""]
+    out = ["## Memory", "", md_text(mem.get("text") or "No memory figures."), ""]
     b = mem.get("breakdown")
     if b:
         out += ["| Per rank | Size |", "|---|---:|"]
@@ -178,8 +225,13 @@ def render(model: dict) -> str:
     if mem.get("advice"):
         out += [f"**{md_text(mem['advice']['title'])}.** " + " ".join(md_text(a) for a in mem["advice"]["actions"]),
                 ""]
+    return out
+
+
+def _missing(model: dict) -> list[str]:
+    """What was missing and how to get it, the damaged input, and how the report was reduced."""
     miss = model.get("missing") or []
-    out += ["## What was missing", ""]
+    out = ["## What was missing", ""]
     if not miss:
         out += ["Nothing.", ""]
     for m in miss:
@@ -192,8 +244,7 @@ def render(model: dict) -> str:
     if notes:
         out += ["", "## How this report was reduced", ""]
         out += [f"- {md_text(x)}" for x in notes]
-    out.append("")
-    return "\n".join(out)
+    return out
 
 
 # The memory breakdown's rows (diag.analyzers.diagnosis.memory), shared with the HTML report.
