@@ -536,8 +536,18 @@ def _problems(doc, run) -> list[str]:
 
 def _missing(run, ranks, allt: Steps, world, nccl, busbw) -> list[dict]:
     """What could not be measured, why it matters, and how to get it next time."""
+    out = _missing_ranks(run, world)
+    if not ranks:
+        out.append({"what": "No rank data at all.", "why": "Nothing to analyse.",
+                    "how": "Run the training under diag.Agent(run_dir=...) so each rank writes its folder."})
+        return out
+    return (out + _missing_measurements(run, ranks, allt, world) + _missing_comm(run, ranks, world, nccl, busbw)
+            + _missing_rates(ranks, allt))
+
+
+def _missing_ranks(run, world) -> list[dict]:
+    """Ranks that left no data, and ranks that stopped reporting before the job ended."""
     out = []
-    path = run.get("path") or "RUN_DIR"
     missing = list(run.get("missing_ranks") or [])
     if missing:
         shown = ", ".join(str(r) for r in missing[:16]) + (" ..." if len(missing) > 16 else "")
@@ -557,10 +567,13 @@ def _missing(run, ranks, allt: Steps, world, nccl, busbw) -> list[dict]:
                    "collective.",
             "how": "Check the launcher's log and the host's kernel log (OOM killer, segfault, NCCL watchdog).",
         })
-    if not ranks:
-        out.append({"what": "No rank data at all.", "why": "Nothing to analyse.",
-                    "how": "Run the training under diag.Agent(run_dir=...) so each rank writes its folder."})
-        return out
+    return out
+
+
+def _missing_measurements(run, ranks, allt: Steps, world) -> list[dict]:
+    """Waits not split from transfer, no profiler window, no metric samples."""
+    out = []
+    path = run.get("path") or "RUN_DIR"
     unsplit = [r for r in ranks.values() if r["analysis"].get("steps")
                and not (r["analysis"].get("wait_split") or {}).get("measured")]
     if world > 1 and unsplit:
@@ -598,6 +611,13 @@ def _missing(run, ranks, allt: Steps, world, nccl, busbw) -> list[dict]:
             "how": "On NVIDIA GPUs install nvidia-ml-py and make libnvidia-ml visible to the process; "
                    "on AMD install amdsmi.",
         })
+    return out
+
+
+def _missing_comm(run, ranks, world, nccl, busbw) -> list[dict]:
+    """No NCCL log where the job used NCCL, and no bus-bandwidth measurement."""
+    out = []
+    path = run.get("path") or "RUN_DIR"
     if world > 1 and not nccl.get("log_findings") and not nccl.get("transports") and not nccl.get("version"):
         if not _nccl_applicable(run, ranks):
             pass  # a gloo or MPI job, or a CPU-only PyTorch build, has no NCCL log to miss
@@ -619,6 +639,12 @@ def _missing(run, ranks, allt: Steps, world, nccl, busbw) -> list[dict]:
             "how": f"Run `diag nccl --nproc-per-node N --run-dir {path}` on the same nodes "
                    "(or nccl-tests, then `diag nccl parse`).",
         })
+    return out
+
+
+def _missing_rates(ranks, allt: Steps) -> list[dict]:
+    """No throughput, no MFU, no DataLoader waits."""
+    out = []
     if len(allt) and not (np.nansum(allt.samples) > 0 or np.nansum(allt.tokens) > 0):
         out.append({
             "what": "No throughput figures (samples or tokens per step).",
