@@ -109,6 +109,14 @@ def render_text(doc: dict) -> str:
             f"{c['op'] or '?'} {c['algo']}/{c['proto']} x{c['calls']}" for c in tune["choices"][:6]))
     if tune["table"]:
         L.append(f"  tuning model table: {', '.join(tune['table'])}")
+    L += _failure_lines(doc)
+    L += _findings_lines(doc)
+    return "\n".join(L)
+
+
+def _failure_lines(doc: dict) -> list[str]:
+    """Watchdog timeouts, the flight recorder, the NCCL Inspector, WARN lines and error chains."""
+    L: list[str] = []
     for tmo in doc["timeouts"][:5]:
         L.append(f"  watchdog timeout: {tmo['op']} SeqNum {tmo['seq']} timeout {tmo['timeout_ms']} ms on ranks "
                  f"{tmo['ranks'][:16]}")
@@ -133,6 +141,12 @@ def render_text(doc: dict) -> str:
                  + (" ..." if len(c["frames"]) > 8 else ""))
         if c.get("started_by_message"):
             L.append(f"    after: {c['started_by_message'][:160]}")
+    return L
+
+
+def _findings_lines(doc: dict) -> list[str]:
+    """The diagnosis's findings, with their advice and evidence lines."""
+    L: list[str] = []
     L.append("")
     if not doc["findings"]:
         L.append("No problems found.")
@@ -143,7 +157,7 @@ def render_text(doc: dict) -> str:
             L.append(f"      advice: {f['advice']}")
             for e in f["evidence"]:
                 L.append(f"      > {e[:200]}")
-    return "\n".join(L)
+    return L
 
 
 def run(args) -> int:

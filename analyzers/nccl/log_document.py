@@ -264,6 +264,39 @@ class LogDocument:
                          "messages": [warn_message(line) for line in b.lines], "data": data}
         return out
 
+    def _transport_facts(self) -> dict:
+        """Connections by transport kind, the network and interfaces used, and each peer's path."""
+        peers = sorted(({**p, "channels": sorted(int(c) for c in p["channels"])} for p in self.peers.values()),
+                       key=lambda p: (p["from"], p["to"], p["via"]))
+        net_kinds = {k: v for k, v in self.by_kind.items() if k.startswith("NET/")}
+        return {
+            "connections": sum(self.by_kind.values()),
+            "by_kind": dict(sorted(self.by_kind.items(), key=lambda kv: -kv[1])),
+            "network": sorted(self.net_used, key=lambda n: -self.net_used[n]),
+            "nics": self.nics,
+            "interfaces": [{"role": role, "name": name, "address": address, "line": line,
+                            "kind": interface_kind(name, address)}
+                           for (role, name, address), line in self.interfaces.items()],
+            "gdrdma": sum(v for k, v in net_kinds.items() if k.endswith("/GDRDMA")),
+            "no_gdrdma": sum(v for k, v in net_kinds.items() if not k.endswith("/GDRDMA")),
+            "pxn": self.pxn,
+            "peers": peers,
+            "peers_dropped": self.peers_dropped,
+        }
+
+    def _inspector_facts(self) -> dict | None:
+        """The NCCL Inspector's records per collective (None: no Inspector output)."""
+        if not self.inspector["records"]:
+            return None
+        return {"records": self.inspector["records"], "n_ranks": self.inspector["n_ranks"],
+                "nnodes": self.inspector["nnodes"], "format": self.inspector.get("format"),
+                "collectives": [{"coll": a["coll"], "count": a["count"],
+                                 "avg_busbw_gbps": a["busbw_sum"] / a["count"] if a["count"] else None,
+                                 "max_busbw_gbps": a["busbw_max"],
+                                 "max_msg_size_bytes": a["max_msg_size_bytes"] or None,
+                                 "avg_exec_time_us": a["exec_time_us_sum"] / a["count"] if a["count"] else None}
+                                for a in self.inspector["colls"].values()]}
+
     def result(self) -> dict:
         self._close_chains()
         self._flush_colls()
@@ -278,23 +311,7 @@ class LogDocument:
                   "nnodes": c["nnodes"], "local_ranks": c["local_ranks"], "init_complete": c["init_complete"],
                   "hosts": len(c["hosts"])}
                  for c in self.comms.values()]
-        peers = sorted(({**p, "channels": sorted(int(c) for c in p["channels"])} for p in self.peers.values()),
-                       key=lambda p: (p["from"], p["to"], p["via"]))
-        net_kinds = {k: v for k, v in self.by_kind.items() if k.startswith("NET/")}
-        transports = {
-            "connections": sum(self.by_kind.values()),
-            "by_kind": dict(sorted(self.by_kind.items(), key=lambda kv: -kv[1])),
-            "network": sorted(self.net_used, key=lambda n: -self.net_used[n]),
-            "nics": self.nics,
-            "interfaces": [{"role": role, "name": name, "address": address, "line": line,
-                            "kind": interface_kind(name, address)}
-                           for (role, name, address), line in self.interfaces.items()],
-            "gdrdma": sum(v for k, v in net_kinds.items() if k.endswith("/GDRDMA")),
-            "no_gdrdma": sum(v for k, v in net_kinds.items() if not k.endswith("/GDRDMA")),
-            "pxn": self.pxn,
-            "peers": peers,
-            "peers_dropped": self.peers_dropped,
-        }
+        transports = self._transport_facts()
         rings = [{"channel": ch, "channels": n, "order": order} for (ch, n), order in sorted(self.rings.items())]
         tuning = {
             "choices": sorted(self.tune_choices.values(), key=lambda c: -c["calls"]),
@@ -304,16 +321,7 @@ class LogDocument:
         }
         timeouts = [{**{k: v for k, v in t.items() if k != "ranks"}, "ranks": sorted(t["ranks"])}
                     for t in sorted(self.timeouts.values(), key=lambda t: (t["seq"], t["op"]))]
-        insp = None
-        if self.inspector["records"]:
-            insp = {"records": self.inspector["records"], "n_ranks": self.inspector["n_ranks"],
-                    "nnodes": self.inspector["nnodes"], "format": self.inspector.get("format"),
-                    "collectives": [{"coll": a["coll"], "count": a["count"],
-                                     "avg_busbw_gbps": a["busbw_sum"] / a["count"] if a["count"] else None,
-                                     "max_busbw_gbps": a["busbw_max"],
-                                     "max_msg_size_bytes": a["max_msg_size_bytes"] or None,
-                                     "avg_exec_time_us": a["exec_time_us_sum"] / a["count"] if a["count"] else None}
-                                    for a in self.inspector["colls"].values()]}
+        insp = self._inspector_facts()
         fr = None
         if self.fr.get("seen") or self.fr["analysis"]:
             fr = {k: v for k, v in self.fr.items() if k != "seen"}
