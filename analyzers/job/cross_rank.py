@@ -67,6 +67,37 @@ def _source_kind(by_rank: dict[int, list[dict]]) -> str | None:
     return "host"
 
 
+def _matching_keys(recs: dict[int, list[dict]]) -> tuple[dict, bool, dict]:
+    """How records are matched: by sequence number, per process group, where every record of
+    it has one (seq_ok); by step where every record has one (use_step); and symmetric
+    collectives, which move the same bytes on every rank, by size where every record of their
+    (group, name) has one (sized)."""
+    seq_ok: dict = defaultdict(lambda: True)
+    sized: dict = defaultdict(lambda: True)
+    for cs in recs.values():
+        for c in cs:
+            if c.get("seq") is None:
+                seq_ok[c.get("pg")] = False
+            if c.get("bytes") is None:
+                sized[(c.get("pg"), c.get("name"))] = False
+    use_step = all(c.get("step") is not None for cs in recs.values() for c in cs)
+    return seq_ok, use_step, sized
+
+
+def _count_mismatch(recs: dict[int, list[dict]], counts: dict) -> list[dict]:
+    """The collectives matched by order that the ranks recorded different numbers of."""
+    mismatch = []
+    ranks_with = [r for r, cs in recs.items() if cs]
+    if len(ranks_with) >= 2:
+        for base, per_rank in counts.items():
+            if base[0] != "order":
+                continue
+            full = {r: per_rank.get(r, 0) for r in ranks_with}
+            if len(set(full.values())) > 1:
+                mismatch.append({"pg": base[1], "name": base[2], "bytes": base[3], "counts": full})
+    return mismatch
+
+
 def match_collectives(by_rank: dict[int, list[dict]]) -> dict:
     """Group the collective records of several ranks into matched collectives.
 
@@ -83,21 +114,7 @@ def match_collectives(by_rank: dict[int, list[dict]]) -> dict:
         )
         for r, cs in by_rank.items()
     }
-    # Sequence numbers only count for a process group when every record of it has one.
-    seq_ok: dict = defaultdict(lambda: True)
-    for cs in recs.values():
-        for c in cs:
-            if c.get("seq") is None:
-                seq_ok[c.get("pg")] = False
-    use_step = all(c.get("step") is not None for cs in recs.values() for c in cs)
-    # Symmetric collectives move the same bytes on every rank, so the size tells apart the
-    # calls of one (group, name); used when every such record has a size.
-    sized: dict = defaultdict(lambda: True)
-    for cs in recs.values():
-        for c in cs:
-            if c.get("bytes") is None:
-                sized[(c.get("pg"), c.get("name"))] = False
-
+    seq_ok, use_step, sized = _matching_keys(recs)
     groups: dict[tuple, dict] = {}
     counts: dict[tuple, dict[int, int]] = defaultdict(dict)
     for r, cs in recs.items():
@@ -133,26 +150,12 @@ def match_collectives(by_rank: dict[int, list[dict]]) -> dict:
 
     matched = [g for g in groups.values() if len(g["dur_us"]) >= 2]
     unmatched = sum(1 for g in groups.values() if len(g["dur_us"]) < 2)
-    mismatch = []
-    ranks_with = [r for r, cs in recs.items() if cs]
-    if len(ranks_with) >= 2:
-        for base, per_rank in counts.items():
-            if base[0] != "order":
-                continue
-            full = {r: per_rank.get(r, 0) for r in ranks_with}
-            if len(set(full.values())) > 1:
-                mismatch.append({"pg": base[1], "name": base[2], "bytes": base[3], "counts": full})
+    mismatch = _count_mismatch(recs, counts)
     modes = {g["key"][0] for g in matched}
     _order_by_reference_rank(matched)
     return {
         "source": kind,
-        "matched_by": "seq"
-        if modes == {"seq"}
-        else "order"
-        if modes == {"order"}
-        else "mixed"
-        if modes
-        else None,
+        "matched_by": ("seq" if modes == {"seq"} else "order" if modes == {"order"} else "mixed" if modes else None),
         "groups": matched,
         "unmatched": unmatched,
         "count_mismatch": mismatch,

@@ -188,19 +188,7 @@ def analyze_rank(rd: rundir.RunDir, rank: int, settings: FactSettings, errors: l
         "gpu_time": _merge_gpu_time(analysed),
         "top_kernels": _merge_table(analysed, "top_kernels"),
         "top_ops": _merge_table(analysed, "top_ops"),
-        "copies": host_device.merge_list([(a.get("copies"), n) for a, n in traced]),
-        "launches": host_device.merge_per_step([(a.get("launches"), n) for a, n in traced]),
-        "allocator": host_device.merge_list([(a.get("allocator"), n) for a, n in traced]),
-        "cpu_work": host_device.merge_list([(a.get("cpu_work"), n) for a, n in traced]),
-        "python_gaps": host_device.merge_per_step([(a.get("python_gaps"), n) for a, n in traced]),
-        "math": host_device.merge_per_step([(a.get("math"), n) for a, n in traced]),
-        "memory_traffic": host_device.merge_per_step([(a.get("memory_traffic"), n) for a, n in traced]),
-        "matrix_ops": host_device.merge_per_step([(a.get("matrix_ops"), n) for a, n in traced]),
-        "optimizer": host_device.merge_per_step([(a.get("optimizer"), n) for a, n in traced]),
-        "accumulation": host_device.merge_per_step([(a.get("accumulation"), n) for a, n in traced]),
-        "fsdp": host_device.merge_per_step([(a.get("fsdp"), n) for a, n in traced]),
-        "elementwise_chains": host_device.merge_list([(a.get("elementwise_chains"), n) for a, n in traced]),
-        "sync_sites": host_device.merge_list([(a.get("sync_sites"), n) for a, n in traced]),
+        **_merged_cause_facts(traced),
         "collectives": [c for w in analysed for c in w["analysis"].get("collectives") or []],
         "mfu": measurements.get("mfu"),
         "shares": {b: measurements.get(f"{b}_share", 0.0) for b in CLASSES} if shares else None,
@@ -228,6 +216,19 @@ def analyze_rank(rd: rundir.RunDir, rank: int, settings: FactSettings, errors: l
                                 [s["duration_ms"] for s in counted if s["evidence"] == "sampled"]),
     }
     return doc, RankInputs(windows, sampled)
+
+
+# The cause facts of the windows, merged in the document's order: lists of items (each with its
+# per-step figures) item by item, the others as one figure set per step.
+_MERGED_LISTS = ("copies", "allocator", "cpu_work", "elementwise_chains", "sync_sites")
+_MERGED_ORDER = ("copies", "launches", "allocator", "cpu_work", "python_gaps", "math", "memory_traffic", "matrix_ops",
+                 "optimizer", "accumulation", "fsdp", "elementwise_chains", "sync_sites")
+
+
+def _merged_cause_facts(traced: list[tuple[dict, int]]) -> dict:
+    """The cause facts of a rank's analysed windows (each with its count of steps), merged."""
+    return {k: (host_device.merge_list if k in _MERGED_LISTS else host_device.merge_per_step)(
+        [(a.get(k), n) for a, n in traced]) for k in _MERGED_ORDER}
 
 
 def _window_steps(analysed: list[dict]) -> tuple[dict[int, dict], list[tuple[int, dict]]]:

@@ -48,6 +48,62 @@ def op_traffic(name: str, dims: list, types: list) -> float | None:
     return float(read + n * b)
 
 
+def _group_rows(trace: Trace, rows: np.ndarray, names: np.ndarray, outer: np.ndarray,
+                wanted: np.ndarray) -> tuple[list[tuple], np.ndarray, np.ndarray]:
+    """(each group's (kind, key): ("irregular", name) or ("rated", (top, op, shapes, dtype)); the
+    group of each launching row, -1 for none; the bytes each row's shapes say it moves)."""
+    backward = "autograd::engine::evaluate_function: "
+    keys: list[tuple] = []
+    key_id: dict[tuple, int] = {}
+    group_of_row = np.full(len(rows), -1, dtype=np.int64)
+    row_bytes = np.zeros(len(rows))
+    parsed: dict[tuple, tuple] = {}
+    for j in wanted.tolist():
+        row, nid = int(rows[j]), int(names[j])
+        name = trace.names[nid]
+        if name in IRREGULAR:
+            key = ("irregular", name)
+        else:
+            raw = trace.bw_shapes[row]
+            top = int(trace.cpu_name[outer[j]]) if outer[j] >= 0 else nid
+            if (top, nid, raw) not in parsed:
+                dims, types = roofline.parse_shapes(raw[0], raw[1])
+                parsed[top, nid, raw] = ((trace.names[top].removeprefix(backward), name, roofline.shapes_text(dims),
+                                          roofline.op_dtype(types)), op_traffic(name, dims, types))
+            group, nbytes = parsed[top, nid, raw]
+            if not nbytes:
+                continue
+            key, row_bytes[j] = ("rated", group), nbytes
+        group_of_row[j] = key_id.setdefault(key, len(keys))
+        if group_of_row[j] == len(keys):
+            keys.append(key)
+    return keys, group_of_row, row_bytes
+
+
+def _rated_groups(groups: dict, n: int, peak: float | None, target_frac: float, slow_frac: float,
+                  min_call_bytes: float) -> tuple[list[dict], np.ndarray]:
+    """(the rated groups, largest first, at most TOP_GROUPS; per window, what the slow ones would
+    save running at `target_frac` of the peak)."""
+    out = []
+    saving = np.zeros(n)
+    for (top, name, shapes, dtype), g in sorted(groups.items(), key=lambda kv: -float(kv[1]["us"].sum())):
+        us = float(g["us"].sum())
+        rate = g["bytes"] / (us * 1e-6) if us > 0 else None
+        frac = rate / peak if rate and peak else None
+        slow = frac is not None and frac < slow_frac and g["bytes"] / g["calls"] >= min_call_bytes
+        if slow:
+            saving += g["us"] * (1.0 - frac / target_frac)
+        if len(out) < TOP_GROUPS:
+            where = f"{top} → {name}" if top != name else name
+            out.append({"name": f"{where} on {shapes or '?'} in {dtype}", "op": name,
+                        "called_from": top if top != name else None, "shapes": shapes, "dtype": dtype, "calls_per_step": round(g["calls"] / n, 3),
+                        "ms_per_step": round(us / 1e3 / n, 4), "gb_per_step": round(g["bytes"] / 1e9 / n, 4),
+                        "mb_per_call": round(g["bytes"] / 1e6 / g["calls"], 3),
+                        "achieved_gbps": round(rate / 1e9, 1) if rate else None,
+                        "peak_frac": round(frac, 3) if frac is not None else None})
+    return out, saving
+
+
 def traffic_facts(trace: Trace, classes: np.ndarray, win: np.ndarray, device, target_frac: float,
                   slow_frac: float, min_call_bytes: float) -> tuple[dict | None, np.ndarray | None]:
     """{"peak_gbps", "bandwidth_ms_per_step", "rated_share", "groups": [...], "irregular": [...]}
@@ -78,31 +134,7 @@ def traffic_facts(trace: Trace, classes: np.ndarray, win: np.ndarray, device, ta
     peak = float(device.mem_bw) if device is not None and getattr(device, "mem_bw", None) else None
     outer = np.full(len(rows), -1, dtype=np.int64)
     outer[wanted] = _outermost(trace, rows[wanted])
-    backward = "autograd::engine::evaluate_function: "
-    keys: list[tuple] = []  # a group's (kind, key): ("irregular", name) or ("rated", (top, op, shapes, dtype))
-    key_id: dict[tuple, int] = {}
-    group_of_row = np.full(len(rows), -1, dtype=np.int64)
-    row_bytes = np.zeros(len(rows))
-    parsed: dict[tuple, tuple] = {}
-    for j in wanted.tolist():
-        row, nid = int(rows[j]), int(names[j])
-        name = trace.names[nid]
-        if name in IRREGULAR:
-            key = ("irregular", name)
-        else:
-            raw = trace.bw_shapes[row]
-            top = int(trace.cpu_name[outer[j]]) if outer[j] >= 0 else nid
-            if (top, nid, raw) not in parsed:
-                dims, types = roofline.parse_shapes(raw[0], raw[1])
-                parsed[top, nid, raw] = ((trace.names[top].removeprefix(backward), name, roofline.shapes_text(dims),
-                                          roofline.op_dtype(types)), op_traffic(name, dims, types))
-            group, nbytes = parsed[top, nid, raw]
-            if not nbytes:
-                continue
-            key, row_bytes[j] = ("rated", group), nbytes
-        group_of_row[j] = key_id.setdefault(key, len(keys))
-        if group_of_row[j] == len(keys):
-            keys.append(key)
+    keys, group_of_row, row_bytes = _group_rows(trace, rows, names, outer, wanted)
     g_kern = group_of_row[row_of]
     ok = g_kern >= 0
     per_step = np.bincount(g_kern[ok] * n + step[kern][ok], weights=trace.dev_dur[kern][ok],
@@ -115,23 +147,7 @@ def traffic_facts(trace: Trace, classes: np.ndarray, win: np.ndarray, device, ta
     irregular = {key[1]: {"op": key[1], "calls": int(calls[g]), "us": per_step[g]}
                  for g, key in enumerate(keys) if key[0] == "irregular"}
     rated_us = sum(float(g["us"].sum()) for g in groups.values())
-    out = []
-    saving = np.zeros(n)
-    for (top, name, shapes, dtype), g in sorted(groups.items(), key=lambda kv: -float(kv[1]["us"].sum())):
-        us = float(g["us"].sum())
-        rate = g["bytes"] / (us * 1e-6) if us > 0 else None
-        frac = rate / peak if rate and peak else None
-        slow = frac is not None and frac < slow_frac and g["bytes"] / g["calls"] >= min_call_bytes
-        if slow:
-            saving += g["us"] * (1.0 - frac / target_frac)
-        if len(out) < TOP_GROUPS:
-            where = f"{top} → {name}" if top != name else name
-            out.append({"name": f"{where} on {shapes or '?'} in {dtype}", "op": name,
-                        "called_from": top if top != name else None, "shapes": shapes, "dtype": dtype, "calls_per_step": round(g["calls"] / n, 3),
-                        "ms_per_step": round(us / 1e3 / n, 4), "gb_per_step": round(g["bytes"] / 1e9 / n, 4),
-                        "mb_per_call": round(g["bytes"] / 1e6 / g["calls"], 3),
-                        "achieved_gbps": round(rate / 1e9, 1) if rate else None,
-                        "peak_frac": round(frac, 3) if frac is not None else None})
+    out, saving = _rated_groups(groups, n, peak, target_frac, slow_frac, min_call_bytes)
     facts = {
         "peak_gbps": round(peak / 1e9, 1) if peak else None,
         "bandwidth_ms_per_step": round(total_us / 1e3 / n, 4),
