@@ -370,6 +370,31 @@ class Agent:
             if applied:
                 self._event("nccl", f"NCCL logging routed to {applied.get('NCCL_DEBUG_FILE', 'stderr')}")
 
+        tree_settings = self._start_tree(writable)
+        device = self._device_index()
+        if device is None:
+            # The host's calibration (`diag calibrate`), read here once and recorded in rank.json:
+            # analyses of this run use the record, never the cache of whichever machine they run on.
+            self.host_peaks = calibrate.load()
+            if self.host_peaks:
+                self.writer.update_info(host_peaks=self.host_peaks)
+        if self.config.sampling.enabled:
+            self._start_sampler(device)
+        if self.config.profiler.enabled and writable:
+            self._start_profiler(rank_path, tree_settings)
+        self._start_exporter(device)
+        self._device_facts()
+        self.writer.heartbeat(collectors=self._collectors())
+        self.timer = StepTimer()
+        self._peak = PeakMemory(device if isinstance(device, int) else None)
+        if self.windows is not None:
+            self.windows.begin(0)
+        self._thread = threading.Thread(target=self._run, name="diag-agent", daemon=True)
+        self._thread.start()
+
+    def _start_tree(self, writable: bool) -> dict | None:
+        """The decision tree for the live verdicts, its settings recorded for the run (None
+        where it cannot be loaded: the steps then get no live verdict)."""
         tree_settings = None
         try:
             from diag.analyzers.diagnosis.decision_tree import load_tree, settings
@@ -383,60 +408,46 @@ class Agent:
             # The first rank records them for the run: the window analyses, rank 0's report and
             # every later `diag analyze` of this run directory judge by the same thresholds.
             self.writer.record_tree_settings(tree_settings)
+        return tree_settings
 
-        device = self._device_index()
-        if device is None:
-            # The host's calibration (`diag calibrate`), read here once and recorded in rank.json:
-            # analyses of this run use the record, never the cache of whichever machine they run on.
-            self.host_peaks = calibrate.load()
-            if self.host_peaks:
-                self.writer.update_info(host_peaks=self.host_peaks)
-        if self.config.sampling.enabled:
-            try:
-                from diag.collectors.sampler import Sampler
+    def _start_sampler(self, device) -> None:
+        try:
+            from diag.collectors.sampler import Sampler
 
-                opts = {"interval_s": self.config.sampling.interval_s, "on_sample": self._on_sample,
-                        "log": self._log}
-                # The sampler finds DataLoader workers among our children (a few /proc reads);
-                # the window analysis process is ours, not a worker.
-                self.sampler = Sampler(device, exclude_pids=self._worker_pids, **opts)
-                self.sampler.start()
-            except Exception as exc:
-                self.sampler = None
-                self._log(f"sampler: switched off ({type(exc).__name__}: {exc})")
+            opts = {"interval_s": self.config.sampling.interval_s, "on_sample": self._on_sample,
+                    "log": self._log}
+            # The sampler finds DataLoader workers among our children (a few /proc reads);
+            # the window analysis process is ours, not a worker.
+            self.sampler = Sampler(device, exclude_pids=self._worker_pids, **opts)
+            self.sampler.start()
+        except Exception as exc:
+            self.sampler = None
+            self._log(f"sampler: switched off ({type(exc).__name__}: {exc})")
 
-        if self.config.profiler.enabled and writable:
-            s = self.config.profiler
-            self._analysis = WindowAnalysis(rank_path / rundir.WINDOWS, self.rank, tree_settings, self.host_peaks,
-                                            on_done=self._window_done, log=self._log)
-            guard = ProfilerGuard(self._log)
-            try:
-                guard.install()  # the job's own profilers come first
-                self.windows = ProfilerWindows(
-                    rank_path / rundir.TRACES,
-                    WindowSettings(skip_first=s.skip_first, warmup=s.warmup, active=s.active, every=s.every,
-                                   record_shapes=s.record_shapes, with_flops=s.with_flops,
-                                   profile_memory=s.profile_memory, stack_windows=s.stack_windows,
-                                   budget_bytes=s.trace_budget_bytes,
-                                   export_in_child=s.export_in_child),
-                    trigger_dir=self.writer.path, on_trace=self._on_trace, log=self._log,
-                    in_use=self._analysis.in_use, guard=guard,
-                )
-                self.windows.install_signal()
-            except Exception as exc:
-                guard.uninstall()
-                self.windows = None
-                self._log(f"profiler: switched off ({type(exc).__name__}: {exc})")
-
-        self._start_exporter(device)
-        self._device_facts()
-        self.writer.heartbeat(collectors=self._collectors())
-        self.timer = StepTimer()
-        self._peak = PeakMemory(device if isinstance(device, int) else None)
-        if self.windows is not None:
-            self.windows.begin(0)
-        self._thread = threading.Thread(target=self._run, name="diag-agent", daemon=True)
-        self._thread.start()
+    def _start_profiler(self, rank_path: Path, tree_settings: dict | None) -> None:
+        """Scheduled profiler windows behind the guard that lets the job's own profilers first,
+        each window's trace analysed in the background."""
+        s = self.config.profiler
+        self._analysis = WindowAnalysis(rank_path / rundir.WINDOWS, self.rank, tree_settings, self.host_peaks,
+                                        on_done=self._window_done, log=self._log)
+        guard = ProfilerGuard(self._log)
+        try:
+            guard.install()  # the job's own profilers come first
+            self.windows = ProfilerWindows(
+                rank_path / rundir.TRACES,
+                WindowSettings(skip_first=s.skip_first, warmup=s.warmup, active=s.active, every=s.every,
+                               record_shapes=s.record_shapes, with_flops=s.with_flops,
+                               profile_memory=s.profile_memory, stack_windows=s.stack_windows,
+                               budget_bytes=s.trace_budget_bytes,
+                               export_in_child=s.export_in_child),
+                trigger_dir=self.writer.path, on_trace=self._on_trace, log=self._log,
+                in_use=self._analysis.in_use, guard=guard,
+            )
+            self.windows.install_signal()
+        except Exception as exc:
+            guard.uninstall()
+            self.windows = None
+            self._log(f"profiler: switched off ({type(exc).__name__}: {exc})")
 
     def _device_index(self) -> int | None:
         if self._device_arg != "auto":

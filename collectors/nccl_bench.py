@@ -849,6 +849,25 @@ def _within_memory(cfg: BenchConfig, comm: _Comm, info: launch_env.LaunchInfo, d
     return cfg
 
 
+def _run_tests(cfg: BenchConfig, comm, run, doc: dict, reporter, watchdog) -> bool:
+    """Each configured collective's test, in order, into `doc`; False when one failed (the
+    rest are not run)."""
+    for collective in cfg.collectives:
+        test = _new_test(collective, comm, cfg, run.timer.kind)
+        doc["tests"].append(test)
+        try:
+            run.run_test(test, watchdog)
+        except BenchError:
+            doc["status"] = test["status"]
+            if reporter:
+                reporter.test_end(test)
+            return False
+        test["_done"] = True
+        if reporter:
+            reporter.test_end(test)
+    return True
+
+
 def run_rank(cfg: BenchConfig, reporter: Reporter | None = None, info: launch_env.LaunchInfo | None = None,
              on_abort=None) -> dict:
     """Measure every configured collective in this rank; every rank returns the document.
@@ -908,20 +927,7 @@ def run_rank(cfg: BenchConfig, reporter: Reporter | None = None, info: launch_en
         doc["hosts"] = sorted({e["host"] for e in entries if e})
         if reporter:
             reporter.start(doc)
-        for collective in cfg.collectives:
-            test = _new_test(collective, comm, cfg, run.timer.kind)
-            doc["tests"].append(test)
-            try:
-                run.run_test(test, watchdog)
-            except BenchError:
-                doc["status"] = test["status"]
-                if reporter:
-                    reporter.test_end(test)
-                break
-            test["_done"] = True
-            if reporter:
-                reporter.test_end(test)
-        else:
+        if _run_tests(cfg, comm, run, doc, reporter, watchdog):
             # Leave a process group the caller made (a training job, a benchmark) as it was.
             try:
                 dist.destroy_process_group(None if created else group)
