@@ -217,3 +217,51 @@ def test_the_diagnosis_calls_nothing_of_the_analysis_at_run_time(real_traces, de
     # The trace was live: the judgement ran (stragglers over matched collectives, sampled steps).
     assert docs[0]["job"].get("rank_waits") and docs[1]["diagnosis"]["bound"]
     assert any(s.get("evidence") == "sampled" for r in docs[1]["ranks"] for s in r["steps"])
+
+
+MAX_FUNCTION_LINES = 80
+
+
+def test_no_function_is_over_80_lines():
+    """A function says one thing: none in the package is longer than MAX_FUNCTION_LINES."""
+    long = []
+    for folder in ("agent", "analyzers", "collectors"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    lines = node.end_lineno - node.lineno + 1
+                    if lines > MAX_FUNCTION_LINES:
+                        long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, long
+
+
+MAX_MODULE_LINES = 600
+MAX_CLASS_METHODS = 25
+# The modules and classes still over the limits, at their present size (issue 34 splits them):
+# none may grow, and none may join them. Lower an entry as its module shrinks; drop it at the limit.
+OVERSIZE_MODULES = {
+    "collectors/nccl_bench.py": 984, "agent/agent.py": 969, "analyzers/nccl/log.py": 759,
+    "agent/report/html.py": 752, "analyzers/trace/load.py": 741, "analyzers/nccl/nccl_tests.py": 714,
+    "analyzers/trace/analysis.py": 730, "analyzers/views/report_model.py": 673,
+    "collectors/profiler_windows.py": 608, "agent/rundir.py": 603, "analyzers/trace/columns.py": 601,
+}
+OVERSIZE_CLASSES = {"agent/agent.py:Agent": 50, "analyzers/nccl/log.py:NcclLogParser": 37}
+
+
+def test_modules_and_classes_stay_small():
+    """No module over MAX_MODULE_LINES lines and no class over MAX_CLASS_METHODS methods,
+    beyond the ratchet of those not yet split."""
+    over = []
+    for folder in ("agent", "analyzers", "collectors"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            rel = path.relative_to(REPO).as_posix()
+            text = path.read_text()
+            lines = text.count("\n")
+            if lines > OVERSIZE_MODULES.get(rel, MAX_MODULE_LINES):
+                over.append(f"{rel}: {lines} lines")
+            for node in ast.walk(ast.parse(text)):
+                if isinstance(node, ast.ClassDef):
+                    n = sum(isinstance(b, (ast.FunctionDef, ast.AsyncFunctionDef)) for b in node.body)
+                    if n > OVERSIZE_CLASSES.get(f"{rel}:{node.name}", MAX_CLASS_METHODS):
+                        over.append(f"{rel}:{node.name}: {n} methods")
+    assert not over, over
