@@ -242,7 +242,6 @@ MAX_CLASS_METHODS = 25
 OVERSIZE_MODULES = {
     "collectors/nccl_bench.py": 984, "agent/agent.py": 969, "analyzers/nccl/log.py": 759,
     "agent/report/html.py": 752, "analyzers/trace/load.py": 741, "analyzers/nccl/nccl_tests.py": 714,
-    "analyzers/views/report_model.py": 673,
     "collectors/profiler_windows.py": 608, "agent/rundir.py": 603, "analyzers/trace/columns.py": 601,
 }
 OVERSIZE_CLASSES = {"agent/agent.py:Agent": 50, "analyzers/nccl/log.py:NcclLogParser": 37}
