@@ -201,14 +201,14 @@ def test_every_flag_of_every_command_says_what_it_does():
 
 
 def test_the_exit_statuses_are_the_documented_ones(tmp_path, capsys, monkeypatch):
-    """README's table: 2 for input that can not be used, 1 for a file that can not be written,
-    130 for an interruption; each with one line on stderr."""
+    """The documented table (docs/reference.md): 2 for input that can not be used, 1 for a file
+    that can not be written, 130 for an interruption; each with one line on stderr."""
     from pathlib import Path
 
     from diag import cli
 
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    table = readme[readme.index("## Exit status"):readme.index("## The run directory")]
+    reference = (Path(__file__).parent.parent / "docs" / "reference.md").read_text()
+    table = reference[reference.index("## Exit status"):reference.index("## The run directory")]
     assert all(f"| {code} |" in table for code in (0, 1, 2, 130))
     bad = tmp_path / "trace.json"
     bad.write_text('{"traceEvents": [')

@@ -1,6 +1,7 @@
-"""Every code sample in README.md runs as written, or as the table below says and why.
+"""Every code sample in README.md, docs/ and CONTRIBUTING.md runs as written, or as the table
+below says and why; the README stays short, and every relative link in them resolves.
 
-Each fenced block is found in the README. Python blocks run with the names they assume
+Each fenced block is found in those pages. Python blocks run with the names they assume
 (`train_loader`, `train_step`, `model`, `dataset`) defined here on tiny real CPU objects;
 TOML blocks are parsed and given to the command that documents them; every line of a shell
 block is looked up in COMMANDS, which says how it runs here. A new sample that is neither
@@ -23,6 +24,9 @@ import pytest
 from conftest import FIXTURES, REPO
 
 README = REPO / "README.md"
+# The pages whose samples are run: the README first (its blocks are found first), then docs/.
+PAGES = [README, *sorted((REPO / "docs").glob("*.md")), REPO / "CONTRIBUTING.md"]
+README_MAX_BYTES = 12_000
 BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 
 # The torch install of the set-up commands: the CPU build from PyTorch's CPU index on a machine
@@ -117,7 +121,7 @@ COMMANDS: dict[str, tuple] = {
 
 
 def _blocks() -> list[tuple[str, str]]:
-    return [(m.group(1), m.group(2)) for m in BLOCK.finditer(README.read_text(encoding="utf-8"))]
+    return [(m.group(1), m.group(2)) for page in PAGES for m in BLOCK.finditer(page.read_text(encoding="utf-8"))]
 
 
 def _workflow_lines(code: str) -> list[str]:
@@ -157,7 +161,19 @@ def test_every_sample_is_covered():
                 seen.add(line)
         else:
             pytest.fail(f"README block of unknown kind {lang!r}:\n{code}")
-    assert not set(COMMANDS) - seen, f"listed but no longer in the README: {set(COMMANDS) - seen}"
+    assert not set(COMMANDS) - seen, f"listed but no longer in the README or docs: {set(COMMANDS) - seen}"
+
+
+def test_the_readme_is_read_in_five_minutes_and_every_link_resolves():
+    """The README holds the pitch, the two set-up commands, the demo, the Agent snippet and a
+    tour; the rest lives in docs/. Every relative link of these pages points at a file there is."""
+    assert len(README.read_bytes()) <= README_MAX_BYTES
+    text = README.read_text()
+    assert text.index("<!-- demo-command -->") < text.index("<!-- test-command -->") < text.index("## ")
+    for page in [*PAGES, REPO / "ARCHITECTURE.md"]:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if not re.match(r"[a-z]+://", target):
+                assert (page.parent / target).exists(), f"{page.relative_to(REPO)} links to a missing {target}"
     assert all(how[0] == "run" or how[1] for how in COMMANDS.values())
 
 
@@ -472,6 +488,6 @@ def test_the_torch_install_takes_the_cpu_build_only_without_a_gpu(tmp_path, gpu)
     out = subprocess.run(["/bin/sh", "-c", words], capture_output=True, text=True, env={"PATH": str(bin_dir)})
     args = out.stdout.split()
     assert args[0] == "torch==2.13.0" and (CPU_INDEX in args) is not gpu
-    readme = README.read_text()
-    assert readme.count(TORCH + " && ") == 3
+    assert README.read_text().count(TORCH + " && ") == 2  # the two set-up commands
+    assert (REPO / "CONTRIBUTING.md").read_text().count(TORCH + " && ") == 1  # the development install
     assert TORCH.split("torch==2.13.0", 1)[1] in (REPO / ".ci" / "run").read_text()
