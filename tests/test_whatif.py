@@ -336,14 +336,14 @@ def test_a_copy_that_blocks_its_own_call_keeps_the_replay_in_order():
     time is its device work (68 ms), not the 30 s the host spent before launching it."""
     import numpy as np
 
-    from diag.analyzers.trace import analysis as an
+    from diag.analyzers.trace import timeline
     from diag.analyzers.trace.load import load_trace, step_windows
     from diag.analyzers.whatif import graph as wg
     from diag.analyzers.whatif import replay as wr
 
     trace = load_trace(str(FIXTURES / "real" / "a100_alexnet_benchmark_allocator.json.gz"))
-    classes = an._device_classes(trace, an._op_info(trace, None), None)
-    layers, _ = an._device_layers(trace, classes)
+    tl = timeline.attributed_timeline(trace, step_windows(trace), True, None)
+    classes, layers = tl.classes, tl.layers
     (g,) = wg.step_graphs(trace, classes, layers["data"], step_windows(trace))
     order = wr.topo_order(g)
     assert sorted(order) == sorted([(1, i) for i in range(g.n_host)] + [(0, j) for j in range(len(g.d_start))])
