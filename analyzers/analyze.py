@@ -183,11 +183,17 @@ class RunFacts:
     records: dict
 
     def judged(self, tree) -> list[dict]:
-        """The run's ranks, each judged on its own."""
+        """The run's ranks, each judged on its own. A bug in judging the run analysis costs the
+        precise verdict, not the report: the ranks of the window summaries are judged instead."""
         if not self.inputs:
             return [judge_trace(r, tree) for r in self.doc["ranks"]]
-        return [judge_run_rank(r, self.inputs[r["rank"]].windows, self.inputs[r["rank"]].sampled, tree)
-                for r in self.doc["ranks"]]
+        try:
+            return [judge_run_rank(r, self.inputs[r["rank"]].windows, self.inputs[r["rank"]].sampled, tree)
+                    for r in self.doc["ranks"]]
+        except Exception as exc:  # noqa: BLE001
+            self.records["problems"].append(f"{self.records.get('path') or 'run'}: judging the run analysis failed "
+                                            f"({type(exc).__name__}: {exc})")
+            return [judge_trace(r, tree) for r in ranks_from_windows(self.records["ranks"])]
 
 
 def run_facts(path, tree, progress=None, host_peaks: dict | None = None) -> RunFacts:

@@ -417,3 +417,18 @@ def test_report_survives_a_failing_run_analysis(tmp_path, monkeypatch):
     # The analysed windows the agent saved still give the verdict.
     assert m["bound"] == "memory"
     assert m["top_kernels"]
+
+
+def test_report_survives_a_failing_judgement_of_the_run(tmp_path, monkeypatch):
+    """The run analysis's facts come first and are judged after: a bug in that judgement costs
+    the precise verdict too, not the report."""
+    from diag.analyzers import analyze
+
+    def broken(*a, **k):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(analyze, "judge_run_rank", broken)
+    run = write_run(tmp_path / "run", ranks=2, steps=20, bound="memory", strength=0.6)
+    m = build_run_model(run)
+    assert any("judging the run analysis failed (RuntimeError: boom)" in p for p in m["problems"])
+    assert m["bound"] == "memory"
