@@ -535,3 +535,18 @@ def test_a_ceiling_reads_as_a_sentence():
          "description": "The input pipeline is fully hidden"})
     assert "replayed so that DDP all-reduces" in _replay_text(
         {"baseline_step_ms": 10.0, "predicted_step_ms": 5.0, "change": "x", "description": "DDP all-reduces"})
+
+
+def test_the_causes_catalogue_is_what_the_rules_say():
+    """docs/causes.md is generated from the cause rules: a rule added, or a detector's docstring
+    changed, without regenerating it fails here."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    proc = subprocess.run([sys.executable, str(REPO / "docs" / "generate_causes.py"), "--check"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    text = (REPO / "docs" / "causes.md").read_text()
+    assert all(f"## `{r.id}`" in text for r in cs.RULES)

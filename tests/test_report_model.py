@@ -403,32 +403,20 @@ def test_real_gpu_trace_through_the_real_analyzer(real_traces, tmp_path):
     assert "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)" in page
 
 
-def test_report_survives_a_failing_run_analysis(tmp_path, monkeypatch):
-    """A bug in the run analysis costs the user the precise verdict, not the report."""
+@pytest.mark.parametrize("part,problem", [("analyze_run", "run analysis failed"),
+                                          ("judge_run_rank", "judging the run analysis failed")])
+def test_report_survives_a_failing_run_analysis(tmp_path, monkeypatch, part, problem):
+    """A bug in the run analysis, or in judging its facts (which come first and are judged
+    after), costs the user the precise verdict, not the report."""
     from diag.analyzers import analyze
 
     def broken(*a, **k):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(analyze, "analyze_run", broken)
+    monkeypatch.setattr(analyze, part, broken)
     run = write_run(tmp_path / "run", ranks=2, steps=20, bound="memory", strength=0.6)
     m = build_run_model(run)
-    assert any("run analysis failed (RuntimeError: boom)" in p for p in m["problems"])
+    assert any(f"{problem} (RuntimeError: boom)" in p for p in m["problems"])
     # The analysed windows the agent saved still give the verdict.
     assert m["bound"] == "memory"
     assert m["top_kernels"]
-
-
-def test_report_survives_a_failing_judgement_of_the_run(tmp_path, monkeypatch):
-    """The run analysis's facts come first and are judged after: a bug in that judgement costs
-    the precise verdict too, not the report."""
-    from diag.analyzers import analyze
-
-    def broken(*a, **k):
-        raise RuntimeError("boom")
-
-    monkeypatch.setattr(analyze, "judge_run_rank", broken)
-    run = write_run(tmp_path / "run", ranks=2, steps=20, bound="memory", strength=0.6)
-    m = build_run_model(run)
-    assert any("judging the run analysis failed (RuntimeError: boom)" in p for p in m["problems"])
-    assert m["bound"] == "memory"
