@@ -200,14 +200,13 @@ def job_verdict(ranks: list[dict], cross: dict | None, tree) -> dict:
     cause, bound_counts and the findings the verdict explains itself with.
     """
     cross = dict(cross or {})
+    present = _unique_ranks(ranks)
     facts = cross.pop(FACTS_KEY, None)
     if facts is not None:  # the cross-rank facts, judged here
-        bounds = {r["rank"]: r.get("bound") for r in _unique_ranks(ranks) if r["rank"] in facts.ranks}
-        cross.update(stragglers.judge(facts, bounds, tree))
+        cross.update(stragglers.judge(facts, {r["rank"]: r.get("bound") for r in present}, tree))
     candidates = {k: cross.pop(k, None) for k in _CANDIDATES}
     findings = [f for f in cross.get("findings") or [] if isinstance(f, dict) and f.get("id") not in VERDICT_FINDINGS]
     late = {s.get("rank") for s in cross.get("stragglers") or [] if isinstance(s, dict)}
-    present = _unique_ranks(ranks)
     base, pace = _pace_setters(present, late, cross.get("rank_waits"), float(tree.thresholds["noise_interval_z"]))
     mset = measurement_set(base or [r for r in ranks if isinstance(r, dict)])
     if mset is not None and pace:
