@@ -258,8 +258,8 @@ def main() -> int:
                 print(f"run {k + 1}/{a.windows} window {n + 1}: excess {1000 * excess:.0f} ms over {hi - lo} steps "
                       f"(baseline {1000 * ref:.2f} ms/step) -> run ratio {ratio:.4f}", file=sys.stderr, flush=True)
             wall = sum(w)
-            if agent.sampler is not None and getattr(agent.sampler, "thread_cpu_s", None) is not None:
-                sampler_share.append(agent.sampler.thread_cpu_s / wall)
+            if agent.collectors.sampler is not None and getattr(agent.collectors.sampler, "thread_cpu_s", None) is not None:
+                sampler_share.append(agent.collectors.sampler.thread_cpu_s / wall)
             if agent.thread_cpu_s is not None:
                 thread_share.append(agent.thread_cpu_s / wall)
         cost = statistics.median(step_path_cost(os.path.join(tmp, f"cost{i}")) for i in range(3))

@@ -268,9 +268,9 @@ def test_an_agent_refuses_windows_past_its_rate_its_cap_its_range_and_its_end(tm
         agent.windows._demand = None  # as if that window had run
         status, body = _post(port, query="?step=60")
         assert status == 409 and "in 3600 s" in body  # one an hour
-        agent._on_demand_last = float("-inf")
+        agent.on_demand.last = float("-inf")
         assert _post(port, query="?step=60") == (200, {"first_step": 60})
-        agent.windows._demand, agent._on_demand_last = None, float("-inf")
+        agent.windows._demand, agent.on_demand.last = None, float("-inf")
         status, body = _post(port, query="?step=80")
         assert status == 409 and "its 2 windows" in body
         agent.status = "completed"

@@ -55,11 +55,18 @@ LAYERS = {
     # diag top: reads live.json or the endpoints into the live facts, draws the live judgement.
     "agent/top": ("diag.errors", "diag.rundir", "diag.report", "diag.top", f"{_ANALYZERS}.job.live",
                   f"{_ANALYZERS}.diagnosis.live"),
-    # In the training process: the collectors, and the tree for the live verdicts.
-    "agent/agent.py": ("diag.batches", "diag.collectors", "diag.config", "diag.errors", "diag.exporter", "diag.report",
-                       "diag.rundir",
-                       "diag.window_analysis", "diag.calibrate", "diag.live_verdict", "diag.nccl_watch",
-                       f"{_ANALYZERS}.diagnosis", f"{_ANALYZERS}.trace.devices"),
+    # In the training process: the agent and its parts, the collectors, and the tree for the live verdicts.
+    "agent/agent.py": ("diag.collectors", "diag.config", "diag.errors", "diag.rundir", "diag.background",
+                       "diag.job_finish", "diag.job_inputs", "diag.live_feed", "diag.on_demand", "diag.supervisor",
+                       "diag.termination"),
+    "agent/supervisor.py": ("diag.calibrate", "diag.collectors", "diag.exporter", "diag.nccl_watch", "diag.rundir",
+                            "diag.window_analysis", f"{_ANALYZERS}.trace.devices"),
+    "agent/background.py": ("diag.collectors",),
+    "agent/live_feed.py": ("diag.collectors", "diag.live_verdict", f"{_ANALYZERS}.diagnosis.decision_tree"),
+    "agent/job_finish.py": ("diag.rundir", "diag.report"),
+    "agent/job_inputs.py": ("diag.batches", "diag.collectors", "diag.rundir"),
+    "agent/on_demand.py": ("diag.exporter",),
+    "agent/termination.py": (),
     # The live views' verdicts: the diagnosis's own functions over the facts as they come.
     "agent/live_verdict.py": (f"{_ANALYZERS}.job.sampled", f"{_ANALYZERS}.diagnosis.decision_tree",
                               f"{_ANALYZERS}.diagnosis.rank"),
@@ -237,19 +244,18 @@ def test_no_function_is_over_80_lines():
 
 MAX_MODULE_LINES = 600
 MAX_CLASS_METHODS = 25
-# The modules and classes still over the limits, at their present size (issue 34 splits them):
-# none may grow, and none may join them. Lower an entry as its module shrinks; drop it at the limit.
+# The modules still over the limit, at their present size (issue 34 splits them): none may grow,
+# and none may join them. Lower an entry as its module shrinks; drop it at the limit.
 OVERSIZE_MODULES = {
-    "collectors/nccl_bench.py": 984, "agent/agent.py": 969, "analyzers/nccl/log.py": 759,
-    "agent/report/html.py": 752, "analyzers/trace/load.py": 741, "analyzers/nccl/nccl_tests.py": 714,
-    "collectors/profiler_windows.py": 608, "agent/rundir.py": 603, "analyzers/trace/columns.py": 601,
+    "collectors/nccl_bench.py": 984, "agent/report/html.py": 752, "analyzers/trace/load.py": 741,
+    "analyzers/nccl/nccl_tests.py": 714, "collectors/profiler_windows.py": 608, "agent/rundir.py": 603,
+    "analyzers/trace/columns.py": 601,
 }
-OVERSIZE_CLASSES = {"agent/agent.py:Agent": 50, "analyzers/nccl/log.py:NcclLogParser": 37}
 
 
 def test_modules_and_classes_stay_small():
-    """No module over MAX_MODULE_LINES lines and no class over MAX_CLASS_METHODS methods,
-    beyond the ratchet of those not yet split."""
+    """No module over MAX_MODULE_LINES lines beyond the ratchet of those not yet split, and no
+    class over MAX_CLASS_METHODS methods."""
     over = []
     for folder in ("agent", "analyzers", "collectors"):
         for path in sorted((REPO / folder).rglob("*.py")):
@@ -261,6 +267,6 @@ def test_modules_and_classes_stay_small():
             for node in ast.walk(ast.parse(text)):
                 if isinstance(node, ast.ClassDef):
                     n = sum(isinstance(b, (ast.FunctionDef, ast.AsyncFunctionDef)) for b in node.body)
-                    if n > OVERSIZE_CLASSES.get(f"{rel}:{node.name}", MAX_CLASS_METHODS):
+                    if n > MAX_CLASS_METHODS:
                         over.append(f"{rel}:{node.name}: {n} methods")
     assert not over, over

@@ -16,6 +16,7 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from diag.analyzers.nccl.log import NcclLogParser
+from diag.analyzers.nccl.log_collectives import flush_colls
 from diag.analyzers.nccl.log_grammar import MAX_LINE
 
 BLOCK = 4 << 20
@@ -70,9 +71,9 @@ def _parse_range(args) -> NcclLogParser:
     with open(path, "rb") as fh:
         for chunk in line_chunks(fh, start, end):
             p.feed_bytes(chunk)
-    p._close_chains()
-    p._flush_colls()
-    p._prefix_cache.clear()  # not needed by the merge; keeps the result small to send back
+    p.close_chains()
+    flush_colls(p)
+    p.prefix_cache.clear()  # not needed by the merge; keeps the result small to send back
     return p
 
 
