@@ -345,6 +345,21 @@ def test_loader_workers_busy_from_eighty_and_idle_under_thirty_percent(workers_c
         assert "Raise num_workers from 4 to 7" in found[0]["action"]
 
 
+@pytest.mark.parametrize("host_cpu,kind", [(0.91, "busy"), (0.89, None)])
+def test_workers_between_the_thresholds_are_busy_on_a_host_with_its_cpus_taken(host_cpu, kind):
+    """Workers at 50% of their cores wait neither on reads nor on nothing: on a host whose CPUs are
+    90% busy or more they are CPU-bound and short of CPUs, and no more of them are asked for."""
+    rank = _worker_rank(2.0)
+    for s in rank["samples"]:
+        s["host"]["cpu_ratio"] = host_cpu
+    found = [c for c in cs.causes(_ctx({0: rank}, bound="data", shares={"data": 0.6})) if c["id"] == "data_loader_workers"]
+    assert [c["evidence"]["kind"] for c in found] == ([kind] if kind else [])
+    if kind:
+        assert found[0]["evidence"]["host_cpu"] == host_cpu
+        assert "with the host's CPUs 91% busy" in found[0]["text"]
+        assert "The host's CPUs are all in use (91% busy)" in found[0]["action"] and "expect" not in found[0]
+
+
 def test_busy_workers_on_a_full_host_are_told_to_do_less_per_sample():
     (cause,) = cs.causes(_ctx({0: _worker_rank(3.9, cpus=8)}, bound="data", shares={"data": 0.6}))
     assert "The 4 CPUs of each rank are all in use" in cause["action"]

@@ -62,11 +62,13 @@ def test_workers_that_decode_on_the_cpu_are_busy(tmp_path):
     doc = _run(tmp_path, Decoding())
     (cause,) = [c for c in doc["diagnosis"]["causes"] if c["id"] == "data_loader_workers"]
     ev = cause["evidence"]
-    # Two workers spinning on the CPU for every sample: about two CPUs, read by psutil.
-    assert ev["kind"] == "busy" and ev["workers_cpu"] >= 0.8 * WORKERS
+    # Two workers spinning on the CPU for every sample: about two CPUs, read by psutil; on a
+    # machine whose CPUs something else takes, less, with the host's CPUs saturated.
+    assert ev["kind"] == "busy"
+    assert ev["workers_cpu"] >= 0.8 * WORKERS or ev["host_cpu"] >= 0.9, ev
     assert "DataLoader over Decoding on rank 0 has 2 workers" in cause["text"]
     cpus = len(os.sched_getaffinity(0))
-    if cpus - 1 - WORKERS > 0:
+    if cpus - 1 - WORKERS > 0 and ev["workers_cpu"] >= 0.8 * WORKERS:
         assert f"Raise num_workers from 2 to {cpus - 1}" in cause["action"]
     else:
         assert "are all in use" in cause["action"]

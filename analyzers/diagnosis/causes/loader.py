@@ -163,39 +163,65 @@ def _workers_cpu(merged: dict) -> float | None:
                     and isinstance(s["host"].get("dataloader_workers_cpu_ratio"), (int, float))])
 
 
+def _host_cpu(merged: dict) -> float | None:
+    """The median share of the host's CPUs in use, over the rank's samples."""
+    return upper_median([float(s["host"]["cpu_ratio"]) for s in merged.get("samples") or []
+                         if isinstance(s.get("host"), dict) and isinstance(s["host"].get("cpu_ratio"), (int, float))])
+
+
+def _worker_kind(load: float, host_cpu: float | None, th: dict) -> str | None:
+    """busy, idle or None (can't tell) for workers using `load` of their cores each."""
+    if load >= th["loader_workers_busy"]:
+        return "busy"
+    if load < th["loader_workers_idle"]:
+        return "idle"
+    if host_cpu is not None and host_cpu >= th["loader_host_cpu_saturated"]:
+        return "busy"  # CPU-bound, and short of CPUs: the host's are taken
+    return None
+
+
 def loader_workers(ctx: JobContext) -> dict | None:
     """A DataLoader with workers that still keeps the step waiting: workers busy for
     `loader_workers_busy` of their cores or more are CPU-bound (more workers where CPUs are
-    spare, else less work per sample); under `loader_workers_idle` they wait on reads, and more
-    of them help whatever the CPU count. Workers that keep the step waiting set its pace, so
-    each makes a batch in about k steps: the count named and its step follow from that."""
+    spare, else less work per sample), and so are those between the two thresholds on a host
+    whose CPUs are `loader_host_cpu_saturated` busy; under `loader_workers_idle` they wait on
+    reads, and more of them help whatever the CPU count. Workers that keep the step waiting
+    set its pace, so each makes a batch in about k steps: the count named and its step follow
+    from that."""
     th = ctx.tree.thresholds
     found = {}
     for rank, ld in recorded_loaders(ctx).items():
         used = _workers_cpu(ctx.ranks[rank])
         if ld["num_workers"] > 0 and used is not None:
-            load = used / ld["num_workers"]
-            if load >= th["loader_workers_busy"]:
-                found[rank] = ("busy", ld, used)
-            elif load < th["loader_workers_idle"]:
-                found[rank] = ("idle", ld, used)
+            host_cpu = _host_cpu(ctx.ranks[rank])
+            kind = _worker_kind(used / ld["num_workers"], host_cpu, th)
+            if kind is not None:
+                found[rank] = (kind, ld, used, host_cpu)
     if not found:
         return None
     rank = min(found)
-    kind, ld, used = found[rank]
+    kind, ld, used, host_cpu = found[rank]
+    starved = kind == "busy" and used / ld["num_workers"] < th["loader_workers_busy"]
     where, w = f"{ld['class']} over {ld['dataset']}", ld["num_workers"]
     ranks = sorted(r for r, f in found.items() if f[0] == kind)
     per_rank = cpus_per_rank(ld)
     io, io_ev = _io_text(ctx.ranks[rank])
     planned = _worker_plan(ctx, ctx.ranks[rank], ld, cpu_bound=kind == "busy")
-    more = planned is not None and planned[1].workers > w
+    # Workers starved of CPUs on a saturated host would only share them: no more are named.
+    more = planned is not None and planned[1].workers > w and not starved
     if kind == "busy":
         spare = per_rank - 1 - w if per_rank else None
         text = (f"The {where} on {ranks_text(ranks)} has {w} workers, and they use {used:.1f} CPUs ({used / w:.0%} of "
-                "theirs): decoding and augmenting the samples is CPU-bound, and the step still waits for it.")
+                "theirs" + (f", with the host's CPUs {host_cpu:.0%} busy" if starved else "")
+                + "): decoding and augmenting the samples is CPU-bound, and the step still waits for it.")
         if more:
             action = (f"Raise num_workers from {w} to {planned[1].workers} ({ld['cpus']} CPUs for "
                       f"{ld.get('local_ranks') or 1} local ranks, one left to the training process).")
+        elif starved:
+            action = (f"The host's CPUs are all in use ({host_cpu:.0%} busy), so more workers would only share them: "
+                      "do less per sample on the CPU (decode on the GPU with torchvision.io / DALI, augment batches on "
+                      "the device, store the dataset pre-processed), give each rank more CPUs, or move what else "
+                      "runs on them.")
         elif spare and spare > 0 and planned is None:
             action = (f"Raise num_workers from {w} to {w + spare} ({ld['cpus']} CPUs for {ld.get('local_ranks') or 1} "
                       "local ranks, one left to the training process).")
@@ -214,7 +240,7 @@ def loader_workers(ctx: JobContext) -> dict | None:
                   f"(now {ld.get('prefetch_factor')}) so that more batches are in flight.")
     out = {"text": text, "action": action,
            "evidence": {"ranks": ranks, "kind": kind, "loader": ld, "workers_cpu": round(used, 3),
-                        "cpus_per_rank": per_rank, **io_ev}}
+                        "host_cpu": _rounded(host_cpu), "cpus_per_rank": per_rank, **io_ev}}
     if more:
         out["evidence"]["model"] = _plan_evidence(*planned)
         out["expect"] = _plan_expectation(*planned)
