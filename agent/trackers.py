@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 import time
 
+from diag.analyzers.numbers import dict_at
+
 PREFIX = "diag/"
 MAX_TAG = 500  # MLflow caps tag values at 5000 characters; a headline needs far fewer
 
@@ -25,9 +27,7 @@ def fields(summary: dict | None) -> tuple[dict[str, float], dict[str, str]]:
     """(metrics, tags) of a summary: numbers under diag/..., text under diag/...; empty when absent."""
     if not isinstance(summary, dict):
         return {}, {}
-    diag = summary.get("diagnosis") if isinstance(summary.get("diagnosis"), dict) else {}
-    stats = summary.get("step_stats") if isinstance(summary.get("step_stats"), dict) else {}
-    rate = summary.get("throughput") if isinstance(summary.get("throughput"), dict) else {}
+    diag, stats, rate = dict_at(summary, "diagnosis"), dict_at(summary, "step_stats"), dict_at(summary, "throughput")
     metrics: dict[str, float] = {}
 
     def put(name, value):
@@ -43,7 +43,7 @@ def fields(summary: dict | None) -> tuple[dict[str, float], dict[str, str]]:
     put("mfu", rate.get("mfu"))
     for phase, share in (diag.get("phase_shares") or {}).items():
         put(f"share/{phase}", share)
-    confidence = diag.get("confidence") if isinstance(diag.get("confidence"), dict) else {}
+    confidence = dict_at(diag, "confidence")
     put("confidence", confidence.get("score"))
     put("stragglers", len(diag.get("stragglers") or []))
     episodes = (diag.get("straggler_episodes") or {}).get("episodes") or []
@@ -51,7 +51,7 @@ def fields(summary: dict | None) -> tuple[dict[str, float], dict[str, str]]:
     recs = [r for r in diag.get("recommendations") or [] if isinstance(r, dict) and not r.get("minor")]
     prediction = (recs[0].get("prediction") or {}) if recs else {}
     put("top_fix_speedup", prediction.get("speedup") if isinstance(prediction, dict) else None)
-    headline = diag.get("headline") if isinstance(diag.get("headline"), dict) else {}
+    headline = dict_at(diag, "headline")
     tags = {
         "verdict": diag.get("bound"),
         "headline": headline.get("text"),

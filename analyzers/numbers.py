@@ -1,6 +1,7 @@
-"""The small core every layer reads numbers through: a document's value as a finite float or
-nothing, and the median of what is finite. Documents come from files a user may have damaged,
-so a bool, a string, NaN or an infinity is never a value.
+"""The small core every layer reads documents through: a value as a finite float or nothing,
+the median of what is finite, and a section as a dict or an empty one. Documents come from
+files a user may have damaged, so a bool, a string, NaN or an infinity is never a value, and a
+section that is not a mapping is empty.
 
 Neutral: the analysis, the diagnosis, the views and the agent import it; it imports nothing
 of diag.
@@ -50,3 +51,9 @@ def median(values: Iterable) -> float | None:
     None when there is none."""
     vals = finite_values(values)
     return float(statistics.median(vals)) if vals else None
+
+
+def dict_at(doc: dict, key: str) -> dict:
+    """doc[key] where it is a dict, else an empty one."""
+    value = doc.get(key)
+    return value if isinstance(value, dict) else {}

@@ -12,6 +12,7 @@ import re
 import socket
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from typing import overload
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,14 @@ class LaunchInfo:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@overload
+def _int(env: Mapping[str, str], *names: str, default: int) -> int: ...
+
+
+@overload
+def _int(env: Mapping[str, str], *names: str, default: None = None) -> int | None: ...
 
 
 def _int(env: Mapping[str, str], *names: str, default: int | None = None) -> int | None:

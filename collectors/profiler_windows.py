@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from diag import rundir
 from diag.collectors.profiler_guard import ProfilerGuard
@@ -232,8 +233,7 @@ class ProfilerWindows:
         # At most the consumer's queue of them, so the folder stays bounded.
         self.in_use = in_use
         self.skip_first = skip_first
-        self.warmup = warmup
-        self.active = active
+        self.warmup, self.active = warmup, active
         self.every = max(s.every, warmup + active + 1)
         self.record_shapes = s.record_shapes
         self.with_flops = s.with_flops
@@ -253,15 +253,15 @@ class ProfilerWindows:
         self.current_step = 0
         self.recording = False  # true during the active steps (the agent annotates data waits)
         self.windows_done = 0
-        self._prof = None
-        self._step_rec = None
-        self._first = None  # active steps [first, last] of the window in progress
-        self._last = None
+        self._prof: Any = None  # torch.profiler.profile, while a window records
+        self._step_rec: Any = None  # the open record_function of the step
+        self._first: int | None = None  # active steps [first, last] of the window in progress
+        self._last: int | None = None
         self._demand: int | None = None
         self._next_start = self._scheduled_after(0)
         self._signal_pending = False
         self._seen_trigger: int | None = self._trigger_mtime()
-        self._old_handler = None
+        self._old_handler: Any = None
         self._export_thread: threading.Thread | None = None
         self.guard = guard or ProfilerGuard(self._log)  # not installed: the agent installs its own
         self.guard.on_their_start = self._give_way

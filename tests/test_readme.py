@@ -47,6 +47,7 @@ COMMANDS: dict[str, tuple] = {
         "not here", "the install .ci/run performs in a fresh virtual environment"),
     "python3 -m pytest": ("not here", "the suite this test belongs to"),
     "bash .ci/run": ("not here", "CI itself"),
+    "python3 .ci/typecheck": ("not here", "CI runs it after the tests (.ci/run); about 30 s of mypy"),
     "diag demo": ("run", "diag demo", ""),
     "diag demo --bottleneck data": ("run", "diag demo --bottleneck data", ""),
     "diag analyze runs/demo-<timestamp> --json": (

@@ -35,6 +35,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 from diag import rundir
 from diag.errors import DiagInputError
@@ -174,7 +175,7 @@ def _parse_mode(args, files: list[str]) -> int:
     if not files:
         raise DiagInputError("parse needs at least one saved nccl-tests output file")
     topo = topology_from_args(args)
-    doc = {"schema": nccl_tests.SCHEMA, "source": "diag nccl parse", "tests": [], "errors": []}
+    doc: dict[str, Any] = {"schema": nccl_tests.SCHEMA, "source": "diag nccl parse", "tests": [], "errors": []}
     for path in files:
         try:
             part = nccl_tests.parse_file(path)
@@ -255,7 +256,7 @@ def _binary_mode(args) -> int:
     rc = proc.wait()
     text = "".join(chunks)
     tests = nccl_tests.parse_text(text, source=binary)
-    doc = {"schema": nccl_tests.SCHEMA, "source": "diag nccl --binary", "command": cmd, "exit_code": rc,
+    doc: dict[str, Any] = {"schema": nccl_tests.SCHEMA, "source": "diag nccl --binary", "command": cmd, "exit_code": rc,
            "tests": tests, "status": "ok", "errors": []}
     if timed_out.is_set():
         doc["errors"].append(f"no output for {args.timeout:g} s: the job was stopped")

@@ -27,6 +27,7 @@ import os
 import time
 
 from diag.analyzers.diagnosis import nccl_log
+from diag.analyzers.numbers import dict_at
 from diag.analyzers.numbers import finite as _num
 from diag.exporter.metrics_table import BOUNDS, CLASSES, CLOCK_EVENT_REASONS, STRAGGLER_KINDS
 from diag.exporter.registry import MetricState, make_registry, render_text
@@ -227,7 +228,7 @@ class Handle:
         # A window summary file of the run directory wraps the rank dict under "analysis".
         rank = doc.get("analysis") if isinstance(doc.get("analysis"), dict) else doc
         mfu = _num(rank.get("mfu"))
-        gpu_time = rank.get("gpu_time") if isinstance(rank.get("gpu_time"), dict) else {}
+        gpu_time = dict_at(rank, "gpu_time")
         overlap = _num(gpu_time.get("comm_compute_overlap_pct"))
         findings = _count_ids(rank.get("findings"))
         s = self.state
@@ -261,7 +262,7 @@ class Handle:
         bound = doc.get("bound")
         if bound is not None and bound not in BOUNDS:
             raise ValueError(f"unknown bound {bound!r}")
-        shares = doc.get("phase_shares") if isinstance(doc.get("phase_shares"), dict) else {}
+        shares = dict_at(doc, "phase_shares")
         ratios = {(b,): v for b, v in ((b, _num(shares.get(b))) for b in CLASSES) if v is not None}
         with self.state.lock:
             self.state.replace("diag_job_bound", {(b,): float(b == bound) for b in BOUNDS} if bound else {})

@@ -18,6 +18,7 @@ from diag.analyzers.analysis_types import PAGEABLE_HTOD_RE
 from diag.analyzers.diagnosis.context import JobContext
 from diag.analyzers.diagnosis.inputs import traced_durations
 from diag.analyzers.diagnosis.steady import level_drift, median_half_width, warmup_steps
+from diag.analyzers.numbers import dict_at
 
 PINNED_HTOD = "pinned"  # Kineto names a pinned copy "Memcpy HtoD (Pinned -> Device)"
 HALF_TILE = 8  # elements of a 16-byte tensor-core row in a 2-byte dtype
@@ -131,7 +132,7 @@ def pinned_copies(ctx: JobContext, evidence: dict, ceiling: dict | None) -> dict
 def _half_rate(group: dict, healthy: float | None, thresholds: dict) -> tuple[float, bool]:
     """The fraction of the half-precision peak an fp32 group's op reaches under autocast, and
     whether its shape is one the half-precision tile divides."""
-    dims = group.get("dims") if isinstance(group.get("dims"), dict) else {}
+    dims = dict_at(group, "dims")
     tiled = all(int(v) % HALF_TILE == 0 for v in dims.values() if isinstance(v, int)) if dims else \
         not group.get("misaligned")
     if tiled:

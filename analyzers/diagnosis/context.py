@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from diag.analyzers.diagnosis.decision_tree import Tree
 from diag.analyzers.diagnosis.inputs import Steps
 
 
@@ -14,7 +15,7 @@ class JobContext:
     job: dict  # the job block, with its verdict and cross-rank judgements
     ranks: dict  # rank -> merged rank (inputs.merge_ranks)
     run: dict  # the run's records (run_records), {} for plain traces
-    tree: object  # decision_tree.Tree
+    tree: Tree
     world: int  # world size
     all_steps: Steps  # every rank's steps
     job_steps: Steps  # per step, the job's (the slowest rank's)

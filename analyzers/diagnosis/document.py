@@ -55,6 +55,7 @@ from diag.analyzers.diagnosis.run_figures import run_figures
 from diag.analyzers.diagnosis.straggler_cause import with_likely_causes
 from diag.analyzers.diagnosis.straggler_episodes import episode_finding, straggler_episodes
 from diag.analyzers.diagnosis.verdict import has_all_shares, job_verdict, rank_measurements
+from diag.analyzers.numbers import dict_at
 
 SCHEMA = "diag.diagnosis/1"
 
@@ -80,7 +81,7 @@ def diagnose_ranks(doc: dict, ranks: dict, run: dict, tree) -> dict:
 def diagnose_job(doc: dict, ranks: dict, tree) -> dict:
     """The job block with its verdict: as the document holds it when it has one already,
     else computed from the ranks (analysed, or else their step records) and the cross-rank facts."""
-    job = doc.get("job") if isinstance(doc.get("job"), dict) else {}
+    job = dict_at(doc, "job")
     if "verdict_source" in job:
         return job
     rank_docs = []

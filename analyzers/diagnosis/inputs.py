@@ -86,6 +86,15 @@ class Steps:
     """
 
     FIELDS = ("dur", "start", "wait", "samples", "tokens", "peak", "mfu", "device")
+    # The FIELDS columns, float64, set in __init__.
+    dur: np.ndarray
+    start: np.ndarray
+    wait: np.ndarray
+    samples: np.ndarray
+    tokens: np.ndarray
+    peak: np.ndarray
+    mfu: np.ndarray
+    device: np.ndarray
 
     def __init__(self, n: int):
         self.step = np.zeros(n, dtype=np.int64)

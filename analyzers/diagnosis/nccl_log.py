@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from diag.analyzers.numbers import dict_at
+
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 _EMPTY_SIGNAL = {"count": 0, "lines": [], "messages": [], "data": {}}
 
@@ -488,7 +490,7 @@ RULES_BY_ID = {r.id: r for r in RULES}
 
 def _evaluate(doc: dict) -> list[dict]:
     """Findings in rule order, most severe first."""
-    signals = doc.get("signals") if isinstance(doc.get("signals"), dict) else {}
+    signals = dict_at(doc, "signals")
     out = []
     for rule in RULES:
         res = rule.check(doc, signals)

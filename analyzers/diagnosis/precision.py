@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from diag.analyzers.numbers import dict_at
+
 
 def cpu_without_bf16_units(ranks: dict) -> str | None:
     """The ISA of a CPU without bf16 matrix units that the job's ranks compute on ("" where
@@ -21,7 +23,7 @@ def cpu_without_bf16_units(ranks: dict) -> str | None:
     for merged in ranks.values():
         analysis = merged.get("analysis") or {}
         info = merged.get("info") or {}
-        device = info.get("device") if isinstance(info.get("device"), dict) else {}
+        device = dict_at(info, "device")
         if analysis.get("timeline") == "device" or device.get("vendor"):
             return None
         cpu = info.get("cpu")

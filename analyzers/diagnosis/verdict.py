@@ -21,6 +21,7 @@ from diag.analyzers.diagnosis import stragglers
 from diag.analyzers.diagnosis.borderline import borderline, step_values
 from diag.analyzers.diagnosis.decision_tree import BOUNDS, CLASSES, PEER, share_ratios, verdict_from
 from diag.analyzers.diagnosis.pace import band, pace_setter
+from diag.analyzers.numbers import dict_at
 from diag.analyzers.numbers import number as _number
 
 # Findings this module adds to the job; a document that already holds them (a saved
@@ -65,7 +66,7 @@ def measured_steps(rank: dict) -> dict:
     analysis left out (the run analysis marks them; a trace's profiled steps all count)."""
     steps = [s for s in rank.get("steps") or [] if isinstance(s, dict) and isinstance(s.get("step"), int)]
     steps.sort(key=lambda s: s["step"])
-    ev = rank.get("evidence") if isinstance(rank.get("evidence"), dict) else {}
+    ev = dict_at(rank, "evidence")
     skip = ev.get("warmup_steps_excluded") if isinstance(ev.get("warmup_steps_excluded"), int) else 0
     counted = steps[skip:] or steps
     # Only a run analysis mixes profiled and sampled steps; a trace's steps are all profiled
@@ -178,7 +179,7 @@ def _step_paces(rank: dict) -> list[float]:
     out = []
     for s in steps[measured_steps(rank)["warmup_excluded"]:]:
         dur = _number(s.get("duration_ms"))
-        sh = s.get("shares") if isinstance(s.get("shares"), dict) else {}
+        sh = dict_at(s, "shares")
         if dur is not None and dur > 0:
             out.append(dur * (1.0 - (_number(sh.get("wait")) or 0.0)))
     return out

@@ -24,6 +24,7 @@ import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
+from diag.analyzers.numbers import dict_at
 from diag.analyzers.numbers import median as _median
 from diag.analyzers.whatif.job import job_what_if
 from diag.rundir import rank_number, world_size_number
@@ -192,7 +193,7 @@ def _rank_steps(rank: dict) -> tuple[list[float], list[float]]:
         if not isinstance(d, (int, float)) or d <= 0:
             continue
         durs.append(float(d))
-        sh = s.get("shares") if isinstance(s.get("shares"), dict) else {}
+        sh = dict_at(s, "shares")
         comm, wait = sh.get("comm"), sh.get("wait") or 0.0
         if isinstance(comm, (int, float)) and isinstance(wait, (int, float)):
             work.append(float(d) * (1.0 - float(comm) - float(wait)))

@@ -17,6 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from diag.analyzers.model import BOUNDS
+from diag.analyzers.numbers import dict_at
 from diag.analyzers.numbers import finite as _num
 from diag.analyzers.numbers import median as _median
 
@@ -83,8 +84,8 @@ def rank_from_live_doc(doc: dict, rank: int, path: str | None = None) -> RankLiv
     win = None
     if window and isinstance(window.get("first_step"), int) and isinstance(window.get("last_step"), int):
         win = (window["first_step"], window["last_step"])
-    sample = doc.get("sample") if isinstance(doc.get("sample"), dict) else {}
-    gpu = sample.get("gpu") if isinstance(sample.get("gpu"), dict) else {}
+    sample = dict_at(doc, "sample")
+    gpu = dict_at(sample, "gpu")
     span_s = sum(float(s["duration_s"]) for s in recent)
     steps_done = doc.get("steps_done")
     return RankLive(

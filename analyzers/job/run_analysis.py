@@ -35,7 +35,7 @@ from diag.analyzers.job.sampled import (
     window_composition,
 )
 from diag.analyzers.model import CLASSES, FactSettings, share_ratios
-from diag.analyzers.numbers import finite
+from diag.analyzers.numbers import dict_at, finite
 from diag.analyzers.numbers import median as _median
 from diag.analyzers.trace import host_device
 from diag.analyzers.trace.analysis import trace_facts
@@ -168,7 +168,7 @@ def analyze_rank(rd: rundir.RunDir, rank: int, settings: FactSettings, errors: l
                                       samples, info)
     critical_path, what_if_entries = what_if.summarize([s for s in counted if s["evidence"] == "trace"],
                                                        settings.what_if)
-    dev = info.get("device") if isinstance(info.get("device"), dict) else {}
+    dev = dict_at(info, "device")
     device = dev.get("name") or next((w["analysis"].get("device") for w in reversed(analysed)
                                       if w["analysis"].get("device")), None)
     model = info.get("model")
@@ -429,7 +429,7 @@ def _memory_used_frac(samples: list[dict], info: dict) -> float | None:
             peak = max(peak or 0.0, float(g["memory_used_bytes"]))
             if _finite(g.get("memory_total_bytes")):
                 total = float(g["memory_total_bytes"])
-    dev = info.get("device") if isinstance(info.get("device"), dict) else {}
+    dev = dict_at(info, "device")
     total = total or dev.get("memory_total_bytes")
     if peak is None or not total:
         return None

@@ -167,14 +167,14 @@ def shared_prefix(lines: list[str]) -> re.Pattern | None:
 
 class _Test:
     def __init__(self, backend_hint: str | None):
-        self.collective = None
-        self.binary = None
+        self.collective: str | None = None
+        self.binary: str | None = None
         self.params: dict = {}
         self.devices: list[dict] = []
         self.headers = 0
         self.columns: list[str] | None = None  # names of the columns before the first "time"
-        self.error_column = None  # "#wrong" or "error"
-        self.type_width = None  # printf width of the type column: 8, or 6 in the oldest versions
+        self.error_column: str | None = None  # "#wrong" or "error"
+        self.type_width: int | None = None  # printf width of the type column: 8, or 6 in the oldest versions
         self.rows: list[dict] = []
         self.avg: list[float] = []
         self.oob: int | None = None
@@ -185,8 +185,8 @@ class _Test:
         self.failed = False
         self.truncated = False
         self.backend = backend_hint
-        self.nccl_version = None
-        self.cmd_world = None
+        self.nccl_version: str | None = None
+        self.cmd_world: int | None = None
         self.done = False  # a footer closed the table
 
     @property
@@ -472,8 +472,8 @@ class _TextParser:
         self.pending_binary: str | None = None
         self.pending_errors: list[str] = []
         self.pending_warn: list[str] = []
-        self.pending_version = None
-        self.cmd_world = None
+        self.pending_version: str | None = None
+        self.cmd_world: int | None = None
 
     def parse(self, source: str | None) -> list[dict]:
         kinds = (self._diag_backend, self._version, self._json, self._concluded, self._params, self._rank,

@@ -18,6 +18,8 @@ re-sharded by the ZeRO stage, and only data parallelism applies.
 
 from __future__ import annotations
 
+from typing import Any
+
 from diag.analyzers.numbers import median as _median
 from diag.analyzers.plan.memory import zero_stage
 from diag.analyzers.plan.planner import (
@@ -133,7 +135,7 @@ def plan_own_model(facts: dict, job: Job, rates: Rates) -> dict:
     allowance = WORKSPACE_BYTES + FRAGMENTATION * states
     fits = None
     flops_sample = facts.get("flops_per_sample")
-    out = {
+    out: dict[str, Any] = {
         "schema": SCHEMA,
         "model": {"name": m.get("class") or "the run's model", "params": full, "source": "recorded by the agent"},
         "layout": {"gpus": job.gpus, "gpus_per_node": job.gpus_per_node, "dp": dp, "tp": 1, "pp": 1,

@@ -55,7 +55,7 @@ def _rt_ms_by_corr(trace: Trace, corr: np.ndarray) -> float:
 def copy_facts(trace: Trace, win: np.ndarray) -> list[dict]:
     """Per copy name: calls, MB, device and host milliseconds per traced step, most time first."""
     n = len(win)
-    sel = np.flatnonzero((trace.dev_kind == MEMCPY) & (trace.step_of("dev", win) >= 0)) if n else []
+    sel = np.flatnonzero((trace.dev_kind == MEMCPY) & (trace.step_of("dev", win) >= 0)) if n else np.empty(0, np.int64)
     out = []
     for nid in np.unique(trace.dev_name[sel]).tolist() if len(sel) else []:
         rows = sel[trace.dev_name[sel] == nid]
@@ -196,13 +196,13 @@ def _next_event(trace: Trace, thread, ends: np.ndarray, calls: np.ndarray) -> np
 def training_thread(trace: Trace):
     """The thread id of the ProfilerStep spans, or None."""
     ids = [i for i, name in enumerate(trace.names) if name.startswith("ProfilerStep#")]
-    rows = np.flatnonzero(np.isin(trace.cpu_name, ids)) if ids else []
+    rows = np.flatnonzero(np.isin(trace.cpu_name, ids)) if ids else np.empty(0, np.int64)
     return trace.cpu_tid[rows[0]] if len(rows) else None
 
 
 def loader_spans(trace: Trace, thread) -> np.ndarray:
     ids = [i for i, name in enumerate(trace.names) if name.startswith("enumerate(DataLoader)")]
-    rows = np.flatnonzero(np.isin(trace.cpu_name, ids) & (trace.cpu_tid == thread)) if ids else []
+    rows = np.flatnonzero(np.isin(trace.cpu_name, ids) & (trace.cpu_tid == thread)) if ids else np.empty(0, np.int64)
     return iv.from_arrays(trace.cpu_ts[rows], trace.cpu_ts[rows] + trace.cpu_dur[rows]) if len(rows) else iv.EMPTY
 
 

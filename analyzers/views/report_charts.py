@@ -18,6 +18,7 @@ from diag.analyzers.diagnosis.inputs import (
     num,
 )
 from diag.analyzers.diagnosis.throttle import throttle_reasons
+from diag.analyzers.numbers import dict_at
 
 
 def busbw_chart(run: dict) -> dict | None:
@@ -92,7 +93,7 @@ def throughput_series(ranks, steps: Steps, limits, notes) -> dict | None:
         by_step = defaultdict(list)
         for r in ranks.values():
             for w in r["windows"]:
-                a = w.get("analysis") if isinstance(w.get("analysis"), dict) else {}
+                a = dict_at(w, "analysis")
                 v = num(a.get("mfu"))
                 if v is not None and isinstance(w.get("first_step"), int):
                     by_step[w["first_step"]].append(v)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from diag.analyzers.numbers import dict_at
 from diag.analyzers.whatif.rank import entry
 
 
@@ -97,7 +98,7 @@ def _usable(s: dict) -> bool:
 
 
 def _wait_ms(s: dict) -> float:
-    sh = s.get("shares") if isinstance(s.get("shares"), dict) else {}
+    sh = dict_at(s, "shares")
     w = sh.get("wait")
     return float(w) * s["duration_ms"] if isinstance(w, (int, float)) else 0.0
 

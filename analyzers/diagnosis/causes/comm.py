@@ -9,6 +9,7 @@ from diag.analyzers.analysis_types import ALL_REDUCE_RE
 from diag.analyzers.diagnosis.causes.common import ranks_text, times_text, traced_step_ms
 from diag.analyzers.diagnosis.context import JobContext
 from diag.analyzers.diagnosis.inputs import traced_steps
+from diag.analyzers.numbers import dict_at
 
 
 def _collective_groups(analysis: dict) -> list[dict]:
@@ -83,7 +84,7 @@ def exposed_collectives(ctx: JobContext) -> dict | None:
         action = (f"Move less, less often, and later: accumulate gradients over several micro-batches inside "
                   f"ddp.no_sync() so {g['name']} runs once per accumulation; {_compression(hook)}; a smaller "
                   "bucket_cap_mb starts the first buckets while backward still runs.")
-    model = analysis.get("model") if isinstance(analysis.get("model"), dict) else {}
+    model = dict_at(analysis, "model")
     fsdp = analysis.get("fsdp") if isinstance(analysis.get("fsdp"), dict) else None
     change, micro = None, _micro_batches(analysis, g, th)
     if fsdp and re.search(r"all_?gather|reduce_?scatter|all_?reduce", g["name"], re.IGNORECASE):
@@ -123,7 +124,7 @@ def exposed_collectives(ctx: JobContext) -> dict | None:
 def _micro_batches(analysis: dict, group: dict, th: dict) -> float | None:
     """Forward passes per optimizer step where DDP all-reduces after each of them (the group
     is an all-reduce and the step runs `accumulation_min_micro_batches` or more); else None."""
-    acc = analysis.get("accumulation") if isinstance(analysis.get("accumulation"), dict) else {}
+    acc = dict_at(analysis, "accumulation")
     fwd, opt = acc.get("forwards_per_step"), acc.get("optimizer_steps_per_step")
     if not ALL_REDUCE_RE.search(group["name"]) or not fwd or not opt:
         return None

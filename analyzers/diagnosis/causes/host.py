@@ -16,6 +16,7 @@ from diag.analyzers.diagnosis.causes.common import (
 )
 from diag.analyzers.diagnosis.context import JobContext
 from diag.analyzers.diagnosis.inputs import traced_steps
+from diag.analyzers.numbers import dict_at
 
 # The call in the job's code that makes each op that brings a value to the host.
 SYNC_OPS = dict(zip(SYNC_OP_NAMES, (".item()", "bool(tensor) or `if tensor:`", "nonzero() or boolean-mask indexing",
@@ -170,7 +171,7 @@ def allocator_calls(ctx: JobContext) -> dict | None:
     frees = any(re.search(r"Free|Release|Unmap", str(c["name"])) for c in calls)
     text = (f"On {ranks_text(sorted(found))}, per traced step {listed}: the host spends {ms_text(total)} "
             f"({total / step_ms:.0%} of the step) allocating and freeing device memory in the driver.")
-    iters = analysis.get("iterations") if isinstance(analysis.get("iterations"), dict) else {}
+    iters = dict_at(analysis, "iterations")
     if iters and not iters.get("used"):
         text += (" The trace was judged whole, start-up included: its longest calls may be one-off start-up "
                  "(the first allocations, the CUDA context), not a loop's churn.")
