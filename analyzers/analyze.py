@@ -29,12 +29,11 @@ from diag.analyzers.diagnosis.document import build_diagnosis
 from diag.analyzers.diagnosis.rank import judge_run_rank, judge_trace
 from diag.analyzers.job import waits
 from diag.analyzers.job.cross_rank import analyze_job
-from diag.analyzers.job.run_analysis import analyze_run
+from diag.analyzers.job.run_analysis import SCHEMA, analyze_run
 from diag.analyzers.run_records import ranks_from_windows, read_records
 from diag.analyzers.trace.analysis import trace_facts
 from diag.errors import DiagInputError
 
-SCHEMA = "diag.analysis/1"
 TRACE_SUFFIXES = (".json", ".json.gz")
 # Per worker: interpreter + numpy (~150 MB) plus columns and decode buffers, which grow
 # with the trace; gzip traces expand about tenfold.

@@ -69,3 +69,21 @@ def test_a_real_runs_ranks_are_as_declared(demo_run_dir):
     _steps_conform(judged, types.RunStep, "judged")
     for r in analyze_run_dir(demo_run_dir)["ranks"]:
         _conforms(r, types.RunRank, f"rank {r['rank']}")
+
+
+def test_the_schema_page_is_what_the_code_declares():
+    """docs/schema.md is generated from the SCHEMA constants and these declarations: a key or a
+    schema added without regenerating it fails here, and every declared part has its section."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    proc = subprocess.run([sys.executable, str(REPO / "docs" / "generate_schema.py"), "--check"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    text = (REPO / "docs" / "schema.md").read_text()
+    for name in ("TraceRankFacts", "TraceRank", "RunRankFacts", "RunRank"):
+        assert f"### `{name}`" in text
+        assert all(f"| `{key}` |" in text for key in getattr(types, name).__annotations__)
+    assert "| `diag.analysis/1` |" in text and "| `diag.run/3` |" in text

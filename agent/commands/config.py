@@ -12,6 +12,8 @@ import sys
 
 from diag.errors import DiagInputError
 
+CONFIG_SCHEMA = "diag.config/1"
+
 HELP = "show the agent's effective configuration and where each value comes from"
 
 
@@ -33,7 +35,7 @@ def run(args) -> int:
         raise DiagInputError(str(exc)) from None
     rows = cfg.rows()
     if args.json:
-        json.dump({"schema": "diag.config/1", "config_file": cfg.config_file, "settings": rows,
+        json.dump({"schema": CONFIG_SCHEMA, "config_file": cfg.config_file, "settings": rows,
                    "thresholds": thresholds}, sys.stdout, indent=1, default=str)
         sys.stdout.write("\n")
         return 0

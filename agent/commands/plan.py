@@ -181,7 +181,7 @@ def _measured_busbw(files: list[str], gpus_per_node: int) -> dict:
 
 def run(args) -> int:
     from diag.analyzers.plan.memory import model_states
-    from diag.analyzers.plan.planner import Job, data_parallel, plan, time_to_train
+    from diag.analyzers.plan.planner import SCHEMA, Job, data_parallel, plan, time_to_train
     from diag.analyzers.plan.search import search
 
     facts = _run_facts(args.run) if args.run else None
@@ -212,7 +212,7 @@ def run(args) -> int:
     if model is None and args.params is not None:  # --params: model states only
         dp = data_parallel(args.gpus, args.tp, args.pp)
         st = model_states(args.params, args.precision, args.optimizer, args.zero, dp, args.tp, args.pp)
-        doc = {"schema": "diag.plan/1", "model": {"params": args.params}, "per_gpu": {
+        doc = {"schema": SCHEMA, "model": {"params": args.params}, "per_gpu": {
             "params_bytes": st.params_bytes, "grads_bytes": st.grads_bytes, "optimizer_bytes": st.optimizer_bytes,
             "model_states_bytes": st.total_bytes}, "note": "activations need the model's shape (--model or "
             "--hf-config or the shape flags)"}

@@ -16,6 +16,8 @@ from diag.analyzers.plan.models import Model
 from diag.analyzers.plan.planner import Job, Rates, plan, validate
 from diag.errors import DiagInputError
 
+SCHEMA = "diag.plan_search/1"
+
 BUBBLE_LOSS = 0.20
 MICRO_BATCHES = (1, 2, 4, 8, 16)
 TOP = 3
@@ -78,7 +80,7 @@ def search(model: Model, job: Job, rates: Rates) -> dict:
     }
     best = top[0] if top else None
     return {
-        "schema": "diag.plan_search/1",
+        "schema": SCHEMA,
         "layouts_considered": len(docs),
         "layouts_fitting": len(fitting),
         "best": [{"layout": _label(d), "plan": d, "why": _why_good(d, best)} for d in top],
