@@ -24,7 +24,7 @@ class LiveVerdicts:
         self.log = log
         self.latest_sample: dict | None = None  # set by the sampler's thread
         self._composition: dict | None = None
-        self._last_path_sig = None
+        self._last_path_sig: tuple | None = None
 
     @property
     def on(self) -> bool:

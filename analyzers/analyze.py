@@ -278,7 +278,7 @@ def _analyze_one(path: str, tree, decode_workers: int | None = None, host_peaks:
 
 
 def _analyze_files(files, tree, jobs, progress, errors, pool=None, host_peaks=None) -> list[dict]:
-    ranks = []
+    ranks: list[dict] = []
     n = worker_count(files, jobs)
     if not files:
         return ranks

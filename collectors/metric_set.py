@@ -65,7 +65,7 @@ class MetricSet:
             self.log(f"{self.source}: not supported{where}, switched off: {detail}")
 
     def read_into(self, record: dict) -> None:
-        failed = None
+        failed: list | None = None
         for metric in self.enabled:
             try:
                 metric.read(record)

@@ -22,8 +22,12 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from diag.collectors.metric_set import describe_error
+
+if TYPE_CHECKING:  # imported when sampling starts
+    from diag.collectors.host_metrics import HostMetrics
 
 Log = Callable[[str], None]
 
@@ -73,7 +77,7 @@ class Sampler:
         self.open_cpu_s = 0.0  # CPU time the thread spent opening and probing (once)
         self.thread_cpu_s = 0.0  # CPU time of the sampling thread since, for the overhead budget
         self._gpu = None
-        self._host = None
+        self._host: HostMetrics | None = None
         self._info: dict = {**_NO_GPU_INFO, "logical_index": device_index, "state": "not started"}
         self._latest: dict | None = None
         self._ready = threading.Event()

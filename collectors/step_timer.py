@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(slots=True)
@@ -98,7 +99,7 @@ class PeakMemory:
 
     def __init__(self, device: int | None = None):
         self._device = device
-        self._cuda = None
+        self._cuda: Any = None  # torch.cuda once usable, False once switched off
         self._read_at = float("-inf")
         self._value: int | None = None
 

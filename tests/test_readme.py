@@ -1,5 +1,7 @@
 """Every code sample in README.md, docs/ and CONTRIBUTING.md runs as written, or as the table
-below says and why; the README stays short, and every relative link in them resolves.
+below says and why; the README stays short, and every relative link in them resolves. The
+shell samples run as a newcomer runs them: from the wheel built from this tree and installed
+into a fresh virtual environment, in a working directory outside the source tree.
 
 Each fenced block is found in those pages. Python blocks run with the names they assume
 (`train_loader`, `train_step`, `model`, `dataset`) defined here on tiny real CPU objects;
@@ -181,9 +183,62 @@ def test_the_readme_is_read_in_five_minutes_and_every_link_resolves():
 # ------------------------------------------------------------------------------ running them
 
 
+# The interpreter the shell samples run `diag` and `torchrun` with: the installed wheel's, once
+# the `installed` fixture has built it.
+_python = [sys.executable]
+
+
+# What the build reads (setup.py's ROOTS and the metadata): copied to a clean folder first, as
+# a fresh clone would have them, so a build/ folder left in this tree cannot add stale modules.
+BUILD_INPUTS = ("pyproject.toml", "setup.py", "README.md", "agent", "analyzers", "collectors", "dashboards")
+
+
+def _build_wheel(out: Path) -> Path:
+    """The wheel of this tree, as `pip wheel` builds it for a user: without build isolation
+    where this environment has the build requirements (no download), else isolated."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    src = out / "src"
+    src.mkdir(parents=True)
+    for name in BUILD_INPUTS:
+        if (REPO / name).is_dir():
+            shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(REPO / name, src / name)
+    try:
+        local = int(version("setuptools").split(".")[0]) >= 68 and bool(version("wheel"))
+    except PackageNotFoundError:
+        local = False
+    isolation = ["--no-build-isolation"] if local else []
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *isolation, "-w", str(out), str(src)],
+                   check=True, capture_output=True, timeout=600)
+    (wheel,) = out.glob("diag-*.whl")
+    return wheel
+
+
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    """One folder, as a user's working directory, shared by the samples (the demo runs once)."""
+def installed(tmp_path_factory) -> Path:
+    """diag as a newcomer has it: the wheel built from this tree, installed (not editable) into a
+    fresh virtual environment that sees this environment's torch and other dependencies; the
+    environment's python. The shell samples run with it, outside the source tree."""
+    d = tmp_path_factory.mktemp("installed")
+    wheel = _build_wheel(d / "dist")
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(d / "venv")], check=True,
+                   capture_output=True, timeout=300)
+    python = d / "venv" / "bin" / "python"
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], check=True,
+                   capture_output=True, timeout=300)
+    where = subprocess.run([str(python), "-c", "import diag; print(diag.__file__)"], cwd=d, capture_output=True,
+                           text=True, check=True).stdout.strip()
+    assert Path(where).is_relative_to(d / "venv"), f"diag imported from {where}, not from the installed wheel"
+    return python
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory, installed):
+    """One folder, as a user's working directory, shared by the samples (the demo runs once);
+    `diag` there is the installed wheel's."""
+    _python[0] = str(installed)
     d = tmp_path_factory.mktemp("readme")
     toml = next(code for lang, code in _blocks() if lang == "toml")
     (d / "diag.toml").write_text(toml)
@@ -198,9 +253,9 @@ def _env(workdir: Path) -> dict:
 def _argv(command: str) -> list[str]:
     words = shlex.split(command)
     if words[0] == "diag":
-        return [sys.executable, "-m", "diag", *words[1:]]
+        return [_python[0], "-m", "diag", *words[1:]]
     if words[0] == "torchrun":
-        return [sys.executable, "-m", "torch.distributed.run", *words[1:]]
+        return [_python[0], "-m", "torch.distributed.run", *words[1:]]
     return words
 
 

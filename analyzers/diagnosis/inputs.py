@@ -198,7 +198,7 @@ def merge_ranks(doc: dict, run: dict) -> dict[int, dict]:
     """Per rank: its analysis dict, facts, and step records merged with analysed steps."""
     out: dict[int, dict] = {}
     run_ranks = run.get("ranks") or {}
-    doc_ranks = {}
+    doc_ranks: dict[int, dict] = {}
     for r in doc.get("ranks") or []:
         if isinstance(r, dict) and isinstance(r.get("rank"), int):
             doc_ranks.setdefault(r["rank"], r)

@@ -306,7 +306,7 @@ def _top_ops(trace: Trace) -> list[dict]:
     t = np.bincount(ids, weights=trace.cpu_dur[rows], minlength=len(trace.names))
     c = np.bincount(ids, minlength=len(trace.names))
     total = float(trace.cpu_dur[rows].sum()) or 1.0
-    out = []
+    out: list[dict] = []
     for nid in np.argsort(-t).tolist():
         if len(out) >= TOP_N or c[nid] == 0:
             break

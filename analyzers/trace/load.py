@@ -221,7 +221,7 @@ class _Parallel:
         # starts only after the workers exist (they are forked at the first submit).
         method = "fork" if threading.active_count() == 1 and "fork" in mp.get_all_start_methods() else "forkserver"
         self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context(method))
-        self.pending = deque()
+        self.pending: deque = deque()
         self.limit = 2 * workers  # bounds memory: slices in flight
         self.b = builder
         self.path = path

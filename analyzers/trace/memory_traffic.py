@@ -84,7 +84,7 @@ def _rated_groups(groups: dict, n: int, peak: float | None, target_frac: float, 
                   min_call_bytes: float) -> tuple[list[dict], np.ndarray]:
     """(the rated groups, largest first, at most TOP_GROUPS; per window, what the slow ones would
     save running at `target_frac` of the peak)."""
-    out = []
+    out: list[dict] = []
     saving = np.zeros(n)
     for (top, name, shapes, dtype), g in sorted(groups.items(), key=lambda kv: -float(kv[1]["us"].sum())):
         us = float(g["us"].sum())

@@ -79,7 +79,8 @@ def _kahn(n_h: int, n_d: int, src: np.ndarray, dst: np.ndarray, end: np.ndarray,
     heap = [(end_l[k], 1 if k < n_h else 0, k) for k in range(n_h + n_d) if need[k] == 0]
     heapq.heapify(heap)
     by_end = by_end.tolist()
-    placed, out = [False] * (n_h + n_d), []
+    placed: list[bool] = [False] * (n_h + n_d)
+    out: list = []
     while len(out) < n_h + n_d:
         if not heap:
             # A cycle through a wait the measured times suggested (a stream running work in
