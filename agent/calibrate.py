@@ -87,7 +87,8 @@ def measure(seconds: float = 3.0, matmul_n: int = 1024, stream_elems: int = 1 <<
     sample = min(0.3, seconds / 10)
     busy = busy_percent(sample)
     stage = max(0.05, (seconds - sample) / 4)  # fp32, bf16, triad, copy
-    flops, sizes = {}, {}
+    flops: dict[str, float | None] = {}
+    sizes: dict[str, int] = {}
     for key, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         say(f"{key} matrix multiply")
 

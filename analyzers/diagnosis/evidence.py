@@ -13,7 +13,7 @@ from diag.analyzers.diagnosis.inputs import CLASSES, PHASE_LABELS, Steps, descri
 
 def evidence(ranks, allt: Steps, steps: Steps, job_shares, basis, stragglers, nccl, findings) -> list[dict]:
     """Numbered facts the verdict and the recommendations point to (anchors on the page)."""
-    ev = []
+    ev: list[dict] = []
     if job_shares:
         ev.append({
             "id": "ev-shares",

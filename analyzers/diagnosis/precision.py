@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from diag.analyzers.diagnosis.decision_tree import Tree
 from diag.analyzers.numbers import dict_at
 
 
@@ -32,7 +33,7 @@ def cpu_without_bf16_units(ranks: dict) -> str | None:
     return isa
 
 
-def withhold_half_precision(job: dict, tree, isa: str | None) -> tuple[dict, object]:
+def withhold_half_precision(job: dict, tree: Tree, isa: str | None) -> tuple[dict, Tree]:
     """(the job block, the tree) with the advice that needs lower precision withheld where the
     ranks' CPU lacks bf16 units (`isa` from cpu_without_bf16_units); as they were otherwise."""
     if isa is None:

@@ -16,7 +16,7 @@ from diag.analyzers.diagnosis.inputs import CLASSES, PHASE_LABELS, num, pct
 
 
 def recommendations(ctx: JobContext, findings: list[dict], memory: dict, evidence: list[dict],
-                    causes: list[dict] = ()) -> list[dict]:
+                    causes: list[dict] | tuple = ()) -> list[dict]:
     """What to change, ranked by predicted gain, each linked to the evidence behind it; a phase's
     causes (causes.py) lead its actions, in the job's own names."""
     ev_ids = {e["id"] for e in evidence}

@@ -185,7 +185,7 @@ class _Builder:
         self.cpu = {k: [] for k in ("name", "kind", "ts", "dur", "tid", "flops", "ext")}
         self.steps: list[tuple[int, float, float]] = []
         self.gpu_steps: list[float] = []
-        self.shapes: dict[int, tuple[bytes, bytes | None]] = {}
+        self.shapes: dict[int, tuple[bytes, bytes | None, bytes | None]] = {}
         self.bw_shapes: dict[int, tuple[bytes, bytes | None]] = {}
         self.coll: dict[tuple[str, int], dict] = {}
         self.peak: dict[int, float] = {}

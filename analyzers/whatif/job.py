@@ -37,7 +37,8 @@ def job_what_if(ranks: list[dict], changes) -> tuple[dict | None, list[dict]]:
     rank_ids = sorted(per_rank)
     rank_changes = [c for c in changes if c.get("scope", "rank") == "rank"]
     job_changes = [c for c in changes if c.get("scope") == "job"]
-    measured, preds, critical, paces = [], {c["id"]: [] for c in changes}, [], []
+    preds: dict[str, list] = {c["id"]: [] for c in changes}
+    measured, critical, paces = [], [], []
     for row in table:  # one step of every rank
         dur = np.array([s["duration_ms"] for s in row])
         wait = np.array([_wait_ms(s) for s in row])
