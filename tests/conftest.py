@@ -47,6 +47,41 @@ def demo_run_dir(tmp_path_factory) -> Path:
     return run
 
 
+# What the build reads (setup.py's ROOTS and the metadata): copied to a clean folder first, as
+# a fresh clone would have them, so a build/ folder left in this tree cannot add stale modules.
+BUILD_INPUTS = ("pyproject.toml", "setup.py", "README.md", "agent", "analyzers", "collectors", "dashboards")
+
+
+def build_wheel(out: Path) -> Path:
+    """The wheel of this tree, as `pip wheel` builds it for a user: without build isolation
+    where this environment has the build requirements (no download), else isolated."""
+    import sys
+    from importlib.metadata import PackageNotFoundError, version
+
+    src = out / "src"
+    src.mkdir(parents=True)
+    for name in BUILD_INPUTS:
+        if (REPO / name).is_dir():
+            shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(REPO / name, src / name)
+    try:
+        local = int(version("setuptools").split(".")[0]) >= 68 and bool(version("wheel"))
+    except PackageNotFoundError:
+        local = False
+    isolation = ["--no-build-isolation"] if local else []
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *isolation, "-w", str(out), str(src)],
+                   check=True, capture_output=True, timeout=600)
+    (wheel,) = out.glob("diag-*.whl")
+    return wheel
+
+
+@pytest.fixture(scope="session")
+def built_wheel(tmp_path_factory) -> Path:
+    """The wheel of this tree, built once per session (build_wheel)."""
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
 @pytest.fixture(scope="session")
 def real_data() -> Path:
     d = real_data_dir()

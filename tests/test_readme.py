@@ -188,45 +188,16 @@ def test_the_readme_is_read_in_five_minutes_and_every_link_resolves():
 _python = [sys.executable]
 
 
-# What the build reads (setup.py's ROOTS and the metadata): copied to a clean folder first, as
-# a fresh clone would have them, so a build/ folder left in this tree cannot add stale modules.
-BUILD_INPUTS = ("pyproject.toml", "setup.py", "README.md", "agent", "analyzers", "collectors", "dashboards")
-
-
-def _build_wheel(out: Path) -> Path:
-    """The wheel of this tree, as `pip wheel` builds it for a user: without build isolation
-    where this environment has the build requirements (no download), else isolated."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    src = out / "src"
-    src.mkdir(parents=True)
-    for name in BUILD_INPUTS:
-        if (REPO / name).is_dir():
-            shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(REPO / name, src / name)
-    try:
-        local = int(version("setuptools").split(".")[0]) >= 68 and bool(version("wheel"))
-    except PackageNotFoundError:
-        local = False
-    isolation = ["--no-build-isolation"] if local else []
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *isolation, "-w", str(out), str(src)],
-                   check=True, capture_output=True, timeout=600)
-    (wheel,) = out.glob("diag-*.whl")
-    return wheel
-
-
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> Path:
+def installed(tmp_path_factory, built_wheel) -> Path:
     """diag as a newcomer has it: the wheel built from this tree, installed (not editable) into a
     fresh virtual environment that sees this environment's torch and other dependencies; the
     environment's python. The shell samples run with it, outside the source tree."""
     d = tmp_path_factory.mktemp("installed")
-    wheel = _build_wheel(d / "dist")
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(d / "venv")], check=True,
                    capture_output=True, timeout=300)
     python = d / "venv" / "bin" / "python"
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], check=True,
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(built_wheel)], check=True,
                    capture_output=True, timeout=300)
     where = subprocess.run([str(python), "-c", "import diag; print(diag.__file__)"], cwd=d, capture_output=True,
                            text=True, check=True).stdout.strip()
