@@ -156,17 +156,22 @@ def _rounded(v: float | None) -> float | None:
     return None if v is None else round(v, 3)
 
 
+def _sampled_host(merged: dict, key: str, with_workers: bool = False) -> float | None:
+    """The upper median of a host measurement over the rank's samples (those with DataLoader
+    workers only, where `with_workers`)."""
+    return upper_median([float(s["host"][key]) for s in merged.get("samples") or []
+                         if isinstance(s.get("host"), dict) and isinstance(s["host"].get(key), (int, float))
+                         and (not with_workers or (s["host"].get("dataloader_workers") or 0) > 0)])
+
+
 def _workers_cpu(merged: dict) -> float | None:
     """The median CPU seconds per second of the rank's DataLoader workers, over its samples."""
-    return upper_median([float(s["host"]["dataloader_workers_cpu_ratio"]) for s in merged.get("samples") or []
-                    if isinstance(s.get("host"), dict) and (s["host"].get("dataloader_workers") or 0) > 0
-                    and isinstance(s["host"].get("dataloader_workers_cpu_ratio"), (int, float))])
+    return _sampled_host(merged, "dataloader_workers_cpu_ratio", with_workers=True)
 
 
 def _host_cpu(merged: dict) -> float | None:
     """The median share of the host's CPUs in use, over the rank's samples."""
-    return upper_median([float(s["host"]["cpu_ratio"]) for s in merged.get("samples") or []
-                         if isinstance(s.get("host"), dict) and isinstance(s["host"].get("cpu_ratio"), (int, float))])
+    return _sampled_host(merged, "cpu_ratio")
 
 
 def _worker_kind(load: float, host_cpu: float | None, th: dict) -> str | None:
