@@ -34,17 +34,41 @@ def real_data_dir() -> Path | None:
     return None
 
 
-@pytest.fixture(scope="session")
-def demo_run_dir(tmp_path_factory) -> Path:
-    """A real 2-rank demo run (24 steps, profiler windows, samples), made once per session."""
-    import subprocess
+def made_once(tmp_path_factory, name: str, make):
+    """make(folder) once for the whole test run, its result shared by every test process.
+
+    Under pytest-xdist each worker has its own session, so a session fixture would run once per
+    worker: the first to take the lock makes the result in a folder the workers share, and the
+    others read the path it recorded (the lock file is a claim, and `done` is written last)."""
+    from filelock import FileLock
+
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return make(tmp_path_factory.mktemp(name))
+    shared = tmp_path_factory.getbasetemp().parent / f"shared-{name}"
+    shared.mkdir(exist_ok=True)
+    with FileLock(str(shared / "lock")):
+        done = shared / "done"
+        if not done.exists():
+            result = make(shared / "made")
+            done.write_text(str(result))
+        return Path(done.read_text())
+
+
+def _demo_run(folder: Path) -> Path:
     import sys
 
-    run = tmp_path_factory.mktemp("demo") / "run"
+    run = folder / "run"
     proc = subprocess.run([sys.executable, "-m", "diag", "demo", "--steps", "24", "--run-dir", str(run), "--no-export"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return run
+
+
+@pytest.fixture(scope="session")
+def demo_run_dir(tmp_path_factory) -> Path:
+    """A real 2-rank demo run (24 steps, profiler windows, samples), made once per test run; its
+    readers leave it as it is."""
+    return made_once(tmp_path_factory, "demo", _demo_run)
 
 
 # What the build reads (setup.py's ROOTS and the metadata): copied to a clean folder first, as
@@ -78,8 +102,8 @@ def build_wheel(out: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def built_wheel(tmp_path_factory) -> Path:
-    """The wheel of this tree, built once per session (build_wheel)."""
-    return build_wheel(tmp_path_factory.mktemp("wheel"))
+    """The wheel of this tree, built once per test run (build_wheel)."""
+    return made_once(tmp_path_factory, "wheel", build_wheel)
 
 
 @pytest.fixture(scope="session")
@@ -161,3 +185,17 @@ def run_job(cmd: list[str], timeout: float, cwd=None, env=None) -> subprocess.Co
         out, err = proc.communicate()
         pytest.fail(f"{' '.join(map(str, cmd))} did not finish in {timeout} s\n{out[-2000:]}\n{err[-3000:]}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto` (the pytest options): one test process per CPU this process may run on, at most
+    4, since most slow tests start a 2-rank job of their own; none on one CPU."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return min(cpus, 4) if cpus > 1 else 0
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """The modules with slow tests first (keeping each module's own order), so that the test
+    processes start on the long ones and end on short ones."""
+    slow_modules = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.module.__name__ not in slow_modules)

@@ -155,14 +155,17 @@ def _compare(before, after, tmp, *extra, env=None):
 
 @pytest.mark.slow
 def test_the_gate_on_real_demo_runs(tmp_path, demo_run_dir):
-    """A demo whose steps idle a quarter of their work after it (about 20% slower) fails against
+    """A demo whose steps idle as long as their work after it (about twice as slow) fails against
     a plain one (the session's demo run, 24 steps as here, which compare only reads); a one-rank
     run against the two-rank baseline is refused. (A rerun of the same code passing is the
     README's CI sample, run by tests/test_readme.py.) The limit is 5%: two runs of the same code
     on this shared 2-core machine differ by up to 16% in step time, which their bands hold, but
-    which reaches a few points past 3%."""
+    which reaches a few points past 3%. The regression is that large because the two runs are
+    made at different times of a busy test run: with a CPU-bound job beside the suite, the host
+    phase of a quarter's slow-down (+21% of the step) had a band reaching -3%, which an honest
+    gate passes; `python bench/bench_gate.py` measures the quarter on a quiet machine."""
     base = demo_run_dir
-    slow = _compare(base, _demo(tmp_path, "slow", "--slow-down", "0.25"), tmp_path, "--max-slowdown", "5%",
+    slow = _compare(base, _demo(tmp_path, "slow", "--slow-down", "1.0"), tmp_path, "--max-slowdown", "5%",
                     "--summary", str(tmp_path / "slow.md"), "--junit", str(tmp_path / "slow.xml"),
                     env={"GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md")})
     # The idle time lands in the host phase, whose band (the process's own time, not the
