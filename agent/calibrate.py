@@ -15,7 +15,7 @@ import platform
 import time
 
 from diag.analyzers.trace.devices import cache_path
-from diag.rundir import atomic_write_bytes
+from diag.atomic_io import atomic_write_bytes
 
 SCHEMA = "diag.cpu_peaks/1"
 MAX_FILE_BYTES = 1 << 20  # a calibration is a few hundred bytes; anything larger is not one

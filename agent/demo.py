@@ -412,11 +412,11 @@ def _stop_ranks(procs, timeout_s: float = 30.0) -> None:
 
 def _endpoints(path: Path, ranks: int) -> list[str]:
     """host:port of each rank's metrics endpoint, from the rank.json files."""
-    from diag import rundir
+    from diag import atomic_io, rundir
 
     out = []
     for r in range(ranks):
-        info = rundir.read_json(path / rundir.rank_dir_name(r) / rundir.RANK_FILE) or {}
+        info = atomic_io.read_json(path / rundir.rank_dir_name(r) / rundir.RANK_FILE) or {}
         port = (info.get("collectors") or {}).get("exporter_port")
         if port:
             out.append(f"{info.get('host') or 'localhost'}:{port}")

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from diag import rundir
+from diag import atomic_io, rundir
 
 
 def job_status(own: str, finals: list[str | None]) -> str:
@@ -56,7 +56,7 @@ def read_summary(run_dir: Path | None, report_paths: dict | None, wait_s: float)
     path = run_dir / "summary.json" if run_dir is not None else None
     deadline = time.monotonic() + max(wait_s, 0.0)
     while path is not None:
-        doc = rundir.read_json(path) if path.exists() else None
+        doc = atomic_io.read_json(path) if path.exists() else None
         if isinstance(doc, dict):
             paths = report_paths or {k: path.with_name(f"report.{k}") for k in ("html", "md")}
             return {**doc, "report": {k: str(v) for k, v in paths.items() if Path(v).exists()}}

@@ -107,7 +107,8 @@ def csv_text(doc: dict) -> str:
 
 
 def write_outputs(doc: dict, args) -> None:
-    from diag.rundir import NCCL_BENCH, atomic_write_json, atomic_write_text
+    from diag.atomic_io import atomic_write_json, atomic_write_text
+    from diag.rundir import NCCL_BENCH
 
     if args.json and args.json != "-":
         atomic_write_json(args.json, doc)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from diag import rundir
+from diag import atomic_io, rundir
 from diag.analyzers.nccl.log import parse_files
 
 NCCL_LOG_PARSE_MAX = 16 << 20  # bytes; larger NCCL logs are parsed by `diag report`, not live
@@ -33,7 +33,7 @@ class NcclWatch:
 
     def poll(self) -> None:
         if self._changed(self.bench):
-            doc = rundir.read_json(self.bench)
+            doc = atomic_io.read_json(self.bench)
             if isinstance(doc, dict) and str(doc.get("schema") or "").startswith("diag.nccl_bench/"):
                 self.exporter.observe_nccl(doc)
         logs = self._own_logs()

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from diag import rundir
+from diag import atomic_io
 
 QUEUE = 8
 MAX_STARTS = 3
@@ -140,7 +140,7 @@ class WindowAnalysis:
                 self._done(first, last, out)
 
     def _done(self, first: int, last: int, out: Path) -> None:
-        doc = rundir.read_json(out)
+        doc = atomic_io.read_json(out)
         if not doc:
             self.log(f"profiler: window {first} analysis wrote nothing")
             return

@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from diag import rundir
+from diag import atomic_io
 from diag.analyzers.diagnosis.decision_tree import load_tree
 from diag.analyzers.trace.analysis import trace_facts
 
@@ -67,7 +67,7 @@ def run_job(job: dict) -> int:
     doc = summarise(Path(job["trace"]), int(job["rank"]), int(job["first"]), int(job["last"]), job.get("tree"),
                     job.get("host_peaks"))
     try:
-        rundir.atomic_write_json(job["out"], doc)
+        atomic_io.atomic_write_json(job["out"], doc)
     except OSError as exc:
         print(f"diag window worker: {job['out']}: cannot write ({exc.strerror or exc})", file=sys.stderr)
         return 1

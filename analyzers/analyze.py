@@ -22,7 +22,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from diag import rundir
+from diag import atomic_io, rundir
 from diag.analyzers.diagnosis import decision_tree as dt
 from diag.analyzers.diagnosis import peers
 from diag.analyzers.diagnosis.document import build_diagnosis
@@ -165,7 +165,7 @@ def recorded_tree_settings(path) -> dict | None:
     if not Path(path).is_dir() or not file.exists():
         return None
     problems: list[str] = []
-    settings = rundir.read_json(file, problems)
+    settings = atomic_io.read_json(file, problems)
     if settings is None:
         raise DiagInputError(f"cannot read the recorded decision-tree settings ({'; '.join(problems)})",
                              source=str(file))

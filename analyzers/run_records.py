@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from diag import rundir
+from diag import atomic_io, rundir
 from diag.analyzers.nccl import expected as nccl_expected
 from diag.analyzers.nccl import log as nccl_log
 from diag.errors import DiagInputError
@@ -50,7 +50,7 @@ def _progress(items, progress, desc):
 
 
 def _read_nccl(rd: rundir.RunDir, run: dict) -> None:
-    bench = rundir.read_json(rd.path / rundir.NCCL_BENCH, run["problems"])
+    bench = atomic_io.read_json(rd.path / rundir.NCCL_BENCH, run["problems"])
     if bench is not None:
         if bench.get("schema") == "diag.nccl_bench/1":
             run["nccl_bench"] = bench
@@ -69,7 +69,7 @@ def _read_nccl(rd: rundir.RunDir, run: dict) -> None:
         except DiagInputError as exc:
             run["problems"].append(str(exc))
     elif (rd.path / rundir.NCCL_LOG_DOC).exists():
-        saved = rundir.read_json(rd.path / rundir.NCCL_LOG_DOC, run["problems"])
+        saved = atomic_io.read_json(rd.path / rundir.NCCL_LOG_DOC, run["problems"])
         if saved is not None and str(saved.get("schema", "")).startswith("diag.nccl_log/"):
             run["nccl_log"] = saved
         elif saved is not None:

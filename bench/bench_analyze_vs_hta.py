@@ -276,13 +276,14 @@ def breakdown(path: Path, cli_wall_s: float) -> dict:
     from diag.analyzers.diagnosis.rank import judge_trace
     from diag.analyzers.trace import load
     from diag.analyzers.trace.analysis import facts_of_loaded
-    from diag.analyzers.trace.columns import _Builder
+    from diag.analyzers.trace.column_builder import ColumnBuilder
+    from diag.analyzers.trace.read_blocks import blocks
 
     t = time.perf_counter()
-    text = b"".join(bytes(b) for b in load._blocks(str(path)))
+    text = b"".join(bytes(b) for b in blocks(str(path)))
     inflate = time.perf_counter() - t
     start = text.index(b"[", text.index(b'"traceEvents"'))
-    b = _Builder()
+    b = ColumnBuilder()
     chunks, pos = [], start + 1
     while True:  # cut as the loader does: about CHUNK_BYTES of whole events per chunk
         m = load._SEP_RE.search(text, pos + load.CHUNK_BYTES)

@@ -30,22 +30,22 @@ CLASSES = ("data", "host", "comm", "memory", "compute")
 
 
 def build_run(root: Path, ranks: int, steps: int, step_s: float = 0.1, late_rank: int = 7) -> None:
-    from diag import rundir
+    from diag import atomic_io, rundir, segments
 
     rng = random.Random(0)
     t0 = 1_700_000_000.0
-    rundir.atomic_write_json(root / rundir.MANIFEST, {
+    atomic_io.atomic_write_json(root / rundir.MANIFEST, {
         "schema": rundir.RUN_SCHEMA, "run": root.name, "world_size": ranks, "backend": "nccl",
         "started_unix": t0, "ended_unix": t0 + steps * step_s, "status": "completed",
     })
     for r in range(ranks):
         rp = root / rundir.rank_dir_name(r)
         host = f"node-{r // 8:03d}"
-        rundir.atomic_write_json(rp / rundir.RANK_FILE, {
+        atomic_io.atomic_write_json(rp / rundir.RANK_FILE, {
             "schema": rundir.RANK_SCHEMA, "rank": r, "world_size": ranks, "host": host, "status": "completed",
             "device": {"name": "NVIDIA H100 80GB HBM3", "memory_total_bytes": 80 << 30},
         })
-        w = rundir.SegmentWriter(rp / "steps", "steps", flush_records=1000, flush_seconds=1e9)
+        w = segments.SegmentWriter(rp / "steps", "steps", flush_records=1000, flush_seconds=1e9)
         for s in range(steps):
             comm = 0.30 + 0.05 * rng.random() if r != late_rank else 0.08
             sh = {"data": 0.05, "host": 0.05, "comm": comm, "memory": 0.2, "compute": 0.7 - comm}
@@ -54,7 +54,7 @@ def build_run(root: Path, ranks: int, steps: int, step_s: float = 0.1, late_rank
                      "samples": 32, "tokens": 32 * 2048, "peak_mem_bytes": 50 << 30,
                      "profiled": 100 <= s < 103, "bound": "comm", "evidence": "sampled", "shares": sh})
         w.flush()
-        sw = rundir.SegmentWriter(rp / "samples", "samples", flush_records=10_000, flush_seconds=1e9)
+        sw = segments.SegmentWriter(rp / "samples", "samples", flush_records=10_000, flush_seconds=1e9)
         for i in range(int(steps * step_s)):
             sw.write({"t": t0 + i, "gpu": {
                 "index": r % 8, "name": "NVIDIA H100 80GB HBM3", "utilization_ratio": 0.6 + 0.3 * rng.random(),
@@ -86,7 +86,7 @@ def build_run(root: Path, ranks: int, steps: int, step_s: float = 0.1, late_rank
             "top_ops": [{"name": f"aten::op{k}", "class": "compute", "time_ms": 20.0 - k / 2, "count": 50,
                          "pct": 5.0} for k in range(20)],
         }
-        rundir.atomic_write_json(rp / rundir.WINDOWS / "window-000100.json",
+        atomic_io.atomic_write_json(rp / rundir.WINDOWS / "window-000100.json",
                                  {"first_step": 100, "last_step": 102, "trace": "x", "analysis": analysis})
 
 

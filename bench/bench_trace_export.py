@@ -74,7 +74,7 @@ def main() -> int:
 
     import torch
 
-    from diag.collectors.profiler_windows import _write_in_child
+    from diag.collectors.trace_export import write_in_child
 
     torch.set_num_threads(1)
     x = torch.randn(64, 64)
@@ -96,7 +96,7 @@ def main() -> int:
                     if writer == "thread":
                         write = functools.partial(prof.export_chrome_trace, str(path))
                     else:
-                        write = functools.partial(_write_in_child, prof, path)
+                        write = functools.partial(write_in_child, prof, path)
                     speed, gap, write_s, fork_s = main_thread_during(write, x)
                     size = os.path.getsize(path)
                     rows[writer].append((speed / base, gap, write_s, fork_s))

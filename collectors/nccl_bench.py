@@ -21,7 +21,7 @@ reduce_scatter and alltoall, 1 for broadcast, reduce and sendrecv.
 
 Timing: on GPUs, CUDA events recorded on the current stream around the timed loop (the
 process group makes the current stream wait for its own); on CPUs, the wall clock
-(`time.perf_counter`) after a barrier. `_Timer` is the only difference between the two
+(`time.perf_counter`) after a barrier. `nccl_comm.Timer` is the only difference between the two
 paths: buffers, calls, checks and bookkeeping are shared.
 
 torch.distributed offers all_reduce, broadcast and reduce in place only. Their
@@ -54,29 +54,31 @@ import time
 from dataclasses import dataclass, field
 
 from diag.collectors import launch_env
+from diag.collectors.nccl_case import Case
+from diag.collectors.nccl_comm import Comm, Timer, Watchdog, fault, watchdog_limit
+from diag.collectors.nccl_sizes import (  # the public names of __all__ among them
+    COLLECTIVES,
+    DTYPES,
+    GIB,
+    REDUCING,
+    ROOTED,
+    bandwidths,
+    bus_factor,
+    coll_counts,
+    memory_limit,
+    memory_of,
+    normalize_collective,
+    normalize_dtype,
+    parse_size,
+    sweep_sizes,
+    warmup_sizes,
+)
 
 SCHEMA = "diag.nccl_bench/1"
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "alltoall", "sendrecv")
-# nccl-tests' type names, in its order, and common aliases.
-DTYPES = ("int8", "uint8", "int32", "uint32", "int64", "uint64", "half", "float", "double", "bfloat16")
-DTYPE_ALIASES = {
-    "char": "int8", "int": "int32", "float16": "half", "fp16": "half", "float32": "float",
-    "fp32": "float", "float64": "double", "fp64": "double", "bf16": "bfloat16",
-}
 REDOPS = ("sum", "prod", "max", "min", "avg")
 AVERAGE_MODES = {0: "rank0", 1: "avg", 2: "min", 3: "max"}
-FAULT_ENV = "DIAG_NCCL_TEST_FAULT"
-# Test-suite only: emulate a device (or, on CPUs, a host share) with this many bytes free.
-MEMORY_ENV = "DIAG_NCCL_TEST_MEMORY"
-GIB = 1 << 30
-# Elements a result check fills or compares at once: its temporaries (int64) stay near
-# 32 MiB each whatever the message size, as nccl-tests' check kernels need no copy at all.
-CHECK_CHUNK = 1 << 22
 SETUP_TIMEOUT = 120.0  # seconds for every rank to join the process group
 
-_REDUCING = {"all_reduce", "reduce_scatter", "reduce"}
-_ROOTED = {"broadcast", "reduce"}
-_SLICED = {"all_gather", "reduce_scatter", "alltoall"}
 # Messages with which backends refuse an operation, a data type or a reduction op.
 _UNSUPPORTED = re.compile(
     r"not supported|unsupported|invalid scalar type|cannot use reduceop|not implemented|"
@@ -90,134 +92,6 @@ class BenchError(Exception):
 
 class _Unsupported(Exception):
     pass
-
-
-# ---------------------------------------------------------------- sizes and factors
-
-
-def parse_size(text: str | int) -> int:
-    """nccl-tests' size syntax: a number with an optional K, M or G suffix (powers of 1024)."""
-    if isinstance(text, int):
-        return text
-    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([kKmMgG]?)[bB]?\s*", str(text))
-    if not m:
-        raise ValueError(f"invalid size {text!r}: expected a number with an optional K, M or G suffix")
-    unit = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[m.group(2).lower()]
-    return int(float(m.group(1)) * unit)
-
-
-def sweep_sizes(min_bytes: int, max_bytes: int, step_factor: int = 2, step_bytes: int = 0) -> list[int]:
-    """The sizes nccl-tests visits: multiply by the factor when it is above 1, else add step_bytes."""
-    if min_bytes < 0 or max_bytes < min_bytes:
-        raise ValueError(f"invalid sizes: minBytes {min_bytes} > maxBytes {max_bytes}")
-    if step_factor <= 1 and step_bytes <= 0:
-        raise ValueError("the step must be a factor above 1 (-f) or a positive increment (-i)")
-    sizes, size = [], min_bytes
-    while size <= max_bytes:
-        sizes.append(size)
-        nxt = size * step_factor if step_factor > 1 else size + step_bytes
-        if nxt == size:  # -b 0 with a factor: nccl-tests would loop forever; stop after one row
-            break
-        size = nxt
-    return sizes
-
-
-def warmup_sizes(min_bytes: int, max_bytes: int) -> list[int]:
-    """The sizes nccl-tests warms up (since its 2025 releases): every size from min to max by a factor of 2,
-    whatever the measured step."""
-    sizes, size = [], min_bytes
-    while size <= max_bytes:
-        sizes.append(size)
-        size = size * 2 if size else 1
-    return sizes
-
-
-def memory_limit(total_bytes: int, free_bytes: int, check: bool) -> int:
-    """The largest message nccl-tests lets a rank allocate: 1 GiB kept back per 16 GiB installed
-    (at most 4 GiB) plus 1 GiB for the library, the rest split over the send, receive and, when
-    results are checked, expected buffers. nccl-tests starts from the installed memory; a torch
-    process may hold some already, so the free memory bounds it too."""
-    reserve = min(-(-total_bytes // (16 * GIB)) * GIB, 4 * GIB)
-    usable = min(total_bytes - reserve, free_bytes) - GIB
-    return max(usable // (3 if check else 2), 0)
-
-
-def _memory_of(device, local_ranks: int) -> tuple[int, int]:
-    """(total, free) bytes this rank may use: its device's, or its share of the host's on CPUs."""
-    emulated = os.environ.get(MEMORY_ENV, "").strip()
-    if emulated:
-        size = parse_size(emulated)
-        return size, size
-    if device.type == "cuda":
-        import torch
-
-        free, total = torch.cuda.mem_get_info(device)
-        return int(total), int(free)
-    import psutil
-
-    mem = psutil.virtual_memory()
-    share = max(local_ranks, 1)
-    return int(mem.total) // share, int(mem.available) // share
-
-
-def bus_factor(collective: str, nranks: int) -> float:
-    """nccl-tests' busbw / algbw ratio."""
-    if collective == "all_reduce":
-        return 2.0 * (nranks - 1) / nranks
-    if collective in _SLICED:
-        return (nranks - 1) / nranks
-    return 1.0
-
-
-@dataclass(frozen=True)
-class Counts:
-    """Element counts of one call, as nccl-tests' getCollByteCount computes them."""
-
-    param: int  # the count passed to the collective (the table's count column)
-    send: int
-    recv: int
-    send_inplace_offset: int  # in-place slices start at offset * rank inside the receive buffer
-    recv_inplace_offset: int
-
-    def table_bytes(self, elt: int) -> int:
-        return max(self.send, self.recv) * elt
-
-
-def coll_counts(collective: str, size_bytes: int, elt: int, nranks: int) -> Counts:
-    count = size_bytes // elt
-    if collective in _SLICED:
-        base = (count // nranks) & -(16 // elt) if elt <= 16 else count // nranks
-        if collective == "all_gather":
-            return Counts(base, base, base * nranks, base, 0)
-        if collective == "reduce_scatter":
-            return Counts(base, base * nranks, base, 0, base)
-        return Counts(base, base * nranks, base * nranks, 0, 0)
-    return Counts(count, count, count, 0, 0)
-
-
-def bandwidths(collective: str, counts: Counts, elt: int, seconds: float, nranks: int) -> tuple[float, float]:
-    """(algbw, busbw) in GB/s (10^9 bytes per second), as nccl-tests' getBw."""
-    if seconds <= 0:
-        return 0.0, 0.0
-    nbytes = counts.param * elt * (nranks if collective in _SLICED else 1)
-    alg = nbytes / 1.0e9 / seconds
-    return alg, alg * bus_factor(collective, nranks)
-
-
-def normalize_dtype(name: str) -> str:
-    key = DTYPE_ALIASES.get(name.lower(), name.lower())
-    if key not in DTYPES:
-        raise ValueError(f"unknown data type {name!r}: choose from {', '.join(DTYPES)} or all")
-    return key
-
-
-def normalize_collective(name: str) -> str:
-    key = name.lower().replace("-", "_").removesuffix("_perf")
-    key = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
-           "all_to_all": "alltoall", "all_to_all_single": "alltoall", "send_recv": "sendrecv"}.get(key, key)
-    if key not in COLLECTIVES:
-        raise ValueError(f"unknown collective {name!r}: choose from {', '.join(COLLECTIVES)} or all")
-    return key
 
 
 # ---------------------------------------------------------------- configuration
@@ -256,7 +130,7 @@ class BenchConfig:
 
     def row_count(self) -> int:
         per = len(self.sizes()) * len(self.dtypes)
-        return sum(per * (len(self.redops) if c in _REDUCING else 1) for c in self.collectives)
+        return sum(per * (len(self.redops) if c in REDUCING else 1) for c in self.collectives)
 
 
 class Reporter:
@@ -267,314 +141,6 @@ class Reporter:
     def row(self, test: dict, row: dict) -> None: ...
     def note(self, test: dict, message: str) -> None: ...
     def test_end(self, test: dict) -> None: ...
-
-
-# ---------------------------------------------------------------- watchdog and faults
-
-
-class _Watchdog:
-    """Ends this process when the main thread makes no progress for `limit` seconds.
-
-    The backend's own timeout normally fires first (gloo raises after `timeout`); this
-    is the last line of defence, for hangs that no backend timeout covers.
-    """
-
-    def __init__(self, limit: float, on_expire):
-        self.limit = limit
-        self.on_expire = on_expire
-        self.last = time.monotonic()
-        self.what = "start"
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="diag-nccl-watchdog", daemon=True)
-        self._thread.start()
-
-    def kick(self, what: str | None = None) -> None:
-        self.last = time.monotonic()
-        if what is not None:
-            self.what = what
-
-    def _watch(self) -> None:
-        while not self._stop.wait(min(1.0, self.limit / 4)):
-            if time.monotonic() - self.last > self.limit:
-                try:
-                    self.on_expire(f"no progress for {self.limit:.0f} s during {self.what}: a peer is dead or hung")
-                finally:
-                    os._exit(3)
-
-    def stop(self) -> None:
-        self._stop.set()
-
-
-def _watchdog_limit(timeout: float) -> float:
-    return max(2.0 * timeout, timeout + 5.0)
-
-
-def _fault(rank: int) -> tuple[str, int] | None:
-    spec = os.environ.get(FAULT_ENV, "")
-    m = re.fullmatch(r"(exit|hang):(\d+):(\d+)", spec.strip())
-    if not m or int(m.group(2)) != rank:
-        return None
-    return m.group(1), int(m.group(3))
-
-
-# ---------------------------------------------------------------- communication
-
-
-class _Timer:
-    """Wall clock after a barrier on CPUs; CUDA events on the current stream on GPUs."""
-
-    def __init__(self, comm: _Comm):
-        self.comm = comm
-        self.cuda = comm.device.type == "cuda"
-        if self.cuda:
-            import torch
-
-            self._start = torch.cuda.Event(enable_timing=True)
-            self._end = torch.cuda.Event(enable_timing=True)
-        self._t0 = 0.0
-
-    @property
-    def kind(self) -> str:
-        return "cuda_event" if self.cuda else "wall_clock"
-
-    def start(self) -> None:
-        self.comm.barrier()
-        if self.cuda:
-            self._start.record()
-        else:
-            self._t0 = time.perf_counter()
-
-    def stop(self) -> float:
-        if self.cuda:
-            self._end.record()
-            self._end.synchronize()
-            return self._start.elapsed_time(self._end) / 1000.0
-        return time.perf_counter() - self._t0
-
-
-class _Comm:
-    def __init__(self, backend: str, device, group=None):
-        import torch
-        import torch.distributed as dist
-
-        self.torch = torch
-        self.dist = dist
-        self.backend = backend
-        self.device = device
-        self.group = group  # the benchmark's own group, created with the user's --timeout
-        self.rank = dist.get_rank()
-        self.world = dist.get_world_size()
-
-    def barrier(self) -> None:
-        if self.device.type == "cuda":
-            self.dist.barrier(group=self.group, device_ids=[self.device.index])
-            self.torch.cuda.synchronize(self.device)
-        else:
-            self.dist.barrier(group=self.group)
-
-    def sync(self) -> None:
-        if self.device.type == "cuda":
-            self.torch.cuda.synchronize(self.device)
-
-    def gather_floats(self, value: float) -> list[float]:
-        t = self.torch.tensor([value], dtype=self.torch.float64, device=self.device)
-        out = self.torch.zeros(self.world, dtype=self.torch.float64, device=self.device)
-        gather = getattr(self.dist, "all_gather_single", None) or self.dist.all_gather_into_tensor
-        gather(out, t, group=self.group)
-        return out.tolist()
-
-    def sum_int(self, value: int) -> int:
-        t = self.torch.tensor([value], dtype=self.torch.int64, device=self.device)
-        self.dist.all_reduce(t, group=self.group)
-        return int(t.item())
-
-
-def _torch_dtype(torch, name: str):
-    return {
-        "int8": torch.int8, "uint8": torch.uint8, "int32": torch.int32, "uint32": torch.uint32,
-        "int64": torch.int64, "uint64": torch.uint64, "half": torch.float16, "float": torch.float32,
-        "double": torch.float64, "bfloat16": torch.bfloat16,
-    }[name]
-
-
-def _redop(dist, name: str):
-    return {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "max": dist.ReduceOp.MAX,
-            "min": dist.ReduceOp.MIN, "avg": dist.ReduceOp.AVG}[name]
-
-
-class _Case:
-    """One (collective, dtype, redop) test: its buffers, its call and its check."""
-
-    def __init__(self, comm: _Comm, collective: str, dtype: str, redop: str, root: int, max_bytes: int):
-        torch = comm.torch
-        self.comm = comm
-        self.collective = collective
-        self.dtype_name = dtype
-        self.redop_name = redop if collective in _REDUCING else "none"
-        self.dtype = _torch_dtype(torch, dtype)
-        self.elt = torch.empty((), dtype=self.dtype).element_size()
-        self.root = root if collective in _ROOTED else -1
-        self.op = _redop(comm.dist, redop) if collective in _REDUCING else None
-        big = coll_counts(collective, max_bytes, self.elt, comm.world)
-        n = max(big.send, big.recv, 1)
-        self.sendbuf = torch.zeros(n, dtype=self.dtype, device=comm.device)
-        self.recvbuf = torch.zeros(n, dtype=self.dtype, device=comm.device)
-        self.counts = big
-        # torch 2.13 renamed the tensor forms (*_single); older releases only have *_tensor.
-        dist = comm.dist
-        self._all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        self._reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-
-    # -- buffers
-
-    def setup(self, size_bytes: int) -> Counts:
-        self.counts = coll_counts(self.collective, size_bytes, self.elt, self.comm.world)
-        return self.counts
-
-    def views(self, in_place: bool):
-        c, r = self.counts, self.comm.rank
-        if in_place:
-            send = self.recvbuf.narrow(0, c.send_inplace_offset * r, c.send)
-            recv = self.recvbuf.narrow(0, c.recv_inplace_offset * r, c.recv)
-        else:
-            send = self.sendbuf.narrow(0, 0, c.send)
-            recv = self.recvbuf.narrow(0, 0, c.recv)
-        return send, recv
-
-    # -- the call
-
-    def call(self, send, recv) -> None:
-        dist, coll, g = self.comm.dist, self.collective, self.comm.group
-        if coll == "all_reduce":
-            dist.all_reduce(recv, op=self.op, group=g)
-        elif coll == "all_gather":
-            self._all_gather(recv, send, group=g)
-        elif coll == "reduce_scatter":
-            self._reduce_scatter(recv, send, op=self.op, group=g)
-        elif coll == "alltoall":
-            dist.all_to_all_single(recv, send, group=g)
-        elif coll == "broadcast":
-            dist.broadcast(recv, self.root, group=g)
-        elif coll == "reduce":
-            dist.reduce(recv, self.root, op=self.op, group=g)
-        elif coll == "sendrecv":
-            n, r = self.comm.world, self.comm.rank
-            ops = [dist.P2POp(dist.isend, send, (r + 1) % n, group=g),
-                   dist.P2POp(dist.irecv, recv, (r - 1) % n, group=g)]
-            for work in dist.batch_isend_irecv(ops):
-                work.wait()
-
-    # -- data and check
-
-    def _values(self, rank: int, start: int, count: int):
-        """Rank-dependent inputs whose reductions are exact in every data type (int64)."""
-        torch, n = self.comm.torch, self.comm.world
-        idx = torch.arange(start, start + count, dtype=torch.int64, device=self.comm.device)
-        if self.redop_name == "prod":
-            vals = 1 + ((idx + rank) % max(n, 1) == 0).to(torch.int64)
-        else:
-            vals = (idx * 7 + rank * 3) % 5 + 1
-        return vals
-
-    def _period(self) -> int:
-        """Every input and every result repeats along the buffer with this period."""
-        return max(self.comm.world, 1) if self.redop_name == "prod" else 5
-
-    def _reduced(self, start: int, count: int):
-        """The reduction over every rank's input, in the data type."""
-        torch = self.comm.torch
-        acc = None
-        for j in range(self.comm.world):
-            v = self._values(j, start, count)
-            if acc is None:
-                acc = v.clone()
-            elif self.redop_name in ("sum", "avg"):
-                acc += v
-            elif self.redop_name == "prod":
-                acc *= v
-            elif self.redop_name == "max":
-                acc = torch.maximum(acc, v)
-            else:
-                acc = torch.minimum(acc, v)
-        if self.redop_name == "avg":
-            return (acc.to(torch.float64) / self.comm.world).to(self.dtype)
-        return acc.to(self.dtype)
-
-    def _series(self, source: int | None, start: int, count: int):
-        """Elements start .. start + count of rank `source`'s input (None: of the reduction), in the
-        data type: one period computed, then repeated, so a fill or a check runs at copy speed."""
-        period = self._period()
-        if source is None:
-            one = self._reduced(start, period)
-        else:
-            one = self._values(source, start, period).to(self.dtype)
-        return one.repeat(-(-count // period)).narrow(0, 0, count)
-
-    def checkable(self, in_place: bool) -> bool:
-        return not (in_place and self.collective in ("alltoall", "sendrecv"))
-
-    def _fill(self, dst, rank: int, start: int) -> None:
-        """dst[k] = `rank`'s input at element start + k, a chunk at a time."""
-        total = dst.numel()
-        for off in range(0, total, CHECK_CHUNK):
-            n = min(CHECK_CHUNK, total - off)
-            dst.narrow(0, off, n).copy_(self._series(rank, start + off, n))
-
-    def prepare(self, in_place: bool):
-        """Fill the inputs; return what this rank's output should hold (None: not checked here).
-
-        The expectation is a list of segments (output offset, count, source rank or None for
-        the reduction over all ranks, source offset), computed a chunk at a time when checked,
-        so a check never holds more than a chunk beyond the two buffers."""
-        c, r, n = self.counts, self.comm.rank, self.comm.world
-        send, recv = self.views(in_place)
-        coll = self.collective
-        if not in_place:
-            recv.zero_()
-        self._fill(send, r, 0)
-        if coll in ("all_reduce", "broadcast", "reduce"):
-            # In-place-only calls: the receive buffer carries the input.
-            if coll == "broadcast" and r != self.root:
-                recv.zero_()
-            elif not in_place:
-                recv.copy_(send)
-            if coll == "broadcast":
-                return [(0, c.recv, self.root, 0)]
-            if coll == "reduce" and r != self.root:
-                return None
-            return [(0, c.recv, None, 0)]
-        if coll == "all_gather":
-            return [(j * c.send, c.send, j, 0) for j in range(n)]
-        if coll == "reduce_scatter":
-            return [(0, c.param, None, r * c.param)]
-        if coll == "alltoall":
-            return [(j * c.param, c.param, j, r * c.param) for j in range(n)]
-        if coll == "sendrecv":
-            return [(0, c.recv, (r - 1) % n, 0)]
-        return None
-
-    def count_wrong(self, expected, in_place: bool) -> int:
-        if expected is None:
-            return 0
-        torch = self.comm.torch
-        _, recv = self.views(in_place)
-        wrong = torch.zeros((), dtype=torch.int64, device=self.comm.device)
-        for offset, count, source, source_start in expected:
-            for off in range(0, count, CHECK_CHUNK):
-                n = min(CHECK_CHUNK, count - off)
-                want = self._series(source, source_start + off, n)
-                wrong += self._mismatches(recv.narrow(0, offset + off, n), want)
-        return int(wrong.item())  # one device sync per check, not one per chunk
-
-    def _mismatches(self, got, want):
-        torch = self.comm.torch
-        if not self.dtype.is_floating_point:
-            return torch.count_nonzero(got != want)
-        tol = {torch.float16: 1e-2, torch.bfloat16: 2e-2}.get(self.dtype, 1e-6)
-        wide = torch.float64 if self.dtype == torch.float64 else torch.float32
-        want = want.to(wide)
-        # Written so that a NaN or an infinity received counts as wrong.
-        return torch.count_nonzero(~((got.to(wide) - want).abs() <= tol * want.abs()))
 
 
 # ---------------------------------------------------------------- the run
@@ -680,13 +246,13 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}".strip()
 
 
-def _new_test(collective: str, comm: _Comm, cfg: BenchConfig, timer_kind: str) -> dict:
+def _new_test(collective: str, comm: Comm, cfg: BenchConfig, timer_kind: str) -> dict:
     return {
         "collective": collective, "world_size": comm.world, "backend": comm.backend, "rows": [],
         "avg_busbw_gbps": None, "status": "ok", "errors": [], "skipped": False, "skipped_cases": [],
         "timer": timer_kind, "dtypes": list(cfg.dtypes),
-        "redops": list(cfg.redops) if collective in _REDUCING else ["none"],
-        "root": cfg.root if collective in _ROOTED else -1,
+        "redops": list(cfg.redops) if collective in REDUCING else ["none"],
+        "root": cfg.root if collective in ROOTED else -1,
     }
 
 
@@ -699,15 +265,15 @@ def _finish_test(test: dict) -> None:
 
 
 class _Run:
-    def __init__(self, cfg: BenchConfig, comm: _Comm, reporter: Reporter | None):
+    def __init__(self, cfg: BenchConfig, comm: Comm, reporter: Reporter | None):
         self.cfg = cfg
         self.comm = comm
         self.reporter = reporter
-        self.timer = _Timer(comm)
+        self.timer = Timer(comm)
         self.rows_done = 0
-        self.fault = _fault(comm.rank)
+        self.fault = fault(comm.rank)
 
-    def bench_time(self, case: _Case, in_place: bool, watchdog: _Watchdog) -> dict:
+    def bench_time(self, case: Case, in_place: bool, watchdog: Watchdog) -> dict:
         cfg, comm = self.cfg, self.comm
         if cfg.check:
             case.prepare(in_place)
@@ -755,7 +321,7 @@ class _Run:
             while True:  # "hang": stop responding; the watchdog or the launcher ends us
                 time.sleep(3600)
 
-    def run_case(self, test: dict, case: _Case, watchdog: _Watchdog) -> None:
+    def run_case(self, test: dict, case: Case, watchdog: Watchdog) -> None:
         cfg = self.cfg
         sizes = cfg.sizes()
         if case.collective == "sendrecv" and self.comm.world == 1 and self.comm.backend == "gloo":
@@ -793,21 +359,21 @@ class _Run:
             if self.reporter:
                 self.reporter.row(test, row)
 
-    def run_test(self, test: dict, watchdog: _Watchdog) -> dict:
+    def run_test(self, test: dict, watchdog: Watchdog) -> dict:
         cfg, comm = self.cfg, self.comm
         collective = test["collective"]
         if self.reporter:
             self.reporter.test_start(test)
-        redops = cfg.redops if collective in _REDUCING else ["sum"]
+        redops = cfg.redops if collective in REDUCING else ["sum"]
         try:
             for dtype in cfg.dtypes:
                 for redop in redops:
                     case = None
                     try:
-                        case = _Case(comm, collective, dtype, redop, cfg.root, cfg.max_bytes)
+                        case = Case(comm, collective, dtype, redop, cfg.root, cfg.max_bytes)
                         self.run_case(test, case, watchdog)
                     except _Unsupported as exc:
-                        what = f"{collective} with {dtype}" + (f" and {redop}" if collective in _REDUCING else "")
+                        what = f"{collective} with {dtype}" + (f" and {redop}" if collective in REDUCING else "")
                         msg = f"the {comm.backend} backend does not support {what}: {exc}; skipped"
                         test["skipped_cases"].append(msg)
                         if self.reporter:
@@ -833,9 +399,9 @@ LATENCY_NOTE = ("times include torch.distributed's per-call overhead (Python, th
                 "reads higher and busbw lower than nccl-tests' on the same GPUs; large sizes compare directly")
 
 
-def _within_memory(cfg: BenchConfig, comm: _Comm, info: launch_env.LaunchInfo, doc: dict) -> BenchConfig:
+def _within_memory(cfg: BenchConfig, comm: Comm, info: launch_env.LaunchInfo, doc: dict) -> BenchConfig:
     """The configuration with maxBytes lowered to what every rank's memory allows (nccl-tests' rule)."""
-    total, free = _memory_of(comm.device, info.local_world_size)
+    total, free = memory_of(comm.device, info.local_world_size)
     limit = int(min(comm.gather_floats(float(memory_limit(total, free, cfg.check > 0)))))
     doc["memory_limit_bytes"] = limit
     if cfg.max_bytes <= limit:
@@ -900,7 +466,7 @@ def run_rank(cfg: BenchConfig, reporter: Reporter | None = None, info: launch_en
         if on_abort is not None:
             on_abort(_public(doc))
 
-    watchdog = _Watchdog(_watchdog_limit(max(cfg.timeout, SETUP_TIMEOUT)), expire)
+    watchdog = Watchdog(watchdog_limit(max(cfg.timeout, SETUP_TIMEOUT)), expire)
     previous = _install_sigterm()
     try:
         try:
@@ -910,12 +476,12 @@ def run_rank(cfg: BenchConfig, reporter: Reporter | None = None, info: launch_en
         except Exception as exc:
             raise BenchError(f"could not join the process group: {_first_line(exc)}") from exc
         watchdog.kick("start")
-        watchdog.limit = _watchdog_limit(cfg.timeout)
+        watchdog.limit = watchdog_limit(cfg.timeout)
         import torch.distributed as dist
 
-        comm = _Comm(backend, device, group)
+        comm = Comm(backend, device, group)
         cfg = _within_memory(cfg, comm, info, doc)
-        if any(c in _ROOTED for c in cfg.collectives) and not 0 <= cfg.root < comm.world:
+        if any(c in ROOTED for c in cfg.collectives) and not 0 <= cfg.root < comm.world:
             raise BenchError(f"root {cfg.root} is not a rank of this {comm.world}-rank job")
         run = _Run(cfg, comm, reporter)
         doc.update(world_size=comm.world, backend=backend, timer=run.timer.kind)

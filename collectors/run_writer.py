@@ -31,7 +31,7 @@ from pathlib import Path
 
 import msgspec
 
-from diag import rundir
+from diag import atomic_io, rundir, segments
 from diag.collectors.launch_env import LaunchInfo
 from diag.collectors.loader_facts import cpu_facts
 
@@ -111,13 +111,13 @@ def _claim_of_winner(path: Path) -> dict | None:
 
 
 def _try_claim(path: Path, claim: dict) -> bool:
-    return rundir.create_exclusive(path / CLAIM, json.dumps(claim).encode("utf-8"))
+    return atomic_io.create_exclusive(path / CLAIM, json.dumps(claim).encode("utf-8"))
 
 
 def _is_earlier_content(path: Path) -> bool:
     """A directory holding anything but a claim (or a claim being made) belongs to someone else."""
     try:
-        return any(not rundir.is_claim_part(c.name, CLAIM) for c in path.iterdir())
+        return any(not atomic_io.is_claim_part(c.name, CLAIM) for c in path.iterdir())
     except FileNotFoundError:
         return False
 
@@ -137,7 +137,7 @@ def resolve_run_dir(
         current = _read_claim(base)
         if current is None or current.get("run_id") != run_id:
             base.mkdir(parents=True, exist_ok=True)
-            rundir.atomic_write_json(base / CLAIM, claim)
+            atomic_io.atomic_write_json(base / CLAIM, claim)
         _clear_stale(base, run_id, rank)
         return base
     for i in range(1, max_tries + 1):
@@ -162,11 +162,11 @@ def _clear_stale(path: Path, run_id: str, rank: int) -> None:
     """overwrite=True: remove what an earlier run left in our own rank folder (and, on rank 0,
     the job-level files). Peers clear their own folders, so no rank deletes a live one."""
     own = path / rundir.rank_dir_name(rank)
-    info = rundir.read_json(own / rundir.RANK_FILE) or {}
+    info = atomic_io.read_json(own / rundir.RANK_FILE) or {}
     if own.exists() and info.get("run_id") != run_id:
         shutil.rmtree(own, ignore_errors=True)
     if rank == 0:
-        manifest = rundir.read_json(path / rundir.MANIFEST) or {}
+        manifest = atomic_io.read_json(path / rundir.MANIFEST) or {}
         if manifest.get("run_id") not in (None, run_id):
             for name in (rundir.MANIFEST, "report.html", "report.md", "summary.json"):
                 try:
@@ -251,7 +251,7 @@ class RunWriter:
             "error": None,
             "collectors": {},
         }
-        self._streams: dict[str, rundir.SegmentWriter] = {}
+        self._streams: dict[str, segments.SegmentWriter] = {}
         self._guard(self._open, max_stream_bytes)
 
     @classmethod
@@ -305,7 +305,7 @@ class RunWriter:
     def _open(self, max_stream_bytes: int) -> None:
         self.rank_path.mkdir(parents=True, exist_ok=True)
         for stream in rundir.STREAMS:
-            self._streams[stream] = rundir.SegmentWriter(
+            self._streams[stream] = segments.SegmentWriter(
                 self.rank_path / stream,
                 stream,
                 max_bytes=max_stream_bytes,
@@ -313,9 +313,9 @@ class RunWriter:
             )
         (self.rank_path / rundir.WINDOWS).mkdir(exist_ok=True)
         (self.rank_path / rundir.TRACES).mkdir(exist_ok=True)
-        rundir.atomic_write_json(self.rank_path / rundir.RANK_FILE, self.info)
+        atomic_io.atomic_write_json(self.rank_path / rundir.RANK_FILE, self.info)
         if self.rank == 0:
-            rundir.atomic_write_json(self.path / rundir.MANIFEST, self._manifest("running"))
+            atomic_io.atomic_write_json(self.path / rundir.MANIFEST, self._manifest("running"))
 
     # -- the guard ------------------------------------------------------------------
 
@@ -352,7 +352,7 @@ class RunWriter:
     def record_tree_settings(self, settings: dict) -> None:
         """The run's decision-tree settings, written once: the first rank to get here records them."""
         data = json.dumps(settings, sort_keys=True).encode("utf-8")
-        self._guard(rundir.create_exclusive, self.path / rundir.TREE_SETTINGS, data)
+        self._guard(atomic_io.create_exclusive, self.path / rundir.TREE_SETTINGS, data)
 
     def update_info(self, **fields) -> None:
         self.info.update(fields)
@@ -360,14 +360,14 @@ class RunWriter:
     def heartbeat(self, **fields) -> None:
         self.info.update(fields)
         self.info["updated_unix"] = time.time()
-        self._guard(rundir.atomic_write_json, self.rank_path / rundir.RANK_FILE, dict(self.info))
+        self._guard(atomic_io.atomic_write_json, self.rank_path / rundir.RANK_FILE, dict(self.info))
 
     def write_live(self, doc: dict) -> None:
         # Every second: encoded in C (the json module's pretty printer takes a millisecond of GIL),
         # renamed into place whole but not flushed to disk (a crash loses nothing that matters, and a
         # flush a second per rank would load a shared file system).
         data = _LIVE_ENCODER.encode(doc) + b"\n"
-        self._guard(rundir.atomic_write_bytes, self.rank_path / rundir.LIVE_FILE, data, False)
+        self._guard(atomic_io.atomic_write_bytes, self.rank_path / rundir.LIVE_FILE, data, False)
 
     def close(self, status: str, error: str | None = None) -> None:
         self.flush()
@@ -415,7 +415,7 @@ class RunWriter:
             if r == self.rank:
                 out[r] = dict(self.info)
             else:
-                out[r] = rundir.read_json(self.path / rundir.rank_dir_name(r) / rundir.RANK_FILE)
+                out[r] = atomic_io.read_json(self.path / rundir.rank_dir_name(r) / rundir.RANK_FILE)
         return out
 
     def wait_for_peers(self, timeout_s: float, stale_s: float, poll_s: float = 0.5) -> dict[int, dict | None]:
@@ -452,7 +452,7 @@ class RunWriter:
         doc = self._manifest(status, peers)
         lost = sorted(r for r, i in (peers or {}).items() if not i or i.get("status") not in FINAL_STATUSES)
         doc["lost_ranks"] = lost
-        self._guard(rundir.atomic_write_json, self.path / rundir.MANIFEST, doc)
+        self._guard(atomic_io.atomic_write_json, self.path / rundir.MANIFEST, doc)
 
 
 def _describe(exc: OSError) -> str:

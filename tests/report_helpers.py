@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from diag import rundir
+from diag import atomic_io, rundir, segments
 
 CLASSES = ("data", "host", "comm", "memory", "compute")
 
@@ -41,18 +41,18 @@ def write_run(
 ) -> Path:
     rng = random.Random(seed)
     world = world_size or ranks
-    rundir.atomic_write_json(root / rundir.MANIFEST, {
+    atomic_io.atomic_write_json(root / rundir.MANIFEST, {
         "schema": rundir.RUN_SCHEMA, "run": root.name, "world_size": world, "backend": "gloo",
         "hosts": [hostname], "start_unix": 1_700_000_000.0, "end_unix": 1_700_000_000.0 + steps * step_s,
     })
     t0 = 1_700_000_000.0
     for r in range(ranks):
         rp = root / rundir.rank_dir_name(r)
-        rundir.atomic_write_json(rp / rundir.RANK_FILE, {
+        atomic_io.atomic_write_json(rp / rundir.RANK_FILE, {
             "schema": rundir.RANK_SCHEMA, "rank": r, "world_size": world, "hostname": hostname,
             "device": "cpu", "backend": "gloo",
         })
-        w = rundir.SegmentWriter(rp / "steps", "steps", flush_records=step_segment, flush_seconds=1e9)
+        w = segments.SegmentWriter(rp / "steps", "steps", flush_records=step_segment, flush_seconds=1e9)
         sh = shares_for(bound, strength)
         durations = {}
         for s in range(steps):
@@ -67,7 +67,7 @@ def write_run(
             })
         w.flush()
         if samples:
-            sw = rundir.SegmentWriter(rp / "samples", "samples", flush_records=10_000, flush_seconds=1e9)
+            sw = segments.SegmentWriter(rp / "samples", "samples", flush_records=10_000, flush_seconds=1e9)
             for i in range(max(2, int(steps * step_s))):
                 g = None
                 if gpu:
@@ -82,7 +82,7 @@ def write_run(
                                                           "process_rss_bytes": 1 << 30}})
             sw.flush()
         if windows:
-            rundir.atomic_write_json(rp / rundir.WINDOWS / "window-000010.json", {
+            atomic_io.atomic_write_json(rp / rundir.WINDOWS / "window-000010.json", {
                 "first_step": 10, "last_step": 12, "trace": "t.pt.trace.json.gz",
                 "analysis": analysis_rank(r, world, bound, strength, kernel_name=kernel_name,
                                           steps=[s for s in range(10, 13) if s in durations], step_s=step_s,

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import diag
-from diag import rundir
+from diag import atomic_io, rundir, segments
 from diag.analyzers.diagnosis.decision_tree import load_tree, verdict_from
 from diag.analyzers.diagnosis.rank import judge_run_rank
 from diag.analyzers.job.run_analysis import analyze_rank
@@ -123,7 +123,7 @@ def test_nccl_bench_and_nccl_logs_reach_the_exporter(tmp_path, real_nccl):
 
     def step(i):
         if i == 1:
-            rundir.atomic_write_json(agent.run_dir / "nccl_bench.json", bench)
+            atomic_io.atomic_write_json(agent.run_dir / "nccl_bench.json", bench)
             shutil.copy(log, agent.writer.rank_path / rundir.NCCL / "nccl.host.1234.log")
         if i == 2:
             deadline = time.monotonic() + 20
@@ -138,7 +138,7 @@ def test_nccl_bench_and_nccl_logs_reach_the_exporter(tmp_path, real_nccl):
             # A rewrite with a new figure is handed on again.
             bench["tests"][0]["avg_busbw_gbps"] = 20.0
             time.sleep(0.05)
-            rundir.atomic_write_json(agent.run_dir / "nccl_bench.json", bench)
+            atomic_io.atomic_write_json(agent.run_dir / "nccl_bench.json", bench)
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline:
                 seen["bw2"] = _metric(_scrape(agent.exporter.port), "diag_nccl_bus_bandwidth_bytes_per_second")
@@ -204,19 +204,19 @@ def test_report_reads_nccl_logs_from_the_run_folder_and_the_saved_document(tmp_p
     (run_dir / "nccl").mkdir()
     shutil.copy(log, run_dir / "nccl" / "nccl.host.1.log")
     # A stale saved document is ignored while the raw logs are there: they are re-parsed.
-    rundir.atomic_write_json(run_dir / "nccl_log.json", {"schema": "diag.nccl_log/1", "nccl_version": "stale"})
+    atomic_io.atomic_write_json(run_dir / "nccl_log.json", {"schema": "diag.nccl_log/1", "nccl_version": "stale"})
     _, run = load_run(run_dir)
     assert run["nccl_log"]["nccl_version"] == expected["nccl_version"]
     assert run["nccl_log"]["transports"] == expected["transports"]
 
     # Only the saved document (the raw logs deleted to save space): it is used as it is.
     shutil.rmtree(run_dir / "nccl")
-    rundir.atomic_write_json(run_dir / "nccl_log.json", json.loads(json.dumps(expected)))
+    atomic_io.atomic_write_json(run_dir / "nccl_log.json", json.loads(json.dumps(expected)))
     _, run = load_run(run_dir)
     assert run["nccl_log"] == json.loads(json.dumps(expected))
 
     # A foreign file in its place is named as a problem, and the report goes on.
-    rundir.atomic_write_json(run_dir / "nccl_log.json", {"schema": "something/else"})
+    atomic_io.atomic_write_json(run_dir / "nccl_log.json", {"schema": "something/else"})
     _, run = load_run(run_dir)
     assert "nccl_log" not in run
     assert any("nccl_log.json: not a diag.nccl_log document" in p for p in run["problems"])
@@ -261,12 +261,12 @@ def _varied_run(root, seed: int):
     thresholds, so paths change often."""
     rng = random.Random(seed)
     t0 = 1_700_000_000.0
-    rundir.atomic_write_json(root / rundir.MANIFEST, {"schema": rundir.RUN_SCHEMA, "world_size": 1,
+    atomic_io.atomic_write_json(root / rundir.MANIFEST, {"schema": rundir.RUN_SCHEMA, "world_size": 1,
                                                        "status": "completed", "started_unix": t0})
     rp = root / rundir.rank_dir_name(0)
-    rundir.atomic_write_json(rp / rundir.RANK_FILE, {"schema": rundir.RANK_SCHEMA, "rank": 0, "world_size": 1,
+    atomic_io.atomic_write_json(rp / rundir.RANK_FILE, {"schema": rundir.RANK_SCHEMA, "rank": 0, "world_size": 1,
                                                      "status": "completed"})
-    w = rundir.SegmentWriter(rp / "steps", "steps", flush_records=10_000, flush_seconds=1e9)
+    w = segments.SegmentWriter(rp / "steps", "steps", flush_records=10_000, flush_seconds=1e9)
     t = t0
     for s in range(600):
         d = rng.choice([0.1, 0.1, 0.2, 0.05])
@@ -287,7 +287,7 @@ def _varied_run(root, seed: int):
         w.write(rec)
         t += d if s % 97 else d + 30.0  # gaps with no sample within 5 s
     w.flush()
-    sw = rundir.SegmentWriter(rp / "samples", "samples", flush_records=10_000, flush_seconds=1e9)
+    sw = segments.SegmentWriter(rp / "samples", "samples", flush_records=10_000, flush_seconds=1e9)
     for i in range(int(t - t0)):
         gpu = {"utilization_ratio": rng.choice([0.2, 0.45, 0.5, 0.55, 0.9, 1.0])} if i % 40 < 30 else None
         if i % 40 == 35:
@@ -300,7 +300,7 @@ def _varied_run(root, seed: int):
                     "steps": [{"step": k, "duration_ms": 100.0, "bound": "compute", "shares": sh, "path": [],
                                "evidence": "trace"} for k in range(first, first + 3)],
                     "measurements": {"achieved_bw_frac": bw} if bw is not None else {}}
-        rundir.atomic_write_json(rp / rundir.WINDOWS / f"window-{first:06d}.json",
+        atomic_io.atomic_write_json(rp / rundir.WINDOWS / f"window-{first:06d}.json",
                                  {"first_step": first, "last_step": first + 2, "trace": "x", "analysis": analysis})
 
 

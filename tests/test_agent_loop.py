@@ -305,10 +305,10 @@ class _Writes:
 def test_a_trace_is_written_by_a_child_that_fails_or_hangs_visibly(tmp_path):
     from pathlib import Path
 
-    from diag.collectors.profiler_windows import ExportFailed, _write_in_child
+    from diag.collectors.trace_export import ExportFailed, write_in_child
 
     out = tmp_path / "t.json"
-    fork_s, write_s = _write_in_child(_Writes(lambda p: (time.sleep(0.2), Path(p).write_text("{}"))), out)
+    fork_s, write_s = write_in_child(_Writes(lambda p: (time.sleep(0.2), Path(p).write_text("{}"))), out)
     assert out.read_text() == "{}"
     assert 0 < fork_s < 20 and 0.2 <= write_s < 20  # the child timed its own write
 
@@ -316,10 +316,10 @@ def test_a_trace_is_written_by_a_child_that_fails_or_hangs_visibly(tmp_path):
         raise OSError(28, "No space left on device")
 
     with pytest.raises(ExportFailed, match="exited with 1"):
-        _write_in_child(_Writes(refuse), tmp_path / "full.json")
+        write_in_child(_Writes(refuse), tmp_path / "full.json")
     t0 = time.monotonic()
     with pytest.raises(ExportFailed, match="did not finish in 1 s"):
-        _write_in_child(_Writes(lambda p: time.sleep(60)), tmp_path / "stuck.json", timeout_s=1.0)
+        write_in_child(_Writes(lambda p: time.sleep(60)), tmp_path / "stuck.json", timeout_s=1.0)
     assert time.monotonic() - t0 < 10  # killed, not waited for
 
 
@@ -345,7 +345,7 @@ def test_windows_are_written_by_a_child_or_a_thread(tmp_path, in_child):
 
 
 def test_the_trace_goes_where_it_stalls_training_least():
-    from diag.collectors.profiler_windows import ExportRoute
+    from diag.collectors.trace_export import ExportRoute
 
     route = ExportRoute(child_allowed=True)
     assert route.use_child()  # the first window: a child, which measures both costs
@@ -365,7 +365,7 @@ def test_a_failing_child_hands_the_trace_to_a_thread_and_logs_once(tmp_path, mon
         path.write_text("partial")  # what a child killed mid-write leaves
         raise pw.ExportFailed("the process writing the trace exited with 1")
 
-    monkeypatch.setattr(pw, "_write_in_child", refuse)
+    monkeypatch.setattr(pw, "write_in_child", refuse)
     with _agent(tmp_path) as agent:
         _train(agent, 12, sleep_s=0.05)
     rd = rundir.RunDir(agent.run_dir)

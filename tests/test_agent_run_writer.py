@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from diag import rundir
+from diag import atomic_io, rundir
 from diag.collectors import nccl_env
 from diag.collectors.launch_env import detect
 from diag.collectors.run_writer import CLAIM, RunWriter, launcher_run_id, resolve_run_dir
@@ -94,7 +94,7 @@ def test_writer_layout_and_manifest(tmp_path):
     w.close("completed")
     peer = tmp_path / "r" / "rank-00001"
     peer.mkdir()
-    rundir.atomic_write_json(peer / "rank.json", {"rank": 1, "host": "other", "status": "completed"})
+    atomic_io.atomic_write_json(peer / "rank.json", {"rank": 1, "host": "other", "status": "completed"})
     peers = w.wait_for_peers(timeout_s=2, stale_s=5)
     w.write_manifest("completed", peers)
     rd = rundir.RunDir(tmp_path / "r")
@@ -110,7 +110,7 @@ def test_wait_for_peers_gives_up_on_a_silent_rank(tmp_path):
     w = RunWriter(tmp_path / "r", _launch(0, 2), "slurm:5.0")
     peer = tmp_path / "r" / "rank-00001"
     peer.mkdir()
-    rundir.atomic_write_json(peer / "rank.json", {"rank": 1, "status": "running", "updated_unix": 1.0})
+    atomic_io.atomic_write_json(peer / "rank.json", {"rank": 1, "status": "running", "updated_unix": 1.0})
     import time
 
     w.close("failed", "RuntimeError: peer went away")

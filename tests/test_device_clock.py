@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from fake_device import FakeDevice, VirtualClock
 
-from diag import Agent, rundir
+from diag import Agent, rundir, segments
 from diag.analyzers import intervals as iv
 from diag.analyzers.analyze import analyze_trace
 from diag.analyzers.job.sampled import sampled_shares, step_measurements
@@ -228,7 +228,7 @@ def test_the_agent_records_device_times_and_the_run_analysis_uses_them(tmp_path)
     device.synchronize()  # the device's time moves on to the end of its queued work
     agent.close()
     run = rundir.RunDir(tmp_path / "run")
-    recs = list(rundir.read_segment(next((run.rank_path(0) / "steps").glob("*.jsonl"))))
+    recs = list(segments.read_segment(next((run.rank_path(0) / "steps").glob("*.jsonl"))))
     steady = recs[6:]
     assert all(r["device_s"] == pytest.approx(0.030, abs=1e-9) for r in steady)
     assert all(r["data_idle_s"] == 0.0 and r["data_wait_s"] >= 0.010 for r in steady)

@@ -18,7 +18,7 @@ import zlib
 import pytest
 from conftest import FIXTURES
 
-from diag import inflate, rundir
+from diag import atomic_io, inflate, rundir, segments
 from diag.analyzers.analyze import analyze_trace
 
 CPU_TRACE = FIXTURES / "cpu_compute_rank0.pt.trace.json.gz"
@@ -220,7 +220,7 @@ def test_a_damaged_record_line_is_skipped_and_noted(tmp_path, line):
     seg = tmp_path / "steps.jsonl"
     seg.write_bytes(b'{"step": 1}\n' + line + b'\n{"step": 2}\n')
     problems = []
-    assert [r["step"] for r in rundir.read_segment(seg, problems)] == [1, 2]
+    assert [r["step"] for r in segments.read_segment(seg, problems)] == [1, 2]
     assert len(problems) == 1 and ":2:" in problems[0]
 
 
@@ -261,9 +261,9 @@ def test_names_that_would_act_on_a_terminal_are_shown_as_escapes(tmp_path):
 def test_a_saved_analysis_too_large_or_too_deep_for_the_run_directory_is_noted(tmp_path):
     big = tmp_path / "rank.json"
     with open(big, "wb") as f:
-        f.truncate(rundir.MAX_JSON_BYTES + 1)
+        f.truncate(atomic_io.MAX_JSON_BYTES + 1)
     problems = []
-    assert rundir.read_json(big, problems) is None and "larger than" in problems[0]
+    assert atomic_io.read_json(big, problems) is None and "larger than" in problems[0]
 
 
 def test_one_error_from_nccl_parse_whatever_the_number_of_inputs(tmp_path):
@@ -286,7 +286,7 @@ def _real_gpu_trace() -> dict:
 def test_a_name_of_megabytes_is_cut_once_and_noted(tmp_path):
     """Later stages read kernel names character by character (return types, template
     arguments): a name of megabytes is cut where the trace is read."""
-    from diag.analyzers.trace.columns import MAX_NAME_CHARS
+    from diag.analyzers.trace.column_builder import MAX_NAME_CHARS
 
     doc = _real_gpu_trace()
     kernels = [e for e in doc["traceEvents"] if e.get("cat") == "kernel"]

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from diag.collectors import nccl_bench as nb
+from diag.collectors import nccl_case
 
 GIB = 1 << 30
 
@@ -39,7 +40,7 @@ def test_warm_up_visits_every_size_by_a_factor_of_two():
 
 
 def _value(rank, index, world, redop):
-    """The inputs the benchmark writes, as numbers (an independent statement of `_Case._values`)."""
+    """The inputs the benchmark writes, as numbers (an independent statement of `nccl_case.Case._values`)."""
     index = np.asarray(index, dtype=np.int64)
     if redop == "prod":
         return 1 + ((index + rank) % world == 0).astype(np.int64)
@@ -80,7 +81,7 @@ def _correct_output(coll, c, rank, world, root, redop):
 def _case(coll, dtype, redop, rank=1, world=3, size=4000):
     comm = types.SimpleNamespace(torch=torch, dist=dist, device=torch.device("cpu"), rank=rank, world=world,
                                  backend="gloo", group=None)
-    case = nb._Case(comm, coll, dtype, redop, root=2, max_bytes=size)
+    case = nccl_case.Case(comm, coll, dtype, redop, root=2, max_bytes=size)
     case.setup(size)
     return case
 

@@ -368,8 +368,8 @@ def test_watchdog_ends_a_process_that_makes_no_progress(tmp_path):
     """The last line of defence when no backend timeout fires: report, then leave with status 3."""
     code = textwrap.dedent("""
         import time
-        from diag.collectors.nccl_bench import _Watchdog
-        dog = _Watchdog(1.0, lambda reason: print("expired:", reason, flush=True))
+        from diag.collectors.nccl_comm import Watchdog
+        dog = Watchdog(1.0, lambda reason: print("expired:", reason, flush=True))
         dog.kick("all_reduce size 1024")
         time.sleep(30)
     """)

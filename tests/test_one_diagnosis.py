@@ -18,7 +18,7 @@ import pytest
 from conftest import free_port_pair, wait_for_line
 from report_helpers import write_run
 
-from diag import rundir
+from diag import atomic_io, rundir
 
 
 def _diag(*args, timeout=240, env=None):
@@ -52,7 +52,7 @@ def test_one_diagnosis_for_a_run_with_nccl_logs_and_samples(tmp_path, real_nccl)
     shutil.copy(real_nccl / "nccllog_NVIDIA-nccl_1232.txt", run / "rank-00000" / "nccl" / "nccl.log")
     bench = nccl_tests.parse_file(real_nccl / "nccltests_NVIDIA-nccl_1453.txt")
     bench["topology"] = nccl_expected.topology_from_flags("nvlink3", "roce_200")
-    rundir.atomic_write_json(run / "nccl_bench.json", bench)
+    atomic_io.atomic_write_json(run / "nccl_bench.json", bench)
     proc = _diag("report", str(run), "--quiet")
     assert proc.returncode == 0, proc.stderr[-3000:]
     analysed, summary, page = _three_diagnoses(run)

@@ -13,11 +13,12 @@ import time
 
 import pytest
 
-from diag.collectors.profiler_windows import PARTIAL_GLOB, ProfilerWindows, WindowSettings
+from diag.collectors.profiler_windows import ProfilerWindows, WindowSettings
+from diag.collectors.trace_export import PARTIAL_GLOB
 
 FORKING_PARENT = textwrap.dedent("""
     import os, sys, time
-    from diag.collectors.profiler_windows import _die_with_parent
+    from diag.collectors.trace_export import _die_with_parent
     parent = os.getpid()
     pid = os.fork()
     if pid == 0:

@@ -97,7 +97,7 @@ def test_a_diag_nccl_result_in_the_run_directory_is_used(demo_run, tmp_path, rea
     import shutil
 
     from diag.analyzers.nccl import nccl_tests
-    from diag.rundir import atomic_write_json
+    from diag.atomic_io import atomic_write_json
 
     run = tmp_path / "run"
     shutil.copytree(demo_run, run)

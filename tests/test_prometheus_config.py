@@ -11,7 +11,7 @@ import pytest
 import yaml
 from conftest import require_executable
 
-from diag import rundir
+from diag import atomic_io, rundir, segments
 from diag.cli import main
 
 
@@ -102,20 +102,20 @@ def _write_run(path, ranks=2, steps=6, bound: str | None = "data"):
     bound=None only facts, as diag.run/3 writes them."""
     for r in range(ranks):
         rd = path / rundir.rank_dir_name(r)
-        rundir.atomic_write_json(rd / rundir.RANK_FILE, {"schema": rundir.RANK_SCHEMA, "run_id": "exp1",
+        atomic_io.atomic_write_json(rd / rundir.RANK_FILE, {"schema": rundir.RANK_SCHEMA, "run_id": "exp1",
                                                          "rank": r, "local_rank": r, "host": "n1",
                                                          "device": None, "started_unix": 1000.0})
-        w = rundir.SegmentWriter(rd / "steps", "steps", flush_records=3)
+        w = segments.SegmentWriter(rd / "steps", "steps", flush_records=3)
         for i in range(steps):
             rec = {"step": i, "start_unix": 1000.0 + i, "duration_s": 0.5 + r, "data_wait_s": 0.1,
                    "samples": 8, "tokens": None, "peak_mem_bytes": None, "profiled": False,
                    "evidence": "sampled", "shares": None}
             w.write({**rec, "bound": bound} if bound else rec)
         w.flush()
-        s = rundir.SegmentWriter(rd / "samples", "samples")
+        s = segments.SegmentWriter(rd / "samples", "samples")
         s.write({"t": 1001.0, "gpu": None, "host": {"cpu_ratio": 0.5, "memory_used_bytes": 1e9}})
         s.flush()
-    rundir.atomic_write_json(path / "nccl_bench.json", {"schema": "diag.nccl_bench/1", "tests": [
+    atomic_io.atomic_write_json(path / "nccl_bench.json", {"schema": "diag.nccl_bench/1", "tests": [
         {"collective": "all_reduce", "world_size": 2, "rows": [], "avg_busbw_gbps": 1.5, "status": "ok"}]})
 
 
@@ -135,7 +135,7 @@ def test_export_serves_a_run_directory_and_follows_new_segments(tmp_path, capsys
     assert value(text, "diag_nccl_bus_bandwidth_bytes_per_second", collective="all_reduce", **R0) == 1.5e9
     assert value(text, "diag_last_step_timestamp_seconds", **R0) == 1005.5
     # A running job adds a segment: the next scrape counts it, and nothing twice.
-    w = rundir.SegmentWriter(tmp_path / "rank-00000" / "steps", "steps")
+    w = segments.SegmentWriter(tmp_path / "rank-00000" / "steps", "steps")
     w.write({"step": 6, "start_unix": 1006.0, "duration_s": 0.5, "data_wait_s": 0.1, "bound": "data"})
     w.flush()
     text = generate_latest(registry).decode()

@@ -135,13 +135,13 @@ def _named_run(root, name: str):
     """A run whose kernel, host, run and collective names are `name` (with a nccl bench)."""
     from report_helpers import write_run
 
-    from diag import rundir
+    from diag import atomic_io, rundir
 
     run = write_run(root, ranks=2, steps=30, bound="comm", gpu=True, kernel_name=name, hostname=name)
     manifest = json.loads((run / rundir.MANIFEST).read_text())
-    rundir.atomic_write_json(run / rundir.MANIFEST, {**manifest, "run": name})
+    atomic_io.atomic_write_json(run / rundir.MANIFEST, {**manifest, "run": name})
     rows = [{"size_bytes": 1 << k, "out_of_place": {"busbw_gbps": 2.0 * k}} for k in range(10, 24)]
-    rundir.atomic_write_json(run / rundir.NCCL_BENCH, {"schema": "diag.nccl_bench/1", "tests": [
+    atomic_io.atomic_write_json(run / rundir.NCCL_BENCH, {"schema": "diag.nccl_bench/1", "tests": [
         {"collective": name, "world_size": 2, "backend": name, "status": "ok", "rows": rows}]})
     return run
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from report_helpers import CLASSES, analysis_rank, shares_for, write_run
 
-from diag import rundir
+from diag import atomic_io, rundir
 from diag.analyzers.analyze import with_diagnosis
 from diag.analyzers.diagnosis.decision_tree import load_tree
 from diag.analyzers.views.report_model import Limits, build_model
@@ -182,7 +182,7 @@ def test_memory_breakdown_levers_and_batch_headroom_from_model_facts(tmp_path):
     for r in (0, 1):
         path = run / rundir.rank_dir_name(r) / rundir.RANK_FILE
         info = json.loads(path.read_text())
-        rundir.atomic_write_json(path, {**info, "model": facts})
+        atomic_io.atomic_write_json(path, {**info, "model": facts})
     m = build_run_model(run)
     mem = m["memory"]
     b = mem["breakdown"]
@@ -262,8 +262,8 @@ def test_no_profiler_window_says_so_and_lowers_confidence(tmp_path):
 
 def test_run_without_any_step_still_reports(tmp_path):
     run = tmp_path / "run"
-    rundir.atomic_write_json(run / rundir.MANIFEST, {"schema": rundir.RUN_SCHEMA, "world_size": 2})
-    rundir.atomic_write_json(run / "rank-00000" / rundir.RANK_FILE, {"rank": 0, "world_size": 2})
+    atomic_io.atomic_write_json(run / rundir.MANIFEST, {"schema": rundir.RUN_SCHEMA, "world_size": 2})
+    atomic_io.atomic_write_json(run / "rank-00000" / rundir.RANK_FILE, {"rank": 0, "world_size": 2})
     paths = write_report(run)
     m = _summary(paths)
     assert m["bound"] is None
@@ -299,7 +299,7 @@ def test_nccl_log_and_bench_feed_the_comm_verdict(tmp_path, real_nccl):
     # topology given on its command line (A100 NVLink inside a node, 200 Gb/s RoCE between nodes).
     bench = nccl_tests.parse_file(real_nccl / "nccltests_NVIDIA-nccl_1453.txt")
     bench["topology"] = nccl_expected.topology_from_flags("nvlink3", "roce_200")
-    rundir.atomic_write_json(run / "nccl_bench.json", bench)
+    atomic_io.atomic_write_json(run / "nccl_bench.json", bench)
     m = build_run_model(run)
     n = m["nccl"]
     assert {t["transport"] for t in n["transports"]} >= {"NET/Socket", "SHM"}
@@ -331,14 +331,14 @@ def test_recorded_backend_decides_whether_a_missing_nccl_log_is_named(tmp_path):
         return any(x["what"] == "No NCCL log." for x in build_run_model(run)["missing"])
 
     assert not named()  # the agent recorded gloo: no NCCL log is expected
-    manifest = rundir.read_json(run / rundir.MANIFEST)
-    rundir.atomic_write_json(run / rundir.MANIFEST, {**manifest, "backend": "nccl"})
+    manifest = atomic_io.read_json(run / rundir.MANIFEST)
+    atomic_io.atomic_write_json(run / rundir.MANIFEST, {**manifest, "backend": "nccl"})
     assert named()
     # No backend in the manifest (an older agent, a killed rank 0): the ranks' record decides.
-    rundir.atomic_write_json(run / rundir.MANIFEST, {k: v for k, v in manifest.items() if k != "backend"})
+    atomic_io.atomic_write_json(run / rundir.MANIFEST, {k: v for k, v in manifest.items() if k != "backend"})
     for r in (0, 1):
         path = run / rundir.rank_dir_name(r) / rundir.RANK_FILE
-        rundir.atomic_write_json(path, {**rundir.read_json(path), "backend": "nccl"})
+        atomic_io.atomic_write_json(path, {**atomic_io.read_json(path), "backend": "nccl"})
     assert named()
     # `diag run` left the job's logs in RUN_DIR/nccl/: they are read, nothing is missing.
     (run / "nccl").mkdir()

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from diag import rundir
+from diag import atomic_io
 from diag.collectors import run_writer
 from diag.collectors.run_writer import CLAIM, resolve_run_dir
 
@@ -59,8 +59,8 @@ def test_a_second_launch_goes_next_door_and_the_first_is_intact(tmp_path):
 
 def test_create_exclusive_is_whole_or_nothing(tmp_path):
     target = tmp_path / "claim.json"
-    assert rundir.create_exclusive(target, b'{"run_id": "a"}') is True
-    assert rundir.create_exclusive(target, b'{"run_id": "b"}') is False
+    assert atomic_io.create_exclusive(target, b'{"run_id": "a"}') is True
+    assert atomic_io.create_exclusive(target, b'{"run_id": "b"}') is False
     assert json.loads(target.read_text()) == {"run_id": "a"}
     assert os.listdir(tmp_path) == ["claim.json"]
 
@@ -71,8 +71,8 @@ def test_without_hard_links_a_lock_directory_decides(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "link", no_links)
     target = tmp_path / "claim.json"
-    assert rundir.create_exclusive(target, b"1") is True
-    assert rundir.create_exclusive(target, b"2") is False
+    assert atomic_io.create_exclusive(target, b"1") is True
+    assert atomic_io.create_exclusive(target, b"2") is False
     assert target.read_bytes() == b"1"
     assert sorted(os.listdir(tmp_path)) == ["claim.json", "claim.json.lock"]
     assert run_writer._is_earlier_content(tmp_path) is True  # claim.json is not named CLAIM
@@ -87,7 +87,7 @@ def test_a_claim_being_written_is_read_again_until_whole(tmp_path):
 
     def finish():
         time.sleep(0.05)
-        rundir.atomic_write_json(tmp_path / CLAIM, {"run_id": "r"})
+        atomic_io.atomic_write_json(tmp_path / CLAIM, {"run_id": "r"})
 
     t = threading.Thread(target=finish)
     t.start()

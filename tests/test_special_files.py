@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from diag import rundir
+from diag import atomic_io, rundir, segments
 
 
 @pytest.fixture
@@ -35,7 +35,7 @@ def test_a_rank_json_that_links_to_a_device_is_a_problem_not_a_read(run_dir):
     rank_json.unlink()
     rank_json.symlink_to("/dev/zero")
     problems = []
-    assert rundir.read_json(rank_json, problems) is None
+    assert atomic_io.read_json(rank_json, problems) is None
     assert problems and "not a regular file" in problems[0]
     out = _analyze(run_dir)
     assert "Traceback" not in out.stderr and "MemoryError" not in out.stderr, out.stderr[-2000:]
@@ -47,7 +47,7 @@ def test_step_records_that_are_a_fifo_do_not_hang(run_dir):
         seg.unlink()
     os.mkfifo(steps / "steps-000000.jsonl")  # no writer ever opens it
     problems = []
-    assert list(rundir.read_segment(steps / "steps-000000.jsonl", problems)) == []
+    assert list(segments.read_segment(steps / "steps-000000.jsonl", problems)) == []
     assert "not a regular file" in problems[0]
     out = _analyze(run_dir)
     assert out.returncode in (0, 1, 2) and "Traceback" not in out.stderr, out.stderr[-2000:]

@@ -90,16 +90,15 @@ def test_sigkill_loses_at_most_about_a_second_of_steps(tmp_path):
 
 
 def test_a_segment_a_killed_writer_left_open_is_sealed_without_its_cut_off_line(tmp_path):
-    from diag import rundir
-
+    from diag import segments
     d = tmp_path / "steps"
     d.mkdir()
     (d / "steps-000000.jsonl").write_text('{"step": 0}\n')
     (d / "steps-000001.jsonl.open").write_text('{"step": 1}\n{"step": 2}\n{"st')
     problems = []
-    assert [r["step"] for r in rundir.read_records(d, "steps", problems)] == [0, 1, 2] and not problems
-    w = rundir.SegmentWriter(d, "steps")  # a restarted rank writes on
+    assert [r["step"] for r in segments.read_records(d, "steps", problems)] == [0, 1, 2] and not problems
+    w = segments.SegmentWriter(d, "steps")  # a restarted rank writes on
     w.write({"step": 3})
     w.flush()
     assert sorted(p.name for p in d.iterdir()) == ["steps-000000.jsonl", "steps-000001.jsonl", "steps-000002.jsonl"]
-    assert [r["step"] for r in rundir.read_records(d, "steps", problems)] == [0, 1, 2, 3] and not problems
+    assert [r["step"] for r in segments.read_records(d, "steps", problems)] == [0, 1, 2, 3] and not problems

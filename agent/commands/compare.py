@@ -84,19 +84,19 @@ def _gate(args, doc_a, model_a, doc_b, model_b, tree, out) -> int:
     return the gate's exit status."""
     import os
 
-    from diag import rundir
+    from diag import atomic_io
     from diag.analyzers.diagnosis.gate import gate
     from diag.report.gate import junit, markdown
 
     result = gate(doc_a, model_a["diagnosis"], doc_b, model_b["diagnosis"], tree, max_slowdown=args.max_slowdown)
     print(result["summary"])
-    rundir.atomic_write_json(os.path.join(out, "gate.json"), result)
+    atomic_io.atomic_write_json(os.path.join(out, "gate.json"), result)
     table = markdown(result, args.run_a, args.run_b)
     if args.summary:
-        rundir.atomic_write_text(args.summary, table)
+        atomic_io.atomic_write_text(args.summary, table)
     if os.environ.get("GITHUB_STEP_SUMMARY"):
         with open(os.environ["GITHUB_STEP_SUMMARY"], "a", encoding="utf-8") as f:  # the runner's own file
             f.write(table + "\n")
     if args.junit:
-        rundir.atomic_write_bytes(args.junit, junit(result))
+        atomic_io.atomic_write_bytes(args.junit, junit(result))
     return result["exit_status"]

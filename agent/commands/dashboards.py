@@ -13,8 +13,8 @@ import sys
 from importlib import resources
 from pathlib import Path
 
+from diag.atomic_io import atomic_write_bytes
 from diag.errors import DiagInputError
-from diag.rundir import atomic_write_bytes
 
 HELP = "write the Grafana dashboards, provisioning files and Prometheus alert rules"
 # The files written, relative to the package (and the output folder).

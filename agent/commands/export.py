@@ -16,13 +16,15 @@ import time
 from pathlib import Path
 
 from diag.analyzers.diagnosis.decision_tree import load_tree
+from diag.atomic_io import read_json
 from diag.errors import DiagInputError
 from diag.exporter.registry import render_text
 from diag.exporter.runtime import DEFAULT_PORT_BASE, Handle
 from diag.exporter.server import MetricsServer
 from diag.live_verdict import LiveVerdicts
 from diag.report import SUMMARY_JSON, diagnosis_in
-from diag.rundir import NCCL_BENCH, RunDir, is_run_dir, read_json, read_segment
+from diag.rundir import NCCL_BENCH, RunDir, is_run_dir
+from diag.segments import read_segment
 
 HELP = "serve a run directory's metrics to Prometheus"
 

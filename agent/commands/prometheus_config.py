@@ -14,10 +14,10 @@ import sys
 
 import yaml
 
+from diag.atomic_io import atomic_write_text
 from diag.collectors.launch_env import expand_slurm_nodelist
 from diag.errors import DiagInputError
 from diag.exporter.runtime import DEFAULT_PORT_BASE
-from diag.rundir import atomic_write_text
 
 HELP = "write Prometheus scrape configuration for a job"
 

@@ -30,12 +30,12 @@ def add_arguments(parser) -> None:
 
 
 def _parse_logs(run_dir: Path, logs: list[Path]) -> dict | None:
-    from diag import rundir
+    from diag import atomic_io, rundir
     from diag.analyzers.nccl.log import parse_files
 
     doc = parse_files([str(p) for p in logs])
     try:
-        rundir.atomic_write_json(run_dir / rundir.NCCL_LOG_DOC, doc)
+        atomic_io.atomic_write_json(run_dir / rundir.NCCL_LOG_DOC, doc)
     except OSError as exc:
         print(f"diag run: {run_dir / rundir.NCCL_LOG_DOC}: cannot write ({exc.strerror or exc})", file=sys.stderr)
     return doc
@@ -43,16 +43,16 @@ def _parse_logs(run_dir: Path, logs: list[Path]) -> dict | None:
 
 def _write_manifest(run_dir: Path, run_id: str, cmd: list[str], started: float, code: int) -> None:
     """Record the launch in the manifest; an agent inside the job may have written one already."""
-    from diag import rundir
+    from diag import atomic_io, rundir
 
-    doc = rundir.read_json(run_dir / rundir.MANIFEST) or {
+    doc = atomic_io.read_json(run_dir / rundir.MANIFEST) or {
         "schema": rundir.RUN_SCHEMA, "run_id": run_id, "started_unix": started,
         "status": "completed" if code == 0 else "failed", "ended_unix": time.time(),
     }
     doc["launch"] = {"command": cmd, "exit_code": code, "started_unix": started, "ended_unix": time.time(),
                      "nccl_logs": "nccl/"}
     try:
-        rundir.atomic_write_json(run_dir / rundir.MANIFEST, doc)
+        atomic_io.atomic_write_json(run_dir / rundir.MANIFEST, doc)
     except OSError as exc:
         print(f"diag run: {run_dir}: cannot write the manifest ({exc.strerror or exc})", file=sys.stderr)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from diag import rundir
+from diag import atomic_io, rundir
 
 REPORT_HTML = "report.html"
 REPORT_MD = "report.md"
@@ -69,7 +69,7 @@ def summary(model: dict) -> dict:
 
 def read_diagnosis(summary_path) -> dict | None:
     """The diagnosis of a written summary.json, or None when there is none to read."""
-    summary = rundir.read_json(summary_path)
+    summary = atomic_io.read_json(summary_path)
     return diagnosis_in(summary) if summary else None
 
 
@@ -86,9 +86,9 @@ def write_model(model: dict, out_dir) -> dict:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"html": out / REPORT_HTML, "markdown": out / REPORT_MD, "summary": out / SUMMARY_JSON}
-    rundir.atomic_write_text(paths["html"], html.render(model))
-    rundir.atomic_write_text(paths["markdown"], markdown.render(model))
-    rundir.atomic_write_json(paths["summary"], _finite(summary(model)))
+    atomic_io.atomic_write_text(paths["html"], html.render(model))
+    atomic_io.atomic_write_text(paths["markdown"], markdown.render(model))
+    atomic_io.atomic_write_json(paths["summary"], _finite(summary(model)))
     return {k: os.fspath(v) for k, v in paths.items()}
 
 

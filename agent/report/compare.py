@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from diag import rundir
+from diag import atomic_io
 from diag.analyzers.diagnosis.inputs import CLASSES, PHASE_LABELS
 from diag.report.html import COLORS, _asset, esc, plot_safe, plotly_js, script_json
 from diag.report.markdown import md_text
@@ -163,9 +163,9 @@ def write_compare(c: dict, out_dir) -> dict:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"html": out / COMPARE_HTML, "markdown": out / COMPARE_MD, "json": out / COMPARE_JSON}
-    rundir.atomic_write_text(paths["html"], render_html(c))
-    rundir.atomic_write_text(paths["markdown"], render_markdown(c))
-    rundir.atomic_write_json(paths["json"], _finite(c))
+    atomic_io.atomic_write_text(paths["html"], render_html(c))
+    atomic_io.atomic_write_text(paths["markdown"], render_markdown(c))
+    atomic_io.atomic_write_json(paths["json"], _finite(c))
     return {k: os.fspath(v) for k, v in paths.items()}
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from diag import rundir
+from diag import atomic_io, rundir
 from diag.analyzers.job.live import (
     EndpointHistory,
     RankLive,
@@ -74,7 +74,7 @@ class RunDirSource:
         for rank in rd.ranks():
             f = rd.rank_path(rank) / rundir.LIVE_FILE
             problems: list[str] = []
-            doc = rundir.read_json(f, problems, max_bytes=MAX_LIVE_BYTES)
+            doc = atomic_io.read_json(f, problems, max_bytes=MAX_LIVE_BYTES)
             if doc is None or doc.get("schema") != "diag.live/1":
                 why = problems[0] if problems else f"{f.name}: not written yet (the agent writes it every live_s)"
                 if doc is not None:
@@ -94,7 +94,7 @@ class RunDirSource:
 
     def request_profile(self) -> str:
         trigger = self.path / rundir.TRIGGER_FILE
-        rundir.atomic_write_text(trigger, f"diag top at {time.time():.3f}\n")
+        atomic_io.atomic_write_text(trigger, f"diag top at {time.time():.3f}\n")
         return f"profiler window requested on every rank ({trigger})"
 
 

@@ -23,44 +23,18 @@ named by the `# diag nccl: backend <name>` line of diag's own tables (gloo on CP
 
 from __future__ import annotations
 
-import json
-import math
 import re
 from pathlib import Path
 
 from diag import inflate
+from diag.analyzers.nccl.launcher_prefix import shared_prefix, strip_prefix
+from diag.analyzers.nccl.tests_inference import COLLECTIVES, collective_from_binary, infer
+from diag.analyzers.nccl.tests_json import json_line
 from diag.errors import DiagInputError
 
 SCHEMA = "diag.nccl_bench/1"
 MAX_ERROR_LINES = 50
 
-# nccl-tests type names -> bytes per element (rccl-tests spellings included).
-DTYPE_BYTES = {
-    "int8": 1, "uint8": 1, "char": 1, "int32": 4, "uint32": 4, "int": 4, "int64": 8, "uint64": 8,
-    "half": 2, "float16": 2, "float": 4, "float32": 4, "double": 8, "float64": 8,
-    "bfloat16": 2, "bf16": 2, "f8e4m3": 1, "f8e5m2": 1, "fp8_e4m3": 1, "fp8_e5m2": 1,
-}
-REDUCTIONS = {"sum", "prod", "max", "min", "avg", "mulsum", "premulsum"}
-
-# Binary stem -> collective name used in diag.nccl_bench/1 (the runner uses the same names).
-COLLECTIVES = {
-    "all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
-    "broadcast": "broadcast", "reduce": "reduce", "alltoall": "alltoall", "sendrecv": "sendrecv",
-    "scatter": "scatter", "gather": "gather", "hypercube": "hypercube", "alltoallv": "alltoallv",
-}
-
-_PREFIX = re.compile(
-    r"""^(?:
-        \s*\w{3}\ \w{3}\ +\d{1,2}\ \d{2}:\d{2}:\d{2}\ \d{4}(?=[<\[])  # OpenMPI --timestamp-output
-      | \s*(?:\[\d+,\d+\])?<(?:stdout|stderr)>:\s?      # OpenMPI --tag-output / --timestamp-output
-      | \s*\d+:\s                                      # srun --label
-      | \s*\[\d+\]\s?                                  # [task] labels
-      | \[?\d{4}-\d{2}-\d{2}[T\ ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?\]?\s  # timestamps
-      | \s*>\s?                                        # Markdown quote
-      | \([^()]*\bpid=\d+[^()]*\)\s                    # Ray worker tag
-    )+""",
-    re.X,
-)
 _TAG = re.compile(r"\[\d+\]")
 _PARAM = re.compile(
     r"(warmup iters|agg iters|iters|validation|graph|step|nThread|nGpus|minBytes|maxBytes):?\s+(\S+)"
@@ -131,38 +105,6 @@ def _bus_number(pci: str) -> int | None:
         return int(pci, 16) if pci.lower().startswith("0x") else int(pci.split(":")[-2], 16)
     except (ValueError, IndexError):
         return None
-
-
-def strip_prefix(line: str) -> str:
-    """Remove launcher, label and timestamp prefixes (they are part of real pasted output)."""
-    m = _PREFIX.match(line)
-    return line[m.end():] if m else line
-
-
-# A prefix not in _PREFIX (a log collector's, a custom launcher's) is found from the lines
-# themselves: digits masked, it is the same on nearly every line and ends in a delimiter.
-_SHARED_MIN = 0.9
-_PREFIX_END = ":>]|"
-_DIGIT = re.compile(r"\d")
-
-
-def shared_prefix(lines: list[str]) -> re.Pattern | None:
-    """A pattern for the prefix that (digits aside) nearly every non-empty line begins with."""
-    shapes = [_DIGIT.sub("0", ln[:96]) for ln in lines if ln.strip()]
-    if len(shapes) < 5:
-        return None
-    first = sorted(shapes)[len(shapes) // 2]  # a typical line
-    best = None
-    for end in range(len(first)):
-        if first[end] not in _PREFIX_END:
-            continue
-        head = first[: end + 1]
-        if sum(1 for x in shapes if x.startswith(head)) < _SHARED_MIN * len(shapes):
-            break
-        best = head
-    if best is None or best.lstrip().startswith("#") or sum(not c.isspace() for c in best) < 3:
-        return None
-    return re.compile("^" + re.escape(best).replace("0", r"\d") + r"\s?")
 
 
 class _Test:
@@ -265,118 +207,18 @@ def _parse_row(tokens: list[str], test: _Test) -> dict | None:
 
 def _parse_json_line(line: str, test: _Test) -> bool:
     """The JSON object printed by the nccl-tests --json fork; salvages a truncated line."""
-    try:
-        obj = json.loads(line)
-        entries = obj.get("benchmark", []) if isinstance(obj, dict) else []
-        complete = True
-    except (ValueError, RecursionError):  # RecursionError: nested deeper than json follows
-        obj, entries, complete = {}, [], False
-        for m in re.finditer(r'"(\d+)"\s*:\s*(\{[^{}]*\})', line):
-            try:
-                entries.append({m.group(1): json.loads(m.group(2))})
-            except (ValueError, RecursionError):  # RecursionError: nested deeper than json follows
-                complete = False
-    if not entries and not line.lstrip().startswith('{"identifier"'):
+    found = json_line(line)
+    if found is None:
         return False
-    if isinstance(entries, dict):
-        entries = [entries]
-    if not isinstance(entries, list):
-        entries = []
-    for entry in entries:
-        # A damaged entry (a size that is no number, a value that is no object) is no row.
-        for size, v in (entry.items() if isinstance(entry, dict) else ()):
-            n_bytes, count = _jint(size), _jint(v.get("count")) if isinstance(v, dict) else None
-            if n_bytes is None or not isinstance(v, dict):
-                continue
-
-            def grp(p, v=v):
-                err = v.get(p + "_error")
-                return {"time_us": _jnum(v.get(p + "_time")), "algbw_gbps": _jnum(v.get(p + "_algbw")),
-                        "busbw_gbps": _jnum(v.get(p + "_busbw")), "wrong": None, "error": _jnum(err)}
-            root = v.get("root")
-            test.rows.append({
-                "size_bytes": n_bytes, "count": count, "dtype": v.get("type"),
-                "redop": v.get("redop"), "root": int(root) if str(root).lstrip("-").isdigit() else None,
-                "out_of_place": grp("oop"), "in_place": grp("ip"),
-            })
+    rows, complete, version = found
+    test.rows.extend(rows)
     if not complete:
         test.truncated = True
         _add_line(test.notes, "JSON output is cut short; the rows before the cut are kept")
-    elif isinstance(obj, dict) and obj.get("version"):
-        test.nccl_version = test.nccl_version or obj["version"]
+    elif version:
+        test.nccl_version = test.nccl_version or version
     test.headers = max(test.headers, 1)
     return True
-
-
-def _jint(v) -> int | None:
-    """A whole, finite JSON number (or numeric string) as int, else None."""
-    x = _jnum(v)
-    return int(x) if x is not None and math.isfinite(x) and x.is_integer() else None
-
-
-def _jnum(v):
-    if v is None or v == "N/A":
-        return None
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return None
-
-
-def _collective_from_binary(stem: str) -> str | None:
-    return COLLECTIVES.get(stem)
-
-
-def _world_from_allreduce_factor(algbw: float, busbw: float) -> int | None:
-    """n from busbw = algbw * 2(n-1)/n, using the 2-decimal rounding of the printed values."""
-    lo = (busbw - 0.005) / (algbw + 0.005)
-    hi = (busbw + 0.005) / (algbw - 0.005) if algbw > 0.005 else math.inf
-    if hi < 1.0 - 1e-9 or lo >= 2.0:
-        return None
-    n_lo = 2.0 / (2.0 - max(lo, 0.0))
-    n_hi = math.inf if hi >= 2.0 else 2.0 / (2.0 - hi)
-    cands = [n for n in range(max(1, math.ceil(n_lo - 1e-9)), int(min(n_hi, 1e6)) + 1) if n >= 2] if n_hi < 1e6 else []
-    return cands[0] if len(cands) == 1 else None
-
-
-def _infer(test: _Test, out: dict) -> None:
-    """Collective and world size from the table when the header did not give them."""
-    rows = [r for r in test.rows if r["size_bytes"] > 0 and (r["count"] or 0) > 0 and r["out_of_place"]]
-    if not rows:
-        return
-    big = max(rows, key=lambda r: (r["out_of_place"]["algbw_gbps"] or 0, r["size_bytes"]))
-    esize = DTYPE_BYTES.get(str(big["dtype"]).lower())
-    inferred = []
-    redop, root = big["redop"], big["root"]
-    ratio = big["size_bytes"] / (big["count"] * esize) if esize else None
-    per_rank = ratio is not None and ratio >= 1.5
-    coll = world = None
-    if per_rank:
-        world = round(ratio) if abs(ratio - round(ratio)) < 0.05 else None
-        if redop in REDUCTIONS:
-            coll = "reduce_scatter"
-    else:
-        a, b = big["out_of_place"]["algbw_gbps"], big["out_of_place"]["busbw_gbps"]
-        factor = b / a if a and b is not None and a >= 0.1 else None
-        if redop in REDUCTIONS and (root == -1 or (root is None and factor is not None and factor > 1.05)):
-            # only all_reduce has a bus factor above 1; old tables have no root column
-            coll = "all_reduce"
-            if a and b is not None and a >= 0.1:
-                world = _world_from_allreduce_factor(a, b)
-        elif redop in REDUCTIONS and root is not None and root >= 0:
-            coll = "reduce"
-        elif redop in (None, "none") and root is not None and root >= 0:
-            coll = "broadcast"
-        elif redop == "none" and root == -1 and a and b is not None and a >= 0.1 and abs(b - a) <= 0.011:
-            coll = "sendrecv"
-    if out["collective"] is None and coll:
-        out["collective"] = coll
-        inferred.append("collective")
-    if out["world_size"] is None and world:
-        out["world_size"] = world
-        inferred.append("world_size")
-    if inferred:
-        out["inferred"] = inferred
 
 
 def _finish(test: _Test, source: str | None) -> dict:
@@ -447,7 +289,7 @@ def _finish(test: _Test, source: str | None) -> dict:
     }
     if len(test.avg) > 1:
         out["avg_busbw_gbps_per_process"] = list(test.avg)
-    _infer(test, out)
+    infer(test.rows, out)
     return out
 
 
@@ -509,7 +351,7 @@ class _TextParser:
         t = _Test(self.backend)
         if self.pending_binary:
             t.binary = self.pending_binary
-            t.collective = _collective_from_binary(self.pending_binary)
+            t.collective = collective_from_binary(self.pending_binary)
         t.cmd_world = self.cmd_world
         t.nccl_version = self.pending_version
         for e in self.pending_errors:
@@ -564,7 +406,7 @@ class _TextParser:
                     self.cur = None
             elif self.cur is not None:
                 self.cur.binary = self.cur.binary or stem
-                self.cur.collective = self.cur.collective or _collective_from_binary(stem)
+                self.cur.collective = self.cur.collective or collective_from_binary(stem)
         return bool(m)
 
     def _params(self, s: str, body: str, line: str) -> bool:
@@ -682,7 +524,7 @@ class _TextParser:
         if cur is not None and (cur.rows or cur.done or cur.errors):
             self.cur = None
         elif cur is not None and not cur.has_content:
-            cur.binary, cur.collective = self.pending_binary, _collective_from_binary(self.pending_binary)
+            cur.binary, cur.collective = self.pending_binary, collective_from_binary(self.pending_binary)
 
 
 def _read_text(path: Path) -> str:

@@ -33,128 +33,23 @@ from __future__ import annotations
 
 import gc
 import os
-import queue
 import re
 import threading
-import zlib
 
 import msgspec
 import numpy as np
 
-from diag import inflate
 from diag.analyzers import intervals as iv
-from diag.analyzers.trace.columns import Trace, _Builder
+from diag.analyzers.trace.column_builder import ColumnBuilder
+from diag.analyzers.trace.columns import Trace
+from diag.analyzers.trace.read_blocks import blocks, threaded
+from diag.analyzers.trace.salvage import bad_event, framed, salvage
 from diag.analyzers.trace.schema import TOO_DEEP, _decode_any
 from diag.errors import DiagInputError
 
-try:  # ISA-L's inflate (python-isal) is 2-3x faster than zlib's, with the same interface
-    from isal import isal_zlib as _inflate
-except ImportError:
-    _inflate = zlib
-_INFLATE_ERRORS = (zlib.error, _inflate.error)
-# python-isal's gzip reader inflates straight into a caller's buffer (no growing output
-# buffer, no fresh pages per block); without it, decompressobj blocks are used.
-_GzipReader = getattr(_inflate, "_GzipReader", None)
-
 CHUNK_BYTES = 8 << 20
-READ_BYTES = 1 << 20
 # The longest single event (its name and args) read; a string longer than this is damage.
 MAX_EVENT_BYTES = 64 << 20
-
-
-# --- reading --------------------------------------------------------------------------
-
-
-def _blocks(path: str):
-    """Decompressed byte blocks of a .json or .json.gz file (gzip detected by magic), gzip
-    within the ceiling of `diag.inflate`."""
-    with open(path, "rb") as f:
-        head = f.read(2)
-        f.seek(0)
-        if head != inflate.GZIP_MAGIC:
-            while True:
-                b = f.read(READ_BYTES)
-                if not b:
-                    return
-                yield b
-        limit = inflate.ceiling(os.fstat(f.fileno()).st_size)
-        if _GzipReader is not None:
-            yield from _reader_blocks(f, path, limit)
-        else:
-            yield from inflate.gzip_blocks(f, path, limit, READ_BYTES, _inflate)
-
-
-_QUEUE_DEPTH = 3
-
-
-def _reader_blocks(f, path: str, limit: int):
-    """Blocks inflated into a ring of reused buffers. Each block is a memoryview that stays
-    valid while the consumer holds it: the reader thread is at most _QUEUE_DEPTH blocks
-    ahead of the block in use, and the ring is longer than that."""
-    from gzip import BadGzipFile
-
-    reader = _GzipReader(f, READ_BYTES)
-    ring = [memoryview(bytearray(READ_BYTES * 8)) for _ in range(_QUEUE_DEPTH + 3)]
-    k = total = 0
-    while True:
-        out = ring[k % len(ring)]
-        k += 1
-        try:
-            n = reader.readinto(out)
-        except EOFError:
-            raise DiagInputError("truncated gzip file (ended before the end-of-stream marker)", source=path) from None
-        except BadGzipFile as exc:
-            if total and "Not a gzipped file" in str(exc):
-                return  # bytes after the last member that start no other: the data ended there
-            raise DiagInputError(f"corrupt gzip data ({exc})", source=path) from None
-        except _INFLATE_ERRORS as exc:
-            raise DiagInputError(f"corrupt gzip data ({exc})", source=path) from None
-        if not n:
-            return
-        total += n
-        if total > limit:
-            raise inflate.InflateError(inflate.too_large(limit), source=path)
-        yield out[:n]
-
-
-def _threaded(gen, depth: int = _QUEUE_DEPTH):
-    """Run a block generator in a thread: zlib releases the GIL, so inflating the next
-    block overlaps with decoding this one. Errors are re-raised in the consumer."""
-    q: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-    done = object()
-
-    def produce():
-        try:
-            for item in gen:
-                while not stop.is_set():
-                    try:
-                        q.put(("b", item), timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-            q.put(("end", done))
-        except BaseException as exc:  # forwarded, not swallowed
-            q.put(("err", exc))
-
-    t = threading.Thread(target=produce, name="diag-trace-reader", daemon=True)
-    t.start()
-    try:
-        while True:
-            kind, item = q.get()
-            if kind == "b":
-                yield item
-            elif kind == "err":
-                raise item
-            else:
-                return
-    finally:
-        stop.set()
-        while not q.empty():
-            q.get_nowait()
-        t.join(timeout=5)
 
 
 _KEY_RE = re.compile(rb'"traceEvents"\s*:\s*\[')
@@ -196,14 +91,14 @@ def decode_workers(path: str) -> int:
 def _decode_part(data: bytes) -> tuple[str, object]:
     """Worker: decode one slice of whole events and return its columns."""
     gc.disable()
-    b = _Builder()
+    b = ColumnBuilder()
     try:
         b.add(*b.decode(b"".join((b"[", data, b"]"))))
     except msgspec.ValidationError as exc:
-        return "error", str(_bad_event("", exc, b)).split(": ", 1)[-1]
+        return "error", str(bad_event("", exc, b)).split(": ", 1)[-1]
     except msgspec.DecodeError:
         try:  # the slice is whole events: damaged ones are skipped as in this process
-            _salvage("", bytearray(data), 0, len(data), b)
+            salvage("", bytearray(data), 0, len(data), b)
         except DiagInputError as exc:
             return "error", str(exc).split(": ", 1)[-1]
     return "ok", b.export()
@@ -212,7 +107,7 @@ def _decode_part(data: bytes) -> tuple[str, object]:
 class _Parallel:
     """Decodes slices in worker processes and merges the parts into the main builder in order."""
 
-    def __init__(self, workers: int, builder: _Builder, path: str):
+    def __init__(self, workers: int, builder: ColumnBuilder, path: str):
         import multiprocessing as mp
         from collections import deque
         from concurrent.futures import ProcessPoolExecutor
@@ -262,14 +157,14 @@ def load_trace(path: str | os.PathLike, workers: int | None = 1) -> Trace:
     par = None
     try:
         n = decode_workers(path) if workers is None else max(1, int(workers))
-        b = _Builder()
+        b = ColumnBuilder()
         if n > 1:
             try:
                 par = _Parallel(n, b, path)
             except (OSError, ValueError, RuntimeError):
                 par = None  # no worker processes here (sandbox, limits): decode serially
-        blocks = _threaded(_blocks(path))
-        return _load(path, blocks, b, par)
+        stream = threaded(blocks(path))
+        return _load(path, stream, b, par)
     except OSError as exc:
         raise DiagInputError(f"cannot read ({exc.strerror or exc})", source=path) from None
     finally:
@@ -279,7 +174,7 @@ def load_trace(path: str | os.PathLike, workers: int | None = 1) -> Trace:
             gc.enable()
 
 
-def _load(path: str, blocks, b: _Builder, par: _Parallel | None = None) -> Trace:
+def _load(path: str, blocks, b: ColumnBuilder, par: _Parallel | None = None) -> Trace:
     buf = bytearray()
     head = None  # bytes before the traceEvents array
     bare = False  # the Trace Event format's JSON Array Format: the file is the events array
@@ -359,7 +254,7 @@ def _load(path: str, blocks, b: _Builder, par: _Parallel | None = None) -> Trace
 _DIRECT_WINDOW = 64 << 10
 
 
-def _close_bare_array(buf: bytearray, b: _Builder) -> None:
+def _close_bare_array(buf: bytearray, b: ColumnBuilder) -> None:
     """End a bare event array that its writer left open: drop a trailing comma, and a last
     event cut off mid-way (a writer that died; noted), then close the array."""
     end = len(buf.rstrip(b" \t\r\n\x00"))
@@ -381,7 +276,7 @@ def _close_bare_array(buf: bytearray, b: _Builder) -> None:
     buf += b"]"
 
 
-def _decode_direct(buf: bytearray, blk: bytes, b: _Builder) -> bytearray | None:
+def _decode_direct(buf: bytearray, blk: bytes, b: ColumnBuilder) -> bytearray | None:
     """Decode the unconsumed front of the array (buf) and a new large block up to the
     block's last event boundary, framed in a single copy (instead of appending the block
     to buf and cutting it again). Returns what follows that boundary; None when there is
@@ -403,7 +298,7 @@ def _decode_direct(buf: bytearray, blk: bytes, b: _Builder) -> bytearray | None:
     return bytearray(blk[last.end() - 1:])
 
 
-def _decode_chunks(path: str, buf: bytearray, b: _Builder, final: bool, par: _Parallel | None = None):
+def _decode_chunks(path: str, buf: bytearray, b: ColumnBuilder, final: bool, par: _Parallel | None = None):
     """Decode whole events from the front of buf. Returns (bytes consumed, tail start or None).
 
     A candidate boundary `}, {` may lie inside a string (a kernel name); then the chunk
@@ -444,33 +339,17 @@ def _decode_chunks(path: str, buf: bytearray, b: _Builder, final: bool, par: _Pa
                     return start, None
                 return _decode_last(path, buf, start, b)
             try:
-                b.add(*b.decode(_framed(buf, start, m.start() + 1)))
+                b.add(*b.decode(framed(buf, start, m.start() + 1)))
             except msgspec.ValidationError as exc:
-                raise _bad_event(path, exc, b) from None
+                raise bad_event(path, exc, b) from None
             except msgspec.DecodeError as exc:
                 tries += 1
                 if _misplaced(exc) and tries < MAX_CUT_TRIES:
                     pos = m.end()
                     continue
-                _salvage(path, buf, start, m.start() + 1, b)
+                salvage(path, buf, start, m.start() + 1, b)
             break
         start = m.end() - 1  # the '{' of the next event
-
-
-_INDEX_RE = re.compile(r"\$\[(\d+)\]")
-
-
-def _bad_event(path: str, exc: Exception, b: _Builder) -> DiagInputError:
-    """The error of an event no decoder could read, at its index in the whole trace
-    (msgspec counts from the start of the chunk)."""
-    text = _INDEX_RE.sub(lambda m: f"traceEvents[{int(m.group(1)) + b.decode.seen}]", str(exc), count=1)
-    return DiagInputError(f"not a Kineto trace: bad event ({text})", source=path)
-
-
-def _framed(buf: bytearray, lo: int, hi: int, close: bool = True) -> bytes:
-    """buf[lo:hi] inside brackets, as one JSON array, in a single copy."""
-    with memoryview(buf) as mv:
-        return b"".join((b"[", mv[lo:hi], b"]" if close else b""))
 
 
 def _unescaped_quotes(buf, lo: int, hi: int) -> int:
@@ -510,12 +389,12 @@ def _boundary_outside_strings(buf, start: int, pos: int) -> int | None:
     return None
 
 
-def _decode_final(path: str, buf: bytearray, start: int, b: _Builder):
+def _decode_final(path: str, buf: bytearray, start: int, b: ColumnBuilder):
     """The rest of the array and its closing bracket (see `_decode_last`)."""
     return _decode_last(path, buf, start, b)
 
 
-def _decode_last(path: str, buf: bytearray, start: int, b: _Builder):
+def _decode_last(path: str, buf: bytearray, start: int, b: ColumnBuilder):
     """The last events and the array's closing bracket; returns the tail's start.
 
     The closing bracket is searched from the end: only the real one decodes (a later one
@@ -527,16 +406,16 @@ def _decode_last(path: str, buf: bytearray, start: int, b: _Builder):
     for m in reversed(cands):
         close = m.end()
         try:
-            b.add(*b.decode(_framed(buf, start, close, close=False)))
+            b.add(*b.decode(framed(buf, start, close, close=False)))
         except msgspec.ValidationError as exc:
-            raise _bad_event(path, exc, b) from None
+            raise bad_event(path, exc, b) from None
         except msgspec.DecodeError as exc:
             if damaged is None and not _misplaced(exc) and buf[m.start()] == ord("}"):
                 damaged = m
             continue
         return len(buf), close
     if damaged is not None:
-        _salvage(path, buf, start, damaged.start() + 1, b)
+        salvage(path, buf, start, damaged.start() + 1, b)
         return len(buf), damaged.end()
     raise DiagInputError(f"truncated or corrupt JSON in traceEvents after event {b.decode.seen}", source=path)
 
@@ -544,7 +423,6 @@ def _decode_last(path: str, buf: bytearray, start: int, b: _Builder):
 # A chunk cut at a `}, {` inside a string ends inside that string ("truncated"); it is
 # extended to the next candidate at most this often. Any other decode error is damage.
 MAX_CUT_TRIES = 64
-_BYTE_RE = re.compile(r"\(byte (\d+)\)")
 
 
 def _misplaced(exc: Exception) -> bool:
@@ -554,79 +432,7 @@ def _misplaced(exc: Exception) -> bool:
     return "truncated" in text or "trailing characters" in text
 
 
-# Around damage, the element before or after an event may be damaged into another value
-# than an object (an array nested too deep): an event ends before it, and starts after it.
-_EVENT_ENDS_RE = re.compile(rb"\}\s*,\s*[{\[]")
-_EVENT_STARTS_RE = re.compile(rb"[}\]]\s*,\s*\{")
-MAX_SKIPPED = 256  # damaged events skipped in one chunk before the rest of it is given up
-
-
-def _salvage(path: str, buf: bytearray, start: int, end: int, b: _Builder) -> None:
-    """Decode buf[start:end] (whole events) around damaged ones: the events before the
-    damage, then on from the next event boundary after it. Each damaged event is counted
-    among the trace's repairs; an error only when nothing around the damage can be told
-    apart from it. Bounded: every round moves past the damage, and a chunk damaged in more
-    than MAX_SKIPPED places is given up from there on."""
-    for _ in range(MAX_SKIPPED):
-        if start >= end:
-            return
-        try:
-            b.add(*b.decode(_framed(buf, start, end)))
-            return
-        except msgspec.ValidationError as exc:
-            raise _bad_event(path, exc, b) from None
-        except msgspec.DecodeError as exc:
-            reason = _BYTE_RE.sub("", str(exc)).strip()  # offsets within a chunk mean nothing to a reader
-            bad = _damage_at(buf, start, end, exc)
-            if bad is None:
-                raise DiagInputError(f"corrupt JSON in traceEvents after event {b.decode.seen} ({reason})",
-                                     source=path) from None
-        before = [m for m in _EVENT_ENDS_RE.finditer(buf, start, max(start, bad))]
-        if before:
-            cut = before[-1].start() + 1
-            try:
-                b.add(*b.decode(_framed(buf, start, cut)))
-            except (msgspec.ValidationError, msgspec.DecodeError):
-                pass  # the damage reaches further back: these events go with it
-        after = _EVENT_STARTS_RE.search(buf, max(bad, start) + 1, end)
-        b.decode.log().note(f"event {b.decode.seen}: corrupt JSON ({reason}), event skipped", event=True)
-        if after is None:
-            return
-        start = max(after.end() - 1, start + 1)
-    b.decode.log().note(f"event {b.decode.seen}: more than {MAX_SKIPPED} damaged events in one stretch, "
-                     "the rest of it skipped", event=True)
-
-
-def _damage_at(buf: bytearray, start: int, end: int, exc: Exception) -> int | None:
-    """Where in buf the decode error of buf[start:end] lies. Invalid UTF-8 is located by the
-    codec over the stretch (msgspec's position is within the string it was reading)."""
-    if "invalid UTF-8" in str(exc):
-        try:
-            bytes(buf[start:end]).decode("utf-8")
-        except UnicodeDecodeError as u:
-            return start + u.start
-        return None
-    if TOO_DEEP in str(exc):
-        return _too_deep_at(buf, start, end)
-    found = _BYTE_RE.search(str(exc))
-    return start + int(found.group(1)) - 1 if found else None  # -1: the '[' framing the chunk
-
-
-# An event nests a few levels (its args); one nested deeper than this holds the damage.
-_EVENT_DEPTH = 64
-
-
-def _too_deep_at(buf: bytearray, start: int, end: int) -> int | None:
-    """Where buf[start:end] (whole events) first nests deeper than any event does. Brackets
-    inside strings count too: that can only place the damage early, inside the same event."""
-    with memoryview(buf)[start:end] as mv:
-        b = np.frombuffer(mv, dtype=np.uint8)
-        step = ((b == 0x5B) | (b == 0x7B)).astype(np.int32) - ((b == 0x5D) | (b == 0x7D))
-    deep = np.flatnonzero(np.cumsum(step) > _EVENT_DEPTH)
-    return start + int(deep[0]) if len(deep) else None
-
-
-def _parse_meta(path: str, head: bytes, tail: bytes, b: _Builder) -> dict:
+def _parse_meta(path: str, head: bytes, tail: bytes, b: ColumnBuilder) -> dict:
     h = head.strip()
     if not h.startswith(b"{"):
         raise DiagInputError("not a Kineto trace (top level is not a JSON object)", source=path)
