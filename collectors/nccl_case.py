@@ -105,12 +105,10 @@ class Case:
     def _reduced(self, start: int, count: int):
         """The reduction over every rank's input, in the data type."""
         torch = self.comm.torch
-        acc = None
-        for j in range(self.comm.world):
+        acc = self._values(0, start, count).clone()
+        for j in range(1, self.comm.world):
             v = self._values(j, start, count)
-            if acc is None:
-                acc = v.clone()
-            elif self.redop_name in ("sum", "avg"):
+            if self.redop_name in ("sum", "avg"):
                 acc += v
             elif self.redop_name == "prod":
                 acc *= v

@@ -45,7 +45,7 @@ def _throttle_label(e: dict) -> str:
 
 def _step_axis(xs: list, title: str = "step") -> dict:
     """An x axis of step numbers: integer ticks, one per step when there are few."""
-    axis = {"title": {"text": title}, "tickformat": "d"}
+    axis: dict = {"title": {"text": title}, "tickformat": "d"}
     if xs and len(xs) <= 20:
         axis["dtick"] = 1
     return axis
@@ -107,7 +107,8 @@ def _throughput_figures(model: dict, ch: dict) -> list[dict]:
             lay["yaxis2"] = {"title": {"text": rate[1]}, "overlaying": "y", "side": "right", "rangemode": "tozero"}
             lay["margin"]["r"] = 60
         out.append({"id": "fig-throughput", "data": data, "layout": lay})
-        mx, my = None, None
+        mx: list | None = None
+        my: list = []
         if tp.get("mfu"):
             mx, my = tp["x"], tp["mfu"]
         elif tp.get("mfu_points"):

@@ -48,9 +48,8 @@ def infer(rows: list[dict], out: dict) -> None:
     inferred = []
     redop, root = big["redop"], big["root"]
     ratio = big["size_bytes"] / (big["count"] * esize) if esize else None
-    per_rank = ratio is not None and ratio >= 1.5
     coll = world = None
-    if per_rank:
+    if ratio is not None and ratio >= 1.5:  # the count is per rank
         world = round(ratio) if abs(ratio - round(ratio)) < 0.05 else None
         if redop in REDUCTIONS:
             coll = "reduce_scatter"

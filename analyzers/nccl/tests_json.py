@@ -44,7 +44,7 @@ def json_line(line: str) -> tuple[list[dict], bool, object] | None:
             root = v.get("root")
             rows.append({
                 "size_bytes": n_bytes, "count": count, "dtype": v.get("type"),
-                "redop": v.get("redop"), "root": int(root) if str(root).lstrip("-").isdigit() else None,
+                "redop": v.get("redop"), "root": int(str(root)) if str(root).lstrip("-").isdigit() else None,
                 "out_of_place": grp("oop"), "in_place": grp("ip"),
             })
     version = obj.get("version") if isinstance(obj, dict) else None

@@ -7,11 +7,13 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import types
 import zlib
 
 from diag import inflate
 from diag.errors import DiagInputError
 
+_inflate: types.ModuleType
 try:  # ISA-L's inflate (python-isal) is 2-3x faster than zlib's, with the same interface
     from isal import isal_zlib as _inflate
 except ImportError:
@@ -38,7 +40,7 @@ def blocks(path: str):
                 yield b
         limit = inflate.ceiling(os.fstat(f.fileno()).st_size)
         if _GzipReader is not None:
-            yield from _reader_blocks(f, path, limit)
+            yield from _reader_blocks(_GzipReader(f, READ_BYTES), path, limit)
         else:
             yield from inflate.gzip_blocks(f, path, limit, READ_BYTES, _inflate)
 
@@ -46,13 +48,12 @@ def blocks(path: str):
 _QUEUE_DEPTH = 3
 
 
-def _reader_blocks(f, path: str, limit: int):
+def _reader_blocks(reader, path: str, limit: int):
     """Blocks inflated into a ring of reused buffers. Each block is a memoryview that stays
     valid while the consumer holds it: the reader thread is at most _QUEUE_DEPTH blocks
     ahead of the block in use, and the ring is longer than that."""
     from gzip import BadGzipFile
 
-    reader = _GzipReader(f, READ_BYTES)
     ring = [memoryview(bytearray(READ_BYTES * 8)) for _ in range(_QUEUE_DEPTH + 3)]
     k = total = 0
     while True:
