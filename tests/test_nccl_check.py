@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from diag.collectors import nccl_bench as nb
-from diag.collectors import nccl_case
+from diag.collectors import nccl_case, nccl_sizes
 
 GIB = 1 << 30
 
@@ -90,7 +90,7 @@ def _case(coll, dtype, redop, rank=1, world=3, size=4000):
 @pytest.mark.parametrize("dtype,redop", [("float", "sum"), ("int8", "max"), ("bfloat16", "prod"),
                                          ("half", "avg"), ("uint8", "min")])
 def test_the_check_accepts_the_right_output_and_counts_each_wrong_element(monkeypatch, coll, dtype, redop):
-    monkeypatch.setattr(nb, "CHECK_CHUNK", 7)  # chunks that end inside every segment
+    monkeypatch.setattr(nccl_case, "CHECK_CHUNK", 7)  # chunks that end inside every segment
     case = _case(coll, dtype, redop)
     want = _correct_output(coll, case.counts, 1, 3, 2, case.redop_name)
     for in_place in (False, True):
@@ -127,7 +127,7 @@ _PEAK_RSS = (
 def _peak_rss_run(tmp_path, budget: str, *args) -> tuple[subprocess.CompletedProcess, int]:
     env = {k: v for k, v in __import__("os").environ.items()
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    env.update(OMP_NUM_THREADS="1", **({nb.MEMORY_ENV: budget} if budget else {}))
+    env.update(OMP_NUM_THREADS="1", **({nccl_sizes.MEMORY_ENV: budget} if budget else {}))
     proc = subprocess.run([sys.executable, "-c", _PEAK_RSS, "nccl", *args], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=240)
     peak = [int(line.split()[1]) * 1024 for line in proc.stderr.splitlines() if line.startswith("PEAK_KB")]

@@ -17,6 +17,7 @@ from conftest import run_job
 from diag import nccl_table
 from diag.analyzers.nccl import nccl_tests
 from diag.collectors import nccl_bench as nb
+from diag.collectors import nccl_comm
 
 RUN_TIMEOUT = 150
 
@@ -24,7 +25,7 @@ RUN_TIMEOUT = 150
 def _env(**extra) -> dict:
     env = dict(os.environ)
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "OMPI_COMM_WORLD_RANK",
-                "PMI_RANK", "SLURM_PROCID", nb.FAULT_ENV):
+                "PMI_RANK", "SLURM_PROCID", nccl_comm.FAULT_ENV):
         env.pop(key, None)
     env["OMP_NUM_THREADS"] = "1"
     env.update(extra)
@@ -292,7 +293,7 @@ def test_peer_dying_mid_sweep_keeps_the_rows_measured(tmp_path):
     out_json = tmp_path / "bench.json"
     proc = _run(_diag("--nproc-per-node", "2", "-b", "1K", "-e", "64K", "-f", "2", "-w", "1", "-n", "2",
                       "--timeout", "30", "--json", str(out_json)),
-                cwd=tmp_path, env=_env(**{nb.FAULT_ENV: "exit:1:2"}))
+                cwd=tmp_path, env=_env(**{nccl_comm.FAULT_ENV: "exit:1:2"}))
     assert proc.returncode != 0
     doc = json.loads(out_json.read_text())
     test = doc["tests"][0]
@@ -309,7 +310,7 @@ def test_timeout_ends_a_run_whose_peer_hangs(tmp_path):
     start = time.monotonic()
     proc = _run(_diag("--nproc-per-node", "2", "-b", "1K", "-e", "8K", "-f", "2", "-w", "1", "-n", "2",
                       "--timeout", "2", "--json", str(out_json)),
-                cwd=tmp_path, env=_env(**{nb.FAULT_ENV: "hang:1:1"}), timeout=90)
+                cwd=tmp_path, env=_env(**{nccl_comm.FAULT_ENV: "hang:1:1"}), timeout=90)
     assert time.monotonic() - start < 90
     assert proc.returncode != 0
     test = json.loads(out_json.read_text())["tests"][0]

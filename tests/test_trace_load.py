@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from diag.analyzers.trace import load as trace_load
+from diag.analyzers.trace import read_blocks
 from diag.analyzers.trace.load import load_trace, step_windows
 from diag.errors import DiagInputError
 
@@ -93,7 +94,7 @@ def _kernel(ts, name="k", dur=1.0, corr=1):
 def test_chunk_boundaries_inside_strings(tmp_path, monkeypatch, compact):
     """Tiny chunks force boundaries everywhere, including `}, {` inside kernel names."""
     monkeypatch.setattr(trace_load, "CHUNK_BYTES", 64)
-    monkeypatch.setattr(trace_load, "READ_BYTES", 17)
+    monkeypatch.setattr(read_blocks, "READ_BYTES", 17)
     tricky = ["void f<{lambda()#1}, {lambda()#2}>(int)", 'quote " and }, { and ], "x": 1}', "plain"]
     events = [_kernel(float(i), name=tricky[i % 3], corr=i) for i in range(50)]
     doc = {"traceName": "x", "traceEvents": events, "deviceProperties": [{"id": 0, "name": "NVIDIA H100"}],

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from diag.analyzers.trace import load as trace_load
+from diag.analyzers.trace import read_blocks
 from diag.analyzers.trace import schema as trace_schema
 from diag.analyzers.trace.load import load_trace
 from diag.errors import DiagInputError
@@ -173,20 +174,20 @@ INFLATERS = ["zlib", "isal-decompressobj", "isal-reader"]
 
 def _use_inflater(monkeypatch, which):
     if which == "zlib":
-        monkeypatch.setattr(trace_load, "_inflate", zlib)
-        monkeypatch.setattr(trace_load, "_GzipReader", None)
+        monkeypatch.setattr(read_blocks, "_inflate", zlib)
+        monkeypatch.setattr(read_blocks, "_GzipReader", None)
     elif which == "isal-decompressobj":
         pytest.importorskip("isal")
-        monkeypatch.setattr(trace_load, "_GzipReader", None)
+        monkeypatch.setattr(read_blocks, "_GzipReader", None)
     else:
         isal_zlib = pytest.importorskip("isal.isal_zlib")
-        monkeypatch.setattr(trace_load, "_GzipReader", isal_zlib._GzipReader)
+        monkeypatch.setattr(read_blocks, "_GzipReader", isal_zlib._GzipReader)
 
 
 @pytest.mark.parametrize("which", INFLATERS)
 def test_every_inflater_gives_the_same_columns(real_traces, monkeypatch, which):
     path = real_traces / "v100_1rank_compute.json.gz"
-    monkeypatch.setattr(trace_load, "READ_BYTES", 64 << 10)  # many blocks: the reader's ring wraps
+    monkeypatch.setattr(read_blocks, "READ_BYTES", 64 << 10)  # many blocks: the reader's ring wraps
     with monkeypatch.context() as m:
         _use_inflater(m, "zlib")
         reference = load_trace(path)
@@ -237,7 +238,7 @@ def test_direct_block_decoding_equals_general_path(tmp_path, monkeypatch, compac
     p = tmp_path / "t.json.gz"
     p.write_bytes(gzip.compress(text, compresslevel=1))
     monkeypatch.setattr(trace_load, "CHUNK_BYTES", 8 << 10)
-    monkeypatch.setattr(trace_load, "READ_BYTES", 2 << 10)
+    monkeypatch.setattr(read_blocks, "READ_BYTES", 2 << 10)
     outcomes = []
     real = trace_load._decode_direct
 
