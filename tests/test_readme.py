@@ -48,6 +48,7 @@ COMMANDS: dict[str, tuple] = {
     TORCH + " && python3 -m pip install -e '.[dev]'": (
         "not here", "the install .ci/run performs in a fresh virtual environment"),
     "python3 -m pytest": ("not here", "the suite this test belongs to"),
+    "python3 -m pytest -n0 tests/test_causes.py": ("not here", "one file of the suite this test belongs to"),
     "bash .ci/run": ("not here", "CI itself"),
     "python3 .ci/typecheck": ("not here", "CI runs it after the tests (.ci/run); about 30 s of mypy"),
     "diag demo": ("run", "diag demo", ""),
