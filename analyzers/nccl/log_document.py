@@ -24,6 +24,18 @@ from diag.analyzers.nccl.log_grammar import (
 from diag.analyzers.nccl.log_state import LogState
 
 
+def _fold(mine: dict, theirs: dict, cap: int | None, combine) -> None:
+    """Each of `theirs` into `mine`: a key new to `mine` is taken while `mine` holds fewer than
+    `cap` (None: no cap), a key in both is combined (`combine(mine's value, theirs)`)."""
+    for k, v in theirs.items():
+        m = mine.get(k)
+        if m is None:
+            if cap is None or len(mine) < cap:
+                mine[k] = v
+        else:
+            combine(m, v)
+
+
 # -- merging (parallel parsing of one large file in byte ranges) ---------------------
 def merge(p: LogState, o: LogState) -> None:
     """Fold the state of a parser that read a later part of the input into this one."""
@@ -70,17 +82,7 @@ def merge_topology(p: LogState, o: LogState) -> None:
     for k, r in o.ranks.items():
         if k not in p.ranks and len(p.ranks) < MAX_RANKS:
             p.ranks[k] = r
-    for cid, c in o.comms.items():
-        mine = p.comms.get(cid)
-        if mine is None:
-            if len(p.comms) < MAX_COMMS:
-                p.comms[cid] = c
-            continue
-        mine["ranks"].update(c["ranks"])
-        mine["hosts"].update(c["hosts"])
-        mine["init_complete"] += c["init_complete"]
-        mine["nnodes"] = mine["nnodes"] or c["nnodes"]
-        mine["local_ranks"] = mine["local_ranks"] or c["local_ranks"]
+    _fold(p.comms, o.comms, MAX_COMMS, _combine_comm)
     for k, v in o.rings.items():
         if len(p.rings) < 1024:
             p.rings.setdefault(k, v)
@@ -109,69 +111,55 @@ def merge_topology(p: LogState, o: LogState) -> None:
     p.env.update(o.env)
 
 
+def _combine_comm(mine: dict, c: dict) -> None:
+    mine["ranks"].update(c["ranks"])
+    mine["hosts"].update(c["hosts"])
+    mine["init_complete"] += c["init_complete"]
+    mine["nnodes"] = mine["nnodes"] or c["nnodes"]
+    mine["local_ranks"] = mine["local_ranks"] or c["local_ranks"]
+
+
 def merge_collectives(p: LogState, o: LogState) -> None:
     """Collective calls, operation counts and the tuner's choices."""
-    for op, a in o.colls.items():
-        mine = p.colls.get(op)
-        if mine is None:
-            p.colls[op] = a
-            continue
-        for k in ("calls", "elements", "bytes"):
-            mine[k] += a[k]
-        _add_counts(mine["dtypes"], a["dtypes"])
-        _add_counts(mine["redops"], a["redops"])
-        mine["nranks"] = sorted(set(mine["nranks"]) | set(a["nranks"]))[:64]
-        if len(mine["comms"]) < MAX_COMMS:
-            mine["comms"].update(a["comms"])
-        mine["max_count"] = max(mine["max_count"], a["max_count"])
+    _fold(p.colls, o.colls, None, _combine_coll)
     for comm, oc in o.opcounts.items():
         if oc > p.opcounts.get(comm, -1) and (comm in p.opcounts or len(p.opcounts) < MAX_COMMS):
             p.opcounts[comm] = oc
-    for k, c in o.tune_choices.items():
-        mine = p.tune_choices.get(k)
-        if mine is None:
-            if len(p.tune_choices) < 1000:
-                p.tune_choices[k] = c
-            continue
-        mine["calls"] += c["calls"]
-        mine["min_bytes"] = min(mine["min_bytes"], c["min_bytes"])
-        mine["max_bytes"] = max(mine["max_bytes"], c["max_bytes"])
-        if c["channels"] is not None:
-            mine["channels"] = max(mine["channels"] or 0, c["channels"])
+    _fold(p.tune_choices, o.tune_choices, 1000, _combine_tune_choice)
     for name, row in o.tune_table.items():
         p.tune_table.setdefault(name, row)
 
 
+def _combine_coll(mine: dict, a: dict) -> None:
+    for k in ("calls", "elements", "bytes"):
+        mine[k] += a[k]
+    _add_counts(mine["dtypes"], a["dtypes"])
+    _add_counts(mine["redops"], a["redops"])
+    mine["nranks"] = sorted(set(mine["nranks"]) | set(a["nranks"]))[:64]
+    if len(mine["comms"]) < MAX_COMMS:
+        mine["comms"].update(a["comms"])
+    mine["max_count"] = max(mine["max_count"], a["max_count"])
+
+
+def _combine_tune_choice(mine: dict, c: dict) -> None:
+    mine["calls"] += c["calls"]
+    mine["min_bytes"] = min(mine["min_bytes"], c["min_bytes"])
+    mine["max_bytes"] = max(mine["max_bytes"], c["max_bytes"])
+    if c["channels"] is not None:
+        mine["channels"] = max(mine["channels"] or 0, c["channels"])
+
+
 def merge_failures(p: LogState, o: LogState) -> None:
     """Warnings, error chains, watchdog timeouts, desync reports and the flight recorder."""
-    for k, w in o.warn_kinds.items():
-        mine = p.warn_kinds.get(k)
-        if mine is None:
-            if len(p.warn_kinds) < MAX_WARN_KINDS:
-                p.warn_kinds[k] = w
-            continue
+    def warn_kind(mine: dict, w: dict) -> None:
         mine["count"] += w["count"]
         mine["hosts"] = (mine["hosts"] + [h for h in w["hosts"] if h not in mine["hosts"]])[:64]
         mine["evidence"] = (mine["evidence"] + w["evidence"])[: p.cap]
+
+    _fold(p.warn_kinds, o.warn_kinds, MAX_WARN_KINDS, warn_kind)
     close_chains(p)
-    for k, c in o.chains.items():
-        mine = p.chains.get(k)
-        if mine is None:
-            if len(p.chains) < MAX_CHAINS:
-                p.chains[k] = c
-        else:
-            mine["count"] += c["count"]
-    for k, tmo in o.timeouts.items():
-        mine = p.timeouts.get(k)
-        if mine is None:
-            if len(p.timeouts) < 1000:
-                p.timeouts[k] = tmo
-            continue
-        mine["count"] += tmo["count"]
-        mine["ranks"].update(tmo["ranks"])
-        mine["ran_ms"] = max(mine["ran_ms"] or 0, tmo["ran_ms"] or 0) or None
-        for f in ("numel_in", "numel_out"):
-            mine[f] = mine[f] if mine[f] is not None else tmo[f]
+    _fold(p.chains, o.chains, MAX_CHAINS, _combine_count)
+    _fold(p.timeouts, o.timeouts, 1000, _combine_timeout)
     for k, w in o.wd_state.items():
         if k in p.wd_state or len(p.wd_state) < MAX_RANKS:
             p.wd_state[k] = w
@@ -188,43 +176,52 @@ def merge_failures(p: LogState, o: LogState) -> None:
         fr["max_seq"] = max(fr.get("max_seq", -1), ofr["max_seq"])
 
 
+def _combine_count(mine: dict, c: dict) -> None:
+    mine["count"] += c["count"]
+
+
+def _combine_timeout(mine: dict, tmo: dict) -> None:
+    mine["count"] += tmo["count"]
+    mine["ranks"].update(tmo["ranks"])
+    mine["ran_ms"] = max(mine["ran_ms"] or 0, tmo["ran_ms"] or 0) or None
+    for f in ("numel_in", "numel_out"):
+        mine[f] = mine[f] if mine[f] is not None else tmo[f]
+
+
 def merge_inspector(p: LogState, o: LogState) -> None:
     """The Inspector plugin's records."""
     ins, oins = p.inspector, o.inspector
     ins["records"] += oins["records"]
     for k in ("n_ranks", "nnodes", "format"):
         ins[k] = ins.get(k) or oins.get(k)
-    for coll, a in oins["colls"].items():
-        mine = ins["colls"].get(coll)
-        if mine is None:
-            if len(ins["colls"]) < 64:
-                ins["colls"][coll] = a
-            continue
-        mine["count"] += a["count"]
-        mine["busbw_sum"] += a["busbw_sum"]
-        mine["exec_time_us_sum"] += a["exec_time_us_sum"]
-        mine["max_msg_size_bytes"] = max(mine["max_msg_size_bytes"], a["max_msg_size_bytes"])
-        if a["busbw_max"] is not None:
-            mine["busbw_max"] = a["busbw_max"] if mine["busbw_max"] is None else max(mine["busbw_max"], a["busbw_max"])
+    _fold(ins["colls"], oins["colls"], 64, _combine_inspected)
+
+
+def _combine_inspected(mine: dict, a: dict) -> None:
+    mine["count"] += a["count"]
+    mine["busbw_sum"] += a["busbw_sum"]
+    mine["exec_time_us_sum"] += a["exec_time_us_sum"]
+    mine["max_msg_size_bytes"] = max(mine["max_msg_size_bytes"], a["max_msg_size_bytes"])
+    if a["busbw_max"] is not None:
+        mine["busbw_max"] = a["busbw_max"] if mine["busbw_max"] is None else max(mine["busbw_max"], a["busbw_max"])
 
 
 def merge_signals(p: LogState, o: LogState) -> None:
     """The signals the finding rules read."""
-    for name, b in o.signals.items():
-        mine = p.signals.get(name)
-        if mine is None:
-            p.signals[name] = b
-            continue
-        mine.count += b.count
-        mine.lines = (mine.lines + b.lines)[: mine.cap]
-        mine.full = len(mine.lines) >= mine.cap
-        for k, v in b.data.items():
-            if isinstance(v, list):
-                lst = mine.data.setdefault(k, [])
-                lst.extend(x for x in v if x not in lst)
-                del lst[1000:]
-            else:
-                mine.data.setdefault(k, v)
+    _fold(p.signals, o.signals, None, _combine_signal)
+
+
+def _combine_signal(mine, b) -> None:
+    mine.count += b.count
+    mine.lines = (mine.lines + b.lines)[: mine.cap]
+    mine.full = len(mine.lines) >= mine.cap
+    for k, v in b.data.items():
+        if isinstance(v, list):
+            lst = mine.data.setdefault(k, [])
+            lst.extend(x for x in v if x not in lst)
+            del lst[1000:]
+        else:
+            mine.data.setdefault(k, v)
 
 
 # -- result ----------------------------------------------------------------------------
