@@ -52,6 +52,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from diag.collectors import launch_env
 from diag.collectors.nccl_case import Case
@@ -450,7 +451,7 @@ def run_rank(cfg: BenchConfig, reporter: Reporter | None = None, info: launch_en
     for c in cfg.collectives:
         normalize_collective(c)
     cfg.sizes()  # validate before any process waits for another
-    doc = {
+    doc: dict[str, Any] = {
         "schema": SCHEMA, "source": "diag nccl", "tests": [], "status": "ok", "errors": [],
         "launcher": info.launcher, "world_size": info.world_size, "params": cfg.params(), "notes": [],
     }

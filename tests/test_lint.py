@@ -26,7 +26,7 @@ LAYERS = {
     # The names every stage shares (classes, measurements, the analysis's settings).
     "analyzers/model.py": (),
     # The analysis (facts) never imports the diagnosis (judgement).
-    "analyzers/trace": ("diag.errors", "diag.inflate", *RUN_DIR, f"{_ANALYZERS}.analysis_types",
+    "analyzers/trace": ("diag.errors", "diag.inflate", *RUN_DIR, f"{_ANALYZERS}.analysis_types", f"{_ANALYZERS}.numbers",
                         f"{_ANALYZERS}.intervals", f"{_ANALYZERS}.model", f"{_ANALYZERS}.trace",
                         f"{_ANALYZERS}.whatif.rank"),
     "analyzers/whatif": ("diag.errors", f"{_ANALYZERS}.intervals", f"{_ANALYZERS}.trace.event_classes",

@@ -60,6 +60,7 @@ class _Handler(BaseHTTPRequestHandler):
     # kept-alive connection (as Prometheus keeps) would wait ~40 ms on every scrape.
     disable_nagle_algorithm = True
     server_version = "diag-exporter"
+    server: MetricsServer  # the server that made this handler (socketserver sets it)
     # A scraper that opens a connection and never sends a request must not hold a thread forever
     # (the reaper closes it; this bounds each read in between).
     timeout = IDLE_TIMEOUT_S

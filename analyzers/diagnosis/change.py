@@ -10,6 +10,8 @@ it is a "fragile" win or loss; otherwise "no clear change".
 
 from __future__ import annotations
 
+from typing import Any
+
 from diag.analyzers.diagnosis.loader_model import batch_is_cpu_work, cpus_per_rank, expectation, loader_rates
 from diag.analyzers.diagnosis.steady import interval_level, level, levels_ratio_interval
 
@@ -117,7 +119,7 @@ def prediction_check(changes_before: list[dict], changes_after: list[dict], appl
     if applied is None:
         return None
     e = {c["change"]: c for c in changes_before}.get(applied)
-    out = {"change": applied, "kind": "ceiling", "inferred": False, "description": e["description"] if e else None,
+    out: dict[str, Any] = {"change": applied, "kind": "ceiling", "inferred": False, "description": e["description"] if e else None,
            "baseline_step_ms": e["baseline_step_ms"] if e else None,
            "predicted_step_ms": e.get("predicted_step_ms") if e else None,
            "measured_step_ms": changes_after[0]["baseline_step_ms"] if changes_after else None, "error": None}
@@ -162,7 +164,7 @@ def loader_check(doc_a: dict, doc_b: dict, tree) -> dict | None:
     what = f"num_workers {before} -> {after}"
     rates = loader_rates(_rank_steps(doc_a).get(rank, []), before, th)
     measured = [m.step_ms for r in lb if (m := loader_rates(_rank_steps(doc_b).get(r, []), after, th))]
-    out = {"change": what, "kind": "action", "inferred": False, "source": "the runs' recorded DataLoader settings",
+    out: dict[str, Any] = {"change": what, "kind": "action", "inferred": False, "source": "the runs' recorded DataLoader settings",
            "expected_step_ms": None, "low_ms": None, "high_ms": None, "baseline_step_ms": None,
            "measured_step_ms": max(measured) if measured else None, "error": None, "within_range": None}
     if rates is None or not measured:

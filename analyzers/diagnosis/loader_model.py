@@ -70,19 +70,19 @@ def loader_rates(steps: list, workers: int, thresholds: dict, workers_cpu: float
     `workers_cpu`: the CPUs the run's workers used (its samples), for a loader with workers.
     Traced steps are left out (the profiler slows the step's own work), unless no other is
     left; so is warm-up, which holds the workers' start and the first batches."""
-    rows = [s for s in steps if isinstance(s, dict) and _num(s.get("duration_ms")) and
-            _num(s.get("data_wait_ms")) is not None]
+    measured = [(s, _num(s.get("duration_ms")), _num(s.get("data_wait_ms"))) for s in steps if isinstance(s, dict)]
+    rows = [(s, d, w) for s, d, w in measured if d and w is not None]
     rows = rows[warmup_steps(len(rows), thresholds):]
-    plain = [s for s in rows if s.get("evidence") != "trace"]
+    plain = [row for row in rows if row[0].get("evidence") != "trace"]
     rows = plain if len(plain) >= 3 else rows
     if len(rows) < 3:
         return None
-    dur = [_num(s["duration_ms"]) for s in rows]
-    wait = [min(_num(s["data_wait_ms"]), d) for s, d in zip(rows, dur)]
+    dur = [d for _, d, _ in rows]
+    wait = [min(w, d) for _, d, w in rows]
     rest = [d - w for d, w in zip(dur, wait)]
     step_ms, wait_ms, rest_ms = statistics.median(dur), statistics.median(wait), statistics.median(rest)
-    cpu_rows = [(_num(s.get("data_cpu_ms")), _num(s.get("cpu_ms"))) for s in rows]
-    cpu_rows = [(wc, c) for wc, c in cpu_rows if wc is not None and c is not None]
+    cpu_read = [(_num(s.get("data_cpu_ms")), _num(s.get("cpu_ms"))) for s, _, _ in rows]
+    cpu_rows = [(wc, c) for wc, c in cpu_read if wc is not None and c is not None]
     batch_cpu = rest_cpu = None
     if len(cpu_rows) >= 3:
         batch_cpu = statistics.median(wc for wc, _ in cpu_rows)

@@ -17,6 +17,7 @@ Computed here only; the views render it.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -108,7 +109,7 @@ def memory_section(ranks: dict, tree, world: int | None = None) -> dict:
             peak[r["rank"]] = p
         if c:
             cap[r["rank"]] = c
-    fullest = max(peak, key=peak.get) if peak else next(iter(ranks), None)
+    fullest = max(peak, key=lambda k: peak[k]) if peak else next(iter(ranks), None)
     r = ranks.get(fullest) if fullest is not None else None
     facts = _facts(r) if r is not None else None
     if facts is None:
@@ -119,7 +120,7 @@ def memory_section(ranks: dict, tree, world: int | None = None) -> dict:
         samples = float(np.median(s)) if len(s) else None
     b = breakdown(facts, peak.get(fullest) if fullest is not None else None, samples)
     dp = max(int(world or 1), 1)
-    out = {"peak_bytes": max(peak.values()) if peak else None,
+    out: dict[str, Any] = {"peak_bytes": max(peak.values()) if peak else None,
            "capacity_bytes": min(cap.values()) if cap else None, "advice": None, "text": None,
            "breakdown": b, "levers": levers(b, dp, bool(facts and facts.get("sharded")), samples),
            "samples_per_step": samples}

@@ -19,6 +19,7 @@ import numpy as np
 from diag.analyzers import intervals as iv
 from diag.analyzers.analysis_types import SYNC_OP_NAMES, TraceRankFacts
 from diag.analyzers.model import FactSettings
+from diag.analyzers.numbers import dict_at
 from diag.analyzers.trace import (
     accumulation,
     call_sites,
@@ -120,7 +121,7 @@ def _rank_of(trace: Trace, rank: int | None) -> tuple[int | None, str | None, di
     """(rank, where it came from, the trace's distributedInfo with a rank or world size that
     cannot be one left out)."""
     meta = trace.meta
-    dist = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
+    dist = dict_at(meta, "distributedInfo")
     dist = {k: v for k, v in dist.items() if k not in ("rank", "world_size")} | {
         "rank": rank_number(dist.get("rank")), "world_size": world_size_number(dist.get("world_size"))}
     rank_from = "argument" if rank is not None else None

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -98,7 +98,7 @@ def _in_spans(lo: np.ndarray, hi: np.ndarray, spans: np.ndarray) -> np.ndarray:
 
 class _TraceIndex(NamedTuple):
     """What every step's graph of one trace looks up."""
-    trace: object
+    trace: Any  # a diag.analyzers.trace.columns.Trace (the what-if imports no trace module)
     blocking: np.ndarray  # per runtime call: it blocks the host
     corr_index: tuple  # (device rows sorted by correlation id, their sorted ids)
     dev_classes: np.ndarray

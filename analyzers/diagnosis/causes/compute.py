@@ -7,6 +7,7 @@ import re
 
 from diag.analyzers.diagnosis.causes.common import ms_text, ranks_text, times_text
 from diag.analyzers.diagnosis.context import JobContext
+from diag.analyzers.numbers import dict_at
 
 
 def fp32_math(ctx: JobContext) -> dict | None:
@@ -122,7 +123,7 @@ def matrix_ops(ctx: JobContext) -> dict | None:
                        "small products into one (bmm, grouped GEMMs), or let torch.compile(mode='max-autotune') "
                        "pick kernels for these shapes.")
     fp32 = [g for g in groups if g["dtype"] == "fp32"]
-    cpu = (merged.get("info") or {}).get("cpu") if isinstance((merged.get("info") or {}).get("cpu"), dict) else {}
+    cpu = dict_at(dict_at(merged, "info"), "cpu")
     if fp32 and not device:
         isa = f" ({cpu['isa']})" if cpu.get("isa") else ""
         if cpu.get("bf16_units") is False:
