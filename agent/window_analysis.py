@@ -89,7 +89,8 @@ class WindowAnalysis:
         server, self._server = self._server, None
         if server is not None:
             try:
-                server.stdin.close()  # end of jobs: the service exits
+                if server.stdin is not None:  # always, with stdin=PIPE
+                    server.stdin.close()  # end of jobs: the service exits
             except OSError:
                 pass
             try:
@@ -124,9 +125,12 @@ class WindowAnalysis:
                 return
         job = {"trace": str(path), "out": str(out), "rank": self.rank, "first": first, "last": last,
                "tree": self.tree_settings, "host_peaks": self.host_peaks}
+        pipe = self._server.stdin  # always set, with stdin=PIPE
         try:
-            self._server.stdin.write(json.dumps(job) + "\n")
-            self._server.stdin.flush()
+            if pipe is None:
+                raise ValueError("the analysis process has no input")
+            pipe.write(json.dumps(job) + "\n")
+            pipe.flush()
         except (OSError, ValueError) as exc:
             self.log(f"profiler: the window analysis process is gone ({exc}); traces are kept")
             self._server = None

@@ -116,8 +116,9 @@ class Handle:
         wait = _num(rec.get("data_wait_s"))
         wait = min(max(wait, 0.0), duration) if wait is not None else None
         shares = rec.get("shares")
-        fractions = [_num(shares.get(b)) for b in BOUNDS] if isinstance(shares, dict) else [None]
-        if None not in fractions:
+        read = [_num(shares.get(b)) for b in BOUNDS] if isinstance(shares, dict) else []
+        fractions = [f for f in read if f is not None]
+        if isinstance(shares, dict) and len(fractions) == len(BOUNDS):
             phases = [(b, duration * f if f > 0 else 0.0) for b, f in zip(BOUNDS, fractions)]
             wait_f = _num(shares.get("wait"))
             if wait_f is not None and wait_f > 0:
@@ -226,7 +227,8 @@ class Handle:
 
     def _window(self, doc: dict) -> None:
         # A window summary file of the run directory wraps the rank dict under "analysis".
-        rank = doc.get("analysis") if isinstance(doc.get("analysis"), dict) else doc
+        analysis = doc.get("analysis")
+        rank = analysis if isinstance(analysis, dict) else doc
         mfu = _num(rank.get("mfu"))
         gpu_time = dict_at(rank, "gpu_time")
         overlap = _num(gpu_time.get("comm_compute_overlap_pct"))
@@ -263,9 +265,11 @@ class Handle:
         if bound is not None and bound not in BOUNDS:
             raise ValueError(f"unknown bound {bound!r}")
         shares = dict_at(doc, "phase_shares")
-        ratios = {(b,): v for b, v in ((b, _num(shares.get(b))) for b in CLASSES) if v is not None}
+        ratios: dict[tuple[str, ...], float] = {(b,): v for b, v in ((b, _num(shares.get(b))) for b in CLASSES)
+                                                  if v is not None}
         with self.state.lock:
-            self.state.replace("diag_job_bound", {(b,): float(b == bound) for b in BOUNDS} if bound else {})
+            bounds: dict[tuple[str, ...], float] = {(b,): float(b == bound) for b in BOUNDS} if bound else {}
+            self.state.replace("diag_job_bound", bounds)
             self.state.replace("diag_job_phase_ratio", ratios)
             episodes = doc.get("straggler_episodes")
             if isinstance(episodes, dict) and isinstance(episodes.get("episodes"), list):
@@ -301,8 +305,8 @@ class Handle:
         self.close()
 
 
-def _count_ids(findings) -> dict[tuple[str], float]:
-    counts: dict[tuple[str], float] = {}
+def _count_ids(findings) -> dict[tuple[str, ...], float]:
+    counts: dict[tuple[str, ...], float] = {}
     for f in findings or []:
         if isinstance(f, dict) and f.get("id"):
             key = (str(f["id"]),)

@@ -20,6 +20,7 @@ import bisect
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeGuard
 
 import numpy as np
 
@@ -50,7 +51,8 @@ TOP_N = 20
 # -- one rank ---------------------------------------------------------------------------
 
 
-def _finite(x) -> bool:
+def _finite(x) -> TypeGuard[float]:
+    """Whether x is a finite real number (so the checker reads it as a float after the test)."""
     return finite(x) is not None
 
 

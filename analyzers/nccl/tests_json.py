@@ -9,7 +9,7 @@ import math
 import re
 
 
-def json_line(line: str) -> tuple[list[dict], bool, object] | None:
+def json_line(line: str) -> tuple[list[dict], bool, str | None] | None:
     """The rows of the JSON object printed by the nccl-tests --json fork, whether the line was
     whole, and the NCCL version it names; a truncated line is salvaged. None: not such a line."""
     try:
@@ -48,7 +48,7 @@ def json_line(line: str) -> tuple[list[dict], bool, object] | None:
                 "out_of_place": grp("oop"), "in_place": grp("ip"),
             })
     version = obj.get("version") if isinstance(obj, dict) else None
-    return rows, complete, version
+    return rows, complete, str(version) if version else None
 
 
 def _jint(v) -> int | None:

@@ -223,16 +223,16 @@ def merge_per_step(parts: list[tuple[dict | None, int]]) -> dict | None:
     """Per-step facts of several windows, each (facts, traced steps), over all their steps:
     numbers weighted by steps, lists of {"name", ...} merged by name (their numbers likewise,
     most first), other values from the first window."""
-    parts = [(f, n) for f, n in parts if isinstance(f, dict) and n > 0]
-    if not parts:
+    windows = [(f, n) for f, n in parts if isinstance(f, dict) and n > 0]
+    if not windows:
         return None
-    total = sum(n for _, n in parts)
+    total = sum(n for _, n in windows)
     out: dict = {}
-    for key, first in parts[0][0].items():
+    for key, first in windows[0][0].items():
         if isinstance(first, (int, float)) and not isinstance(first, bool):
-            out[key] = round(sum(float(f.get(key) or 0.0) * n for f, n in parts) / total, 4)
+            out[key] = round(sum(float(f.get(key) or 0.0) * n for f, n in windows) / total, 4)
         elif isinstance(first, list):
-            out[key] = _merge_named([(f.get(key) or [], n / total) for f, n in parts])
+            out[key] = _merge_named([(f.get(key) or [], n / total) for f, n in windows])
         else:
             out[key] = first
     return out
@@ -258,8 +258,8 @@ def _merge_named(parts: list[tuple[list, float]]) -> list[dict]:
                 else:
                     acc.setdefault(k, v)
 
-    def weight(r: dict) -> float:  # time first, else the first per-step figure
+    def most_first(r: dict) -> float:  # time first, else the first per-step figure
         key = "ms_per_step" if "ms_per_step" in r else next((k for k in r if k.endswith("per_step")), None)
         return -(r.get(key) or 0.0) if key else 0.0
 
-    return sorted(rows.values(), key=weight)
+    return sorted(rows.values(), key=most_first)

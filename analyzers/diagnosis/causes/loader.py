@@ -3,6 +3,8 @@ each with the worker count that would and the step predicted for it (loader_mode
 
 from __future__ import annotations
 
+from typing import Any
+
 from diag.analyzers.diagnosis.causes.common import ranks_text, recorded_loaders, upper_median
 from diag.analyzers.diagnosis.context import JobContext
 from diag.analyzers.diagnosis.loader_model import (
@@ -20,7 +22,7 @@ def _host_median(merged: dict, key: str) -> float | None:
                     and isinstance(s["host"].get(key), (int, float)) and not isinstance(s["host"][key], bool)])
 
 
-def _collate_split(analysis: dict) -> tuple[float, float] | None:
+def _collate_split(analysis: dict) -> tuple[float | None, float | None] | None:
     """(median data wait, median collate time) in ms per step, over the steps that timed both."""
     rows = [(float(s["data_wait_ms"]), float(s["collate_ms"])) for s in analysis.get("steps") or []
             if isinstance(s, dict) and isinstance(s.get("data_wait_ms"), (int, float))
@@ -80,7 +82,7 @@ def no_loader_workers(ctx: JobContext) -> dict | None:
     io, io_ev = _io_text(merged)
     if io:
         text += f" Meanwhile {io}."
-    out = {"text": text, "action": action,
+    out: dict[str, Any] = {"text": text, "action": action,
            "evidence": {"ranks": idle, "loader": ld, "data_wait_ms": split[0] if split else None,
                         "collate_ms": split[1] if split else None, **io_ev}}
     if planned:
@@ -219,7 +221,7 @@ def loader_workers(ctx: JobContext) -> dict | None:
         text = (f"The {where} on {ranks_text(ranks)} has {w} workers, and they use {used:.1f} CPUs ({used / w:.0%} of "
                 "theirs" + (f", with the host's CPUs {host_cpu:.0%} busy" if starved else "")
                 + "): decoding and augmenting the samples is CPU-bound, and the step still waits for it.")
-        if more:
+        if more and planned is not None:
             action = (f"Raise num_workers from {w} to {planned[1].workers} ({ld['cpus']} CPUs for "
                       f"{ld.get('local_ranks') or 1} local ranks, one left to the training process).")
         elif starved:
@@ -239,14 +241,14 @@ def loader_workers(ctx: JobContext) -> dict | None:
                 "theirs) while the step waits for data: the workers wait on reads, not on the CPU"
                 + (f"; {io}" if io else "") + ".")
         action = ((f"Raise num_workers from {w} to {planned[1].workers}: workers that wait on reads need no CPU of "
-                   "their own. " if more else "")
+                   "their own. " if more and planned is not None else "")
                   + "Make the reads faster or earlier: copy the dataset to local NVMe, read larger sequential shards "
                   "(WebDataset, a packed format) instead of many small files, and raise prefetch_factor "
                   f"(now {ld.get('prefetch_factor')}) so that more batches are in flight.")
-    out = {"text": text, "action": action,
+    out: dict[str, Any] = {"text": text, "action": action,
            "evidence": {"ranks": ranks, "kind": kind, "loader": ld, "workers_cpu": round(used, 3),
                         "host_cpu": _rounded(host_cpu), "cpus_per_rank": per_rank, **io_ev}}
-    if more:
+    if more and planned is not None:
         out["evidence"]["model"] = _plan_evidence(*planned)
         out["expect"] = _plan_expectation(*planned)
     return out
