@@ -79,7 +79,7 @@ def _check_reachable(addr: str) -> None:
     try:
         socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
     except (OSError, ValueError) as exc:
-        raise DiagInputError(f"Ray: cannot reach the cluster at {addr} ({exc.strerror or exc})") from None
+        raise DiagInputError(f"Ray: cannot reach the cluster at {addr} ({getattr(exc, 'strerror', None) or exc})") from None
 
 
 def _files_here(files: list[str]) -> list[bool]:

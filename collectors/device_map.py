@@ -38,7 +38,7 @@ class DeviceRef:
 
     @property
     def is_mig(self) -> bool:
-        return bool(self.uuid) and self.uuid.upper().startswith("MIG-")
+        return self.uuid is not None and self.uuid.upper().startswith("MIG-")
 
     def describe(self) -> str:
         what = f"uuid {self.uuid}" if self.uuid else f"index {self.index}"

@@ -331,6 +331,8 @@ def import_amdsmi(env: Mapping[str, str], log: Log):
 def _load_package(name: str, directory: Path):
     spec = importlib.util.spec_from_file_location(name, directory / "__init__.py",
                                                   submodule_search_locations=[str(directory)])
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{directory} holds no importable package")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)

@@ -99,7 +99,7 @@ def _episode_straggler(episode: dict | None, live: list, th: dict) -> dict | Non
     rule the report names a straggler over time by, for lateness under straggler_step_excess."""
     rank = (episode or {}).get("rank")
     mine = next((r for r in live if r.rank == rank), None)
-    if mine is None:
+    if mine is None or episode is None:
         return None
     cause, text = _likely_cause(mine, [p for p in live if p.rank != rank], th)
     late = episode.get("median_lateness_ms")

@@ -26,7 +26,8 @@ def resolve(ranks: list[dict], tree) -> list[dict]:
         if r.get("bound") != PEER:
             continue
         peer, bound = _follow(rid, by_id, own)
-        r = _through_peer(r, peer, bound, tree) if bound is not None else with_verdict(r, own_work(r, tree), tree)
+        r = (_through_peer(r, peer, bound, tree) if bound is not None and peer is not None  # a bound comes with its rank
+             else with_verdict(r, own_work(r, tree), tree))
         now[rid] = _resolve_steps(r, now.get(peer) if peer is not None else None, tree)
     for rid, r in by_id.items():
         if r.get("bound") != PEER:

@@ -188,12 +188,17 @@ def rank_from_metrics(series: dict, history: EndpointHistory, now: float,
     n = d.get("steps") or 0.0
 
     def per_step(k: str) -> float | None:
-        return d[k] / n * 1000.0 if n > 0 and d.get(k) is not None else None
+        v = d.get(k)
+        return v / n * 1000.0 if n > 0 and v is not None else None
+
+    def per_second(k: str) -> float | None:
+        v = d.get(k)
+        return v / step_total if step_total > 0 and v else None
 
     step_ms = per_step("step_s")
     recent = history.step_ms if since_start or step_ms is None else (history.step_ms + (step_ms,))[-BAND_HISTORY:]
-    dn = d.get("device_n")
-    device_ms = d["device_s"] / dn * 1000.0 if dn and d.get("device_s") is not None else None
+    dn, device_s = d.get("device_n"), d.get("device_s")
+    device_ms = device_s / dn * 1000.0 if dn and device_s is not None else None
     step_total = d.get("step_s") or 0.0
     dbounds = {b: v - history.bounds.get(b, 0.0) for b, v in bounds.items()} if not since_start else bounds
     bound = max((b for b in dbounds if b in BOUNDS and dbounds[b] > 0), key=lambda b: dbounds[b], default=None)
@@ -209,8 +214,8 @@ def rank_from_metrics(series: dict, history: EndpointHistory, now: float,
         data_wait_ms=per_step("data_s"),
         wait_ms=per_step("wait_s") if d.get("wait_s") else None,
         bound=bound,
-        samples_per_s=d["samples"] / step_total if step_total > 0 and d.get("samples") else None,
-        tokens_per_s=d["tokens"] / step_total if step_total > 0 and d.get("tokens") else None,
+        samples_per_s=per_second("samples"),
+        tokens_per_s=per_second("tokens"),
         mfu=_value(series, "diag_mfu_ratio"),
         gpu_util=_value(series, "diag_gpu_utilization_ratio"),
         gpu_mem_used=_value(series, "diag_gpu_memory_used_bytes"),

@@ -125,7 +125,8 @@ def from_hf_dict(doc, source: str, fallback_name: str = "config") -> Model:
     p = source
     if not isinstance(doc, dict):
         raise DiagInputError(f"{p}: not a model configuration (expected a JSON object)")
-    doc = doc.get("text_config") if isinstance(doc.get("text_config"), dict) else doc  # multimodal wrappers
+    text = doc.get("text_config")
+    doc = text if isinstance(text, dict) else doc  # multimodal wrappers
 
     def get(field, required=True):
         for key in _KEYS[field]:

@@ -62,6 +62,8 @@ def call_sites(trace: Trace, win: np.ndarray, op_names) -> list[dict]:
     out = []
     for nid, c in sorted(counts.items(), key=lambda kv: -kv[1])[:TOP_SITES]:
         m = FRAME_RE.match(trace.names[nid])
+        if m is None:  # every frame was selected by this pattern
+            continue
         out.append({"name": trace.names[nid], "file": m["file"], "line": int(m["line"]), "function": m["function"],
                     "calls_per_step": round(c / n, 2)})
     return out

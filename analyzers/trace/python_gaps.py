@@ -93,6 +93,8 @@ def _frames(trace: Trace, gaps: np.ndarray, n: int) -> list[dict]:
     out = []
     for nid, us in sorted(held.items(), key=lambda kv: -kv[1])[:TOP_FRAMES]:
         m = FRAME_RE.match(trace.names[nid])
+        if m is None:  # every frame was selected by this pattern
+            continue
         out.append({"name": trace.names[nid], "file": m["file"], "line": int(m["line"]), "function": m["function"],
                     "ms_per_step": round(us / 1e3 / n, 4)})
     return out
