@@ -82,7 +82,7 @@ def plausible_count(value, field: str) -> bool:
         return True
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return False
-    return bool(math.isfinite(value) and 0 <= value <= MAX_STEP_COUNTS[field])
+    return bool(math.isfinite(value) and 0 <= float(value) <= MAX_STEP_COUNTS[field])
 
 # How a rank's run ended (rank.json's status once it is not "running"): terminated is a stop
 # from outside (SIGTERM), interrupted a Ctrl-C or an exit without closing the agent.

@@ -37,7 +37,7 @@ def number(v) -> float | None:
     try:
         v = float(v)
     except OverflowError:
-        return math.inf if v > 0 else -math.inf
+        return math.inf if v > 0 else -math.inf  # type: ignore[operator]  # a Real compares with 0
     return None if v != v else v
 
 

@@ -81,7 +81,7 @@ def as_level(step: dict | None) -> dict | None:
 def throughput(ranks: dict, job: Steps) -> dict:
     """Job throughput: units summed over ranks per step, over the job's (slowest rank's) step time."""
     m = ~np.isnan(job.dur)
-    out = {"steps_per_s": None, "samples_per_s": None, "tokens_per_s": None, "mfu": None}
+    out: dict[str, float | None] = {"steps_per_s": None, "samples_per_s": None, "tokens_per_s": None, "mfu": None}
     if not m.any():
         return out
     total = float(job.dur[m].sum())

@@ -98,7 +98,8 @@ def steady_iterations(trace, whole: tuple[float, float], settings) -> Iterations
         first = 0
         while first < len(durations) - min_count and durations[first] > ratio * ref:
             first += 1
-        windows = [(k, float(starts[k]), float(starts[k + 1])) for k in range(first, len(durations))]
+        windows: list[tuple[int | None, float, float]] = [(k, float(starts[k]), float(starts[k + 1]))
+                                                          for k in range(first, len(durations))]
         reason = (f"{len(durations)} iterations between the starts of {name!r} ({kind}); "
                   + (f"the first {first} left out as start-up (over {ratio:g}x the median "
                      f"{ref / 1e3:.1f} ms of the later iterations)" if first else "none longer than "

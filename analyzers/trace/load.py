@@ -528,7 +528,7 @@ def step_windows(trace: Trace) -> list[tuple[int | None, float, float]]:
     it ended, so that no time is counted twice."""
     if trace.steps:
         before, ends = _device_ends(trace)
-        out = []
+        out: list[tuple[int | None, float, float]] = []
         prev_end = before  # device work launched before the first step: the warm-up's queue
         for k, (num, ts, dur) in enumerate(trace.steps):
             lo = max(ts, prev_end)
@@ -537,11 +537,12 @@ def step_windows(trace: Trace) -> list[tuple[int | None, float, float]]:
             prev_end = hi
         trace.keep_host_spans(window_array(out), window_array([(n, ts, ts + dur) for n, ts, dur in trace.steps]))
         return out
-    lo, hi = [], []
+    firsts: list[float] = []
+    lasts: list[float] = []
     for ts, dur in ((trace.dev_ts, trace.dev_dur), (trace.cpu_ts, trace.cpu_dur), (trace.rt_ts, trace.rt_dur)):
         if len(ts):
-            lo.append(ts.min())
-            hi.append((ts + dur).max())
-    if not lo:
+            firsts.append(ts.min())
+            lasts.append((ts + dur).max())
+    if not firsts:
         return []
-    return [(None, float(min(lo)), float(max(hi)))]
+    return [(None, float(min(firsts)), float(max(lasts)))]

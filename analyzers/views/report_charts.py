@@ -26,7 +26,7 @@ def busbw_chart(run: dict) -> dict | None:
     bench = run.get("nccl_bench") if isinstance(run.get("nccl_bench"), dict) else None
     if not bench:
         return None
-    chart = {"series": [], "expected": []}
+    chart: dict[str, list] = {"series": [], "expected": []}
     for t in bench.get("tests") or []:
         if not isinstance(t, dict):
             continue

@@ -4,6 +4,7 @@ settings (bucket size, accumulation, compression hook, FSDP) say to change."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from diag.analyzers.analysis_types import ALL_REDUCE_RE
 from diag.analyzers.diagnosis.causes.common import ranks_text, times_text, traced_step_ms
@@ -109,7 +110,7 @@ def exposed_collectives(ctx: JobContext) -> dict | None:
         action += (f" One parameter, {one['name']}, is {one['share']:.0%} of the gradient: if it is an embedding "
                    "table, sparse gradients (nn.Embedding(..., sparse=True)) or a sharded table send only the rows "
                    "a step uses.")
-    out = {"text": text, "action": action,
+    out: dict[str, Any] = {"text": text, "action": action,
            "evidence": {"ranks": sorted(found), "step_ms": round(step_ms, 3), "busbw_gbps": busbw,
                         "dominant_param": one, "nccl_log_findings": [f["id"] for f in told], "fsdp": fsdp,
                         "micro_batches": micro, "backend": analysis.get("backend"),
