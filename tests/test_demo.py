@@ -21,10 +21,13 @@ from diag.demo import BOTTLENECKS, schedule
 STEPS = 16
 
 
+def _env() -> dict:
+    return dict(os.environ, DIAG_EXPORTER="off")
+
+
 def _diag(*args, timeout=240):
-    env = dict(os.environ, DIAG_EXPORTER="off")
     return subprocess.run([sys.executable, "-m", "diag", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+                          timeout=timeout, env=_env())
 
 
 def _warnings(doc: dict) -> list[dict]:
@@ -49,7 +52,7 @@ def _diag_stamped(*args, timeout=240) -> tuple[subprocess.CompletedProcess, list
     started at which it arrived."""
     started = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "diag", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=dict(os.environ, DIAG_EXPORTER="off"))
+                            text=True, env=_env())
     lines: list[tuple[float, str]] = []
 
     def read_stderr():

@@ -187,6 +187,8 @@ def rank_from_metrics(series: dict, history: EndpointHistory, now: float,
         d = dict(counters)
     n = d.get("steps") or 0.0
 
+    step_total = d.get("step_s") or 0.0
+
     def per_step(k: str) -> float | None:
         v = d.get(k)
         return v / n * 1000.0 if n > 0 and v is not None else None
@@ -199,7 +201,6 @@ def rank_from_metrics(series: dict, history: EndpointHistory, now: float,
     recent = history.step_ms if since_start or step_ms is None else (history.step_ms + (step_ms,))[-BAND_HISTORY:]
     dn, device_s = d.get("device_n"), d.get("device_s")
     device_ms = device_s / dn * 1000.0 if dn and device_s is not None else None
-    step_total = d.get("step_s") or 0.0
     dbounds = {b: v - history.bounds.get(b, 0.0) for b, v in bounds.items()} if not since_start else bounds
     bound = max((b for b in dbounds if b in BOUNDS and dbounds[b] > 0), key=lambda b: dbounds[b], default=None)
     reasons = tuple(labels.get("reason", "")[:40] for labels, v in series.get("diag_gpu_clock_event_active", ())
