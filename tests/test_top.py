@@ -407,8 +407,11 @@ def _read_until(fd: int, needle: str, timeout_s: float) -> str:
 
 
 def _events(run_dir: Path, rank: int) -> str:
-    d = run_dir / f"rank-{rank:05d}" / "events"
-    return "".join(p.read_text() for p in sorted(d.glob("events-*.jsonl"))) if d.is_dir() else ""
+    """A rank's events as written so far: its sealed segments and the open one, which the agent
+    appends to every second and seals every 10 s (segments.segment_files)."""
+    from diag import segments
+
+    return "".join(p.read_text() for p in segments.segment_files(run_dir / f"rank-{rank:05d}" / "events", "events"))
 
 
 def test_an_agent_answers_one_profile_request_at_a_time(tmp_path):
