@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import os
 import shutil
 import signal
@@ -197,7 +198,10 @@ def pytest_xdist_auto_num_workers(config) -> int:
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """The modules with slow tests first (keeping each module's own order), so that the test
-    processes start on the long ones and end on short ones."""
-    slow_modules = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.module.__name__ not in slow_modules)
+    """The modules with the most slow tests first (keeping each module's own order), so that the
+    test processes start on the long ones and end on short ones. xdist keeps this order because
+    the suite runs with --no-loadscope-reorder; by default it would order modules by their number
+    of tests, which puts the one-test slow modules last."""
+    slow_tests = collections.Counter(
+        item.module.__name__ for item in items if item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow_tests[item.module.__name__])
