@@ -191,7 +191,7 @@ class Agent:
 
     def loader(self, iterable):
         """Yield from `iterable`, timing each wait for the next batch as data wait."""
-        timer = self.timer or self.start().timer
+        timer = _started_timer(self)
         if not self._loader_used:
             self.record_loader(iterable)
         try:
@@ -242,11 +242,7 @@ class Agent:
         """End the current training step (and start the next)."""
         if self.closed:
             return
-        timer = self.timer
-        if timer is None:
-            self.start()
-            timer = self.timer
-            assert timer is not None  # start() always sets it
+        timer = _started_timer(self)
         windows = self.collectors.windows
         profiled = windows is not None and windows.recording
         samples, tokens = self._counts.checked(samples, tokens, self._log)
@@ -422,3 +418,11 @@ class Agent:
             print("diag: report skipped (interrupted); run `diag report` on the run directory", file=sys.stderr)
         except Exception as exc:
             self._log(f"report: failed ({type(exc).__name__}: {exc}); run `diag report {self.run_dir}`")
+
+
+def _started_timer(agent: Agent) -> StepTimer:
+    """The agent's step timer, starting the agent on its first use (start() always makes one)."""
+    if agent.timer is None:
+        agent.start()
+    assert agent.timer is not None
+    return agent.timer

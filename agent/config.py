@@ -163,7 +163,7 @@ class AgentConfig:
 
     @staticmethod
     def _type(section: str, name: str) -> str:
-        return next(f.type for f in dataclasses.fields(SECTIONS[section]) if f.name == name)
+        return next(str(f.type) for f in dataclasses.fields(SECTIONS[section]) if f.name == name)
 
     def _set(self, section: str, name: str, value, source: str) -> None:
         setattr(getattr(self, section), name, value)
@@ -174,7 +174,7 @@ class AgentConfig:
 
     def to_dict(self) -> dict:
         """The settings by section (what the run directory's manifest records)."""
-        out = {s: dataclasses.asdict(getattr(self, s)) for s in SECTIONS}
+        out: dict[str, object] = {s: dataclasses.asdict(getattr(self, s)) for s in SECTIONS}
         out["thresholds"] = dict(self.thresholds)
         out["config_file"] = self.config_file
         return out
@@ -191,8 +191,8 @@ class AgentConfig:
 
 
 def _env_names() -> dict[str, tuple[str, str]]:
-    names = {env_name(s, f.name): (s, f.name) for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)
-             if f.metadata["env"]}
+    names = {var: (s, f.name) for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)
+             if (var := env_name(s, f.name)) is not None}
     return {**ENV_ALIASES, **names}
 
 
@@ -252,7 +252,7 @@ def read_file(path: Path) -> dict[tuple[str, str], object]:
                                  source=str(path))
         if not isinstance(table, dict):
             raise DiagInputError(f"[agent.{section}] must be a table", source=str(path))
-        fields = {f.name: f.type for f in dataclasses.fields(SECTIONS[section])}
+        fields = {f.name: str(f.type) for f in dataclasses.fields(SECTIONS[section])}
         for name, value in table.items():
             if name not in fields:
                 raise DiagInputError(f"unknown key {name!r} in [agent.{section}]; known: {', '.join(fields)}",

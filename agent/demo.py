@@ -25,6 +25,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from diag.errors import DiagRunError
 
@@ -324,7 +325,7 @@ def run_demo(settings: DemoSettings = DemoSettings(), on_ready=None) -> dict:
     run_id = uuid.uuid4().hex[:12]
     base = Path(settings.run_dir) if settings.run_dir is not None else default_run_dir()
     path = resolve_run_dir(base, f"diag:{run_id}", True, rank=0)
-    cfg = {
+    cfg: dict[str, Any] = {
         "bottleneck": bottleneck,
         "ranks": ranks,
         "steps": settings.steps,

@@ -68,7 +68,7 @@ class LiveFeed:
     def window_done(self, first: int, last: int, facts: dict) -> None:
         """A window's summary (facts) has landed: the live verdict judges it for the live views."""
         judged = self.verdicts.window_done(facts)
-        bound = (judged or {}).get("bound")
+        bound = judged.get("bound") if judged is not None else None
         self.windows_analysed.append({"first_step": first, "last_step": last, "bound": bound})
         self._event("profiler", f"window {first}-{last} analysed" + (f": {bound}-bound" if bound else ""))
         exporter = self._collectors.exporter

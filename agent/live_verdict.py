@@ -11,8 +11,10 @@ A failure switches live verdicts off (logged once); the steps are still recorded
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any, cast
 
+from diag.analyzers.analysis_types import TraceRank, TraceRankFacts
 from diag.analyzers.diagnosis.decision_tree import verdict_from
 from diag.analyzers.diagnosis.rank import judge_trace
 from diag.analyzers.job.sampled import step_measurements, window_composition
@@ -50,7 +52,7 @@ class LiveVerdicts:
             self.log(f"agent: live verdicts off ({type(exc).__name__}: {exc})")
             return {}
 
-    def window_done(self, facts: dict) -> dict | None:
+    def window_done(self, facts: Mapping[str, Any]) -> TraceRank | None:
         """The steps after an analysed window take its composition; its facts judged (the rank
         dict with its verdict and findings), or None with live verdicts off."""
         try:
@@ -62,7 +64,7 @@ class LiveVerdicts:
         if self.tree is None:
             return None
         try:
-            return judge_trace(facts, self.tree)
+            return judge_trace(cast(TraceRankFacts, facts), self.tree)  # the window worker's trace_facts
         except Exception as exc:
             self.log(f"agent: window verdict failed ({type(exc).__name__}: {exc})")
             return None

@@ -200,7 +200,7 @@ def _measure_in_rank(args, cfg, info) -> int:
         reporter = _TableReporter(cfg, show, stream)
 
     def finish(doc: dict) -> None:
-        if finished.is_set():
+        if finished.is_set() or topo is None:  # rank 0 alone finishes the document
             return
         finished.set()
         if reporter is not None:

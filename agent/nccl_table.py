@@ -20,6 +20,7 @@ versions, and with the `error` column (the largest difference, `%5.0le`) instead
 from __future__ import annotations
 
 import math
+from typing import TypedDict
 
 # Column headers: three lines after a lone "#". Each takes the parameter columns' format
 # (size, count, type and the optional redop/root columns), then the two result blocks.
@@ -30,10 +31,19 @@ _UNITS_TAIL = "  %7s  %6s  %6s  %5s  %7s  %6s  %6s  %5s"
 _ROW_RESULT = "  %7s  %6.2f  %6.2f  %5s"
 
 # The layout of the current generation (nccl-tests 2.13+, rccl-tests, diag's own runs).
-MODERN_LAYOUT = {"columns": ("redop", "root"), "type_width": 8, "error_column": "#wrong"}
 
 
-def table_layout(test: dict | None) -> dict:
+class Layout(TypedDict):
+    """How a generation of nccl-tests printed its rows."""
+    columns: tuple[str, ...]  # parameter columns after size, count and type
+    type_width: int
+    error_column: str  # "#wrong" (a count) or "error" (older: a max delta)
+
+
+MODERN_LAYOUT: Layout = {"columns": ("redop", "root"), "type_width": 8, "error_column": "#wrong"}
+
+
+def table_layout(test: dict | None) -> Layout:
     """The layout the rows of `test` were printed in: parameter columns beyond size, count and
     type, the type column's width, and "#wrong" (a count) or "error" (older: a max delta).
 
@@ -56,7 +66,7 @@ def table_layout(test: dict | None) -> dict:
     return {"columns": cols, "type_width": seen.get("type_width") or 8, "error_column": error_column}
 
 
-def _params_format(layout: dict) -> str:
+def _params_format(layout: Layout) -> str:
     return "# %10s  %12s  %" + str(layout["type_width"]) + "s" + "  %6s" * len(layout["columns"])
 
 
@@ -138,7 +148,7 @@ def header_lines(params: dict | None = None, devices: list[dict] | None = None,
     return lines
 
 
-def column_header_lines(time_label: str = "time", layout: dict | None = None) -> list[str]:
+def column_header_lines(time_label: str = "time", layout: Layout | None = None) -> list[str]:
     lay = layout or MODERN_LAYOUT
     params = _params_format(lay)
     blank = ("",) * (3 + len(lay["columns"]))
@@ -168,7 +178,7 @@ def _result(res: dict | None, error_column: str = "#wrong") -> str:
     return _ROW_RESULT % (format_time_us(res.get("time_us")), algbw, busbw, cell)
 
 
-def format_row(row: dict, layout: dict | None = None) -> str:
+def format_row(row: dict, layout: Layout | None = None) -> str:
     """One table line for a row of the document, in `layout` (default: the current one)."""
     lay = layout or MODERN_LAYOUT
     cells = [row.get("size_bytes") or 0, row.get("count") or 0, row.get("dtype") or "float"]

@@ -49,7 +49,7 @@ def _hide_broken_amdsmi() -> None:
         return
     except BaseException:  # noqa: BLE001 - KeyError / OSError from the bindings' library load
         pass
-    sys.modules["amdsmi"] = None  # this process: `import amdsmi` raises ImportError
+    sys.modules["amdsmi"] = None  # type: ignore[assignment]  # this process: `import amdsmi` raises ImportError
     shim = Path(tempfile.mkdtemp(prefix="diag-ray-")) / "amdsmi"
     shim.mkdir()
     (shim / "__init__.py").write_text('raise ImportError("amdsmi: libamd_smi.so cannot be loaded on this node")\n')

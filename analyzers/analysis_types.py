@@ -82,21 +82,9 @@ class _WaitSplit(TypedDict, total=False):
     wait_share: float | None
 
 
-class TraceRankFacts(_WaitSplit):
-    """One rank of a trace, as measured (trace.analysis.trace_facts)."""
-    rank: int | None
-    rank_from: str | None  # "argument" | "distributedInfo" | "file name" | "order"
-    source: str
-    device: str
-    device_info: dict
-    world_size: int | None
-    backend: str | None
-    shares: dict[str, float]
-    measurements: dict[str, float]
-    steps: list[TraceStepFacts]
-    gpu_time: dict  # HolisticTraceAnalysis's GPU-time breakdown, percent
-    top_kernels: list[dict]
-    top_ops: list[dict]
+class CauseFacts(TypedDict):
+    """What the cause rules read of a rank, per traced step (trace.analysis); a run directory's
+    rank holds the same, from its profiled windows."""
     copies: list[dict]  # device copies by kind, per traced step (trace.host_device)
     launches: dict | None  # kernel launches per traced step (trace.host_device)
     allocator: list[dict]  # cudaMalloc/cudaFree-family calls per traced step (trace.host_device)
@@ -111,6 +99,23 @@ class TraceRankFacts(_WaitSplit):
     elementwise_chains: list[dict]  # runs of elementwise ops, fusion candidates (trace.fusion)
     sync_sites: list[dict]  # the job's frames calling the SYNC_OP_NAMES ops (trace.call_sites)
     collectives: list[dict]  # each collective call, for matching across ranks
+
+
+class TraceRankFacts(_WaitSplit, CauseFacts):
+    """One rank of a trace, as measured (trace.analysis.trace_facts)."""
+    rank: int | None
+    rank_from: str | None  # "argument" | "distributedInfo" | "file name" | "order"
+    source: str
+    device: str
+    device_info: dict
+    world_size: int | None
+    backend: str | None
+    shares: dict[str, float]
+    measurements: dict[str, float]
+    steps: list[TraceStepFacts]
+    gpu_time: dict  # HolisticTraceAnalysis's GPU-time breakdown, percent
+    top_kernels: list[dict]
+    top_ops: list[dict]
     mfu: float | None
     timeline: str  # "device" | "cpu"
     device_events_missing: bool  # a GPU process's trace without its device events
@@ -167,7 +172,7 @@ class RunStep(RunStepFacts, Verdict):
     differs from the previous sampled step's."""
 
 
-class RunRankFacts(TypedDict):
+class RunRankFacts(CauseFacts):
     """One rank of a run directory, as measured (job.run_analysis.analyze_rank)."""
     rank: int
     source: str
@@ -181,20 +186,6 @@ class RunRankFacts(TypedDict):
     gpu_time: dict
     top_kernels: list[dict]
     top_ops: list[dict]
-    copies: list[dict]
-    launches: dict | None
-    allocator: list[dict]
-    cpu_work: list[dict]
-    python_gaps: dict | None
-    math: dict | None
-    memory_traffic: dict | None
-    matrix_ops: dict | None
-    optimizer: dict | None
-    accumulation: dict | None
-    fsdp: dict | None
-    elementwise_chains: list[dict]
-    sync_sites: list[dict]
-    collectives: list[dict]
     mfu: float | None
     shares: dict[str, float] | None
     measurements: dict[str, float]  # over the counted steps (after warm-up)
@@ -217,3 +208,7 @@ class RunRank(RunRankFacts, _RankVerdict):
     title: NotRequired[str]  # given where its own work decides (diagnosis.peers)
     summary: NotRequired[str]
     bound_via: NotRequired[int]
+
+
+# A rank with its verdicts, from a trace or from a run directory.
+Rank = TraceRank | RunRank

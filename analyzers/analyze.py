@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar, cast
 
 from diag import atomic_io, rundir
+from diag.analyzers.analysis_types import Rank, TraceRank, TraceRankFacts
 from diag.analyzers.diagnosis import decision_tree as dt
 from diag.analyzers.diagnosis import peers
 from diag.analyzers.diagnosis.document import build_diagnosis
@@ -34,6 +37,7 @@ from diag.analyzers.run_records import ranks_from_windows, read_records
 from diag.analyzers.trace.analysis import trace_facts
 from diag.errors import DiagInputError
 
+R = TypeVar("R", bound=Mapping[str, Any])
 TRACE_SUFFIXES = (".json", ".json.gz")
 # Per worker: interpreter + numpy (~150 MB) plus columns and decode buffers, which grow
 # with the trace; gzip traces expand about tenfold.
@@ -80,7 +84,7 @@ def analyze_paths(paths, tree: dt.Tree | None = None, jobs: int | None = None, p
     for run in runs:
         errors.extend(run.doc.get("errors") or [])
         warnings.extend(run.doc.get("warnings") or [])
-    _settle_ranks(trace_ranks + [r for run in runs for r in run.doc["ranks"]], warnings)
+    trace_ranks = _settled_ranks(trace_ranks, [r for run in runs for r in run.doc["ranks"]], warnings)
     trace_ranks = split_waits(trace_ranks)
     run_job = runs[0].doc.get("job") if len(runs) == 1 and not files else None
     job = job_facts(_in_rank_order(trace_ranks + [r for run in runs for r in run.doc["ranks"]]), tree, run_job)
@@ -91,19 +95,19 @@ def analyze_paths(paths, tree: dt.Tree | None = None, jobs: int | None = None, p
     return with_diagnosis(doc, tree, records)
 
 
-def _in_rank_order(ranks: list[dict]) -> list[dict]:
+def _in_rank_order(ranks: Sequence[R]) -> list[R]:
     return sorted(ranks, key=lambda r: (r["rank"] is None, r["rank"] if r["rank"] is not None else 0))
 
 
 def analyze_trace(path, tree: dt.Tree | None = None, rank: int | None = None, workers: int | None = 1,
-                  host_peaks: dict | None = None, step_range: tuple[int, int] | None = None) -> dict:
+                  host_peaks: dict | None = None, step_range: tuple[int, int] | None = None) -> TraceRank:
     """One trace file's rank dict of the diag.analysis/1 document, facts and verdicts."""
     tree = tree or dt.load_tree()
     return judge_trace(trace_facts(path, tree.facts, rank=rank, workers=workers, host_peaks=host_peaks,
                                    step_range=step_range), tree)
 
 
-def split_waits(trace_ranks: list[dict]) -> list[dict]:
+def split_waits(trace_ranks: Sequence[TraceRankFacts]) -> list[TraceRankFacts]:
     """The traces' facts with each rank's waiting for its peers split from transfer (new dicts)."""
     if not trace_ranks:
         return []
@@ -111,13 +115,14 @@ def split_waits(trace_ranks: list[dict]) -> list[dict]:
     for r in trace_ranks:
         by_rank.setdefault(r["rank"], []).append(r)
     split, _ = waits.split_waits(by_rank)
-    return [r for docs in split.values() for r in docs]
+    # The same facts with the wait split's keys (analysis_types._WaitSplit) added.
+    return [cast(TraceRankFacts, r) for docs in split.values() for r in docs]
 
 
-def judged_ranks(trace_ranks: list[dict], tree, runs: list[RunFacts] = ()) -> list[dict]:
+def judged_ranks(trace_ranks: Sequence[TraceRankFacts], tree, runs: Sequence[RunFacts] = ()) -> list[Rank]:
     """The ranks of one job with their verdicts: the traces' facts (their waits split) and the
     run directories' ranks, each judged on its own, then every rank bound by its peer resolved."""
-    judged = [judge_trace(r, tree) for r in trace_ranks]
+    judged: list[Rank] = [judge_trace(r, tree) for r in trace_ranks]
     for run in runs:
         judged += run.judged(tree)
     return peers.resolve(judged, tree)
@@ -181,7 +186,7 @@ class RunFacts:
     inputs: dict
     records: dict
 
-    def judged(self, tree) -> list[dict]:
+    def judged(self, tree) -> list[Rank]:
         """The run's ranks, each judged on its own. A bug in judging the run analysis costs the
         precise verdict, not the report: the ranks of the window summaries are judged instead."""
         if not self.inputs:
@@ -277,8 +282,8 @@ def _analyze_one(path: str, tree, decode_workers: int | None = None, host_peaks:
         return "error", "out of memory while analysing this trace (try --jobs 1)"
 
 
-def _analyze_files(files, tree, jobs, progress, errors, pool=None, host_peaks=None) -> list[dict]:
-    ranks: list[dict] = []
+def _analyze_files(files, tree, jobs, progress, errors, pool=None, host_peaks=None) -> list[TraceRankFacts]:
+    ranks: list[TraceRankFacts] = []
     n = worker_count(files, jobs)
     if not files:
         return ranks
@@ -307,14 +312,14 @@ def _analyze_files(files, tree, jobs, progress, errors, pool=None, host_peaks=No
                 if progress:
                     progress(i + 1, len(files), f)
     for f, (status, value) in results:
-        if status == "ok":
-            ranks.append(value)
+        if status == "ok":  # trace_facts's, back from its process
+            ranks.append(cast(TraceRankFacts, value))
         else:
             errors.append({"source": f, "error": value})
     return ranks
 
 
-def refuse_mixed_jobs(trace_ranks: list[dict]) -> None:
+def refuse_mixed_jobs(trace_ranks: Sequence[Mapping[str, Any]]) -> None:
     """One document is one job: traces whose own distributedInfo states different world sizes,
     or several traces of a world of one, come from different jobs. Raises DiagInputError naming
     each job's files; a trace that states no world size joins any job (nothing says otherwise)."""
@@ -328,35 +333,39 @@ def refuse_mixed_jobs(trace_ranks: list[dict]) -> None:
         raise DiagInputError(f"these traces come from different jobs: {jobs}; analyse each job's traces on their own")
 
 
-def _settle_ranks(ranks: list[dict], warnings: list) -> None:
-    """Every rank dict gets an integer rank: distributedInfo, else file name, else order."""
+def _settled_ranks(trace_ranks: list[TraceRankFacts], run_ranks: list[dict], warnings: list) -> list[TraceRankFacts]:
+    """The traces' facts, each with an integer rank: distributedInfo, else file name, else order
+    (a new dict where one is given). What the job's ranks disagree on goes to `warnings`."""
     from diag.analyzers.trace.analysis import rank_from_name
 
-    taken = {r["rank"] for r in ranks if isinstance(r.get("rank"), int)}
-    multi = len(ranks) > 1
+    taken = {r["rank"] for r in [*trace_ranks, *run_ranks] if isinstance(r.get("rank"), int)}
+    multi = len(trace_ranks) + len(run_ranks) > 1
     nxt = 0
-    for r in ranks:
-        if isinstance(r.get("rank"), int):
-            continue
-        guess = rank_from_name(r.get("source", ""))
-        if guess is not None and guess not in taken:
-            r["rank"], r["rank_from"] = guess, "file name"
-        else:
-            while nxt in taken:
-                nxt += 1
-            r["rank"], r["rank_from"] = nxt, "order"
-        taken.add(r["rank"])
-        if multi:
-            warnings.append({"source": r.get("source"),
-                             "warning": f"no distributedInfo in the trace; rank {r['rank']} taken from the "
-                                        f"{r['rank_from']}"})
+    settled: list[TraceRankFacts] = []
+    for r in trace_ranks:
+        if not isinstance(r.get("rank"), int):
+            guess = rank_from_name(r.get("source", ""))
+            if guess is not None and guess not in taken:
+                r = {**r, "rank": guess, "rank_from": "file name"}
+            else:
+                while nxt in taken:
+                    nxt += 1
+                r = {**r, "rank": nxt, "rank_from": "order"}
+            taken.add(r["rank"])
+            if multi:
+                warnings.append({"source": r.get("source"),
+                                 "warning": f"no distributedInfo in the trace; rank {r['rank']} taken from the "
+                                            f"{r['rank_from']}"})
+        settled.append(r)
+    ranks = [*settled, *run_ranks]
     counts = Counter(r["rank"] for r in ranks)
     for rank, c in counts.items():
         if c > 1:
             warnings.append({"source": None, "warning": f"{c} traces claim rank {rank}; they may come from different runs"})
-    sizes = {r.get("world_size") for r in ranks if r.get("world_size")}
+    sizes = {size for r in ranks if (size := r.get("world_size"))}
     if len(sizes) > 1:
         warnings.append({"source": None, "warning": f"traces disagree on world size: {sorted(sizes)}"})
+    return settled
 
 
 def json_safe(obj):

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import cast
 
 from diag import atomic_io, rundir
+from diag.analyzers.analysis_types import TraceRankFacts
 from diag.analyzers.nccl import expected as nccl_expected
 from diag.analyzers.nccl import log as nccl_log
 from diag.errors import DiagInputError
@@ -98,7 +100,7 @@ def bench_bandwidth(bench: dict, log: dict | None) -> list[dict]:
     return out
 
 
-def ranks_from_windows(ranks: dict) -> list[dict]:
+def ranks_from_windows(ranks: dict) -> list[TraceRankFacts]:
     """Without a run analysis (it failed): each rank's last window summary the agent saved,
     holding the steps of all its windows."""
     out = []
@@ -109,5 +111,5 @@ def ranks_from_windows(ranks: dict) -> list[dict]:
         last = {**analyses[-1], "rank": rank}
         last["steps"] = [{"evidence": "trace", **s} for a in analyses for s in (a.get("steps") or [])
                          if isinstance(s, dict)]
-        out.append(last)
+        out.append(cast(TraceRankFacts, last))  # a window's trace facts, read back from its summary
     return out

@@ -185,7 +185,7 @@ class AmdSmiGpu(MetricSet):
 
     def _read_power(self, gpu: dict) -> None:
         info = self.smi.amdsmi_get_power_info(self.handle)
-        gpu["power_watts"] = float(_number(info.get(self._power_key), self._power_key))
+        gpu["power_watts"] = float(_number(info.get(self._power_key), str(self._power_key)))
 
     def _read_energy(self, gpu: dict) -> None:
         energy = self.smi.amdsmi_get_energy_count(self.handle)

@@ -13,7 +13,8 @@ Units follow the sample contract: ratios 0-1, bytes, hertz, watts, joules, celsi
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from diag.collectors import device_map
 from diag.collectors.metric_set import Log, Metric, MetricSet, describe_error
@@ -47,9 +48,8 @@ def decode_clock_events(mask: int, nvml=None) -> list[str]:
     for suffix, default_bit, name in CLOCK_EVENT_REASONS:
         bit = default_bit
         if nvml is not None:
-            bit = getattr(nvml, f"nvmlClocksEventReason{suffix}", None) or getattr(
-                nvml, f"nvmlClocksThrottleReason{suffix}", default_bit
-            )
+            bit = (getattr(nvml, f"nvmlClocksEventReason{suffix}", None)
+                   or getattr(nvml, f"nvmlClocksThrottleReason{suffix}", None) or default_bit)
         if mask & bit:
             names.append(name)
     known = sum(bit for _, bit, _ in CLOCK_EVENT_REASONS)
@@ -75,8 +75,9 @@ class NvmlGpu(MetricSet):
         self._xid_last: int | None = None
         self._xid_instance: tuple[int, int] | None = None  # (GPU instance, compute instance) under MIG
         self._nvlink_fields: list = []
-        self._temperature = None
-        self._clock_events = None
+        # The readers their probes chose: a newer call where the driver has it, else the older one.
+        self._temperature: Callable[..., Any] | None = None
+        self._clock_events: Callable[..., Any] | None = None
         self._facts = self._static_facts()
         self.probe(str(self._facts.get("name")))
 
@@ -223,7 +224,8 @@ class NvmlGpu(MetricSet):
             raise nvml.NVMLError(nvml.NVML_ERROR_FUNCTION_NOT_FOUND)
 
     def _read_temperature(self, gpu: dict) -> None:
-        gpu["temperature_celsius"] = float(self._temperature(self.board, self.nvml.NVML_TEMPERATURE_GPU))
+        read = _probed(self._temperature, self.nvml)
+        gpu["temperature_celsius"] = float(read(self.board, self.nvml.NVML_TEMPERATURE_GPU))
 
     def _probe_clock_events(self) -> None:
         # The "throttle reasons" call was renamed "clocks event reasons" (driver 535).
@@ -240,7 +242,8 @@ class NvmlGpu(MetricSet):
             raise nvml.NVMLError(nvml.NVML_ERROR_FUNCTION_NOT_FOUND)
 
     def _read_clock_events(self, gpu: dict) -> None:
-        gpu["clock_events"] = decode_clock_events(self._clock_events(self.board), self.nvml)
+        gpu["clock_events"] = decode_clock_events(_probed(self._clock_events, self.nvml)(self.board), self.nvml)
+
 
     def _read_pcie(self, gpu: dict) -> None:
         nvml = self.nvml
@@ -432,3 +435,11 @@ def _shutdown(nvml) -> None:
         nvml.nvmlShutdown()
     except Exception:
         pass
+
+
+def _probed(reader: Callable[..., Any] | None, nvml) -> Callable[..., Any]:
+    """The reader a probe chose; a metric whose probe found none is never read, and would fail
+    as NVML fails a call the driver lacks."""
+    if reader is None:
+        raise nvml.NVMLError(nvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+    return reader

@@ -46,7 +46,8 @@ def config_of(model) -> dict | None:
             continue
         doc = cfg if isinstance(cfg, dict) else (cfg.to_dict() if callable(getattr(cfg, "to_dict", None))
                                                   else vars(cfg))
-        out = {k: v for k, v in doc.items() if isinstance(k, str) and isinstance(v, (int, float, str, bool))}
+        out: dict[str, object] = {k: v for k, v in doc.items()
+                                  if isinstance(k, str) and isinstance(v, (int, float, str, bool))}
         text = doc.get("text_config")  # multimodal wrappers keep the decoder's shape here
         if isinstance(text, dict):
             out["text_config"] = {k: v for k, v in text.items() if isinstance(v, (int, float, str, bool))}

@@ -52,7 +52,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from diag.collectors import launch_env
 from diag.collectors.nccl_case import Case
@@ -134,7 +134,7 @@ class BenchConfig:
         return sum(per * (len(self.redops) if c in REDUCING else 1) for c in self.collectives)
 
 
-class Reporter:
+class Reporter(Protocol):
     """What rank 0 is told while it measures; the command prints from these calls."""
 
     def start(self, doc: dict) -> None: ...

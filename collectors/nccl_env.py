@@ -52,7 +52,7 @@ def configure(
     env = os.environ if env is None else env
     wanted = nccl_env(log_dir, coll=coll)
     applied = {k: v for k, v in wanted.items() if k not in env}
-    if "NCCL_DEBUG" in env and applied.pop("NCCL_DEBUG_FILE", None) and log:
+    if "NCCL_DEBUG" in env and applied.pop("NCCL_DEBUG_FILE", "") and log:
         log(f"nccl: NCCL_DEBUG={env['NCCL_DEBUG']} is the user's, so NCCL's messages stay where NCCL writes "
             "them (not in the run directory); `diag nccl-log FILE` reads a saved copy")
     if not applied:

@@ -86,7 +86,7 @@ class ProfilerGuard:
                     with guard._lock:
                         guard._theirs.discard(id(prof))
 
-        _prepare_trace._diag_guard = guard
+        vars(_prepare_trace)["_diag_guard"] = guard  # how a later install or uninstall knows it
         cls._prepare_trace, cls.__exit__ = _prepare_trace, __exit__
         self._installed = (cls, prepare, exit_)
         return True

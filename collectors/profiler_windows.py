@@ -259,6 +259,8 @@ class ProfilerWindows:
         self._prof = None
         self._first = self._last = None
         self.recording = False
+        if prof is None or first is None or last is None:  # no window in progress
+            return
         self._next_start = self._scheduled_after(last + 1)
         with self.guard.ours():
             prof.stop_trace()
@@ -328,7 +330,7 @@ class ProfilerWindows:
                     rec, self._step_rec = self._step_rec, None
                     rec.__exit__(None, None, None)
                 # The step in progress at exit never completed: keep only finished steps.
-                if self.recording and self.current_step - 1 >= self._first:
+                if self.recording and self._first is not None and self.current_step - 1 >= self._first:
                     self._last = self.current_step - 1
                     self._finish()
                 else:
@@ -475,8 +477,10 @@ class ProfilerWindows:
 
     def _agreed_start(self, mtime: int) -> int:
         """The first rank to see trigger `mtime` chooses the step; the others read it."""
-        path = self.trigger_dir / f".profile-trigger-{mtime}.step"
         proposal = self.current_step + self.lead_steps
+        if self.trigger_dir is None:  # no trigger folder, so no peers to agree with
+            return proposal
+        path = self.trigger_dir / f".profile-trigger-{mtime}.step"
         try:
             # Written whole or not at all: a peer never reads a half-written step.
             if atomic_io.create_exclusive(path, str(proposal).encode()):

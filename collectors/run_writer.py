@@ -176,7 +176,7 @@ def _clear_stale(path: Path, run_id: str, rank: int) -> None:
 
 
 def library_versions() -> dict:
-    out = {"python": platform.python_version()}
+    out: dict[str, str | None] = {"python": platform.python_version()}
     try:
         from diag import __version__
 

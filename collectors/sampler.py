@@ -186,12 +186,15 @@ class Sampler:
             vendors = [v for v in vendors if v == ("amd" if identity.runtime == "rocm" else "nvidia")]
         for vendor in vendors:
             if vendor == "nvidia":
-                from diag.collectors.gpu_nvml import NvmlGpu as opener
+                from diag.collectors.gpu_nvml import NvmlGpu
+
+                device = NvmlGpu.open(self.device_index, log, self.env, identity=identity)
             elif vendor == "amd":
-                from diag.collectors.gpu_amdsmi import AmdSmiGpu as opener
+                from diag.collectors.gpu_amdsmi import AmdSmiGpu
+
+                device = AmdSmiGpu.open(self.device_index, log, self.env, identity=identity)
             else:
                 continue
-            device = opener.open(self.device_index, log, self.env, identity=identity)
             if device is not None:
                 return device
         # Why there is no GPU record, for rank.json and the report.

@@ -42,7 +42,7 @@ LAYERS = {
     "analyzers/views": ("diag.errors", f"{_ANALYZERS}.diagnosis", f"{_ANALYZERS}.views",
                         f"{_ANALYZERS}.job.cross_rank", f"{_ANALYZERS}.numbers"),
     "analyzers/analyze.py": ("diag.errors", *RUN_DIR, _ANALYZERS),
-    "analyzers/run_records.py": ("diag.errors", *RUN_DIR, f"{_ANALYZERS}.nccl"),
+    "analyzers/run_records.py": ("diag.errors", *RUN_DIR, f"{_ANALYZERS}.nccl", f"{_ANALYZERS}.analysis_types"),
     "collectors": ("diag.collectors", *RUN_DIR, "diag.__version__"),
     # agent/, the package `diag` itself. Leaves every side imports without a cycle (the package's
     # __init__ resolves its attributes lazily):
@@ -73,7 +73,7 @@ LAYERS = {
     "agent/termination.py": (),
     # The live views' verdicts: the diagnosis's own functions over the facts as they come.
     "agent/live_verdict.py": (f"{_ANALYZERS}.job.sampled", f"{_ANALYZERS}.diagnosis.decision_tree",
-                              f"{_ANALYZERS}.diagnosis.rank"),
+                              f"{_ANALYZERS}.diagnosis.rank", f"{_ANALYZERS}.analysis_types"),
     # diag nccl: its output (the judgement of each test is the diagnosis's) and its measuring mode.
     "agent/nccl_output.py": ("diag.errors", *RUN_DIR, f"{_ANALYZERS}.diagnosis", f"{_ANALYZERS}.nccl"),
     "agent/nccl_measure.py": ("diag.errors", *RUN_DIR, "diag.nccl_output", "diag.nccl_table", "diag.collectors",

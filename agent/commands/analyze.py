@@ -111,11 +111,11 @@ def _pct(x) -> str:
 
 
 def _fmt_value(node: dict) -> str:
-    return metric_text(node.get("metric"), node.get("value"))
+    return metric_text(str(node.get("metric")), node.get("value"))
 
 
 def _fmt_threshold(node: dict) -> str:
-    return metric_text(node.get("metric"), node.get("threshold"), threshold=True)
+    return metric_text(str(node.get("metric")), node.get("threshold"), threshold=True)
 
 
 def format_summary(doc: dict) -> str:

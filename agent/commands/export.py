@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-from diag.analyzers.diagnosis.decision_tree import load_tree
+from diag.analyzers.diagnosis.decision_tree import Tree, load_tree
 from diag.atomic_io import read_json
 from diag.errors import DiagInputError
 from diag.exporter.registry import render_text
@@ -62,7 +62,7 @@ class RunDirExport:
         self._mtimes: dict[str, float] = {}
         self._lock = threading.Lock()
         self._live: dict[int, LiveVerdicts] = {}
-        self._tree_loaded = None
+        self._tree_loaded: Tree | None = None
 
     def refresh(self) -> list:
         with self._lock:
@@ -96,7 +96,7 @@ class RunDirExport:
             facts = doc.get("analysis") if isinstance(doc, dict) else None
             if isinstance(facts, dict):
                 judged = live.window_done(facts)
-                h.observe_window(judged or doc)
+                h.observe_window(judged or facts)
         for seg in self._new_files(rank, "samples", "samples-*.jsonl"):
             for rec in read_segment(seg, self.run.problems):
                 h.observe_sample(rec)
@@ -166,7 +166,7 @@ def run(args) -> int:
     print(f"diag: serving {len(export.handles)} rank(s) of {path} on "
           f"http://{args.bind}:{server.port}/metrics (Ctrl-C to stop)", file=sys.stderr, flush=True)
     try:
-        while server.thread.is_alive():
+        while server.thread is not None and server.thread.is_alive():
             time.sleep(0.5)
     except KeyboardInterrupt:
         pass

@@ -35,7 +35,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from typing import IO, Any, cast
 
 from diag import rundir
 from diag.errors import DiagInputError
@@ -244,7 +244,7 @@ def _binary_mode(args) -> int:
     quiet_stdout = args.json == "-"
     out = sys.stderr if quiet_stdout else sys.stdout
     try:
-        for raw in iter(proc.stdout.readline, b""):
+        for raw in iter(cast(IO[bytes], proc.stdout).readline, b""):  # stdout=PIPE
             last_output[0] = time.monotonic()
             line = raw.decode("utf-8", errors="replace")
             chunks.append(line)

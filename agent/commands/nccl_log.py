@@ -181,7 +181,7 @@ def run(args) -> int:
 
 
 def _worst_at_least(findings: list[dict], severity: str) -> bool:
-    from diag.analyzers.diagnosis.nccl_log import SEVERITY_ORDER
+    from diag.analyzers.diagnosis.nccl_log import SEVERITY_ORDER, severity_rank
 
     limit = SEVERITY_ORDER[severity]
-    return any(SEVERITY_ORDER.get(f.get("severity"), len(SEVERITY_ORDER)) <= limit for f in findings)
+    return any(severity_rank(f) <= limit for f in findings)

@@ -159,7 +159,7 @@ def _measured_busbw(files: list[str], gpus_per_node: int) -> dict:
                 doc = json.loads(path.read_text(encoding="utf-8"))
             except (ValueError, UnicodeDecodeError) as exc:
                 raise DiagInputError(f"{f}: not a readable JSON document ({exc})") from None
-            tests = doc.get("tests") if isinstance(doc, dict) and isinstance(doc.get("tests"), list) else []
+            tests: list = doc["tests"] if isinstance(doc, dict) and isinstance(doc.get("tests"), list) else []
         else:
             tests = nccl_tests.parse_file(path).get("tests") or []
         for t in tests:
@@ -194,15 +194,15 @@ def run(args) -> int:
         if bench.is_file():
             args.nccl = [*(args.nccl or []), str(bench)]
     model = _model(args)
-    if model == "run":
+    if model == "run" and facts is not None:  # "run" comes only with --run
         model = _recorded_model(facts)
     if args.gpus is None:
         if facts is None:
             raise DiagInputError("give --gpus (or --run RUN_DIR to plan the run's own number of ranks)")
         args.gpus = facts["world_size"]
     if args.micro_batch is None:
-        own = facts is not None and model is None and args.params is None
-        args.micro_batch = int(facts["samples_per_step"]) if own and facts.get("samples_per_step") else 1
+        own = facts is not None and model is None and args.params is None and facts.get("samples_per_step")
+        args.micro_batch = int(facts["samples_per_step"]) if own and facts is not None else 1
     device = _device(args, facts)
     mem = args.gpu_memory * GIB if args.gpu_memory else (device.mem_bytes if device else None)
     job = Job(gpus=args.gpus, gpus_per_node=args.gpus_per_node, micro_batch=args.micro_batch,
@@ -212,7 +212,7 @@ def run(args) -> int:
     if model is None and args.params is not None:  # --params: model states only
         dp = data_parallel(args.gpus, args.tp, args.pp)
         st = model_states(args.params, args.precision, args.optimizer, args.zero, dp, args.tp, args.pp)
-        doc = {"schema": SCHEMA, "model": {"params": args.params}, "per_gpu": {
+        doc: dict = {"schema": SCHEMA, "model": {"params": args.params}, "per_gpu": {
             "params_bytes": st.params_bytes, "grads_bytes": st.grads_bytes, "optimizer_bytes": st.optimizer_bytes,
             "model_states_bytes": st.total_bytes}, "note": "activations need the model's shape (--model or "
             "--hf-config or the shape flags)"}
@@ -224,18 +224,22 @@ def run(args) -> int:
 
         rates = measured_rates(facts, rates)
     if model is None:  # the run's own model, without a transformer shape
+        if facts is None:
+            raise DiagInputError("give the model's shape: --model, --hf-config or the shape flags")
         return _emit(args, *_own_model(args, facts, job, rates))
     if args.search:
-        if job.global_batch is None:
+        batch = job.global_batch
+        if batch is None:
             from dataclasses import replace
 
             from diag.analyzers.plan.planner import default_global_batch
 
-            job = replace(job, global_batch=default_global_batch(job.seq or model.seq, job.gpus))
+            batch = default_global_batch(job.seq or model.seq, job.gpus)
+            job = replace(job, global_batch=batch)
         doc = search(model, job, rates)
         if args.global_batch is None:
-            doc["global_batch"] = {"sequences": job.global_batch, "assumed": True,
-                                   "why": f"about {job.global_batch * (job.seq or model.seq) / 1e6:.1f}M tokens per "
+            doc["global_batch"] = {"sequences": batch, "assumed": True,
+                                   "why": f"about {batch * (job.seq or model.seq) / 1e6:.1f}M tokens per "
                                           "step, the default (--global-batch sets it)"}
         return _emit(args, doc, _search_text(doc))
     doc = plan(model, job, rates)

@@ -25,6 +25,8 @@ from __future__ import annotations
 import errno
 import os
 import time
+from collections.abc import Mapping
+from typing import Any
 
 from diag.analyzers.diagnosis import nccl_log
 from diag.analyzers.numbers import dict_at
@@ -73,7 +75,7 @@ class Handle:
     def observe_sample(self, sample: dict) -> None:
         self._guard("sample", self._sample, sample)
 
-    def observe_window(self, rank_dict: dict) -> None:
+    def observe_window(self, rank_dict: Mapping[str, Any]) -> None:
         self._guard("window", self._window, rank_dict)
 
     def observe_nccl(self, doc: dict) -> None:

@@ -66,8 +66,8 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = IDLE_TIMEOUT_S
 
     def setup(self):
-        self.timeout = self.server.idle_timeout_s
         super().setup()
+        self.connection.settimeout(self.server.idle_timeout_s)
 
     def handle_one_request(self):
         self.server.deadline(self.connection, self.server.idle_timeout_s)
@@ -191,7 +191,7 @@ def node_names(bind: str) -> frozenset:
     try:
         hostname = socket.gethostname()
         names |= {hostname.lower(), socket.getfqdn().lower()}
-        names |= {info[4][0] for info in socket.getaddrinfo(hostname, None)}
+        names |= {str(info[4][0]) for info in socket.getaddrinfo(hostname, None)}
     except OSError:
         pass
     try:  # every interface's addresses: a scraper or diag top may name the node by any of them
@@ -262,7 +262,7 @@ class MetricsServer(ThreadingHTTPServer):
         """This node's names and addresses, found at the first control request: a reverse DNS
         lookup may wait, and no rank's start should."""
         if self._names is None:
-            self._names = node_names(self.server_address[0])
+            self._names = node_names(str(self.server_address[0]))
         return self._names
 
     # -- bounds -------------------------------------------------------------------------

@@ -40,10 +40,9 @@ def _expectation(action: str, ceiling: dict | None, removed_ms: float, taken: tu
     """The prediction for an action taking away `taken` (expected, least, most) ms per step
     of the ceiling's `removed_ms`, carried over to the steps outside the profiler where the
     run has them."""
-    steps = [scaled_step(ceiling, removed_ms, t) for t in taken]
-    if any(s is None for s in steps):
+    expected, slow, fast = (scaled_step(ceiling, removed_ms, t) for t in taken)
+    if ceiling is None or expected is None or slow is None or fast is None:
         return None
-    expected, slow, fast = steps
     base = float(ceiling["baseline_step_ms"])
     out = {"action": action, "baseline_step_ms": base, "expected_step_ms": expected,
            "low_ms": min(slow, fast), "high_ms": max(slow, fast), "ceiling_step_ms": ceiling["predicted_step_ms"],
@@ -187,7 +186,7 @@ def autocast(ctx: JobContext, evidence: dict, ceiling: dict | None) -> dict | No
     # Kernels of the precision without an op shape (no record_shapes) move as the groups do.
     share = ms / covered if covered > 0 else 1.0
     removed = _ceiling_removed(analysis.get("math") or {}, peaks, fast)
-    taken = tuple(max(0.0, (covered - after(s)) * share) for s in (1.0, 1.0 - spread, 1.0 + spread))
+    expected, least, most = (max(0.0, (covered - after(s)) * share) for s in (1.0, 1.0 - spread, 1.0 + spread))
     untiled = [g for g in mine if not _half_rate(g, healthy, th)[1]]
     half = "bf16" if peaks.get("bf16") else "fp16"  # V100: fp16 tensor cores only
     rates = (f"{healthy:.0%} of the {fast:g} TFLOP/s {half} peak (the trace's own half-precision matrix ops)"
@@ -196,7 +195,7 @@ def autocast(ctx: JobContext, evidence: dict, ceiling: dict | None) -> dict | No
         rates += (f" on tiled shapes and {th['half_precision_untiled_peak']:.0%} on the "
                   f"{len(untiled)} op group(s) whose dimensions are not multiples of {HALF_TILE}")
     return _expectation(
-        f"{half} autocast", ceiling, removed, taken,
+        f"{half} autocast", ceiling, removed, (expected, least, most),
         f"the matrix ops then run at {rates}, against their measured {covered:.1f} ms; the casts to {half} are "
         "not counted; the ceiling is every such kernel at the half-precision peak's fraction it reaches now",
         analysis, th)

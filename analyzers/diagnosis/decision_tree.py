@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from diag.analyzers.analysis_types import Finding
 from diag.analyzers.model import (  # noqa: F401 (the names the diagnosis reads through the tree)
     BOUNDS,
     CLASSES,
@@ -393,11 +394,11 @@ def verdict_from(measurements: dict, tree, force: dict | None = None) -> dict:
     return {"bound": None if guessed else v["bound"], "path": v["path"], "fixes": [] if guessed else v["fixes"]}
 
 
-def advise(measurements: dict, tree: Tree, bound: str | None = None, source: str | None = None) -> list[dict]:
+def advise(measurements: dict, tree: Tree, bound: str | None = None, source: str | None = None) -> list[Finding]:
     """Advisory findings whose rule fires on the measurements given (beside verdict `bound`);
     `source` (e.g. "trace") is recorded in each finding's evidence."""
     m = derive(measurements)
-    out = []
+    out: list[Finding] = []
     for rule in tree.advisories:
         if bound is not None and rule.get("unless_bound") == bound:
             continue

@@ -58,6 +58,11 @@ BOUND_CODE = {p: i for i, p in enumerate(CLASSES)}
 EVIDENCE_CODE = {"sampled": 1, "trace": 2}
 
 
+def _code(codes: dict[str, int], label, default: int) -> int:
+    """A label's code; anything but a string (a hostile record's list, say) gets the default."""
+    return codes.get(label, default) if isinstance(label, str) else default
+
+
 _NAN = float("nan")
 
 
@@ -134,8 +139,8 @@ def _rank_steps(records: list, doc_steps: list) -> Steps:
         rows[st] = [as_float(rec.get("duration_s")), as_float(rec.get("start_unix")), as_float(rec.get("data_wait_s")),
                     as_float(rec.get("samples")), as_float(rec.get("tokens")), as_float(rec.get("peak_mem_bytes")),
                     as_float(rec.get("mfu")), as_float(rec.get("device_s")), share_row(rec.get("shares")),
-                    BOUND_CODE.get(rec.get("bound"), -1),
-                    EVIDENCE_CODE.get(rec.get("evidence"), 0)]
+                    _code(BOUND_CODE, rec.get("bound"), -1),
+                    _code(EVIDENCE_CODE, rec.get("evidence"), 0)]
     for st in doc_steps:
         if type(st) is not dict or type(st.get("step")) is not int:
             continue
@@ -145,10 +150,10 @@ def _rank_steps(records: list, doc_steps: list) -> Steps:
         sh = share_row(st.get("shares"))
         if sh is not None:
             row[_SHARES] = sh
-        b = BOUND_CODE.get(st.get("bound"), -1)
+        b = _code(BOUND_CODE, st.get("bound"), -1)
         if b >= 0:
             row[_BOUND] = b
-        e = EVIDENCE_CODE.get(st.get("evidence"), 0)
+        e = _code(EVIDENCE_CODE, st.get("evidence"), 0)
         if e:
             row[_EVIDENCE] = e
         if math.isnan(row[0]):

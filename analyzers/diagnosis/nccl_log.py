@@ -502,7 +502,7 @@ def _evaluate(doc: dict) -> list[dict]:
         if res.get("details"):
             f["details"] = res["details"]
         out.append(f)
-    out.sort(key=lambda f: SEVERITY_ORDER.get(f["severity"], 9))
+    out.sort(key=severity_rank)
     return out
 
 
@@ -518,15 +518,20 @@ def judged(doc: dict) -> dict:
     return {**doc, "findings": findings(doc)}
 
 
+def severity_rank(finding: dict) -> int:
+    """0 for the most severe finding (SEVERITY_ORDER), after every known severity for an unknown one."""
+    return SEVERITY_ORDER.get(str(finding.get("severity")), len(SEVERITY_ORDER))
+
+
 def summary_sentences(found: list[dict], max_sentences: int = 5, min_severity: str = "warning") -> list[str]:
     """The report's and comm-bound verdict's short sentences for the findings of a log, most
     severe first, e.g. "NCCL fell back to TCP sockets between nodes"."""
     limit = SEVERITY_ORDER[min_severity]
     out = []
-    for f in sorted(found, key=lambda f: SEVERITY_ORDER.get(f.get("severity"), 9)):
-        if SEVERITY_ORDER.get(f.get("severity"), 9) > limit:
+    for f in sorted(found, key=severity_rank):
+        if severity_rank(f) > limit:
             continue
-        rule = RULES_BY_ID.get(f.get("id"))
+        rule = RULES_BY_ID.get(str(f.get("id")))
         sentence = f.get("summary") or (rule.summary if rule else f.get("message", ""))
         if sentence and sentence not in out:
             out.append(sentence)

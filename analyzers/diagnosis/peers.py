@@ -10,6 +10,10 @@ tree is walked with that node answered "no".
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
+
+from diag.analyzers.analysis_types import Rank
 from diag.analyzers.diagnosis.decision_tree import BOUNDS, PEER, evaluate
 from diag.analyzers.diagnosis.rank import step_measurements, with_verdict
 
@@ -17,9 +21,10 @@ NODE = "peer_wait"  # the tree node that hands a waiting step to its peer
 _CIRCLE = "the ranks wait for each other in turn: this rank's own work decides"
 
 
-def resolve(ranks: list[dict], tree) -> list[dict]:
+def resolve(ranks: Sequence[Rank], tree) -> list[Rank]:
     """The ranks with every peer-bound rank and step resolved (new dicts where they change)."""
-    by_id = {r["rank"]: r for r in ranks if isinstance(r, dict) and isinstance(r.get("rank"), int)}
+    by_id: dict[int, Mapping[str, Any]] = {
+        rid: r for r in ranks if isinstance(r, dict) and isinstance(rid := r.get("rank"), int)}
     own = {rid: r.get("bound") for rid, r in by_id.items()}
     now = dict(by_id)  # each rank as resolved so far: a step follows its peer's resolved steps
     for rid, r in by_id.items():
@@ -31,8 +36,11 @@ def resolve(ranks: list[dict], tree) -> list[dict]:
         now[rid] = _resolve_steps(r, now.get(peer) if peer is not None else None, tree)
     for rid, r in by_id.items():
         if r.get("bound") != PEER:
-            now[rid] = _resolve_steps(r, now.get(r.get("waits_for")), tree)
-    return [now[r["rank"]] if isinstance(r, dict) and by_id.get(r.get("rank")) is r else r for r in ranks]
+            peer = r.get("waits_for")
+            now[rid] = _resolve_steps(r, now.get(peer) if isinstance(peer, int) else None, tree)
+    # A resolved rank is its rank with its bound, title, path and steps replaced.
+    return [cast(Rank, now[rid]) if isinstance(r, dict) and isinstance(rid := r.get("rank"), int)
+            and by_id.get(rid) is r else r for r in ranks]
 
 
 def _follow(rid: int, by_id: dict, own: dict) -> tuple[int | None, str | None]:
@@ -47,7 +55,7 @@ def _follow(rid: int, by_id: dict, own: dict) -> tuple[int | None, str | None]:
     return first, None
 
 
-def _through_peer(r: dict, peer: int, bound: str, tree) -> dict:
+def _through_peer(r: Mapping[str, Any], peer: int, bound: str, tree) -> dict:
     v = tree.verdicts[bound]
     return {**r, "bound": bound, "title": f"{v['title']} (through rank {peer})",
             "summary": f"This rank mostly waits for rank {peer}, whose own work is {v['title']}: " + v["summary"],
@@ -55,7 +63,7 @@ def _through_peer(r: dict, peer: int, bound: str, tree) -> dict:
             "path": _name_peer(r.get("path"), peer, bound)}
 
 
-def own_work(r: dict, tree) -> dict:
+def own_work(r: Mapping[str, Any], tree) -> dict:
     """The verdict of a rank's (or step's) own work: its waiting is not handed to a peer."""
     return evaluate(step_measurements(r), tree, force={NODE: ("no", _CIRCLE)})
 
@@ -70,7 +78,7 @@ def _name_peer(path, peer: int, bound: str) -> list:
     return out
 
 
-def _resolve_steps(r: dict, peer: dict | None, tree) -> dict:
+def _resolve_steps(r: Mapping[str, Any], peer: Mapping[str, Any] | None, tree) -> Mapping[str, Any]:
     """Steps handed to a peer take the peer's verdict at the same step, else the peer's own."""
     steps = r.get("steps") or []
     if not any(isinstance(s, dict) and s.get("bound") == PEER for s in steps):
@@ -82,8 +90,8 @@ def _resolve_steps(r: dict, peer: dict | None, tree) -> dict:
             b = peer_steps.get(s.get("step"))
             if b not in BOUNDS:
                 b = peer.get("bound") if peer else None
-            if b in BOUNDS:
-                s = {**s, "bound": b, "path": _name_peer(s.get("path"), r.get("waits_for"), b)}
+            if b in BOUNDS and peer is not None:  # a bound is only taken from a known peer
+                s = {**s, "bound": b, "path": _name_peer(s.get("path"), peer["rank"], b)}
             else:
                 v = own_work(s, tree)
                 s = {**s, "bound": v["bound"], "path": v["path"]}

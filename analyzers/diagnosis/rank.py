@@ -14,13 +14,23 @@ job (`peers.resolve`).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any, cast
 
-from diag.analyzers.analysis_types import RunRank, RunRankFacts, TraceRank, TraceRankFacts
+from diag.analyzers.analysis_types import (
+    Finding,
+    RunRank,
+    RunRankFacts,
+    RunStep,
+    TraceRank,
+    TraceRankFacts,
+    TraceStep,
+)
 from diag.analyzers.diagnosis.decision_tree import advise, evaluate, verdict_from
 from diag.analyzers.model import derive_columns
 
 
-def with_verdict(doc: dict, v: dict, tree) -> dict:
+def with_verdict(doc: Mapping[str, Any], v: dict, tree) -> dict:
     """The rank dict with verdict `v`, and the tree's advisories given again for it."""
     rules = {r["id"] for r in tree.advisories}
     kept = [f for f in doc.get("findings") or [] if not (isinstance(f, dict) and f.get("id") in rules)]
@@ -31,7 +41,7 @@ def with_verdict(doc: dict, v: dict, tree) -> dict:
             "fixes": v["fixes"], "findings": kept + advice}
 
 
-def step_measurements(step: dict) -> dict:
+def step_measurements(step: Mapping[str, Any]) -> dict:
     """What the tree asks of a step (or a rank): its measurements, else its shares."""
     m = step.get("measurements")
     if isinstance(m, dict):
@@ -47,12 +57,11 @@ def judge_trace(facts: TraceRankFacts, tree) -> TraceRank:
     coverage = facts.get("op_coverage")
     # A trace with most of its host events missing was sampled or filtered after recording.
     sampled = isinstance(coverage, (int, float)) and coverage < tree.thresholds["sampled_trace_coverage"]
-    steps = []
+    steps: list[TraceStep] = []
     for s in facts.get("steps") or []:
         if isinstance(s, dict):
             v = evaluate(step_measurements(s), tree)
-            s = {**s, "bound": v["bound"], "path": v["path"], "evidence": "sampled" if sampled else "trace"}
-        steps.append(s)
+            steps.append({**s, "bound": v["bound"], "path": v["path"], "evidence": "sampled" if sampled else "trace"})
     m = facts.get("measurements") or {}
     v = evaluate(m, tree)
     if facts.get("device_events_missing"):
@@ -67,9 +76,9 @@ def judge_trace(facts: TraceRankFacts, tree) -> TraceRank:
             "fixes": v["fixes"], "steps": steps, "sampled": sampled, "findings": findings}
 
 
-def _trace_notes(facts: dict, sampled: bool) -> list[dict]:
+def _trace_notes(facts: TraceRankFacts, sampled: bool) -> list[Finding]:
     """What the trace itself lacked: events damaged, or most host events left out."""
-    notes = []
+    notes: list[Finding] = []
     rep = facts.get("repairs")
     if rep:
         notes.append({
@@ -125,9 +134,9 @@ def _trace_notes(facts: dict, sampled: bool) -> list[dict]:
     return notes
 
 
-def _replay_notes(facts: dict, tree) -> list[dict]:
+def _replay_notes(facts: TraceRankFacts, tree) -> list[Finding]:
     """What the replay of the steps' graphs showed or could not do."""
-    notes = []
+    notes: list[Finding] = []
     critical_path = facts.get("critical_path")
     backlog = (critical_path or {}).get("device_backlog_ms") or 0.0
     if critical_path and backlog > tree.thresholds["device_backlog_share"] * critical_path["measured_ms"]:
@@ -207,7 +216,7 @@ def judge_run_rank(rank: RunRankFacts, windows: list[dict], sampled, tree) -> Ru
     profiled = {s["step"]: s for w in analysed for s in w["analysis"].get("steps") or []
                 if isinstance(s, dict) and isinstance(s.get("step"), int)}
     by_sample = iter(sampled_verdicts(sampled, tree))
-    steps = []
+    steps: list[RunStep] = []
     for s in rank.get("steps") or []:
         if s.get("evidence") == "trace":
             t = profiled.get(s["step"]) or {}
@@ -218,8 +227,8 @@ def judge_run_rank(rank: RunRankFacts, windows: list[dict], sampled, tree) -> Ru
     m = rank.get("measurements") or {}
     v = verdict_from(m, tree) if m else {"bound": None, "path": [], "fixes": []}
     findings = advise(m, tree, bound=v["bound"]) if m else []
-    findings = _first_of_each(findings + [f for w in analysed for f in w["analysis"].get("findings") or []
-                                          if isinstance(f, dict)])
+    findings = _first_of_each(findings + [cast(Finding, f) for w in analysed
+                                          for f in w["analysis"].get("findings") or [] if isinstance(f, dict)])
     evidence = dict(rank.get("evidence") or {})
     evidence["windows"] = [{**row, "bound": (w.get("analysis") or {}).get("bound")}
                            for row, w in zip(evidence.get("windows") or [], windows)]
@@ -227,7 +236,7 @@ def judge_run_rank(rank: RunRankFacts, windows: list[dict], sampled, tree) -> Ru
             "findings": findings + _window_notes(windows, len(steps)), "evidence": evidence}
 
 
-def _first_of_each(findings: list[dict]) -> list[dict]:
+def _first_of_each(findings: list[Finding]) -> list[Finding]:
     seen, out = set(), []
     for f in findings:
         if f.get("id") not in seen:
@@ -236,9 +245,9 @@ def _first_of_each(findings: list[dict]) -> list[dict]:
     return out
 
 
-def _window_notes(windows: list[dict], n_steps: int) -> list[dict]:
+def _window_notes(windows: list[dict], n_steps: int) -> list[Finding]:
     """What the rank's profiler windows lacked: none recorded, or some not analysed."""
-    notes = []
+    notes: list[Finding] = []
     if not windows:
         notes.append({
             "id": "no_profiler_window", "severity": "info",

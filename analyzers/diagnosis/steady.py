@@ -98,9 +98,6 @@ def levels_ratio_interval(before: dict, after: dict, z: float = Z_95) -> tuple[f
     return ratio, ratio * math.exp(-z * rel), ratio * math.exp(z * rel)
 
 
-def level_ratio_interval(before, after, z: float = Z_95) -> tuple[float, float, float]:
-    """levels_ratio_interval of two runs' steady values."""
-    return levels_ratio_interval(level(before), level(after), z)
 
 
 def _relative_se(values, median: float) -> float:

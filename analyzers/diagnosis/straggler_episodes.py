@@ -97,20 +97,19 @@ def _rank_columns(r: dict):
     steps, as arrays in step order; None without steps."""
     rows = {}
     for s in (r.get("analysis") or {}).get("steps") or []:
-        if isinstance(s, dict) and type(s.get("step")) is int and num(s.get("duration_ms")) is not None:
-            rows[s["step"]] = s
+        if isinstance(s, dict) and type(s.get("step")) is int and (d := num(s.get("duration_ms"))) is not None:
+            rows[s["step"]] = s, d
     if not rows:
         return None
     order = sorted(rows)
     cols = np.full((len(order), 4), np.nan)
     traced = np.zeros(len(order), dtype=bool)
     for i, n in enumerate(order):
-        s = rows[n]
-        d = num(s.get("duration_ms"))
+        s, d = rows[n]
         dw = num(s.get("data_wait_ms"))
         wait = num(s["shares"].get("wait")) if isinstance(s.get("shares"), dict) else None
         traced[i] = s.get("evidence") == "trace" and wait is not None
-        cols[i] = (d, np.nan if dw is None else dw, d * (1.0 - wait) if traced[i] else np.nan,
+        cols[i] = (d, np.nan if dw is None else dw, d * (1.0 - wait) if wait is not None and traced[i] else np.nan,
                    np.nan if num(s.get("start_unix")) is None else s["start_unix"])
     return np.array(order, dtype=np.int64), cols, traced
 
@@ -164,7 +163,7 @@ def _null_lead_factor(ranks: int, tail: float) -> float:
     m = min(max(ranks, 2), NULL_MAX_RANKS)
     x = np.random.default_rng(NULL_SEED).standard_normal((NULL_STEPS, m))
     late = x - np.median(x, axis=1)[:, None]
-    sigma = robust_sigma((late[1:] - late[:-1]).ravel().tolist()) / math.sqrt(2.0)
+    sigma = (robust_sigma((late[1:] - late[:-1]).ravel().tolist()) or math.nan) / math.sqrt(2.0)
     return float(np.quantile(late.max(axis=1), 1.0 - tail)) / sigma
 
 

@@ -298,7 +298,7 @@ def _rounded(x: float | None, per: float = 1.0) -> float | None:
     return round(x / per, 3) if x is not None else None
 
 
-def straggler_what_if(entries: list, tree) -> list:
+def straggler_what_if(entries: list | None, tree) -> list:
     """The job's what-if entries, with a straggler change's prediction withdrawn where the
     slowest rank's lag behind the median rank is within the run's own step-to-step noise
     (the interval of its median, `steady`): two ranks trading places are noise, not a

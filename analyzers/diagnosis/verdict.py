@@ -47,9 +47,10 @@ def rank_measurements(rank: dict) -> dict | None:
         vals = {b: _number(sh.get(b)) for b in CLASSES} if isinstance(sh, dict) else {}
         if vals.get("wait") is None:
             vals["wait"] = 0.0
-        if all(vals.get(b) is not None and vals[b] >= 0 for b in CLASSES) and sum(vals.values()) > 0:
-            total = sum(vals.values())
-            shares = {b: v / total for b, v in vals.items()}
+        known = {b: v for b in CLASSES if (v := vals.get(b)) is not None and v >= 0}
+        if len(known) == len(CLASSES) and sum(known.values()) > 0:
+            total = sum(known.values())
+            shares = {b: v / total for b, v in known.items()}
             measured = bool((rank.get("wait_split") or {}).get("measured"))
             out = {k: v for k, v in out.items() if not k.endswith("_share") and k != "memory_to_compute"}
             out.update({f"{b}_share": v for b, v in shares.items() if b != "wait" or measured},
@@ -58,7 +59,7 @@ def rank_measurements(rank: dict) -> dict | None:
 
 
 def has_all_shares(measurements: dict | None) -> bool:
-    return bool(measurements) and all(f"{b}_share" in measurements for b in BOUNDS)
+    return bool(measurements and all(f"{b}_share" in measurements for b in BOUNDS))
 
 
 def measured_steps(rank: dict) -> dict:

@@ -174,8 +174,8 @@ def rank_from_metrics(series: dict, history: EndpointHistory, now: float,
                       endpoint: str | None = None) -> tuple[RankLive | None, EndpointHistory]:
     """(the rank's figures, the history for the next scrape) from one scrape's series:
     {metric sample name: [(labels, value), ...]}. None when the series name no rank."""
-    identity = next((labels for rows in series.values() for labels, _ in rows if "rank" in labels), None)
-    rank_text = (identity or {}).get("rank", "")
+    identity: dict = next((labels for rows in series.values() for labels, _ in rows if "rank" in labels), {})
+    rank_text = identity.get("rank", "")
     if not rank_text.isdigit():
         return None, history
     counters = {k: _value(series, name, label) for k, (name, label) in _COUNTERS.items()}

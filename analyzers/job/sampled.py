@@ -17,7 +17,9 @@ the tree over them (`diagnosis.rank.sampled_verdicts`).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -32,7 +34,7 @@ BUSY = ("comm", "wait", "memory", "compute")
 SAMPLE_MATCH_S = 5.0
 
 
-def window_composition(analysis: dict | None) -> dict | None:
+def window_composition(analysis: Mapping[str, Any] | None) -> dict | None:
     """How a window's steps split their non-data time, from the trace analyzer's rank dict."""
     if not isinstance(analysis, dict) or analysis.get("device_events_missing"):
         return None  # host-side attribution of a GPU process: nothing about the device's busy time
@@ -132,7 +134,7 @@ def step_measurements(record: dict, sample: dict | None, composition: dict | Non
 NO_SAMPLE = -1
 
 
-def _plain_number(x) -> bool:
+def _plain_number(x) -> TypeGuard[float]:
     return type(x) in (int, float) and math.isfinite(x)
 
 

@@ -263,7 +263,7 @@ def topology_from_nccl_log(doc: dict) -> dict:
     ranks = doc.get("ranks") or []
     if hosts:
         topo["nodes"] = len(hosts)
-    nranks = [r.get("nranks") for r in ranks if isinstance(r, dict) and isinstance(r.get("nranks"), int)]
+    nranks = [n for r in ranks if isinstance(r, dict) and isinstance(n := r.get("nranks"), int)]
     if hosts and nranks:
         topo["gpus_per_node"] = max(1, math.ceil(max(nranks) / len(hosts)))
     topo["sources"].append("NCCL log")

@@ -234,7 +234,7 @@ def step_timing(job: Job, rates: Rates, compute: float, accum: int, groups: dict
     tp_t = seconds(groups["tp"], nodes_of(job.tp))
     pp_t = seconds(groups["pp"], nodes_of(job.tp * job.pp))
     dp_t = seconds(groups["dp"], nodes_of(job.gpus))
-    if None in (tp_t, pp_t, dp_t):
+    if tp_t is None or pp_t is None or dp_t is None:
         return {"step_time_s": None, "mfu": None, "breakdown_s": None,
                 "missing": "bus bandwidth of the links these groups cross (pass --intra/--inter or --nccl)"}
     bubble = (job.pp - 1) / accum * (compute + tp_t) if job.pp > 1 else 0.0

@@ -17,7 +17,7 @@ import re
 import numpy as np
 
 from diag.analyzers import intervals as iv
-from diag.analyzers.analysis_types import SYNC_OP_NAMES, TraceRankFacts
+from diag.analyzers.analysis_types import SYNC_OP_NAMES, CauseFacts, TraceRankFacts, TraceStepFacts
 from diag.analyzers.model import FactSettings
 from diag.analyzers.numbers import dict_at
 from diag.analyzers.trace import (
@@ -86,7 +86,7 @@ def _uses_nccl(trace, dist: dict) -> bool:
     ids = [i for i, name in enumerate(trace.names) if name.startswith("nccl:")]
     return bool(ids) and bool(np.isin(trace.cpu_name, ids).any())
 
-def _what_if(trace: Trace, changes: tuple, steps: list[dict], windows, classes, layers, att, on_device: bool,
+def _what_if(trace: Trace, changes: tuple, steps: list[TraceStepFacts], windows, classes, layers, att, on_device: bool,
              removals: dict):
     """(critical path, what-if entries, the error that stopped them or None), each step updated with its own."""
     what_if_error = None
@@ -134,7 +134,7 @@ def _rank_of(trace: Trace, rank: int | None) -> tuple[int | None, str | None, di
 
 
 def _cause_facts(trace: Trace, tl: Timeline, rates: Rates, settings: FactSettings,
-                 rank_shares: dict) -> tuple[dict, dict]:
+                 rank_shares: dict) -> tuple[CauseFacts, dict]:
     """(the cause rules' facts per traced step, in the document's order; what removing each
     cause would take away from each window, for the what-ifs)."""
     win, classes, on_device, device, att = tl.win, tl.classes, tl.on_device, tl.device, tl.att
@@ -166,7 +166,7 @@ def _cause_facts(trace: Trace, tl: Timeline, rates: Rates, settings: FactSetting
                                            coll_records, matrix_saving, traffic_saving, host_calls=host_facts,
                                            cpu_work_coverage=settings.cpu_work_min_op_coverage, python_gaps=gaps,
                                            redundant_reduce=accumulation.redundant_share(passes))
-    facts = {
+    facts: CauseFacts = {
         "copies": host_device.copy_facts(trace, win) if on_device and worth("data", "host") else [],
         "launches": host_device.launch_facts(trace, win) if host_facts else None,
         "allocator": host_device.allocator_facts(trace, win) if host_facts else [],

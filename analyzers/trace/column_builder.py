@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from itertools import compress, repeat
 from operator import is_, is_not, itemgetter
+from typing import Any
 
 import numpy as np
 
@@ -45,9 +46,9 @@ class ColumnBuilder:
     def __init__(self):
         self.names: dict[str, int] = {}
         # Per column, a list of per-chunk numpy arrays, concatenated once in build().
-        self.dev = {k: [] for k in ("name", "kind", "ts", "dur", "stream", "corr", "bytes", "ext")}
-        self.rt = {k: [] for k in ("name", "ts", "dur", "corr", "stream")}
-        self.cpu = {k: [] for k in ("name", "kind", "ts", "dur", "tid", "flops", "ext")}
+        self.dev: dict[str, list] = {k: [] for k in ("name", "kind", "ts", "dur", "stream", "corr", "bytes", "ext")}
+        self.rt: dict[str, list] = {k: [] for k in ("name", "ts", "dur", "corr", "stream")}
+        self.cpu: dict[str, list] = {k: [] for k in ("name", "kind", "ts", "dur", "tid", "flops", "ext")}
         self.steps: list[tuple[int, float, float]] = []
         self.gpu_steps: list[float] = []
         self.shapes: dict[int, tuple[bytes, bytes | None, bytes | None]] = {}
@@ -61,7 +62,7 @@ class ColumnBuilder:
         self._special: list[int] = []
         self._special_kinds = np.zeros(0, dtype=np.int8)
         self._names_cache: list[str] = []
-        self.ev_idx = [0, None, None]  # count, min, max of Kineto's per-op "Ev Idx"
+        self.ev_idx: list[Any] = [0, None, None]  # count, min, max of Kineto's per-op "Ev Idx"
         self.decode = _Decoder()
 
     def _nid(self, name: str) -> int:

@@ -18,6 +18,7 @@ import json
 import math
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -85,7 +86,7 @@ PEAKS: dict[str, Device] = {d.key: d for d in [
     _d("mi325x", "AMD Instinct MI325X", 163.4, 653.7, 1307.4, 1307.4, 6000, 256),
 ]}
 
-_NAME_RULES: list[tuple[re.Pattern, object]] = [
+_NAME_RULES: list[tuple[re.Pattern, str | Callable[[float | None], str]]] = [
     (re.compile(r"V100S", re.I), "v100s"),
     (re.compile(r"V100.*PCIE", re.I), "v100-pcie"),
     (re.compile(r"V100", re.I), "v100-sxm2"),

@@ -35,6 +35,7 @@ import gc
 import os
 import re
 import threading
+from typing import NoReturn
 
 import msgspec
 import numpy as np
@@ -498,7 +499,7 @@ def _decoded_any(data: bytes):
         raise msgspec.DecodeError(TOO_DEEP) from None
 
 
-def _not_a_trace(path: str, data: bytes):
+def _not_a_trace(path: str, data: bytes) -> NoReturn:
     s = data.lstrip()
     if not s:
         raise DiagInputError("empty file", source=path)

@@ -91,7 +91,7 @@ def _rated_groups(groups: dict, n: int, peak: float | None, target_frac: float, 
         rate = g["bytes"] / (us * 1e-6) if us > 0 else None
         frac = rate / peak if rate and peak else None
         slow = frac is not None and frac < slow_frac and g["bytes"] / g["calls"] >= min_call_bytes
-        if slow:
+        if slow and frac is not None:
             saving += g["us"] * (1.0 - frac / target_frac)
         if len(out) < TOP_GROUPS:
             where = f"{top} → {name}" if top != name else name

@@ -78,6 +78,6 @@ def _saving_by_window(trace: Trace, sel: np.ndarray, window: np.ndarray, n: int,
     if peaks.get("tf32") and peaks["tf32"] < fast:
         keep["tf32"] = 1.0 - peaks["tf32"] / fast
     precision = {nid: precision_of(trace.names[nid]) for nid in np.unique(trace.dev_name[sel]).tolist()}
-    factor = np.array([keep.get(precision[nid], 0.0) for nid in trace.dev_name[sel].tolist()])
+    factor = np.array([keep.get(precision[nid] or "", 0.0) for nid in trace.dev_name[sel].tolist()])
     return np.bincount(window, weights=trace.dev_dur[sel] * factor, minlength=n)
 

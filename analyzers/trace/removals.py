@@ -79,7 +79,7 @@ def _top_collective_us(records: list[dict], win: np.ndarray, name_re: re.Pattern
             b - a for a, b in r.get("exposed") or [] if b > a)
     if not exposed:
         return None
-    top = max(exposed, key=exposed.get)
+    top = max(exposed, key=exposed.__getitem__)
     mine = [r for r in records if (r["name"], r.get("pg")) == top]
     k = iv.window_of(np.array([r["ts_us"] for r in mine], dtype=np.float64), win)
     dur = np.array([float(r.get("dur_us") or 0.0) for r in mine])

@@ -13,6 +13,7 @@ import re
 from functools import reduce
 from itertools import repeat
 from operator import attrgetter, or_
+from types import GenericAlias
 from typing import Annotated, Any
 
 import msgspec
@@ -113,24 +114,24 @@ _SKIP_CATS = ("ac2g", "fwdbwd", "async", "flow", "Trace", "overhead", "cuda_prof
 
 
 def _tagged_union():
-    fields_of = {
+    fields_of: dict[str, tuple[Any, ...]] = {
         "dev": ("name", "ts", "dur", _DevArgs), "rt": ("name", "ts", "dur", _RtArgs),
         "cpu": ("name", "tid", "ts", "dur", _CpuArgs), "gpu_ann": ("name", "ts", "dur", _NoArgs),
         "instant": ("dur", _MemArgs),
     }
     group_of = {_C_KERNEL: "dev", _C_MEMCPY: "dev", _C_MEMSET: "dev", _C_SYNC: "dev", _C_RUNTIME: "rt",
                 _C_OP: "cpu", _C_ANN: "cpu", _C_PY: "cpu", _C_GPU_ANN: "gpu_ann", _C_INSTANT: "instant"}
-    defaults = {"name": (str, ""), "tid": (Any, 0), "ts": (Finite, 0.0), "dur": (Finite, -1.0)}
+    defaults: dict[str, tuple[Any, Any]] = {"name": (str, ""), "tid": (Any, 0), "ts": (Finite, 0.0), "dur": (Finite, -1.0)}
     types, code_of = [], {}
     for k, (cat, code) in enumerate(list(_CAT_CODE.items()) + [(c, 0) for c in _SKIP_CATS]):
-        fields = []
+        fields: list[tuple[str, Any, Any]] = []
         if code:
             *plain, args_type = fields_of[group_of[code]]
             fields = [(f, *defaults[f]) for f in plain] + [("args", args_type, args_type())]
         t = msgspec.defstruct(f"Cat{k}", fields, tag_field="cat", tag=cat, forbid_unknown_fields=False, gc=False)
         types.append(t)
         code_of[t] = code
-    return msgspec.json.Decoder(list[reduce(or_, types)]).decode, code_of
+    return msgspec.json.Decoder(GenericAlias(list, (reduce(or_, types),))).decode, code_of
 
 
 _decode_tagged, _CODE_OF_TYPE = _tagged_union()

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from diag.analyzers import intervals as iv
+from diag.analyzers.analysis_types import TraceStepFacts
 from diag.analyzers.trace import event_classes as ec
 from diag.analyzers.trace import roofline
 from diag.analyzers.trace.attribution import (
@@ -21,6 +22,7 @@ from diag.analyzers.trace.attribution import (
     attribute,
     normalize_shares,
 )
+from diag.analyzers.trace.devices import Device
 from diag.analyzers.trace.load import Trace, window_array
 
 
@@ -30,8 +32,8 @@ class Timeline:
     windows: list  # (step number, start µs, end µs)
     win: np.ndarray
     on_device: bool
-    device: object
-    op_info: object
+    device: Device | None
+    op_info: Ops
     classes: np.ndarray | None  # each device event's class (None on a CPU timeline)
     layers: dict
     busy: dict
@@ -59,10 +61,10 @@ class Rates:
     """Memory-vs-compute device (or CPU) time, work and achieved bandwidth, per window."""
     mem_t: np.ndarray
     comp_t: np.ndarray
-    peak_frac: object
-    flops: object
-    bw_bytes: object
-    bw_time: object
+    peak_frac: np.ndarray | None
+    flops: np.ndarray | None
+    bw_bytes: np.ndarray | None
+    bw_time: np.ndarray | None
 
     def measurements(self, shares: dict, k: int | None, dur: float, device) -> dict:
         """The tree's measurements of window `k` (None: of the whole rank, over `dur`)."""
@@ -77,9 +79,9 @@ def window_rates(trace: Trace, tl: Timeline) -> Rates:
                   _flops_in_windows(trace, tl.op_info, tl.win), bw_bytes, bw_time)
 
 
-def step_records(tl: Timeline, rates: Rates) -> tuple[list[dict], dict, float]:
+def step_records(tl: Timeline, rates: Rates) -> tuple[list[TraceStepFacts], dict, float]:
     """(each traced step's record, the rank's shares, the traced time in µs)."""
-    steps = []
+    steps: list[TraceStepFacts] = []
     totals = {b: 0.0 for b in BOUNDS}
     for k, (num, lo, hi) in enumerate(tl.windows):
         dur = hi - lo

@@ -9,6 +9,8 @@ absolute deviation), the phase table in shares and milliseconds, throughput.
 
 from __future__ import annotations
 
+from typing import Any
+
 from diag.analyzers.diagnosis import change, gate
 from diag.analyzers.diagnosis.decision_tree import load_tree
 from diag.analyzers.diagnosis.inputs import CLASSES
@@ -69,7 +71,7 @@ def _phase_changes(a: dict, b: dict) -> list[dict] | None:
     for p in CLASSES:
         # A run analysed before the wait split has no "wait": its waiting is inside comm.
         before, after = sa.get(p) or 0.0, sb.get(p) or 0.0
-        row = {"phase": p, "before": before, "after": after, "delta": after - before}
+        row: dict[str, Any] = {"phase": p, "before": before, "after": after, "delta": after - before}
         if ma and mb:
             # Milliseconds of a median step spent in the phase: shows where the time was won or lost.
             row["before_ms"], row["after_ms"] = before * ma, after * mb

@@ -6,6 +6,7 @@ note saying so (`report_model.Limits`)."""
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 import numpy as np
 
@@ -223,7 +224,7 @@ def timelines(ranks, limits, notes) -> dict | None:
                 series[rank] = (ts[m] - t0, vals[m, j])
         if not series:
             continue
-        entry = {"key": key, "label": label, "unit": unit}
+        entry: dict[str, Any] = {"key": key, "label": label, "unit": unit}
         if band:
             entry.update(band_of(series, limits.timeline_points))
         else:

@@ -26,7 +26,7 @@ measured times.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -68,6 +68,8 @@ class StepGraph:
     # work that outlasted its host span (load.step_windows), which ends with that work.
     host_hi: float | None = None
     window_lo: float | None = None  # where the step's window begins (lo may be earlier: its host part)
+    # The replay's per-node constants as lists (whatif.replay), made on its first replay.
+    prepped: tuple | None = field(default=None, repr=False, compare=False)
 
     @property
     def n_host(self) -> int:

@@ -15,6 +15,9 @@ The per-step results go into each step of the rank's analysis (`what_if_ms`, and
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 import numpy as np
 
 from diag.analyzers import intervals as iv
@@ -125,7 +128,7 @@ def _pick(n: int, limit: int = MAX_GRAPH_STEPS) -> list[int]:
     return sorted({int(round(x)) for x in np.linspace(0, n - 1, limit)})
 
 
-def summarize(steps: list[dict], changes) -> tuple[dict | None, list[dict]]:
+def summarize(steps: Sequence[Mapping[str, Any]], changes) -> tuple[dict | None, list[dict]]:
     """The rank's critical path (median step) and what-if entries from its analysed steps."""
     done = [s for s in steps if isinstance(s.get("what_if_ms"), dict) and isinstance(s.get("duration_ms"), (int, float))]
     if not done:

@@ -16,6 +16,7 @@ replayed step under the change, and its error is that of the graph alone.
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 import numpy as np
 
@@ -153,9 +154,8 @@ def replay(g: StepGraph, scales: dict[str, dict], order=None, info: dict | None 
 def _prep(g: StepGraph) -> tuple:
     """The graph's per-node constants as Python lists (a replay reads them node by node,
     where list indexing is several times cheaper than numpy's), computed once per graph."""
-    cached = getattr(g, "_prepped", None)
-    if cached is not None:
-        return cached
+    if g.prepped is not None:
+        return g.prepped
     lo = g.lo
     prev_end = np.concatenate(([lo], g.h_end[:-1]))
     waits = (g.h_wait_on >= 0) & (g.d_end[np.maximum(g.h_wait_on, 0)] > g.h_start) if len(g.d_end) \
@@ -173,8 +173,8 @@ def _prep(g: StepGraph) -> tuple:
         ready = np.where(dep >= 0, np.maximum(ready, g.d_end[np.maximum(dep, 0)] if n else 0.0), ready)
     dev = (g.d_launch.tolist(), g.d_pred.tolist(), g.d_xdep.tolist(), np.maximum(0.0, g.d_start - ready).tolist(),
            (g.d_end - g.d_start).tolist(), g.d_end.tolist(), np.minimum(lo, g.d_start).tolist(), self_wait.tolist())
-    g._prepped = (host, dev)
-    return g._prepped
+    g.prepped = (host, dev)
+    return g.prepped
 
 
 def _replay(g: StepGraph, scale: dict | None, order, own_only: bool = False) -> float:
@@ -194,8 +194,9 @@ def _replay(g: StepGraph, scale: dict | None, order, own_only: bool = False) -> 
     queue_fixed = g.host_end < g.hi
     # Its duration counts from where the step before ended.
     origin = g.window_lo if queue_fixed and g.window_lo is not None else lo
-    new_h = [None] * g.n_host
-    new_d = [None] * len(d_end)
+    # Each node's replayed end, None until replayed (plain lists: the loop reads them node by node).
+    new_h: list[Any] = [None] * g.n_host
+    new_d: list[Any] = [None] * len(d_end)
     for kind, i in order:
         if kind == 1:
             prev = (new_h[i - 1] if new_h[i - 1] is not None else g.h_end[i - 1]) if i > 0 else lo

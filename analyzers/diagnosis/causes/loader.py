@@ -71,8 +71,8 @@ def no_loader_workers(ctx: JobContext) -> dict | None:
         action = (f"Give the {where} worker processes: {sizing}, with persistent_workers=True so that they "
                   "outlive each epoch. (Too few steps were timed to size them from this run.)")
     split = _collate_split(merged.get("analysis") or {})
-    if split and split[0]:
-        wait, collate = split
+    wait, collate = split or (None, None)
+    if wait and collate is not None:
         text += (f" Of its median wait of {wait:.1f} ms per step, collate_fn takes {collate:.1f} ms and reading the "
                  f"samples {max(wait - collate, 0.0):.1f} ms.")
         if collate >= ctx.tree.thresholds["collate_wait_share"] * wait:
