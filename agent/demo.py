@@ -404,9 +404,13 @@ def _stop_ranks(procs, timeout_s: float = 30.0) -> None:
         except ProcessLookupError:
             pass
     deadline = time.monotonic() + timeout_s
-    for p in live:
+    for i, p in enumerate(procs.processes):
+        if p not in live:
+            continue
         p.join(max(deadline - time.monotonic(), 0.1))
         if p.is_alive():
+            print(f"diag demo: rank {i} did not stop within {timeout_s:.0f} s of SIGINT; killing it", file=sys.stderr,
+                  flush=True)
             p.kill()
             p.join(5.0)
 

@@ -282,7 +282,10 @@ def test_demo_linger_serves_the_finished_run_until_stopped(tmp_path, how):
             assert steps == [8.0], steps
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM if how == "SIGTERM" else signal.SIGINT)  # the demo only, not its ranks
-        rc = proc.wait(30)
+        try:  # longer than the demo's own bound on stopping its ranks (30 s), so that its stderr says why
+            rc = proc.wait(45)
+        except subprocess.TimeoutExpired:
+            rc = None
         took = time.monotonic() - t0
     finally:
         if proc.poll() is None:
@@ -295,3 +298,40 @@ def test_demo_linger_serves_the_finished_run_until_stopped(tmp_path, how):
     for port in (base, base + 1):  # the ranks are gone with their endpoints
         with pytest.raises(OSError):
             urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
+
+
+def _sleeper(ignore_sigint: bool, ready) -> None:
+    import signal
+
+    if ignore_sigint:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ready.set()
+    try:
+        time.sleep(60)
+    except KeyboardInterrupt:
+        pass
+
+
+def test_a_rank_that_ignores_the_stop_is_killed_and_named(capsys):
+    """Stopping the demo's ranks is bounded: a rank still alive after the bound is killed, and
+    the demo says which; a rank that stops on SIGINT is not mentioned."""
+    import multiprocessing as mp
+    from types import SimpleNamespace
+
+    from diag.demo import _stop_ranks
+
+    ctx = mp.get_context("fork")
+    ready = [ctx.Event(), ctx.Event()]
+    procs = [ctx.Process(target=_sleeper, args=(ignore, ev)) for ignore, ev in zip((False, True), ready)]
+    for p in procs:
+        p.start()
+    for ev in ready:
+        assert ev.wait(10)
+    t0 = time.monotonic()
+    _stop_ranks(SimpleNamespace(processes=procs), timeout_s=1.0)
+    assert time.monotonic() - t0 < 8
+    assert not any(p.is_alive() for p in procs)
+    assert procs[0].exitcode == 0 and procs[1].exitcode == -9
+    err = capsys.readouterr().err
+    assert "rank 1 did not stop within 1 s of SIGINT; killing it" in err
+    assert "rank 0" not in err
