@@ -33,9 +33,9 @@ from typing import Any
 from diag import atomic_io, rundir
 from diag.collectors.profiler_guard import ProfilerGuard
 from diag.collectors.trace_export import (
-    PARTIAL_GLOB,
     ExportFailed,
     ExportRoute,
+    partial_traces,
     remove_partials,
     write_in_child,
 )
@@ -391,11 +391,11 @@ class ProfilerWindows:
                 sizes[p] = 0
         total = sum(sizes.values())
         # A trace being written counts too: finished ones make room for it.
-        try:
-            for p in self.trace_dir.glob(PARTIAL_GLOB):
+        for p in partial_traces(self.trace_dir):
+            try:
                 total += p.stat().st_size
-        except OSError:
-            pass
+            except OSError:
+                pass
         try:
             busy = set(self.in_use()) if self.in_use is not None else set()
         except Exception:

@@ -9,6 +9,8 @@ import signal
 import time
 from pathlib import Path
 
+from diag import rundir
+
 # A child writing a trace that has not finished in this long is stuck (a lock another thread
 # held at the fork): it is killed and the window counts as failed.
 EXPORT_CHILD_TIMEOUT_S = 600.0
@@ -33,23 +35,28 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-# The names a window's trace has while it is written: diag's own, and the one Kineto makes of
-# it for its own temporary file.
-PARTIAL_GLOB = ".window-*.tmp*"
+# A window's trace while it is written (`.window-N.tmp`, and Kineto's own `.window-N.tmp.tmp`):
+# the run directory's rule for a file being written, by a window's name.
+_PARTIAL_PREFIX = ".window-"
+
+
+def partial_traces(trace_dir: Path) -> list[Path]:
+    """The traces of a folder being written, or left half-written by a writer killed mid-window."""
+    try:
+        return [p for p in trace_dir.iterdir() if p.name.startswith(_PARTIAL_PREFIX) and rundir.is_leftover(p.name)]
+    except OSError:
+        return []
 
 
 def remove_partials(trace_dir: Path) -> int:
     """Delete the partial traces of a trace folder (a writer killed mid-window left them); their count."""
     n = 0
-    try:
-        for p in trace_dir.glob(PARTIAL_GLOB):
-            try:
-                p.unlink()
-                n += 1
-            except OSError:
-                pass
-    except OSError:
-        pass
+    for p in partial_traces(trace_dir):
+        try:
+            p.unlink()
+            n += 1
+        except OSError:
+            pass
     return n
 
 
