@@ -224,8 +224,10 @@ def _rank_main(local_rank: int, cfg: dict, done=None) -> None:
     # The demo's windows are the agent's own business: keep its terminal output clean.
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     # SIGTERM ends the rank as Ctrl-C does: the agent closes the run as interrupted, and
-    # a lingering endpoint stops serving at once.
+    # a lingering endpoint stops serving at once. SIGINT is how the demo stops its ranks, so a
+    # rank takes it even where the demo was started with it ignored (nohup, a background job).
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     import torch
     import torch.distributed as dist
 

@@ -212,3 +212,70 @@ class RunRank(RunRankFacts, _RankVerdict):
 
 # A rank with its verdicts, from a trace or from a run directory.
 Rank = TraceRank | RunRank
+
+
+class JobFacts(TypedDict):
+    """The "job" part of the document, as measured across the ranks (job.cross_rank.analyze_job)."""
+    world_size: int | None
+    ranks_present: list[int]
+    critical_path: dict | None  # the job's critical path over its ranks' replayed steps
+    what_if: list[dict]  # each what-if change replayed over the job's ranks
+    missing_ranks: list[int]
+    duplicate_ranks: list[dict]  # {"rank", "source"}: a rank two traces claim
+    unnamed_traces: list[str]  # traces whose rank no distributedInfo names
+    findings: list[Finding]
+    collectives: dict  # the ranks' collectives matched: counts, comm and wait ms, bus bandwidth
+    collective_facts: NotRequired[dict]  # the stragglers' input; the diagnosis takes it out of the block
+    reports: NotRequired[dict | None]  # a run directory's: each rank's last report (analyze.job_facts)
+
+
+class Job(JobFacts):
+    """The job block with its verdict (diagnosis.verdict.job_verdict)."""
+    stragglers: list[dict]
+    rank_waits: list[dict]
+    bound: str | None
+    cause: str | None  # what the communication waits on, where the job is comm-bound
+    path: list[PathNode]
+    fixes: list[str]
+    verdict_source: str  # "measurements" | "rank verdicts" | "none"
+    borderline: dict | None  # the deciding measurement within its noise of a threshold
+    measurements: dict | None  # the measurement set the verdict rests on
+    bound_counts: dict[str, int]  # ranks by their own bound
+
+
+class Diagnosis(TypedDict):
+    """The diagnosis of one job (diag.diagnosis/1, diagnosis.document.build_diagnosis): what
+    every view renders. docs/analyze.md describes its parts."""
+    schema: str
+    bound: str | None
+    headline: dict
+    measurements: dict | None
+    phase_shares: dict[str, float | None] | None
+    decision_path: dict | None
+    confidence: dict
+    stragglers: list[dict]
+    straggler_episodes: dict
+    findings: list[dict]
+    evidence: list[dict]
+    recommendations: list[dict]
+    causes: list[dict]
+    what_if: dict  # {"critical_path", "changes"}
+    memory: dict | None
+    nccl: dict | None
+    world_size: int | None
+    missing_ranks: list[int]
+    stopped_ranks: list[int]
+    run_figures: dict  # identity, steady step time, throughput: what compare and the gate read
+
+
+class AnalysisDocument(TypedDict):
+    """diag.analysis/1: what `diag analyze --json` prints (traces, run directories, or both), and
+    a run directory's own analysis (job.run_analysis.analyze_run) with its diagnosis."""
+    schema: str
+    source: NotRequired[str]  # a run directory's analysis: the directory
+    run: NotRequired[dict]  # a run directory's analysis: its manifest's id, status, times, hosts, versions, config
+    ranks: list[Rank]
+    job: Job
+    errors: list[dict]  # {"source", "error"}: inputs that could not be analysed
+    warnings: NotRequired[list[dict]]  # {"source", "warning"}: what the traces disagree on (diag analyze)
+    diagnosis: Diagnosis

@@ -12,7 +12,7 @@ from conftest import FIXTURES
 
 from diag import rundir
 from diag.analyzers import analysis_types as types
-from diag.analyzers.analyze import analyze_paths, analyze_run_dir
+from diag.analyzers.analyze import analyze_paths, analyze_run_dir, job_facts, split_waits
 from diag.analyzers.diagnosis.decision_tree import load_tree
 from diag.analyzers.diagnosis.rank import judge_run_rank, judge_trace
 from diag.analyzers.job.run_analysis import analyze_rank
@@ -46,9 +46,22 @@ def test_a_traces_facts_and_its_verdicts_are_as_declared(name):
     _steps_conform(judged, types.TraceStep, "judged")
 
 
+def _document_conforms(doc: dict, where: str) -> None:
+    _conforms(doc, types.AnalysisDocument, where)
+    _conforms(doc["job"], types.Job, f"{where}: job")
+    _conforms(doc["diagnosis"], types.Diagnosis, f"{where}: diagnosis")
+    for f in doc["job"]["findings"]:
+        _conforms(f, types.Finding, f"{where}: job finding {f.get('id')}")
+
+
 def test_real_gpu_ranks_of_one_job_are_as_declared(real_traces):
-    doc = analyze_paths([real_traces / "job128_rank0_sampled.json.gz", real_traces / "job128_rank1_sampled.json.gz"],
-                        jobs=1)
+    paths = [real_traces / "job128_rank0_sampled.json.gz", real_traces / "job128_rank1_sampled.json.gz"]
+    doc = analyze_paths(paths, jobs=1)
+    _document_conforms(doc, "job128")
+    tree = load_tree()
+    facts = job_facts(split_waits([trace_facts(p, tree.facts) for p in paths]), tree)
+    _conforms(facts, types.JobFacts, "job128's job facts")
+    assert "bound" not in facts and "stragglers" not in facts  # no verdict among the facts
     for r in doc["ranks"]:
         _conforms(r, types.TraceRank, f"rank {r['rank']}")
         _steps_conform(r, types.TraceStep, f"rank {r['rank']}")
@@ -67,7 +80,9 @@ def test_a_real_runs_ranks_are_as_declared(demo_run_dir):
     assert facts == before
     _conforms(judged, types.RunRank, "judged")
     _steps_conform(judged, types.RunStep, "judged")
-    for r in analyze_run_dir(demo_run_dir)["ranks"]:
+    doc = analyze_run_dir(demo_run_dir)
+    _document_conforms(doc, "demo run")
+    for r in doc["ranks"]:
         _conforms(r, types.RunRank, f"rank {r['rank']}")
 
 

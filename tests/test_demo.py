@@ -260,10 +260,14 @@ def test_demo_linger_serves_the_finished_run_until_stopped(tmp_path, how):
     base = free_port_pair()
     env = dict(os.environ, DIAG_EXPORTER_BIND="127.0.0.1")
     env.pop("DIAG_EXPORTER", None)
+    # SIGINT: Ctrl-C at a terminal, whatever the test runner's own disposition (a runner started
+    # in the background ignores SIGINT, and its children inherit that). SIGTERM: a scheduler
+    # stopping a demo started under nohup, with SIGINT ignored; the demo still stops its ranks.
     proc = subprocess.Popen([sys.executable, "-m", "diag", "demo", "--steps", "8", "--linger", "300",
                              "--port-base", str(base), "--run-dir", str(tmp_path / "run")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+                            start_new_session=True,
+                            preexec_fn=_ignore_sigint if how == "SIGTERM" else _default_sigint)
     out, err = [], []
     readers = [threading.Thread(target=lambda s=s, buf=buf: buf.extend(s), daemon=True)
                for s, buf in ((proc.stdout, out), (proc.stderr, err))]
@@ -300,11 +304,23 @@ def test_demo_linger_serves_the_finished_run_until_stopped(tmp_path, how):
             urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
 
 
+def _default_sigint() -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _ignore_sigint() -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _sleeper(ignore_sigint: bool, ready) -> None:
     import signal
 
-    if ignore_sigint:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A demo rank takes SIGINT, whatever it inherited; this one may be told to ignore it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN if ignore_sigint else signal.default_int_handler)
     ready.set()
     try:
         time.sleep(60)
