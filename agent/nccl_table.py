@@ -30,8 +30,6 @@ _NAMES_TAIL = "  %7s  %6s  %6s %6s  %7s  %6s  %6s %6s"
 _UNITS_TAIL = "  %7s  %6s  %6s  %5s  %7s  %6s  %6s  %5s"
 _ROW_RESULT = "  %7s  %6.2f  %6.2f  %5s"
 
-# The layout of the current generation (nccl-tests 2.13+, rccl-tests, diag's own runs).
-
 
 class Layout(TypedDict):
     """How a generation of nccl-tests printed its rows."""
@@ -40,6 +38,7 @@ class Layout(TypedDict):
     error_column: str  # "#wrong" (a count) or "error" (older: a max delta)
 
 
+# The layout of the current generation (nccl-tests 2.13+, rccl-tests, diag's own runs).
 MODERN_LAYOUT: Layout = {"columns": ("redop", "root"), "type_width": 8, "error_column": "#wrong"}
 
 
