@@ -123,23 +123,42 @@ def _cpu_rank(rank, step_ms, calls, samples=512.0, compute=0.7, slow=1.0, copies
     return r
 
 
-@pytest.mark.parametrize("calls,cause", [(101.5, "cpu_contention"), (102.5, "uneven_work")])
-def test_a_cpu_rank_doing_the_same_work_slower_is_contention(calls, cause):
+@pytest.mark.parametrize("calls", [101.5, 102.5])
+def test_a_cpu_rank_doing_the_same_work_slower_is_contention(calls):
     """The straggler's op calls at its peers' time per call within straggler_same_work_tolerance
-    (2%) of the peers' op time are the same work, however slowly they ran; host ops are not
-    counted."""
+    (2%) of the peers' op time are the same work, however slowly they ran; a few more (2.5%) that
+    are far from its lateness are too. Host ops are not counted."""
     m = _merged([_cpu_rank(0, 100.0, 100), _cpu_rank(1, 130.0, calls, compute=0.75, slow=1.3)])
     m[1]["info"] = {"local_world_size": 2, "cpu": {"cpus": 2, "torch_threads": 1}}
     got = likely_cause(m[1], [m[0]], TREE)
-    assert got["cause"] == cause, got["text"]
+    assert got["cause"] == "cpu_contention", got["text"]
     ev = got["evidence"]
     assert ev["op_work_at_peers_speed_ms_per_step"] == pytest.approx(calls * 0.5 + 0.1)
     assert ev["peers_op_ms_per_step"] == pytest.approx(50.1)
+    assert "(2 ranks × 1 torch threads on 2 CPUs here)" in got["text"]
+    assert (f"its ops would take {calls * 0.5 + 0.1:.1f} ms per step at their speed, against their 50.1 ms; "
+            "512 samples") in got["text"]
+
+
+@pytest.mark.parametrize("above,cause", [(-1.0, "cpu_contention"), (1.0, "uneven_work")])
+def test_more_calls_are_uneven_work_only_where_they_explain_the_lateness(above, cause):
+    """A rank 30% slower that also runs a few more op calls: the extra calls at its peers' speed
+    must be straggler_extra_work_share (half) of its excess device time to be its cause; with
+    less, its ops ran slower (the demo beside a CPU-bound job: 5.5 ms more work, 77 ms late)."""
+    def merged(calls):
+        return _merged([_cpu_rank(0, 100.0, 100), _cpu_rank(1, 130.0, calls, compute=0.75, slow=1.3)])
+
+    ev = likely_cause(merged(102.5)[1], [merged(102.5)[0]], TREE)["evidence"]
+    excess = ev["device_ms_per_step"] - ev["peers_device_ms_per_step"]
+    assert TREE.thresholds["straggler_extra_work_share"] == 0.5
+    calls = 100 + 0.5 * excess / 0.5 + above  # each extra call is 0.5 ms at the peers' speed
+    m = merged(calls)
+    got = likely_cause(m[1], [m[0]], TREE)
+    assert got["cause"] == cause, got["text"]
+    extra = got["evidence"]["op_work_at_peers_speed_ms_per_step"] - got["evidence"]["peers_op_ms_per_step"]
+    assert (extra >= 0.5 * excess) is (cause == "uneven_work")
     if cause == "cpu_contention":
-        assert "(2 ranks × 1 torch threads on 2 CPUs here)" in got["text"]
-        assert "its ops would take 50.9 ms per step at their speed, against their 50.1 ms; 512 samples" in got["text"]
-    else:
-        assert "runs more op calls per step (aten::mm 102.5 against 100)" in got["text"]
+        assert "runs more op calls" not in got["text"]
 
 
 def test_extra_calls_of_a_cheap_op_are_not_uneven_work():

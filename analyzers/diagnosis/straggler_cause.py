@@ -63,7 +63,8 @@ def excess_at(excess: dict[str, float | None], step_ms: float, thresholds) -> st
 
 def likely_cause(straggler: dict, peers: list[dict], tree) -> dict:
     """{"cause", "text", "evidence"} for a straggler (merged rank) against its peers, by the
-    tree's straggler_cause_min_excess, throttle_sample_fraction, clock_deficit and busy_cpu."""
+    tree's straggler_cause_min_excess, straggler_same_work_tolerance, straggler_extra_work_share,
+    throttle_sample_fraction, clock_deficit and busy_cpu."""
     th = tree.thresholds
     own = _parts_ms(straggler)
     others = [p for p in (_parts_ms(r) for r in peers) if p]
@@ -85,10 +86,13 @@ def likely_cause(straggler: dict, peers: list[dict], tree) -> dict:
     if where == "device":
         work = _work_difference(straggler, peers, th["straggler_same_work_tolerance"])
         ev.update(work["evidence"])
-        if work["more"]:
+        # More op calls count only where their time at the peers' speed explains the lateness:
+        # a rank whose ops all run slower is late for its speed, not for a few more calls.
+        explains = work["more_data"] or work["extra_op_ms"] >= th["straggler_extra_work_share"] * excess[where]
+        if work["more"] and explains:
             return {"cause": "uneven_work", "evidence": ev,
                     "text": f"uneven work: its device work takes {more}, and it {work['more']}"}
-        if straggler["device"] == "CPU" and work["same"]:
+        if straggler["device"] == "CPU" and work["known"]:
             return {"cause": "cpu_contention", "evidence": ev, "text": _contention_text(straggler, more, work)}
         events = _clock_events(straggler)
         slowed = sum(1 for e in events if slowing_reasons(e))
@@ -151,14 +155,16 @@ def _per_step(r: dict) -> dict:
 
 
 def _work_difference(straggler: dict, peers: list[dict], tol: float) -> dict:
-    """{"more": what the straggler does more of per step (text) or None, "same": whether every
-    measure known on both sides agrees within `tol`, "evidence"}.
+    """{"more": what the straggler does more of per step (text) or None, "known": whether any
+    measure is known on both sides, "more_data": whether it processes more samples or tokens,
+    "extra_op_ms": its op work beyond its peers' at their speed, ms per step, "evidence"}; each
+    measure agrees within `tol` or counts as more.
 
     Op work is the straggler's calls of the ops both sides ran, each at its peers' time per
     call, against the peers' own time in them: extra calls of a cheap op weigh little, and a
     rank whose ops merely run slower does the same work."""
     own, others = _per_step(straggler), [_per_step(p) for p in peers]
-    ev, more, known = {}, [], 0
+    ev, more, known, extra_op_ms, more_data = {}, [], 0, 0.0, False
     for key in ("samples", "tokens"):
         peer = _median(o[key] for o in others)
         if own[key] is None or not peer:
@@ -166,6 +172,7 @@ def _work_difference(straggler: dict, peers: list[dict], tol: float) -> dict:
         known += 1
         ev[f"{key}_per_step"], ev[f"peers_{key}_per_step"] = own[key], peer
         if own[key] > (1 + tol) * peer:
+            more_data = True
             more.append(f"processes {own[key]:g} {key} per step against its peers' {peer:g}")
     shared = set(own["ops"]).intersection(*(o["ops"] for o in others)) if others else set()
     peer_ops = {k: (statistics.median(o["ops"][k][0] for o in others),
@@ -178,11 +185,13 @@ def _work_difference(straggler: dict, peers: list[dict], tol: float) -> dict:
                   peers_op_calls_per_step=round(sum(calls for calls, _ in peer_ops.values()), 2),
                   op_work_at_peers_speed_ms_per_step=round(at_peer_speed, 3),
                   peers_op_ms_per_step=round(peer_ms, 3))
+        extra_op_ms = at_peer_speed - peer_ms
         if at_peer_speed > (1 + tol) * peer_ms:
             name = max(shared, key=lambda k: (own["ops"][k][0] - peer_ops[k][0]) * peer_ops[k][1] / peer_ops[k][0])
             more.append(f"runs more op calls per step ({name} {own['ops'][name][0]:g} against {peer_ops[name][0]:g}): "
                         f"{at_peer_speed:.1f} ms of work at its peers' speed against their {peer_ms:.1f} ms")
-    return {"more": " and ".join(more) or None, "same": known > 0 and not more, "evidence": ev}
+    return {"more": " and ".join(more) or None, "known": known > 0, "more_data": more_data,
+            "extra_op_ms": extra_op_ms, "evidence": ev}
 
 
 def _contention_text(straggler: dict, more: str, work: dict) -> str:
