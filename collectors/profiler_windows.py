@@ -35,6 +35,7 @@ from diag.collectors.profiler_guard import ProfilerGuard
 from diag.collectors.trace_export import (
     ExportFailed,
     ExportRoute,
+    missing_trace,
     partial_traces,
     remove_partials,
     write_in_child,
@@ -291,6 +292,8 @@ class ProfilerWindows:
                 t0 = time.perf_counter()
                 prof.export_chrome_trace(str(tmp))
                 self.export_route.wrote(time.perf_counter() - t0)
+            if not tmp.exists():  # Kineto logs a failed write and returns
+                raise missing_trace(tmp)
             os.replace(tmp, final)
         except Exception as exc:
             remove_partials(self.trace_dir)  # ours and Kineto's of it: one window is written at a time

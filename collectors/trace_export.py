@@ -4,6 +4,7 @@ thread where that stalls it less (ExportRoute), and the partial files a killed w
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import time
@@ -19,6 +20,24 @@ EXPORT_CHILD_TIMEOUT_S = 600.0
 
 class ExportFailed(RuntimeError):
     pass
+
+
+# A window's trace is several MB of JSON before it is compressed: with less free than this,
+# a trace that was not written was refused by its disk.
+FULL_DISK_BYTES = 16 << 20
+
+
+def missing_trace(path: Path) -> OSError:
+    """Why a trace the profiler was told to write is not there. Kineto's writer logs a failed
+    write and returns, so the error is lost; with its disk nearly full, it was the disk."""
+    try:
+        st = os.statvfs(path.parent)
+        free = st.f_bavail * st.f_frsize
+    except OSError:
+        free = None
+    if free is not None and free < FULL_DISK_BYTES:
+        return OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} ({free} bytes free)", str(path))
+    return OSError(errno.ENOENT, "the profiler wrote no trace", str(path))
 
 
 def _die_with_parent(parent: int) -> None:

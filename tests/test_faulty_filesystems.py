@@ -4,6 +4,7 @@ is left behind. Mounting needs root (CI runs as root); elsewhere these tests are
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import subprocess
@@ -72,6 +73,20 @@ def test_a_full_disk_stops_the_agent_writing_not_the_training(tmpfs):
     said = [line for line in proc.stderr.splitlines() if "No space left on device" in line]
     assert 1 <= len(said) <= 3, proc.stderr[-2000:]  # once per part that switched off, not per record
     assert not _partials(fs), _partials(fs)  # no half-written trace or document left on the full disk
+
+
+def test_a_trace_the_profiler_left_unwritten_is_blamed_on_its_disk_only_when_it_is_full(tmpfs, tmp_path):
+    """Kineto's writer logs a failed write and returns: the agent then finds no trace, and says
+    the disk was full where it nearly is (the CUDA build of torch writes its traces that way)."""
+    from diag.collectors.trace_export import FULL_DISK_BYTES, missing_trace
+
+    full = missing_trace(tmpfs("3m") / ".window-000001.tmp")
+    assert full.errno == errno.ENOSPC and "No space left on device" in str(full), full
+    st = os.statvfs(tmp_path)
+    if st.f_bavail * st.f_frsize < FULL_DISK_BYTES:
+        pytest.skip("the test's own folder has too little room to show the other case")
+    roomy = missing_trace(tmp_path / ".window-000001.tmp")
+    assert roomy.errno == errno.ENOENT and "the profiler wrote no trace" in str(roomy), roomy
 
 
 def test_a_file_system_gone_read_only_mid_run_leaves_the_training_alone(tmpfs):
