@@ -157,6 +157,7 @@ class RunStepFacts(_StepWhatIf):
     data_wait_ms: NotRequired[float | None]
     start_unix: NotRequired[float]  # when the step began (the agent's wall clock)
     device_ms: NotRequired[float]  # device time between the step's timing events
+    host_ms: NotRequired[float]  # the host's time for a step the device paced (duration_ms is the device's)
     data_idle_ms: NotRequired[float]  # the device's idle time within the step's data waits
     collate_ms: NotRequired[float]  # of the data wait, collating in the training process (num_workers=0)
     cpu_ms: NotRequired[float]  # the process's CPU time over the step, all its threads

@@ -251,6 +251,32 @@ def test_the_agent_records_device_times_and_the_run_analysis_uses_them(tmp_path)
 
 
 
+def test_a_host_that_runs_ahead_of_the_device_is_timed_at_the_devices_pace(tmp_path):
+    """A loop that never waits for the device launches each step in microseconds while the
+    device runs it in 14 ms, until the queue fills: the step is the device's 14 ms in the
+    analysis and the report (the run's wall time), the host's own time kept beside it."""
+    device = FakeDevice(queue_limit_s=10.0, clock=VirtualClock())  # the queue never fills: all ahead
+    agent = Agent(tmp_path / "run", export=False, profile=False, report=False, verbose=False)
+    agent.start()
+    agent.clock = _clock(device)
+    for _ in range(40):
+        device.launch(0.014)
+        agent.step()
+    device.synchronize()
+    agent.close()
+    from diag.analyzers.diagnosis.decision_tree import load_tree
+    from diag.analyzers.job.run_analysis import analyze_rank
+
+    facts, _ = analyze_rank(rundir.RunDir(tmp_path / "run"), 0, load_tree().facts)
+    paced = [s for s in facts["steps"] if "device_ms" in s]
+    assert len(paced) == 39  # the first step has no start event
+    assert all(s["duration_ms"] == pytest.approx(14.0, abs=1e-6) and s["host_ms"] < 14.0 for s in paced)
+    from diag.report import analyse_and_model
+
+    _, model = analyse_and_model(tmp_path / "run")
+    assert model["step_stats"]["median_ms"] == pytest.approx(14.0, abs=1e-6)
+
+
 def test_the_peak_memory_is_read_rarely_and_never_reset(monkeypatch):
     """The user's own peak (max_memory_allocated, the HF Trainer's tracker, Lightning's
     DeviceStatsMonitor) is the process's: diag reads it and resets nothing."""

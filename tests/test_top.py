@@ -147,7 +147,7 @@ def test_the_job_line_sums_throughput_and_takes_the_common_verdict():
 
 
 def _live_doc(**over) -> dict:
-    steps = [{"step": i, "start_unix": NOW + i * 0.1, "duration_s": 0.1 + 0.001 * i, "device_s": 0.08,
+    steps = [{"step": i, "start_unix": NOW + i * 0.1, "duration_s": 0.1 + 0.001 * i, "device_s": 0.1 + 0.001 * i,
               "data_wait_s": 0.01, "samples": 32, "tokens": None, "bound": "compute",
               "shares": {"data": 0.1, "host": 0.1, "comm": 0.1, "wait": 0.05, "memory": 0.1, "compute": 0.55}}
              for i in range(20)]
@@ -164,12 +164,23 @@ def test_a_live_doc_gives_the_median_of_the_last_steps():
     r = rank_from_live_doc(_live_doc(), 1)
     last8 = [100.0 + i for i in range(12, 20)]
     assert r.step_ms == pytest.approx(sorted(last8)[3] / 2 + sorted(last8)[4] / 2)
-    assert r.device_ms == pytest.approx(80.0) and r.data_wait_ms == pytest.approx(10.0)
+    assert r.device_ms == pytest.approx(r.step_ms) and r.data_wait_ms == pytest.approx(10.0)
     assert r.wait_ms == pytest.approx(0.05 * r.step_ms, rel=0.01)
     assert r.samples_per_s == pytest.approx(8 * 32 / (sum(last8) / 1000.0))
     assert r.last_step_unix == pytest.approx(NOW + 1.9 + 0.119)
     assert (r.window, r.profiling, r.bound, r.xid_errors) == ((22, 24), True, "compute", 2)
     assert r.clock_events == ("sw_power_cap",) and r.host == "node-7"
+
+
+def test_a_host_that_ran_ahead_of_the_device_steps_at_the_devices_pace():
+    """A loop that never syncs launches its steps in 1 ms while each runs 14 ms on the device:
+    the device's boundary events give the pace, and the throughput follows it."""
+    doc = _live_doc()
+    for s in doc["steps"]:
+        s.update(duration_s=0.001, device_s=0.014)
+    r = rank_from_live_doc(doc, 1)
+    assert r.step_ms == pytest.approx(14.0) and r.samples_per_s == pytest.approx(32 / 0.014)
+    assert r.last_step_unix == pytest.approx(NOW + 1.9 + 0.001)  # where the host's clock put it
 
 
 @pytest.mark.parametrize("damage", [

@@ -35,7 +35,7 @@ from diag.analyzers.job.sampled import (
     sampled_steps,
     window_composition,
 )
-from diag.analyzers.model import CLASSES, FactSettings, share_ratios
+from diag.analyzers.model import CLASSES, FactSettings, share_ratios, step_seconds
 from diag.analyzers.numbers import dict_at, finite
 from diag.analyzers.numbers import median as _median
 from diag.analyzers.trace import host_device
@@ -276,8 +276,10 @@ def _rank_steps(records: list[dict], trace_steps: dict, comps: list, samples: li
             entry = _profiled_step(trace_steps[n])
         else:
             j += 1
-            entry = {"step": n, "duration_ms": 1000.0 * float(rec.get("duration_s") or 0.0),
+            entry = {"step": n, "duration_ms": 1000.0 * float(step_seconds(rec) or 0.0),
                      "shares": sampled.shares[j], "evidence": "sampled"}
+            if _finite(host := rec.get("duration_s")) and step_seconds(rec) is not host:
+                entry["host_ms"] = 1000.0 * host  # the host's own time, where the device paced the step
         dw = rec.get("data_wait_s")
         entry["data_wait_ms"] = 1000.0 * dw if _finite(dw) else None
         for key, seconds in (("device_ms", rec.get("device_s")), ("data_idle_ms", rec.get("data_idle_s")),

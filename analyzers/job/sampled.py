@@ -23,7 +23,7 @@ from typing import Any, TypeGuard
 
 import numpy as np
 
-from diag.analyzers.model import CLASSES, share_ratios
+from diag.analyzers.model import CLASSES, share_ratios, step_seconds
 from diag.analyzers.numbers import finite as _finite_or_none
 
 # The classes of a step's non-data time, and of its busy time (a collective waiting for a
@@ -126,7 +126,7 @@ def step_measurements(record: dict, sample: dict | None, composition: dict | Non
         if not math.isfinite(util):  # a failed reading is no reading
             util = None
     idle = record.get("data_idle_s")
-    shares, m = sampled_shares(record.get("duration_s"), record.get("data_wait_s"), util, composition,
+    shares, m = sampled_shares(step_seconds(record), record.get("data_wait_s"), util, composition,
                                idle if _plain_number(idle) else None)
     return (shares, m) if m else (None, m)
 
@@ -185,7 +185,7 @@ def sampled_steps(recs: list[dict], samples_of: list, comp_of: list, util: np.nd
     window composition (or None), and the samples' utilisation per record (NaN: none)."""
     inputs = list(zip(recs, samples_of, comp_of))
     ok = [i for i, r in enumerate(recs)
-          if _plain_number(r.get("duration_s")) and r["duration_s"] > 0
+          if _plain_number(length := step_seconds(r)) and length > 0
           and (r.get("data_wait_s") is None or _plain_number(r["data_wait_s"]))]
     cols, empty, rows = _columns(recs, ok, comp_of, util) if ok else ({}, [], {})
     alone = {i: step_measurements(*inputs[i]) for i in range(len(recs)) if i not in rows}
@@ -197,7 +197,7 @@ def _columns(recs: list[dict], ok: list[int], comp_of: list, util: np.ndarray) -
     """(the tree's measured columns of the covered records, which have none at all, the
     shares of each covered record by its index)."""
     idx = np.array(ok, dtype=np.int64)
-    dur = np.array([float(recs[i]["duration_s"]) for i in ok])
+    dur = np.array([float(step_seconds(recs[i])) for i in ok])
     dw_raw = [recs[i].get("data_wait_s") for i in ok]
     has_dw = np.array([w is not None for w in dw_raw])
     dw = np.array([float(w or 0.0) for w in dw_raw])
