@@ -15,6 +15,9 @@ import torch.multiprocessing as mp
 from torch.profiler import profile, schedule
 
 BLOCKS = 4
+# Few rows against wide blocks: the shards gathered (4 bytes a weight, whatever the batch) take
+# most of the step, so the collectives stay exposed however busy the machine running it.
+WIDTH, ROWS = 1024, 8
 
 
 def _rank(rank: int, port: int, out: str, flags: list[str]) -> None:
@@ -23,7 +26,7 @@ def _rank(rank: int, port: int, out: str, flags: list[str]) -> None:
     from torch.distributed.fsdp import fully_shard
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(BLOCKS)])
+    model = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(BLOCKS)])
     for block in model:
         fully_shard(block)
     fully_shard(model)
@@ -32,8 +35,8 @@ def _rank(rank: int, port: int, out: str, flags: list[str]) -> None:
             block.set_modules_to_forward_prefetch([after])
     if "nosync" in flags:
         model.set_requires_gradient_sync(False)
-    opt = torch.optim.Adam(model.parameters())
-    x = torch.randn(64, 256)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(ROWS, WIDTH)
     with profile(schedule=schedule(wait=0, warmup=1, active=2),
                  on_trace_ready=lambda p: p.export_chrome_trace(f"{out}/rank-{rank}.json")) as prof:
         for _ in range(3):

@@ -177,21 +177,48 @@ def _measured_median_step_ms(run_dir: Path, rank: int) -> float:
     return 1000.0 * statistics.median(r["duration_s"] for r in recs if not r["profiled"])
 
 
+def _foreign_cpus(run_dir: Path) -> float:
+    """The CPUs other processes kept busy during a run: the host's busy CPUs (the agent's
+    samples) less what the job's ranks and their DataLoader workers used, medians over the run."""
+    host, own = [], 0.0
+    for rank_dir in sorted(run_dir.glob("rank-*")):
+        samples = [json.loads(line)["host"] for f in sorted((rank_dir / "samples").glob("*.jsonl"))
+                   for line in f.read_text().splitlines() if line.strip()]
+        samples = [h for h in samples if isinstance(h, dict) and h.get("cpu_ratio") is not None]
+        host += [h["cpu_ratio"] * os.cpu_count() for h in samples]
+        own += statistics.median([(h.get("process_cpu_ratio") or 0.0) + (h.get("dataloader_workers_cpu_ratio") or 0.0)
+                                  for h in samples] or [0.0])
+    return statistics.median(host) - own if host else 0.0
+
+
+FOREIGN_CHANGE_CPUS = 0.5  # more load from other processes than this in one run than the other voids the pair
+
+
 @pytest.mark.slow
 def test_the_data_demos_worker_count_meets_its_prediction(tmp_path):
     """The data demo (SlowStorage: 32 reads of 4 ms a batch, little CPU) names a worker count;
-    the same demo run with it steps within the range its cause predicted."""
-    diagnosis, _ = _demo(tmp_path, "slow", "--steps", "16")
-    (cause,) = [c for c in diagnosis["causes"] if c["id"] == "data_loader_no_workers"]
-    e = cause["expected"]
-    workers = int(e["action"].removeprefix("num_workers="))
-    assert f"set num_workers={workers}" in cause["action"]
-    assert not cause["evidence"]["model"]["cpu_bound"]  # the reads sleep: workers beyond the CPUs
-    assert e["expected_step_ms"] < 0.25 * e["baseline_step_ms"]
-    _, fixed = _demo(tmp_path, "fixed", "--steps", "40", "--num-workers", str(workers))
+    the same demo run with it steps within the range its cause predicted. The prediction is for
+    the machine as the slow run found it: a pair whose runs met different loads from other
+    processes (a test suite running beside them) is run again, and where no pair met the same
+    load, nothing is compared."""
+    loads = []
+    for attempt in range(3):
+        diagnosis, slow = _demo(tmp_path, f"slow-{attempt}", "--steps", "16")
+        (cause,) = [c for c in diagnosis["causes"] if c["id"] == "data_loader_no_workers"]
+        e = cause["expected"]
+        workers = int(e["action"].removeprefix("num_workers="))
+        assert f"set num_workers={workers}" in cause["action"]
+        assert not cause["evidence"]["model"]["cpu_bound"]  # the reads sleep: workers beyond the CPUs
+        assert e["expected_step_ms"] < 0.25 * e["baseline_step_ms"]
+        _, fixed = _demo(tmp_path, f"fixed-{attempt}", "--steps", "40", "--num-workers", str(workers))
+        loads.append((_foreign_cpus(slow), _foreign_cpus(fixed)))
+        if abs(loads[-1][1] - loads[-1][0]) <= FOREIGN_CHANGE_CPUS:
+            break
+    else:
+        pytest.skip(f"other processes' load changed between every slow run and its fix: {loads} CPUs")
     for rank in (0, 1):
         measured = _measured_median_step_ms(fixed, rank)
-        assert e["low_ms"] <= measured <= e["high_ms"], (rank, measured, e)
+        assert e["low_ms"] <= measured <= e["high_ms"], (rank, measured, e, loads)
 
 
 def test_workers_that_would_not_make_the_step_faster_are_not_offered():
