@@ -178,6 +178,7 @@ class RunRankFacts(CauseFacts):
     rank: int
     source: str
     device: str | None
+    device_info: dict | None  # peaks and host link, from the newest window that read them
     world_size: int | None
     backend: str | None  # the default process group's (rank.json), else the traces'
     host: str | None

@@ -17,6 +17,8 @@ export PYTHONUNBUFFERED=1
 nvidia-smi -L 2>&1 | tee "$OUT/device.txt"
 python3 -c 'import torch, diag; print("torch", torch.__version__, "diag", diag.__file__)' 2>&1 | tee -a "$OUT/device.txt"
 timeout "${ACCEPTANCE_S:-200}" python3 bench/gpu_acceptance.py --steps 60 2>&1 | tee "$OUT/acceptance.txt"
-timeout "${CASES_S:-150}" python3 bench/gpu_trace_cases.py --out /tmp/gpu-cases 2>&1 | tee "$OUT/cases.txt"
-tar -C /tmp/gpu-cases -cf "$OUT/cases.tar" . 2>/dev/null
+if [ "${CASES_S:-150}" != 0 ]; then  # CASES_S=0: the traces are already at hand
+    timeout "${CASES_S:-150}" python3 bench/gpu_trace_cases.py --out /tmp/gpu-cases 2>&1 | tee "$OUT/cases.txt"
+    tar -C /tmp/gpu-cases -cf "$OUT/cases.tar" . 2>/dev/null
+fi
 timeout "${FIX_BANK_S:-230}" python3 bench/gpu_fix_bank.py --json "$OUT/fix_bank.json" 2>&1 | tee "$OUT/fix_bank.txt"

@@ -179,6 +179,9 @@ def analyze_rank(rd: rundir.RunDir, rank: int, settings: FactSettings, errors: l
         "rank": rank,
         "source": str(rd.rank_path(rank)),
         "device": device,
+        # The device's peaks and host link, as the newest window that read them recorded them.
+        "device_info": next((w["analysis"]["device_info"] for w in reversed(analysed)
+                             if isinstance(w["analysis"].get("device_info"), dict)), None),
         "world_size": info.get("world_size"),
         "backend": info.get("backend") or next((w["analysis"].get("backend") for w in analysed
                                                 if w["analysis"].get("backend")), None),
@@ -257,6 +260,11 @@ def _rank_steps(records: list[dict], trace_steps: dict, comps: list, samples: li
     other with the shares of its sampled measurements; the sampled steps' measurements)."""
     comp_starts = [c[0] for c in comps]
     sampled_recs = [r for r in records if r["step"] not in trace_steps]
+    # A sample's utilisation is the device's over the second or so before it: one taken before
+    # the first step began describes the idle start, not a step (a short run may have no other).
+    starts = [t for r in records if _finite(t := r.get("start_unix"))]
+    if starts:
+        samples = [s for s in samples if s["t"] > min(starts)]
     mids = np.array([float(r.get("start_unix") or 0.0) + float(r.get("duration_s") or 0.0) / 2
                      for r in sampled_recs])
     nearest = nearest_samples(np.array([s["t"] for s in samples], dtype=float), mids).tolist()

@@ -116,6 +116,19 @@ def sampled_shares(
     return shares, m
 
 
+def device_busy_floor(record: Mapping[str, Any]) -> float | None:
+    """The least share of a step the device was busy, from its boundary events (None: not
+    measured). Where the host's part of the step ended before the device's, the device ran
+    queued work for the difference at least: a loop that never syncs keeps it busy all along.
+
+    A utilisation sample describes the second or so before it was taken, which in a short run
+    can be the idle start; this floor is the step's own."""
+    host, device = record.get("duration_s"), record.get("device_s")
+    if not (_plain_number(host) and _plain_number(device)) or device <= 0:
+        return None
+    return min(max(1.0 - host / device, 0.0), 1.0)
+
+
 def step_measurements(record: dict, sample: dict | None, composition: dict | None) -> tuple[dict | None, dict]:
     """(the shares or None, the tree measurements) of one step record from always-on
     measurements (evidence "sampled"); no measurement at all gives ({}, None)."""
@@ -125,6 +138,9 @@ def step_measurements(record: dict, sample: dict | None, composition: dict | Non
         util = float(gpu["utilization_ratio"])
         if not math.isfinite(util):  # a failed reading is no reading
             util = None
+    floor = device_busy_floor(record)
+    if util is not None and floor is not None:
+        util = max(util, floor)
     idle = record.get("data_idle_s")
     shares, m = sampled_shares(step_seconds(record), record.get("data_wait_s"), util, composition,
                                idle if _plain_number(idle) else None)
@@ -187,6 +203,8 @@ def sampled_steps(recs: list[dict], samples_of: list, comp_of: list, util: np.nd
     ok = [i for i, r in enumerate(recs)
           if _plain_number(length := step_seconds(r)) and length > 0
           and (r.get("data_wait_s") is None or _plain_number(r["data_wait_s"]))]
+    floors = np.array([np.nan if (f := device_busy_floor(r)) is None else f for r in recs], dtype=float)
+    util = np.where(np.isnan(util) | np.isnan(floors), util, np.fmax(util, floors))
     cols, empty, rows = _columns(recs, ok, comp_of, util) if ok else ({}, [], {})
     alone = {i: step_measurements(*inputs[i]) for i in range(len(recs)) if i not in rows}
     shares = [rows[i] if i in rows else alone[i][0] for i in range(len(recs))]
