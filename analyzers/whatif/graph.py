@@ -39,6 +39,9 @@ DEVICE_SYNC_RE = re.compile(r"(?:cuda|hip)DeviceSynchronize$")  # waits for all 
 BLOCKING_RE = re.compile(r"(?:cuda|hip)(?:Device|Stream|Event)Synchronize$|^(?:cuda|hip)Memcpy(?:DtoH|2D)?$")
 RETURN_US = 50.0  # a call this soon after a device op's end returned because of it
 BLOCK_MIN_US = 20.0  # shorter calls are not examined for blocking (launches take ~5 us)
+# The host's and the device's clocks in a trace agree to this: a synchronous copy from pageable
+# memory is seen ending up to 16 us after the call that made it returned (H200, CUDA 13).
+CLOCK_SKEW_US = 25.0
 XDEP_MIN_US = 5.0  # a start this much after its launch and stream predecessor looks for another cause
 # Device node classes (the step-time classes a device op belongs to).
 DEV_CLASS = {ec.COMM: "comm", ec.MEMCPY: "memory", ec.BANDWIDTH: "memory", ec.COMPUTE: "compute",
@@ -170,6 +173,13 @@ def _one_step(index: _TraceIndex, step, lo, hi, sel, wait_all, host_hi) -> StepG
     launch_end = np.where(launch >= 0, h_end[np.maximum(launch, 0)] if len(h_end) else lo, lo)
     d_xdep = _cross_stream(d_start, d_end, streams, d_pred, launch_end)
     h_wait_on = _blocking_waits(sel, blocking, h_start, h_end, launch, d_end)
+    # A call that waited for its own copy spans it: where the device's clock puts the copy a
+    # little outside the call (CLOCK_SKEW_US), the copy is taken to lie within it.
+    own = np.flatnonzero(h_wait_on >= 0)
+    own = own[launch[h_wait_on[own]] == own]
+    nodes = h_wait_on[own]
+    d_start[nodes] = np.clip(d_start[nodes], h_start[own], h_end[own])
+    d_end[nodes] = np.clip(d_end[nodes], d_start[nodes], h_end[own])
     return StepGraph(step, float(lo), float(hi), h_start, h_end, h_gap_data, h_wait_on, wait_all, tail_data,
                      d_start, d_end, [DEV_CLASS.get(int(c), "compute") for c in dev_classes[dev_rows].tolist()],
                      launch, d_pred, d_xdep, host_hi)
@@ -205,7 +215,8 @@ def _blocking_waits(sel, blocking, h_start, h_end, launch, d_end) -> np.ndarray:
         return wait_on
     named = blocking[sel]
     for i in np.flatnonzero(named | (h_end - h_start > BLOCK_MIN_US)).tolist():
-        cand = np.flatnonzero((launch <= i) & (d_end <= h_end[i]) & (d_end > h_start[i]))
+        ended = (d_end <= h_end[i]) | ((launch == i) & (d_end <= h_end[i] + CLOCK_SKEW_US))
+        cand = np.flatnonzero((launch <= i) & ended & (d_end > h_start[i]))
         if not len(cand):
             continue
         a = cand[np.argmax(d_end[cand])]
