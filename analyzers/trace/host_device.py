@@ -103,6 +103,12 @@ def launch_facts(trace: Trace, win: np.ndarray) -> dict | None:
     }
 
 
+def launch_mask(trace: Trace) -> np.ndarray:
+    """Which runtime rows launch a kernel (LAUNCH_RE)."""
+    ids = [i for i, name in enumerate(trace.names) if LAUNCH_RE.match(name)]
+    return np.isin(trace.rt_name, ids) if ids else np.zeros(len(trace.rt_name), dtype=bool)
+
+
 def allocator_mask(trace: Trace) -> np.ndarray:
     """Which runtime rows are allocator calls (ALLOCATOR_RE)."""
     ids = [i for i, name in enumerate(trace.names) if ALLOCATOR_RE.match(name)]

@@ -23,6 +23,7 @@ from diag.analyzers.trace.columns import Trace
 
 # A device op's class, as the replay's parts group them (whatif.graph.DEV_CLASS).
 _DEVICE_PART = {"comm": (ec.COMM,), "memory": (ec.MEMCPY, ec.BANDWIDTH), "compute": (ec.COMPUTE, ec.OTHER)}
+LOOP_GAP_OPS = 2.0  # a gap between two sync ops up to this many times the longer is a loop's body
 COMPRESSED_BYTES = 0.5  # the bf16 compression hook sends fp32 gradients in half the bytes
 
 
@@ -40,14 +41,35 @@ def _part_us(trace, win, classes, att, layers, part: str) -> np.ndarray:
     return np.asarray(att["us"][part], dtype=np.float64)
 
 
+def _value_loops(spans: np.ndarray, launches: np.ndarray) -> np.ndarray:
+    """The sync ops' spans (sorted, disjoint) with each run of them that is one loop over values
+    merged into one span: consecutive ops with no kernel launched between them and a gap of at
+    most LOOP_GAP_OPS times the longer op (the loop's body: indexing the next value, Python).
+    Keeping the values on the device removes the whole loop, body and all."""
+    if len(spans) < 2:
+        return spans
+    gap_lo, gap_hi = spans[:-1, 1], spans[1:, 0]
+    longer = np.maximum(spans[:-1, 1] - spans[:-1, 0], spans[1:, 1] - spans[1:, 0])
+    launched = np.searchsorted(launches, gap_hi) > np.searchsorted(launches, gap_lo, side="right")
+    joined = (gap_hi - gap_lo <= LOOP_GAP_OPS * longer) & ~launched
+    first = np.concatenate([[True], ~joined])  # where a loop starts
+    starts = spans[first, 0]
+    ends = spans[np.concatenate([~joined, [True]]), 1]
+    return iv.from_arrays(starts, ends)
+
+
 def _sync_ops_host_us(trace: Trace, win: np.ndarray, att, calls_kept: bool = False) -> np.ndarray:
     """The host time attributed inside the ops that pull values to the host (their own and
-    their children's, where it is host time), per step: each op counts in the step whose
-    host span holds it. With `calls_kept`, less the runtime calls' own time, which a step's
-    graph holds apart from its host gaps."""
+    their children's, where it is host time), and on a device inside the loops over values they
+    form (_value_loops), per step: each counts in the step whose host span holds it. With
+    `calls_kept`, less the runtime calls' own time, which a step's graph holds apart from its
+    host gaps."""
     ids = [i for i, name in enumerate(trace.names) if name in SYNC_OP_NAMES]
     sel = (trace.cpu_kind == 0) & np.isin(trace.cpu_name, ids)
     spans = iv.from_arrays(trace.cpu_ts[sel], trace.cpu_ts[sel] + trace.cpu_dur[sel])
+    if calls_kept and len(spans):
+        launch = host_device.launch_mask(trace)
+        spans = _value_loops(spans, np.sort(trace.rt_ts[launch]))
     host = iv.intersect(spans, att["parts"].get("host", iv.EMPTY))
     if calls_kept and len(trace.rt_ts):
         host = iv.subtract(host, iv.from_arrays(trace.rt_ts, trace.rt_ts + trace.rt_dur))
