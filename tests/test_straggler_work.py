@@ -69,6 +69,12 @@ def test_the_same_ops_slower_on_a_shared_cpu_are_contention(job):
 
 
 def test_more_ops_per_step_are_uneven_work(job):
+    # The premise, from the traces: rank 1's three times the matmuls took it longer than rank 0's
+    # (other work on the machine that slows rank 0's CPU alone can even them out, and then no
+    # rank is late).
+    longer = _matmul_ms(job["uneven"][1]) / _matmul_ms(job["uneven"][0])
+    if longer < 1.5:
+        pytest.skip(f"rank 1's extra matmuls did not make its matmul time longer: {longer:.2f}x rank 0's")
     cause, _ = _late(job["uneven"])
     assert cause["cause"] == "uneven_work", cause
     ev = cause["evidence"]

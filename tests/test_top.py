@@ -382,6 +382,21 @@ def test_p_on_the_terminal_requests_a_window_on_every_rank(running_demo):
     assert all("on-demand window requested" in _events(run_dir, r) for r in (0, 1))
 
 
+@pytest.mark.parametrize("step_ms,done,first", [
+    (10.0, (40, 42), 42 + 200),  # 2 s ahead at the faster rank's pace
+    (1000.0, (40, 42), 42 + 5),  # slow steps: the step lead
+    (None, (40, None), 45),  # no pace read yet
+])
+def test_a_window_asked_of_every_rank_starts_far_enough_ahead_for_all(step_ms, done, first):
+    """A rank already past the step asked for starts its window where it is: the step asked is
+    ahead of the furthest rank by two seconds of the fastest rank's steps, at least 5 steps."""
+    from diag.top.sources import profile_step
+
+    ranks = [RankLive(rank=0, source="endpoint", step_ms=step_ms, steps_done=done[0]),
+             RankLive(rank=1, source="endpoint", step_ms=step_ms and step_ms * 1.5, steps_done=done[1])]
+    assert profile_step(ranks) == first
+
+
 @pytest.mark.slow
 def test_p_over_the_endpoints_asks_every_rank_for_the_same_steps(running_demo):
     from diag.top.sources import EndpointSource

@@ -374,3 +374,68 @@ def test_a_dependency_cycle_from_contradicting_timestamps_ends_the_walk_with_one
                   np.array([-1, -1]), np.array([1, 0]), np.array([-1, -1]))
     with pytest.raises(ValueError, match="has a cycle"):
         wr.critical_path(g)
+
+
+def test_a_synchronous_copy_seen_ending_after_its_call_still_holds_it():
+    """A pageable copy on an H200 (tests/fixtures/real/h200/skew): cudaMemcpyAsync returns when
+    its copy is done, yet the trace's device clock puts the copy's end 0.2 to 8 us after the call
+    returned. The call still waits for its copy, so the step with the copy gone is shorter by
+    about the copy's time, not unchanged."""
+    import gzip
+    import json
+
+    import numpy as np
+
+    from diag.analyzers.analyze import analyze_paths
+
+    path = FIXTURES / "real" / "h200" / "skew" / "pageable_copy.json.gz"
+    events = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+    calls = {e["args"]["correlation"]: e for e in events if e.get("name") == "cudaMemcpyAsync"}
+    copies = [e for e in events if "Pageable" in str(e.get("name")) and e.get("cat") == "gpu_memcpy"]
+    late = [c["ts"] + c["dur"] - calls[c["args"]["correlation"]]["ts"] - calls[c["args"]["correlation"]]["dur"]
+            for c in copies]
+    assert len(copies) == 3 and all(0 < x < 25 for x in late)  # the premise: each copy ends after its call
+    doc = analyze_paths([str(path)], jobs=1)
+    cause = next(c for c in doc["diagnosis"]["causes"] if c["id"] == "pageable_copies")
+    w = cause["what_if"]
+    copy_ms = float(np.median([c["dur"] for c in copies])) / 1e3
+    assert w["baseline_step_ms"] - w["predicted_step_ms"] >= 0.8 * copy_ms
+
+
+def test_a_loop_of_item_calls_is_one_span_and_a_launch_between_ends_it():
+    import numpy as np
+
+    from diag.analyzers.trace.removals import _value_loops
+
+    spans = np.array([[0.0, 10.0], [15.0, 25.0], [40.0, 50.0], [200.0, 210.0]])
+    # 15 -> 25 body of 5 us: one loop; a kernel launched at 30 ends it; 150 us of other work
+    # after 50 is no loop body.
+    got = _value_loops(spans, np.array([30.0]))
+    assert got.tolist() == [[0.0, 25.0], [40.0, 50.0], [200.0, 210.0]]
+    assert _value_loops(spans[:1], np.array([])).tolist() == [[0.0, 10.0]]
+
+
+def test_keeping_the_values_on_the_device_removes_the_whole_loop_over_them():
+    """An H200 trace of 32 .item() calls a step (tests/fixtures/real/h200/item_sync): the loop
+    over the values (each index, its read, the Python between) is host time the change removes,
+    less the runtime calls the step's graph holds apart; the replay takes about that off."""
+    import gzip
+    import json
+
+    from diag.analyzers.analyze import analyze_paths
+
+    path = FIXTURES / "real" / "h200" / "item_sync.json.gz"
+    events = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+    steps = [e for e in events if str(e.get("name")).startswith("ProfilerStep#") and e.get("cat") == "user_annotation"]
+    loops = []
+    for s in steps:
+        items = [e for e in events if e.get("name") == "aten::item" and s["ts"] <= e["ts"] < s["ts"] + s["dur"]]
+        lo, hi = min(e["ts"] for e in items), max(e["ts"] + e["dur"] for e in items)
+        calls = sum(e["dur"] for e in events if e.get("cat") == "cuda_runtime" and lo <= e["ts"] < hi)
+        loops.append((hi - lo, calls))
+    doc = analyze_paths([str(path)], jobs=1)
+    w = next(c for c in doc["diagnosis"]["causes"] if c["id"] == "host_sync_points")["what_if"]
+    saved_us = 1000 * (w["baseline_step_ms"] - w["predicted_step_ms"])
+    span_us = sorted(span for span, _ in loops)[len(loops) // 2]
+    body_us = sorted(span - calls for span, calls in loops)[len(loops) // 2]
+    assert 0.8 * body_us <= saved_us <= span_us

@@ -13,6 +13,7 @@ figures, marked unreachable with the reason. Reads are bounded in time and size.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 import urllib.error
@@ -57,7 +58,20 @@ def _read_by(resp, limit: int, deadline: float) -> bytes:
 # The header that carries the job's token (DIAG_EXPORTER_TOKEN) to an endpoint off this node
 # (diag.exporter.server.TOKEN_HEADER; the views import no exporter code).
 TOKEN_HEADER = "X-Diag-Token"
-PROFILE_LEAD_STEPS = 5  # the window starts this many steps past the furthest rank
+# The window starts this many steps past the furthest rank, and at least PROFILE_LEAD_S ahead
+# at the ranks' pace: a rank that has passed the step asked for by the time the request reaches
+# it starts where it is, and the ranks would profile different steps.
+PROFILE_LEAD_STEPS = 5
+PROFILE_LEAD_S = 2.0
+
+
+def profile_step(ranks: list[RankLive]) -> int:
+    """The first step of a window asked of every rank: past the furthest rank by
+    PROFILE_LEAD_STEPS, or by the steps the fastest rank takes in PROFILE_LEAD_S where more."""
+    steps = [r.steps_done for r in ranks if r.steps_done is not None]
+    paces = [r.step_ms for r in ranks if r.step_ms is not None and r.step_ms > 0]
+    lead = max(PROFILE_LEAD_STEPS, math.ceil(1000.0 * PROFILE_LEAD_S / min(paces)) if paces else 0)
+    return (max(steps) if steps else 0) + lead
 
 
 class RunDirSource:
@@ -145,8 +159,7 @@ class EndpointSource:
         return None
 
     def request_profile(self) -> str:
-        steps = [r.steps_done for r in self._last.values() if r.steps_done is not None]
-        step = (max(steps) if steps else 0) + PROFILE_LEAD_STEPS
+        step = profile_step(list(self._last.values()))
         answers = list(self._pool.map(lambda t: self._post_profile(t, step), self.targets))
         firsts = sorted({a for a in answers if isinstance(a, int)})
         failed = [a for a in answers if isinstance(a, str)]

@@ -27,8 +27,8 @@ least `straggler_episode_min_steps` steps. Where the episodes span `straggler_pe
 of the run (of its traced steps, where traces showed most of the lateness: a pace late at the
 collectives shows in profiler windows only), its straggler is chronic and every episode is of its
 kind:
-- persistent: one rank is the late one in `straggler_episode_same_rank` of their straggled
-  steps (a bad node, or its data shard);
+- persistent: one rank's lateness is `straggler_episode_same_rank` of the time their straggled
+  steps lost (a bad node, or its data shard);
 - rotating: no rank is that dominant (contention shared by the nodes, or data skew).
 Otherwise each episode is a burst of its own: transient when one rank is that dominant in it (a
 checkpoint, a noisy neighbour, a thermal event), rotating when not.
@@ -74,7 +74,7 @@ def straggler_episodes(ranks: dict, tree) -> dict | None:
     by_data = (source == 1) & ~straggled & straggled_d
     who, cost, straggled = np.where(by_data, who_d, who), np.where(by_data, cost_d, cost), straggled | by_data
     runs = _runs(straggled, th["straggler_episode_gap_steps"], th["straggler_episode_min_steps"])
-    chronic = _chronic_kind(runs, who, straggled, pace_late, source, th)
+    chronic = _chronic_kind(runs, who, cost, straggled, pace_late, source, th)
     episodes = [_episode(i0, i1, steps, rank_ids, who, cost, straggled, start, step_ms, th, len(steps), chronic)
                 for i0, i1 in runs]
     total_ms = float(np.nansum(step_ms))
@@ -222,7 +222,17 @@ def _runs(flags: np.ndarray, gap: int, min_steps: int) -> list[tuple[int, int]]:
     return [(a, b) for a, b in runs if int(flags[a:b + 1].sum()) >= min_steps]
 
 
-def _chronic_kind(runs, who, straggled, pace_late, source, th) -> str | None:
+def _top_rank_share(who: np.ndarray, cost: np.ndarray) -> tuple[int, float]:
+    """(the rank index that lost the job the most time over these steps, its share of it):
+    a burst on one rank stays that rank's when the machine's noise makes a few other steps late
+    by a little, where counting steps would call it rotating."""
+    lost = np.bincount(who, weights=np.maximum(cost, 0.0))
+    top = int(np.argmax(lost))
+    total = float(lost.sum())
+    return top, (float(lost[top]) / total if total > 0 else 1.0)
+
+
+def _chronic_kind(runs, who, cost, straggled, pace_late, source, th) -> str | None:
     """Where episodes span `straggler_persistent_fraction` of the run, however profiler windows or
     quiet steps cut them into pieces, the run has one chronic straggler pattern: persistent when
     one rank is the late one in `straggler_episode_same_rank` of their straggled steps, else
@@ -240,16 +250,17 @@ def _chronic_kind(runs, who, straggled, pace_late, source, th) -> str | None:
         covered = int(sel.sum()) / len(sel) if len(sel) else 0.0
     if covered < th["straggler_persistent_fraction"]:
         return None
-    top_n = Counter(who[late].tolist()).most_common(1)[0][1]
-    return "persistent" if top_n >= th["straggler_episode_same_rank"] * int(late.sum()) else "rotating"
+    _, share = _top_rank_share(who[late], cost[late])
+    return "persistent" if share >= th["straggler_episode_same_rank"] else "rotating"
 
 
 def _episode(i0, i1, steps, rank_ids, who, cost, straggled, start, step_ms, th, observed, chronic) -> dict:
     sel = np.arange(i0, i1 + 1)
     sel = sel[straggled[sel]]
     late_counts = Counter(rank_ids[k] for k in who[sel].tolist())
-    top, top_n = late_counts.most_common(1)[0]
-    dominant = top_n >= th["straggler_episode_same_rank"] * len(sel)
+    top_index, share = _top_rank_share(who[sel], cost[sel])
+    top = rank_ids[top_index]
+    dominant = share >= th["straggler_episode_same_rank"]
     span = i1 - i0 + 1
     kind = chronic or ("transient" if dominant else "rotating")
     end = start[i1] + step_ms[i1] / 1000.0 if np.isfinite(start[i1]) and np.isfinite(step_ms[i1]) else None

@@ -172,8 +172,10 @@ def _workers_cpu(merged: dict) -> float | None:
 
 
 def _host_cpu(merged: dict) -> float | None:
-    """The median share of the host's CPUs in use, over the rank's samples."""
-    return _sampled_host(merged, "cpu_ratio")
+    """The median share of the host's CPUs in use, over the rank's samples with DataLoader
+    workers: the same moments the workers' CPU is read at (a slow start, before the workers
+    run, would otherwise count as spare CPUs they never had)."""
+    return _sampled_host(merged, "cpu_ratio", with_workers=True)
 
 
 def _worker_kind(load: float, host_cpu: float | None, th: dict) -> str | None:
