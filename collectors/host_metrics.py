@@ -3,7 +3,8 @@
 Ratios are computed from our own previous reading (not psutil's shared
 ``cpu_percent`` state, which any other caller in the process would disturb):
 
-- ``cpu_ratio``: busy share of all cores, 0-1;
+- ``cpu_ratio``: busy share of all cores, 0-1, and ``cpu_count``, how many cores that is (the
+  host's, which may be more than the process may use);
 - ``process_cpu_ratio`` and ``dataloader_workers_cpu_ratio``: CPU seconds per wall second
   (1.0 = one core busy; a process may exceed 1). A worker seen for the first time is
   averaged over its life so far, so a freshly started worker is not reported idle;
@@ -137,6 +138,7 @@ class HostMetrics(MetricSet):
         self._self = _Proc(psutil.Process(self.pid), helper=False)
         self._workers: dict[int, _Proc] = {}
         self._cpu_prev: tuple[float, float, float | None] | None = None
+        self._cpu_count = psutil.cpu_count() or 0
         self._pids_failed = False
         self.probe()
 
@@ -166,6 +168,8 @@ class HostMetrics(MetricSet):
             return
         d_total = total - prev[1]
         host["cpu_ratio"] = min(max((busy - prev[0]) / d_total, 0.0), 1.0) if d_total > 0 else 0.0
+        if self._cpu_count:
+            host["cpu_count"] = self._cpu_count
         if iowait is not None and prev[2] is not None:
             # Idle time with I/O outstanding: CPUs that would work if reads came back sooner.
             host["cpu_iowait_ratio"] = min(max((iowait - prev[2]) / d_total, 0.0), 1.0) if d_total > 0 else 0.0

@@ -13,7 +13,7 @@ import pytest
 from diag.collectors.host_metrics import HostMetrics, child_pids, dataloader_worker_pids
 
 HOST_KEYS = {
-    "cpu_ratio", "memory_used_bytes", "memory_total_bytes", "disk_read_bytes_total", "disk_write_bytes_total",
+    "cpu_ratio", "cpu_count", "memory_used_bytes", "memory_total_bytes", "disk_read_bytes_total", "disk_write_bytes_total",
     "net_rx_bytes_total", "net_tx_bytes_total", "process_cpu_ratio", "process_rss_bytes",
     "dataloader_workers", "dataloader_workers_cpu_ratio", "dataloader_workers_read_bytes_per_second",
     # Linux: psutil's iowait and per-process storage reads.
@@ -63,7 +63,7 @@ def test_host_record_has_every_key_in_base_units(logs):
     expected = (time.process_time() - cpu0) / (time.monotonic() - wall0)
     assert set(rec) == HOST_KEYS, host.unsupported
     assert logs == []
-    assert 0.0 <= rec["cpu_ratio"] <= 1.0 and rec["cpu_ratio"] > 0.0
+    assert 0.0 <= rec["cpu_ratio"] <= 1.0 and rec["cpu_ratio"] > 0.0 and rec["cpu_count"] == psutil.cpu_count()
     assert rec["memory_total_bytes"] == psutil.virtual_memory().total
     assert 0 < rec["memory_used_bytes"] < rec["memory_total_bytes"]
     assert rec["process_rss_bytes"] == pytest.approx(psutil.Process().memory_info().rss, rel=0.2)

@@ -54,6 +54,23 @@ def test_the_count_named_makes_a_batch_in_four_fifths_of_the_rest(batch, workers
     assert plan.expected_ms == pytest.approx(10.0 + 1.0)
 
 
+@pytest.mark.parametrize("foreign", [0.0, 0.5, 1.0, 1.5])
+def test_cpus_other_processes_keep_busy_are_not_the_workers(foreign):
+    """CPU-bound batches (30 ms of CPU each, 8 ms of the training's own) on a 2-CPU host with
+    2 ranks, which keep both CPUs busy: with other processes keeping `foreign` CPUs busy too,
+    the host's CPUs are shared in proportion to what each asks, 2 to `foreign`, and the step is
+    its CPU work over the rank's share."""
+    rates = _rates(batch=30.0, batch_cpu=30.0, rest=10.0, rest_cpu=8.0)
+    alone = plan_workers(rates, cpus_per_rank=1, thresholds=TH, cpu_bound=False, host_cpus=2)
+    plan = plan_workers(rates, cpus_per_rank=1, thresholds=TH, cpu_bound=False, host_cpus=2, foreign_cpus=foreign)
+    assert plan.workers == alone.workers  # the count named follows the batches, not the load
+    assert plan.limit == "cpus"
+    left = 2.0 / (2.0 + foreign)
+    full = (1.0 + TH["cpu_shared_throughput"]) / 2  # every CPU busy: each thread at this speed
+    assert plan.expected_ms == pytest.approx((8.0 + 30.0 + TH["loader_handover_ms"]) / (left * full))
+    assert plan.expected_ms >= alone.expected_ms
+
+
 def test_more_than_the_machine_allows_is_a_partial_gain_at_the_cap():
     plan = plan_workers(_rates(batch=400.0, batch_cpu=1.0), cpus_per_rank=2, thresholds=TH)
     assert (plan.workers, plan.hides, plan.limit) == (16, False, "workers")
@@ -234,3 +251,21 @@ def test_workers_that_would_not_make_the_step_faster_are_not_offered():
     assert e["expected_step_ms"] >= e["baseline_step_ms"]
     assert cause["action"].startswith("For the DataLoader over Shards, more workers will not make this step faster")
     assert "Make each batch cheaper" in cause["action"] and "Give the" not in cause["action"]
+
+
+def test_other_processes_cpus_are_the_hosts_busy_ones_less_the_jobs():
+    """Two local ranks each use 1.2 CPUs with their workers on a host of 8 CPUs, 4 of them the
+    ranks' to use, 50% busy: 4 busy CPUs, 1.6 of them another process's, half of those on the ranks' CPUs."""
+    from diag.analyzers.diagnosis.causes.loader import _foreign_cpus
+
+    def rank(host="n1"):
+        return {"host": host, "samples": [{"host": {"cpu_ratio": 0.5, "cpu_count": 8, "process_cpu_ratio": 0.9,
+                                                    "dataloader_workers_cpu_ratio": 0.3}}] * 5}
+
+    ranks = {0: rank(), 1: rank(), 2: rank("n2")}
+    ctx = types.SimpleNamespace(ranks=ranks)
+    assert _foreign_cpus(ctx, ranks[0], {"cpus": 4}) == pytest.approx((4.0 - 2.4) * 4 / 8)
+    # Damaged samples count for nothing; a host the job keeps busy has no other load.
+    ranks[1]["samples"] = [{"host": {"cpu_ratio": "x", "process_cpu_ratio": None}}]
+    assert _foreign_cpus(ctx, ranks[1], {"cpus": 4}) == 0.0
+    assert _foreign_cpus(ctx, {"host": "n3", "samples": []}, {"cpus": 4}) == 0.0

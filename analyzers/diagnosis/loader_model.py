@@ -102,10 +102,11 @@ def _spread(values: list[float], median: float) -> float:
     return (median_half_width(values) or 0.0) + (level_drift(values) or 0.0) * median
 
 
-def predicted_step(rates: LoaderRates, workers: int, cpus: int | None, cpu_bound: bool = False,
+def predicted_step(rates: LoaderRates, workers: int, cpus: float | None, cpu_bound: bool = False,
                    thread_speed: float = 1.0, handover_ms: float = 0.0) -> tuple[float, str]:
     """(the steady step with `workers` workers, what sets it), each busy thread running at
-    `thread_speed` of its speed alone (1.0: the CPUs run in parallel at full speed)."""
+    `thread_speed` of its speed alone (1.0: the CPUs run in parallel at full speed), on `cpus`
+    CPUs' worth of time (what other processes leave of the rank's CPUs)."""
     slow = 1.0 / thread_speed - 1.0  # the extra time of a unit of CPU work on busy CPUs
     handover = _new_handover(rates, workers, handover_ms)
     rest, rest_cpu = rates.rest_ms + handover, (rates.rest_cpu_ms or 0.0) + handover
@@ -145,34 +146,56 @@ def cpus_per_rank(loader: dict) -> int | None:
 
 
 def expectation(rates: LoaderRates, workers: int, cpus: int | None, thresholds: dict, cpu_bound: bool = False,
-                host_cpus: int | None = None) -> tuple[float, float, float, str]:
+                host_cpus: int | None = None, foreign_cpus: float = 0.0) -> tuple[float, float, float, str]:
     """(the step expected with `workers` workers, the low and high ends of its range, what sets it).
     Each thread runs slower as the host's other CPUs get busy: at `busy_thread_speed` with all of
     them busy, in proportion between; how busy they are is the CPU work of the host's ranks at
-    the pace expected with every CPU at full speed. The range reaches up to every CPU busy."""
+    the pace expected with every CPU at full speed, and `foreign_cpus`, the CPUs other processes
+    kept busy during the run, which the rank's CPUs share in proportion. The range reaches up to
+    every CPU busy."""
     handover = thresholds["loader_handover_ms"]
-    ideal, _ = predicted_step(rates, workers, cpus, cpu_bound, 1.0, handover)
     host = host_cpus or cpus
-    full = busy_thread_speed(host, thresholds)
     extra = _new_handover(rates, workers, handover)
-    speed = 1.0 - (1.0 - full) * _others_busy(rates, ideal, cpus, host, cpu_bound, extra)
-    expected, limit = predicted_step(rates, workers, cpus, cpu_bound, speed, handover)
-    all_busy, _ = predicted_step(rates, workers, cpus, cpu_bound, full, handover)
+    ideal, _ = predicted_step(rates, workers, cpus, cpu_bound, 1.0, handover)
+    left = _cpus_left(cpus, host, _host_demand(rates, ideal, cpus, host, cpu_bound, extra), foreign_cpus)
+    if left != cpus:
+        ideal, _ = predicted_step(rates, workers, left, cpu_bound, 1.0, handover)
+    full = busy_thread_speed(host, thresholds)
+    speed = 1.0 - (1.0 - full) * _others_busy(rates, ideal, cpus, host, cpu_bound, extra, foreign_cpus)
+    expected, limit = predicted_step(rates, workers, left, cpu_bound, speed, handover)
+    all_busy, _ = predicted_step(rates, workers, left, cpu_bound, full, handover)
     spread = rates.rest_spread_ms
     return (expected, max(rates.rest_ms - spread, 0.0),
             max(expected, all_busy) * (1.0 + thresholds["loader_model_margin"]) + spread, limit)
 
 
-def _others_busy(rates: LoaderRates, step_ms: float, cpus: int | None, host: int | None, cpu_bound: bool,
+def _cpus_left(cpus: int | None, host: int | None, demand: float, foreign_cpus: float) -> float | None:
+    """The rank's CPUs as the job gets them beside other processes keeping `foreign_cpus` busy:
+    all of them while the job's `demand` and theirs fit the host, else the host's CPUs shared in
+    proportion to what each asks (the scheduler shares time among busy threads)."""
+    if not cpus or not host or foreign_cpus <= 0 or demand + foreign_cpus <= host:
+        return cpus
+    return cpus * host / (demand + foreign_cpus) if demand > 0 else cpus
+
+
+def _host_demand(rates: LoaderRates, step_ms: float, cpus: int | None, host: int | None, cpu_bound: bool,
                  extra_cpu_ms: float = 0.0) -> float:
-    """How busy the host's CPUs other than a thread's own are, 0 to 1, when its ranks (host
-    CPUs / CPUs per rank of them) each do their step's CPU work (and `extra_cpu_ms`) every `step_ms`."""
-    if not host or host < 2 or step_ms <= 0:
+    """The CPUs the host's ranks (host CPUs / CPUs per rank of them) keep busy, each doing its
+    step's CPU work (and `extra_cpu_ms`) every `step_ms`."""
+    if not host or step_ms <= 0:
         return 0.0
     ranks = max(1, host // cpus) if cpus else 1
-    # The CPUs kept busy on the host.
-    demand = ranks * ((rates.rest_cpu_ms or 0.0) + extra_cpu_ms + _batch_cpu(rates, cpu_bound)) / step_ms
-    return min(max((demand - 1.0) / (host - 1), 0.0), 1.0)
+    return ranks * ((rates.rest_cpu_ms or 0.0) + extra_cpu_ms + _batch_cpu(rates, cpu_bound)) / step_ms
+
+
+def _others_busy(rates: LoaderRates, step_ms: float, cpus: int | None, host: int | None, cpu_bound: bool,
+                 extra_cpu_ms: float = 0.0, foreign_cpus: float = 0.0) -> float:
+    """How busy the host's CPUs other than a thread's own are, 0 to 1, with its ranks' demand
+    (_host_demand) and `foreign_cpus` kept busy by other processes."""
+    if not host or host < 2 or step_ms <= 0:
+        return 0.0
+    demand = _host_demand(rates, step_ms, cpus, host, cpu_bound, extra_cpu_ms)
+    return min(max((demand + max(foreign_cpus, 0.0) - 1.0) / (host - 1), 0.0), 1.0)
 
 
 def batch_is_cpu_work(rates: LoaderRates, thresholds: dict) -> bool:
@@ -183,7 +206,7 @@ def batch_is_cpu_work(rates: LoaderRates, thresholds: dict) -> bool:
 
 
 def plan_workers(rates: LoaderRates, cpus_per_rank: int | None, thresholds: dict,
-                 cpu_bound: bool | None = None, host_cpus: int | None = None) -> WorkerPlan:
+                 cpu_bound: bool | None = None, host_cpus: int | None = None, foreign_cpus: float = 0.0) -> WorkerPlan:
     """The worker count to name and the step it gives; `cpu_bound` says whether making a batch
     is CPU work where something else measured it (the workers' sampled CPU use), else the
     CPU time of the waits tells."""
@@ -192,6 +215,7 @@ def plan_workers(rates: LoaderRates, cpus_per_rank: int | None, thresholds: dict
     cap = max(1, cpus_per_rank - 1) if cpu_bound and cpus_per_rank else int(thresholds["loader_max_workers"])
     needed = max(1, math.ceil(thresholds["loader_worker_headroom"] * rates.batch_ms / max(rates.rest_ms, 1e-6)))
     workers = min(needed, cap)
-    expected, low, high, limit = expectation(rates, workers, cpus_per_rank, thresholds, cpu_bound, host_cpus)
+    expected, low, high, limit = expectation(rates, workers, cpus_per_rank, thresholds, cpu_bound, host_cpus,
+                                             foreign_cpus)
     return WorkerPlan(workers=workers, needed=needed, hides=needed <= cap, cpu_bound=cpu_bound, cap=cap,
                       expected_ms=expected, low_ms=low, high_ms=high, ceiling_ms=rates.rest_ms, limit=limit)

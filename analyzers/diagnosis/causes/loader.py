@@ -14,6 +14,7 @@ from diag.analyzers.diagnosis.loader_model import (
     loader_rates,
     plan_workers,
 )
+from diag.analyzers.numbers import finite
 
 
 def _host_median(merged: dict, key: str) -> float | None:
@@ -102,7 +103,32 @@ def _worker_plan(ctx: JobContext, merged: dict, ld: dict, cpu_bound: bool | None
                          _workers_cpu(merged) if ld["num_workers"] > 0 else None)
     if rates is None or rates.wait_ms <= 0.0:
         return None
-    return rates, plan_workers(rates, cpus_per_rank(ld), th, cpu_bound=cpu_bound, host_cpus=ld.get("cpus"))
+    return rates, plan_workers(rates, cpus_per_rank(ld), th, cpu_bound=cpu_bound, host_cpus=ld.get("cpus"),
+                               foreign_cpus=_foreign_cpus(ctx, merged, ld))
+
+
+def _own_cpus(merged: dict) -> float | None:
+    """The median CPUs a rank's process and its DataLoader workers used, over its samples."""
+    return upper_median([proc + (finite(h.get("dataloader_workers_cpu_ratio")) or 0.0)
+                         for s in merged.get("samples") or [] if isinstance(h := s.get("host"), dict)
+                         and (proc := finite(h.get("process_cpu_ratio"))) is not None])
+
+
+def _foreign_cpus(ctx: JobContext, merged: dict, ld: dict) -> float:
+    """The CPUs other processes kept busy over the run, as many as fall on the rank's own CPUs:
+    the host's busy CPUs (the median over the rank's samples) less what the job's ranks on that
+    host and their workers used, shared out over the host's CPUs."""
+    busy_share = [r for s in merged.get("samples") or [] if isinstance(h := s.get("host"), dict)
+                  and (r := finite(h.get("cpu_ratio"))) is not None]
+    counts = [c for s in merged.get("samples") or [] if isinstance(h := s.get("host"), dict)
+              and (c := finite(h.get("cpu_count"))) is not None and c >= 1]
+    usable = ld.get("cpus")
+    if not busy_share or not isinstance(usable, int) or isinstance(usable, bool) or usable <= 0:
+        return 0.0
+    total = max(upper_median(counts) or float(usable), float(usable))
+    busy = (upper_median(busy_share) or 0.0) * total
+    own = sum(_own_cpus(r) or 0.0 for r in ctx.ranks.values() if r.get("host") == merged.get("host"))
+    return max(busy - own, 0.0) * usable / total
 
 
 def _workers_sizing(rates: LoaderRates, plan: WorkerPlan, ld: dict) -> str:
