@@ -263,8 +263,12 @@ def test_other_processes_cpus_are_the_hosts_busy_ones_less_the_jobs():
                                                     "dataloader_workers_cpu_ratio": 0.3}}] * 5}
 
     ranks = {0: rank(), 1: rank(), 2: rank("n2")}
-    ctx = types.SimpleNamespace(ranks=ranks)
+    ctx = types.SimpleNamespace(ranks=ranks, tree=types.SimpleNamespace(thresholds=TH))
     assert _foreign_cpus(ctx, ranks[0], {"cpus": 4}) == pytest.approx((4.0 - 2.4) * 4 / 8)
+    # Under loader_foreign_min_cpus (0.5) busy CPUs besides the job's: the scatter of a quiet host.
+    for r in ranks.values():
+        r["samples"] = [{"host": {**s["host"], "cpu_ratio": (2.4 + 0.49) / 8}} for s in r["samples"]]
+    assert TH["loader_foreign_min_cpus"] == 0.5 and _foreign_cpus(ctx, ranks[0], {"cpus": 4}) == 0.0
     # Damaged samples count for nothing; a host the job keeps busy has no other load.
     ranks[1]["samples"] = [{"host": {"cpu_ratio": "x", "process_cpu_ratio": None}}]
     assert _foreign_cpus(ctx, ranks[1], {"cpus": 4}) == 0.0

@@ -117,7 +117,8 @@ def _own_cpus(merged: dict) -> float | None:
 def _foreign_cpus(ctx: JobContext, merged: dict, ld: dict) -> float:
     """The CPUs other processes kept busy over the run, as many as fall on the rank's own CPUs:
     the host's busy CPUs (the median over the rank's samples) less what the job's ranks on that
-    host and their workers used, shared out over the host's CPUs."""
+    host and their workers used, shared out over the host's CPUs; none under
+    `loader_foreign_min_cpus`, the scatter of that difference on a quiet host."""
     busy_share = [r for s in merged.get("samples") or [] if isinstance(h := s.get("host"), dict)
                   and (r := finite(h.get("cpu_ratio"))) is not None]
     counts = [c for s in merged.get("samples") or [] if isinstance(h := s.get("host"), dict)
@@ -128,7 +129,8 @@ def _foreign_cpus(ctx: JobContext, merged: dict, ld: dict) -> float:
     total = max(upper_median(counts) or float(usable), float(usable))
     busy = (upper_median(busy_share) or 0.0) * total
     own = sum(_own_cpus(r) or 0.0 for r in ctx.ranks.values() if r.get("host") == merged.get("host"))
-    return max(busy - own, 0.0) * usable / total
+    foreign = max(busy - own, 0.0)
+    return foreign * usable / total if foreign >= ctx.tree.thresholds["loader_foreign_min_cpus"] else 0.0
 
 
 def _workers_sizing(rates: LoaderRates, plan: WorkerPlan, ld: dict) -> str:
