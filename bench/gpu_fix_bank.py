@@ -29,13 +29,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from fix_bank import _p90  # the CPU fix bank's, beside this file
 
 # Each case's cause and the start of the action that its fixed variant applies.
 EXPECTED = {
@@ -115,11 +116,6 @@ def run_pair(script: Path, case: str, steps: int, scratch: Path) -> dict:
             "bare_slow_ms": pair["slow_ms"], "pace": pace, "low_ms": low, "high_ms": high,
             "expected_ms": expected, "ceiling_ms": e.get("ceiling_step_ms"), "measured_ms": measured,
             "error": (expected - measured) / measured, "in_range": low <= measured <= high}
-
-
-def _p90(values: list[float]) -> float:
-    vals = sorted(values)
-    return vals[min(len(vals) - 1, math.ceil(0.9 * len(vals)) - 1)]
 
 
 def _print_row(r: dict) -> None:
