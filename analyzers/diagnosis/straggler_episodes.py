@@ -235,8 +235,8 @@ def _top_rank_share(who: np.ndarray, cost: np.ndarray) -> tuple[int, float]:
 def _chronic_kind(runs, who, cost, straggled, pace_late, source, th) -> str | None:
     """Where episodes span `straggler_persistent_fraction` of the run, however profiler windows or
     quiet steps cut them into pieces, the run has one chronic straggler pattern: persistent when
-    one rank is the late one in `straggler_episode_same_rank` of their straggled steps, else
-    rotating. Where most of their straggled steps are late by their pace in traces (late at the
+    one rank's lateness is `straggler_episode_same_rank` of the time their straggled steps lost,
+    else rotating. Where most of their straggled steps are late by their pace in traces (late at the
     collectives, which steps outside the windows can not show), the span is counted in traced
     steps. None for a run mostly free of stragglers."""
     sel = np.zeros(len(straggled), dtype=bool)
