@@ -1,7 +1,7 @@
 """A straggler that does the same work as its peers, only slower, is not uneven work.
 
 A real 2-process gloo job under torch.profiler, each rank on its own CPU. In "contended" rank 1
-shares its CPU with two spinning processes; in "uneven" it runs three times its peer's matmuls. Both
+shares its CPU with six spinning processes; in "uneven" it runs three times its peer's matmuls. Both
 make rank 1 late by its device (CPU op) time; only the op counts in the traces tell them apart.
 """
 
@@ -15,7 +15,10 @@ from tests.test_cross_rank import gen
 
 MATMULS = 4
 PHASES = [
-    gen.GlooPhase("contended", numel=1 << 16, grads=3, compute=512, matmuls=MATMULS, late_rank=1, contended=True),
+    # Six spinners: a test run beside it shares rank 0's CPU too, and two left rank 1 only 1.0x
+    # to 1.4x slower than rank 0 under the parallel suite.
+    gen.GlooPhase("contended", numel=1 << 16, grads=3, compute=512, matmuls=MATMULS, late_rank=1, contended=True,
+                  spinners=6),
     gen.GlooPhase("uneven", numel=1 << 16, grads=3, compute=512, matmuls=MATMULS, late_rank=1,
                   extra_matmuls=2 * MATMULS),
 ]
@@ -69,12 +72,12 @@ def test_the_same_ops_slower_on_a_shared_cpu_are_contention(job):
 
 
 def test_more_ops_per_step_are_uneven_work(job):
-    # The premise, from the traces: rank 1's three times the matmuls took it longer than rank 0's
-    # (other work on the machine that slows rank 0's CPU alone can even them out, and then no
-    # rank is late).
+    # The premise, from the traces: rank 1's three times the matmuls took it at least twice rank
+    # 0's time (other work on the machine that slows rank 0's CPU alone evens them out: 1.45x
+    # and 1.48x beside a CPU hog, and then no rank need be late).
     longer = _matmul_ms(job["uneven"][1]) / _matmul_ms(job["uneven"][0])
-    if longer < 1.5:
-        pytest.skip(f"rank 1's extra matmuls did not make its matmul time longer: {longer:.2f}x rank 0's")
+    if longer < 2.0:
+        pytest.skip(f"rank 1's extra matmuls did not take it twice rank 0's matmul time: {longer:.2f}x")
     cause, _ = _late(job["uneven"])
     assert cause["cause"] == "uneven_work", cause
     ev = cause["evidence"]
