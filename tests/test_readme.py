@@ -317,7 +317,10 @@ def test_ci_gate_sample(workdir, demo):
 def test_straggler_sample(workdir):
     diagnosis = json.loads(run_line("diag demo --straggler rotating", workdir).stdout)
     episodes = diagnosis["straggler_episodes"]
-    assert episodes["pattern"] == "rotating" and {0, 1} <= set(episodes["episodes"][0]["ranks"]), episodes
+    # Each rank late in turn: both are late across the episodes (noise can split the run into
+    # episodes of one rank each).
+    late = {r for e in episodes["episodes"] for r in e["ranks"]}
+    assert episodes["pattern"] == "rotating" and {0, 1} <= late, episodes
     assert any(f["id"] == "straggler_rotating" for f in diagnosis["findings"])
 
 

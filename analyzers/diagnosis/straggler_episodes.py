@@ -27,8 +27,8 @@ least `straggler_episode_min_steps` steps. Where the episodes span `straggler_pe
 of the run (of its traced steps, where traces showed most of the lateness: a pace late at the
 collectives shows in profiler windows only), its straggler is chronic and every episode is of its
 kind:
-- persistent: one rank's lateness is `straggler_episode_same_rank` of the time their straggled
-  steps lost (a bad node, or its data shard);
+- persistent: one rank is the late one in `straggler_episode_same_rank` of their straggled
+  steps, or carries that share of the time they lost (a bad node, or its data shard);
 - rotating: no rank is that dominant (contention shared by the nodes, or data skew).
 Otherwise each episode is a burst of its own: transient when one rank is that dominant in it (a
 checkpoint, a noisy neighbour, a thermal event), rotating when not.
@@ -223,20 +223,23 @@ def _runs(flags: np.ndarray, gap: int, min_steps: int) -> list[tuple[int, int]]:
 
 
 def _top_rank_share(who: np.ndarray, cost: np.ndarray) -> tuple[int, float]:
-    """(the rank index that lost the job the most time over these steps, its share of it):
-    a burst on one rank stays that rank's when the machine's noise makes a few other steps late
-    by a little, where counting steps would call it rotating."""
-    lost = np.bincount(who, weights=np.maximum(cost, 0.0))
-    top = int(np.argmax(lost))
+    """(the rank most often late over these steps, the larger of its share of the straggled
+    steps and of the time they lost). Either way of counting alone is thrown by the machine's
+    noise: a few other steps late by a little turn a burst on one rank rotating by count, one
+    step late by a lot does so by time."""
+    counts = np.bincount(who)
+    top = int(np.argmax(counts))
+    lost = np.bincount(who, weights=np.maximum(cost, 0.0), minlength=len(counts))
     total = float(lost.sum())
-    return top, (float(lost[top]) / total if total > 0 else 1.0)
+    by_time = float(lost[top]) / total if total > 0 else 1.0
+    return top, max(float(counts[top]) / max(len(who), 1), by_time)
 
 
 def _chronic_kind(runs, who, cost, straggled, pace_late, source, th) -> str | None:
     """Where episodes span `straggler_persistent_fraction` of the run, however profiler windows or
     quiet steps cut them into pieces, the run has one chronic straggler pattern: persistent when
-    one rank's lateness is `straggler_episode_same_rank` of the time their straggled steps lost,
-    else rotating. Where most of their straggled steps are late by their pace in traces (late at the
+    one rank is the late one in `straggler_episode_same_rank` of their straggled steps or carries
+    that share of the time they lost (_top_rank_share), else rotating. Where most of their straggled steps are late by their pace in traces (late at the
     collectives, which steps outside the windows can not show), the span is counted in traced
     steps. None for a run mostly free of stragglers."""
     sel = np.zeros(len(straggled), dtype=bool)
