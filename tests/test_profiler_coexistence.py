@@ -184,7 +184,15 @@ def test_two_gloo_ranks_keep_their_profilers_and_training(tmp_path):
         (trace,) = result["user_traces"]
         assert _user_steps(trace) == set(range(11, 16)), rank
         assert 10 not in result["windows"] and 2 in result["windows"], (rank, result)
-    assert proc.stderr.count("window at step 11 dropped for the job's own profiler") == 2, proc.stderr[-3000:]
+    # Each rank gives way to the job's profiler. The window at 10 that it drops is the
+    # single-process test's to check: here a rank may have skipped it while the window before
+    # was still being written, or, on a busy machine, not have it open at step 11 (seen once in
+    # 17 runs, with neither message).
+    for rank in (0, 1):
+        mine = "\n".join(line for line in proc.stderr.splitlines() if line.startswith(f"diag[rank {rank}]:"))
+        assert "diag's windows give way to it" in mine, (rank, proc.stderr[-3000:])
+    dropped = "window at step 11 dropped for the job's own profiler" in proc.stderr
+    assert dropped or "previous window still exporting; window skipped" in proc.stderr, proc.stderr[-3000:]
 
 
 # Run before LOOP under torchrun: a gloo process group, the model in DDP, each rank's files apart.
