@@ -284,10 +284,12 @@ def _rank_steps(records: list[dict], trace_steps: dict, comps: list, samples: li
             entry = _profiled_step(trace_steps[n])
         else:
             j += 1
-            entry = {"step": n, "duration_ms": 1000.0 * float(step_seconds(rec) or 0.0),
+            length = step_seconds(rec)
+            entry = {"step": n, "duration_ms": 1000.0 * float(length or 0.0),
                      "shares": sampled.shares[j], "evidence": "sampled"}
-            if _finite(host := rec.get("duration_s")) and step_seconds(rec) is not host:
-                entry["host_ms"] = 1000.0 * host  # the host's own time, where the device paced the step
+            # The host's own time, where the device clock paced the step (step_seconds took device_s).
+            if _finite(host := rec.get("duration_s")) and length is not host:
+                entry["host_ms"] = 1000.0 * host
         dw = rec.get("data_wait_s")
         entry["data_wait_ms"] = 1000.0 * dw if _finite(dw) else None
         for key, seconds in (("device_ms", rec.get("device_s")), ("data_idle_ms", rec.get("data_idle_s")),
