@@ -8,7 +8,9 @@ three steps after two of warm-up, with input shapes recorded. Each trace is writ
 DIR/<case>.json.gz, and DIR/cases.json says what each case induces, the device, torch's
 version and the steps' mean wall time outside the profiler; where the case has a fixed
 variant (the cause removed as diag's action says), that variant's wall time too, to check
-the predicted gain against.
+the predicted gain against, and its trace as DIR/<case>.fixed.json.gz: the profiler slows
+host work made of many short events more than a few long ops, so a prediction made in the
+traced step's units is best checked against the fixed loop traced the same way.
 
 Traces from this script, trimmed, are committed under tests/fixtures/real/ with the node
 they came from in SOURCE.md.
@@ -21,6 +23,7 @@ import gzip
 import json
 import os
 import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -193,13 +196,10 @@ def _wall_ms(step, n: int = 20, warmup: int = 3) -> float:
     return (time.perf_counter() - t0) / n * 1e3
 
 
-def record(name: str, out: Path) -> dict:
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    step = CASES[name]()
-    wall = _wall_ms(step)
-    fixed = _wall_ms(CASES[name](fixed=True)) if name in FIXED else None
-    raw = out / f"{name}.json"
+def _trace(step, path: Path) -> float:
+    """Profile `step` for three steps after two of warm-up, as the slow loop is, into `path`
+    (gzipped); the median traced step (ms) from the profiler's own step markers."""
+    raw = path.with_suffix("")
     sched = torch.profiler.schedule(wait=0, warmup=2, active=3, repeat=1)
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=acts, schedule=sched, record_shapes=True,
@@ -208,14 +208,30 @@ def record(name: str, out: Path) -> dict:
             step()
             prof.step()
     torch.cuda.synchronize()
-    with open(raw, "rb") as src, gzip.open(out / f"{name}.json.gz", "wb", compresslevel=9) as dst:
+    events = json.loads(raw.read_text()).get("traceEvents") or []
+    steps = [e["dur"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#")
+             and e.get("cat") == "user_annotation" and isinstance(e.get("dur"), (int, float))]
+    with open(raw, "rb") as src, gzip.open(path, "wb", compresslevel=9) as dst:
         shutil.copyfileobj(src, dst)
     raw.unlink()
-    del step
+    return statistics.median(steps) / 1e3 if steps else float("nan")
+
+
+def record(name: str, out: Path) -> dict:
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    step = CASES[name]()
+    wall = _wall_ms(step)
+    fixed_step = CASES[name](fixed=True) if name in FIXED else None
+    fixed = _wall_ms(fixed_step) if fixed_step else None
+    traced = _trace(step, out / f"{name}.json.gz")
+    fixed_traced = _trace(fixed_step, out / f"{name}.fixed.json.gz") if fixed_step else None
+    del step, fixed_step
     torch.cuda.empty_cache()
     return {"case": name, "induces": CASES[name].__doc__.strip(), "wall_step_ms": round(wall, 3),
-            "fixed": FIXED.get(name),
-            "fixed_wall_step_ms": round(fixed, 3) if fixed is not None else None}
+            "traced_step_ms": round(traced, 3), "fixed": FIXED.get(name),
+            "fixed_wall_step_ms": round(fixed, 3) if fixed is not None else None,
+            "fixed_traced_step_ms": round(fixed_traced, 3) if fixed_traced is not None else None}
 
 
 def main(argv=None) -> int:

@@ -10,12 +10,16 @@ the trace's units (the traced step times the measured fixed-over-slow ratio), wi
 
 The carried figure assumes the profiler slows the slow and the fixed loop alike; where the
 fixed loop is mostly host work the profiler dilates (cpu_ops_on_thread), it understates the
-fixed step in traced units. bench/gpu_fix_bank.py measures on a GPU without that assumption.
+fixed step in traced units. Where DIR also holds the fixed loop's own trace
+(<case>.fixed.json.gz, recorded by gpu_trace_cases.py since it traces both), the row also
+grades the prediction against that trace's median step: like units, no carrying.
+bench/gpu_fix_bank.py measures on a GPU without either assumption.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import statistics
 import sys
@@ -46,8 +50,28 @@ def grade(folder: Path) -> list[dict]:
                      "traced_ms": e["baseline_step_ms"], "expected_ms": e["expected_step_ms"], "low_ms": e["low_ms"],
                      "high_ms": e["high_ms"], "measured_ms": measured,
                      "error": (e["expected_step_ms"] - measured) / measured,
-                     "in_range": e["low_ms"] <= measured <= e["high_ms"]})
+                     "in_range": e["low_ms"] <= measured <= e["high_ms"],
+                     **_like_for_like(folder / f"{case}.fixed.json.gz", e)})
     return rows
+
+
+def _traced_steps_ms(path: Path) -> list[float]:
+    """The trace's steps (ms), from the profiler's own ProfilerStep markers on the host."""
+    with gzip.open(path, "rt") as f:
+        events = json.load(f).get("traceEvents") or []
+    return [e["dur"] / 1e3 for e in events if str(e.get("name", "")).startswith("ProfilerStep#")
+            and e.get("cat") == "user_annotation" and isinstance(e.get("dur"), (int, float))]
+
+
+def _like_for_like(fixed_trace: Path, expected: dict) -> dict:
+    """The fixed loop's traced step and the prediction's error against it, where it was traced."""
+    if not fixed_trace.exists():
+        return {}
+    steps = _traced_steps_ms(fixed_trace)
+    if not steps:
+        return {}
+    fixed = statistics.median(steps)
+    return {"fixed_traced_ms": fixed, "traced_error": (expected["expected_step_ms"] - fixed) / fixed}
 
 
 def main(argv=None) -> int:
@@ -61,11 +85,17 @@ def main(argv=None) -> int:
             continue
         print(f"{r['folder']}  {r['case']:18s} {r['action'][:36]:36s} traced {r['traced_ms']:6.2f}  range "
               f"{r['low_ms']:6.2f}-{r['high_ms']:6.2f}  expected {r['expected_ms']:6.2f}  measured {r['measured_ms']:6.2f}"
-              f"  error {r['error']:+6.1%}  {'in range' if r['in_range'] else 'OUT of range'}")
+              f"  error {r['error']:+6.1%}  {'in range' if r['in_range'] else 'OUT of range'}"
+              + (f"  | fixed, traced {r['fixed_traced_ms']:6.2f}  error {r['traced_error']:+6.1%}"
+                 if "traced_error" in r else ""))
     graded = [abs(r["error"]) for r in rows if r["error"] is not None]
     if graded:
         print(f"over {len(graded)} cases: median |error| {statistics.median(graded):.1%}, "
               f"in range {sum(r['in_range'] for r in rows if r['error'] is not None) / len(graded):.0%}")
+    like = [abs(r["traced_error"]) for r in rows if "traced_error" in r]
+    if like:
+        print(f"against the fixed loops' own traces, over {len(like)} cases: median |error| "
+              f"{statistics.median(like):.1%}")
     return 0
 
 
