@@ -378,3 +378,21 @@ def test_chance_lateness_needs_the_ranks_own_work_to_explain_half_the_wait(exces
     assert share == 0.5
     assert _work_explains(50.0 + excess_ms, 50.0, 10.0, share) is named
     assert _work_explains(None, 50.0, 10.0, share) and _work_explains(55.0, None, 10.0, share)
+
+
+@pytest.mark.parametrize("scatter_ms,named", [(3.0, False), (0.3, True)])
+def test_chance_lateness_needs_work_beyond_the_steps_own_scatter(scatter_ms, named):
+    """Rank 0 works 1.9 ms more per step than rank 1, more than half the 3.5 ms it imposes: with
+    its three steps scattered by 3 ms (a busy host's wake-ups) the medians cannot tell that
+    from noise, so no straggler; scattered by 0.3 ms, they can. (A balanced gloo job on a busy
+    2-core machine once had rank 0 named from such a difference.)"""
+    from types import SimpleNamespace
+
+    from diag.analyzers.diagnosis.stragglers import _work_explains, _work_noise
+    from diag.analyzers.diagnosis.steady import median_half_width
+
+    steps = {0: [35.1 - scatter_ms, 35.1, 35.1 + scatter_ms], 1: [33.2 - scatter_ms, 33.2, 33.2 + scatter_ms]}
+    noise = _work_noise(SimpleNamespace(work_steps=steps), 0)
+    assert noise == pytest.approx(2 ** 0.5 * median_half_width(steps[0]))
+    share = load_tree().thresholds["straggler_work_explains"]
+    assert _work_explains(35.1, 33.2, 3.5, share, noise) is named

@@ -99,12 +99,24 @@ def late_by_chance(late: int, steps: int, ranks: int) -> float:
     return sum(math.comb(steps, k) * p ** k * (1 - p) ** (steps - k) for k in range(late, steps + 1))
 
 
-def _work_explains(work_ms: float | None, peers_work_ms: float | None, imposed_ms: float, share: float) -> bool:
+def _work_explains(work_ms: float | None, peers_work_ms: float | None, imposed_ms: float, share: float,
+                   noise_ms: float = 0.0) -> bool:
     """Whether a rank's time outside communication exceeds its peers' median by `share` of the
-    wait it imposes (True where either is unknown: nothing says otherwise)."""
+    wait it imposes, and by more than `noise_ms`, what the medians' own scatter can make of
+    two ranks doing the same work (True where either is unknown: nothing says otherwise)."""
     if work_ms is None or peers_work_ms is None:
         return True
-    return work_ms - peers_work_ms >= share * imposed_ms
+    excess = work_ms - peers_work_ms
+    return excess >= share * imposed_ms and excess > noise_ms
+
+
+def _work_noise(facts, rid) -> float:
+    """The 95% half-width of the difference between a rank's median time outside communication
+    and its peers': its own median's and the peers' typical one's, combined (0 where its steps
+    are too few to tell)."""
+    own = median_half_width(facts.work_steps.get(rid) or []) or 0.0
+    peers = _median(median_half_width(w) or 0.0 for r, w in facts.work_steps.items() if r != rid) or 0.0
+    return math.hypot(own, peers)
 
 
 def _by_collectives(facts, lateness, late_by_group, imposed_by_group, th) -> list[dict]:
@@ -145,7 +157,8 @@ def _by_collectives(facts, lateness, late_by_group, imposed_by_group, th) -> lis
             # work outside communication accounts for the wait it imposes.
             peers_work = _median(w for r, w in facts.work_ms.items() if r != rid and w is not None)
             if late_by_chance(late_steps, len(chunks), n_ranks) > th["straggler_chance"] and not _work_explains(
-                    facts.work_ms.get(rid), peers_work, imposed_ms, th["straggler_work_explains"]):
+                    facts.work_ms.get(rid), peers_work, imposed_ms, th["straggler_work_explains"],
+                    _work_noise(facts, rid)):
                 continue
         peers_wait = _median(w for r, w in wait_per_step.items() if r != rid) or 0.0
         own_wait = wait_per_step[rid]

@@ -230,6 +230,7 @@ class CollectiveFacts:
     ranks: list  # every rank present
     step_ms: dict  # rank -> median step time
     work_ms: dict  # rank -> median time outside communication per step
+    work_steps: dict  # rank -> that time in each of its steps (ms): the noise its median carries
     n_steps: dict  # rank -> steps counted (at least 1)
     median_step: float | None
     median_work: float | None
@@ -337,7 +338,7 @@ def analyze_job(ranks: list[dict], changes: tuple) -> dict:
     n_steps = {rid: _collective_steps(r) for rid, r in by_id.items()}
     facts = CollectiveFacts(
         groups=groups, per_rank=per, ranks=present,
-        step_ms=step_ms, work_ms=work_ms, n_steps=n_steps,
+        step_ms=step_ms, work_ms=work_ms, work_steps={rid: w for rid, (_, w) in steps.items()}, n_steps=n_steps,
         median_step=_median(step_ms.values()), median_work=_median(work_ms.values()),
         median_gap=_median(_median(p.gaps) for p in per.values()), transfer_share=transfer_share, busbw=busbw,
         rank_rows=_rank_rows(present, per, step_ms, work_ms), step_chunks=_step_chunks(groups, n_steps),
