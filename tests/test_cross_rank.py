@@ -388,8 +388,8 @@ def test_chance_lateness_needs_work_beyond_the_steps_own_scatter(scatter_ms, nam
     2-core machine once had rank 0 named from such a difference.)"""
     from types import SimpleNamespace
 
-    from diag.analyzers.diagnosis.stragglers import _work_explains, _work_noise
     from diag.analyzers.diagnosis.steady import median_half_width
+    from diag.analyzers.diagnosis.stragglers import _work_explains, _work_noise
 
     steps = {0: [35.1 - scatter_ms, 35.1, 35.1 + scatter_ms], 1: [33.2 - scatter_ms, 33.2, 33.2 + scatter_ms]}
     noise = _work_noise(SimpleNamespace(work_steps=steps), 0)

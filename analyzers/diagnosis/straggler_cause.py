@@ -189,7 +189,8 @@ def _work_difference(straggler: dict, peers: list[dict], tol: float) -> dict:
         if at_peer_speed > (1 + tol) * peer_ms:
             name = max(shared, key=lambda k: (own["ops"][k][0] - peer_ops[k][0]) * peer_ops[k][1] / peer_ops[k][0])
             more.append(f"runs more op calls per step ({name} {own['ops'][name][0]:g} against {peer_ops[name][0]:g}): "
-                        f"{at_peer_speed:.1f} ms of work at its peers' speed against their {peer_ms:.1f} ms")
+                        f"{ev['op_work_at_peers_speed_ms_per_step']:.1f} ms of work at its peers' speed against "
+                        f"their {ev['peers_op_ms_per_step']:.1f} ms")
     return {"more": " and ".join(more) or None, "known": known > 0, "more_data": more_data,
             "extra_op_ms": extra_op_ms, "evidence": ev}
 
