@@ -13,6 +13,7 @@ import threading
 import time
 
 from diag.collectors.device_clock import HeldSteps
+from diag.step_record import StepRecord, from_json_record
 
 
 class Background:
@@ -83,7 +84,8 @@ class Background:
                               mfu_of(t, a.config.report, a.collectors.peak_flops))
             self.steps_done += 1
             self.last_step = t.step
-            a.feed.step(rec)
+            if rec is not None:
+                a.feed.step(rec)
 
     def heartbeat(self) -> None:
         a = self.agent
@@ -120,9 +122,10 @@ def mfu_of(t, report, peak_flops: float | None) -> float | None:
     return flops / t.duration_s / peak_flops if flops else None
 
 
-def step_record(t, profiled: bool, device, peak_mem_bytes, mfu: float | None) -> dict:
-    """One step's record in the run directory: what was measured, no verdict."""
-    rec = {
+def step_record(t, profiled: bool, device, peak_mem_bytes, mfu: float | None) -> StepRecord | None:
+    """One step's record in the run directory: what was measured, no verdict (None where the
+    job's own counts are of no type a record holds; step_record.from_json_record says why)."""
+    return from_json_record({
         "step": t.step,
         "start_unix": t.start_unix,
         "duration_s": t.duration_s,
@@ -133,16 +136,23 @@ def step_record(t, profiled: bool, device, peak_mem_bytes, mfu: float | None) ->
         # work bounds what DataLoader workers can win by the CPUs, a wait on storage does not.
         "cpu_s": t.cpu_s,
         "data_wait_cpu_s": t.data_wait_cpu_s,
-        "samples": t.samples,
-        "tokens": t.tokens,
-        "peak_mem_bytes": peak_mem_bytes,
+        # A tensor or NumPy count is read here, off the training thread (job_inputs.plausible).
+        "samples": _plain(t.samples),
+        "tokens": _plain(t.tokens),
+        "peak_mem_bytes": _plain(peak_mem_bytes),
         "profiled": profiled,
         # From the device's timing events (collectors/device_clock.py); None without them.
         "device_s": device.device_s if device is not None else None,
         "data_idle_s": device.data_idle_s if device is not None else None,
-        "evidence": "sampled",
-        "shares": None,
-    }
-    if mfu is not None:
-        rec["mfu"] = mfu
-    return rec
+        "mfu": mfu,
+    })
+
+
+def _plain(value):
+    """A count as a plain number: a tensor's or NumPy scalar's value (None if it has none)."""
+    if value is None or type(value) in (int, float):
+        return value
+    try:
+        return value.item()
+    except Exception:
+        return None

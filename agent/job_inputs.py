@@ -8,16 +8,16 @@ from __future__ import annotations
 import numbers
 from collections.abc import Callable
 
-from diag import rundir
+from diag import step_record
 from diag.batches import count_samples
 from diag.batches import parts as batch_parts
 
 
 def plausible(value, field: str) -> bool:
-    """A step's count as the job passed it: a plain number is checked here (rundir.plausible_count);
+    """A step's count as the job passed it: a plain number is checked here (step_record.plausible_count);
     a tensor or NumPy scalar is read only when the record is written, off the training thread
     (reading a device tensor waits for the device), and checked when the run is read."""
-    return rundir.plausible_count(value, field) or (not isinstance(value, numbers.Real) and hasattr(value, "item"))
+    return step_record.plausible_count(value, field) or (not isinstance(value, numbers.Real) and hasattr(value, "item"))
 
 
 class StepCounts:
@@ -58,7 +58,7 @@ class StepCounts:
             if field not in self.said:
                 self.said.add(field)
                 log(f"agent.step({field}={str(value)[:40]}): not a count of {field} one step can hold "
-                    f"(a number from 0 to {rundir.MAX_STEP_COUNTS[field]:.0e}); left out of this and later "
+                    f"(a number from 0 to {step_record.MAX_STEP_COUNTS[field]:.0e}); left out of this and later "
                     "steps' throughput")
         return tuple(out)
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from diag.collectors.live_state import LiveState
 from diag.live_verdict import LiveVerdicts
+from diag.step_record import StepRecord, to_json_record
 
 if TYPE_CHECKING:
     from diag.analyzers.diagnosis.decision_tree import Tree
@@ -45,12 +46,13 @@ class LiveFeed:
             self.writer.record_tree_settings(tree_settings)
         return tree_settings
 
-    def step(self, rec: dict) -> None:
+    def step(self, rec: StepRecord) -> None:
         """A step's record: judged live (its measured shares filled in), written, and shown."""
-        verdict = self.verdicts.judge(rec)
+        rec, verdict = self.verdicts.judge(rec)
+        doc = to_json_record(rec)
         if self.writer is not None:
-            self.writer.write_record("steps", rec)
-        self.state.add_step({**rec, **verdict})
+            self.writer.write_record("steps", doc)
+        self.state.add_step({**doc, **verdict})
         exporter = self._collectors.exporter
         if exporter is not None:
             exporter.observe_step(rec, verdict.get("bound"))

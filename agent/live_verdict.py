@@ -14,10 +14,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
+import msgspec
+
 from diag.analyzers.analysis_types import TraceRank, TraceRankFacts
 from diag.analyzers.diagnosis.decision_tree import verdict_from
 from diag.analyzers.diagnosis.rank import judge_trace
 from diag.analyzers.job.sampled import step_measurements, window_composition
+from diag.step_record import StepRecord
 
 
 class LiveVerdicts:
@@ -32,25 +35,24 @@ class LiveVerdicts:
     def on(self) -> bool:
         return self.tree is not None
 
-    def judge(self, rec: dict) -> dict:
-        """A step's live verdict: its bound, and its path where that differs from the last step's.
-        Fills the record's shares (a measurement), never its verdict."""
+    def judge(self, rec: StepRecord) -> tuple[StepRecord, dict]:
+        """A step's record with its measured shares filled in (a measurement), and its live
+        verdict: its bound, and its path where that differs from the last step's."""
         if self.tree is None:
-            return {}
+            return rec, {}
         try:
             shares, m = step_measurements(rec, self.latest_sample, self._composition)
             v = verdict_from(m, self.tree) if m else {"bound": None, "path": []}
-            rec["shares"] = shares
             out = {"bound": v["bound"]}
             sig = tuple((p["node"], p["answer"]) for p in v["path"])
             if sig != self._last_path_sig:
                 out["path"] = v["path"]
                 self._last_path_sig = sig
-            return out
+            return msgspec.structs.replace(rec, shares=shares), out
         except Exception as exc:
             self.tree = None
             self.log(f"agent: live verdicts off ({type(exc).__name__}: {exc})")
-            return {}
+            return rec, {}
 
     def window_done(self, facts: Mapping[str, Any]) -> TraceRank | None:
         """The steps after an analysed window take its composition; its facts judged (the rank

@@ -14,7 +14,7 @@ afterwards).
                                     `diag calibrate` file, its peaks ("host_peaks")
         live.json                   the last steps and sample, rewritten every live_s while
                                     the rank runs (diag.live/1), for `diag top`
-        steps/steps-000000.jsonl    one JSON object per training step (STEP_FIELDS);
+        steps/steps-000000.jsonl    one JSON object per training step (step_record.py);
         steps/steps-000001.jsonl.open   the segment being appended to (sealed every 10 s)
         samples/samples-000000.jsonl  device and host metric samples, ~1 Hz
         events/events-000000.jsonl  the agent's own log: collectors switched off, windows, faults
@@ -36,8 +36,6 @@ segment's cut-off last line.
 
 from __future__ import annotations
 
-import math
-import numbers
 import os
 import re
 import socket
@@ -46,6 +44,7 @@ from pathlib import Path
 
 from diag.atomic_io import read_json
 from diag.segments import read_records
+from diag.step_record import StepRecord, from_json_record
 
 RUN_SCHEMA = "diag.run/3"
 RANK_SCHEMA = "diag.rank/1"
@@ -67,46 +66,9 @@ TREE_SETTINGS = "decision_tree.json"
 NCCL_BENCH = "nccl_bench.json"
 NCCL_LOG_DOC = "nccl_log.json"
 
-# No training counts this many steps; a larger step number is damage (it would not fit the
-# analysis's 64-bit columns either).
-MAX_STEP = 1 << 48
-# No step holds more: a batch of a billion samples, a trillion tokens. A count past these (or
-# negative, or not a finite number) is a mistake in what the job passed to agent.step().
-MAX_STEP_COUNTS = {"samples": 1e9, "tokens": 1e12}
-
-
-def plausible_count(value, field: str) -> bool:
-    """Whether `value` can be the `field` ("samples", "tokens") of one step: None (not given),
-    or a finite number from 0 to MAX_STEP_COUNTS[field]."""
-    if value is None:
-        return True
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        return False
-    return bool(math.isfinite(value) and 0 <= float(value) <= MAX_STEP_COUNTS[field])
-
 # How a rank's run ended (rank.json's status once it is not "running"): terminated is a stop
 # from outside (SIGTERM), interrupted a Ctrl-C or an exit without closing the agent.
 FINAL_STATUSES = ("completed", "failed", "interrupted", "terminated")
-
-# Keys of one steps record. Optional values are null when not measured.
-STEP_FIELDS = {
-    "step": "step number, the same on every rank",
-    "start_unix": "wall-clock start of the step, seconds since the epoch",
-    "duration_s": "step wall time from a monotonic clock",
-    "data_wait_s": "time spent waiting for the next batch (null without agent.loader())",
-    "collate_s": "of the data wait, collating batches in this process: a DataLoader with num_workers=0 (else null)",
-    "cpu_s": "the process's CPU time over the step, all its threads (time.process_time)",
-    "data_wait_cpu_s": "of cpu_s, the CPU time during the data wait (null without agent.loader())",
-    "samples": "samples in the step, from agent.step(samples=...)",
-    "tokens": "tokens in the step, from agent.step(tokens=...)",
-    "peak_mem_bytes": "the device's peak allocated memory so far (the allocator's, never reset by diag), where available",
-    "device_s": "device time between timing events at the step's boundaries (null without a CUDA/HIP device)",
-    "data_idle_s": "the device's idle time within the step's data waits, from timing events (null without them)",
-    "profiled": "true when a torch.profiler window covered the step",
-    "shares": "the step's time by class (data, host, comm, memory, compute; null where unknown): its data wait "
-              "and the latest window's split of the rest",
-    "evidence": "trace | sampled: what the step's shares rest on",
-}
 
 _RANK_DIR = re.compile(r"^rank-(\d+)$")
 
@@ -215,24 +177,11 @@ class RunDir:
     def records(self, rank: int, stream: str) -> Iterator[dict]:
         return read_records(self.rank_path(rank) / stream, stream, self.problems)
 
-    def steps(self, rank: int) -> list[dict]:
-        """The rank's step records; one whose step number is no count of steps (negative, not an
-        integer, or past MAX_STEP) is damage, left out and noted."""
-        out = []
-        for rec in self.records(rank, "steps"):
-            n = rec.get("step")
-            if not (type(n) is int and 0 <= n <= MAX_STEP):
-                if len(self.problems) < 1000:
-                    self.problems.append(f"rank {rank}: a step record numbered {str(n)[:40]!r}, left out")
-                continue
-            for field in MAX_STEP_COUNTS:
-                if not plausible_count(rec.get(field), field):
-                    if len(self.problems) < 1000:
-                        self.problems.append(f"rank {rank}: step {n} counts {str(rec.get(field))[:40]} {field}, "
-                                             "no count one step holds; left out")
-                    rec = {**rec, field: None}
-            out.append(rec)
-        return out
+    def steps(self, rank: int) -> list[StepRecord]:
+        """The rank's step records, their types settled (step_record.from_json_record): one whose
+        step number is no count of steps is damage, left out and noted."""
+        recs = (from_json_record(raw, self.problems, f"rank {rank}: ") for raw in self.records(rank, "steps"))
+        return [r for r in recs if r is not None]
 
     def samples(self, rank: int) -> list[dict]:
         return list(self.records(rank, "samples"))

@@ -108,9 +108,10 @@ def share_ratios(shares: dict) -> dict:
     return {"memory_to_compute": float("inf")} if mem > 0 else {}
 
 
-def step_seconds(record: Mapping):
-    """A step record's length as the job paced it: the device time between the step's boundary
-    events where the device clock measured it, else the host's time (as recorded, any type).
+def step_seconds(device_s, duration_s):
+    """A step's length as the job paced it: its device time between the step's boundary events
+    where the device clock measured it (`device_s`), else the host's time (`duration_s`, as
+    given).
 
     A loop that never waits for the device queues work ahead: the host's steps then take the
     time to launch (1 ms for a 14 ms step on an H200) until the queue fills or something syncs,
@@ -118,10 +119,9 @@ def step_seconds(record: Mapping):
     each step's start being the step before's end, so their times add up to the run's wall
     time in every regime: the device's work where it sets the pace, the host's span where the
     device waits for it (the events are then recorded as the host reaches each boundary)."""
-    device = record.get("device_s")
-    if isinstance(device, (int, float)) and not isinstance(device, bool) and math.isfinite(device) and device > 0:
-        return device
-    return record.get("duration_s")
+    if type(device_s) in (int, float) and math.isfinite(device_s) and device_s > 0:
+        return device_s
+    return duration_s
 
 
 def warmup_steps(n_steps: int, thresholds: Mapping) -> int:

@@ -17,6 +17,7 @@ from diag.analyzers.analysis_types import TraceRankFacts
 from diag.analyzers.nccl import expected as nccl_expected
 from diag.analyzers.nccl import log as nccl_log
 from diag.errors import DiagInputError
+from diag.step_record import to_json_record
 
 
 def read_records(path, doc: dict, progress=None) -> dict:
@@ -29,7 +30,8 @@ def read_records(path, doc: dict, progress=None) -> dict:
     for rank in _progress(rd.ranks(), progress, "reading ranks"):
         ranks[rank] = {
             "info": rd.rank_info(rank) or {},
-            "steps": [] if rank in covered else rd.steps(rank),
+            # As JSON objects: the diagnosis reads the records of a rank its analysis left out.
+            "steps": [] if rank in covered else [to_json_record(r) for r in rd.steps(rank)],
             "samples": rd.samples(rank),
             "events": rd.events(rank),
             "windows": rd.windows(rank),

@@ -227,7 +227,7 @@ def test_report_reads_nccl_logs_from_the_run_folder_and_the_saved_document(tmp_p
 
 def _reference_steps(rd, rank, tree) -> list[tuple]:
     """Each sampled step's (bound, shares, path) as the step-by-step evaluation gives them."""
-    records = sorted(rd.steps(rank), key=lambda r: r["step"])
+    records = sorted(rd.steps(rank), key=lambda r: r.step)
     windows = sorted(rd.windows(rank), key=lambda w: w["first_step"])
     traced = {s["step"] for w in windows for s in w["analysis"]["steps"]}
     comps = [(w["first_step"], window_composition(w["analysis"])) for w in windows]
@@ -237,11 +237,11 @@ def _reference_steps(rd, rank, tree) -> list[tuple]:
     times = [s["t"] for s in samples]
     out, last = [], None
     for rec in records:
-        if rec["step"] in traced:
+        if rec.step in traced:
             continue
-        i = bisect.bisect_right(starts, rec["step"]) - 1
+        i = bisect.bisect_right(starts, rec.step) - 1
         comp = comps[i][1] if i >= 0 else (comps[0][1] if comps else None)
-        mid = float(rec.get("start_unix") or 0.0) + float(rec.get("duration_s") or 0.0) / 2
+        mid = (rec.start_unix or 0.0) + (rec.duration_s or 0.0) / 2
         sample = None
         if times:
             j = bisect.bisect_left(times, mid)
@@ -250,7 +250,7 @@ def _reference_steps(rd, rank, tree) -> list[tuple]:
         shares, m = step_measurements(rec, sample, comp)
         v = verdict_from(m, tree) if m else {"bound": None, "path": []}
         sig = tuple((p["node"], p["answer"]) for p in v["path"])
-        out.append((rec["step"], v["bound"], shares, v["path"] if sig != last else []))
+        out.append((rec.step, v["bound"], shares, v["path"] if sig != last else []))
         last = sig
     return out
 

@@ -18,6 +18,7 @@ import diag
 from diag import rundir
 from diag.analyzers.analyze import analyze_run_dir as analyze_run
 from diag.analyzers.diagnosis.decision_tree import BOUNDS
+from diag.step_record import STEP_FIELDS, StepRecord
 
 
 def _train(agent, steps, use_loader=True, sleep_s=0.0, width=128, on_step=None):
@@ -61,13 +62,14 @@ def test_records_windows_and_verdicts(tmp_path):
         _train(agent, 14, sleep_s=0.002, on_step=wait_for_first_window)
     rd = rundir.RunDir(agent.run_dir)
     steps = rd.steps(0)
-    assert [s["step"] for s in steps] == list(range(14))
-    assert all(s["duration_s"] > 0 and s["data_wait_s"] is not None and s["samples"] == 32 for s in steps)
-    assert set(rundir.STEP_FIELDS) <= set(steps[0])
+    assert [s.step for s in steps] == list(range(14))
+    assert all(s.duration_s > 0 and s.data_wait_s is not None and s.samples == 32 for s in steps)
+    # Every field the format documents is in the record as written.
+    assert set(STEP_FIELDS) == set(StepRecord.__struct_fields__) <= set(next(rd.records(0, "steps")))
     # Windows on absolute steps: warm-up at 2, active 3-4; then 9-10 (every 6).
     windows = rd.windows(0)
     assert [(w["first_step"], w["last_step"]) for w in windows] == [(3, 4), (9, 10)]
-    assert [s["profiled"] for s in steps if s["profiled"]] and {s["step"] for s in steps if s["profiled"]} == {3, 4, 9, 10}
+    assert {s.step for s in steps if s.profiled} == {3, 4, 9, 10}
     assert all(w["trace"].endswith(".pt.trace.json.gz") for w in windows)
     assert [p.name for p in rd.traces(0)] == [w["trace"] for w in windows]
     assert rd.rank_info(0)["status"] == "completed" and rd.manifest()["status"] == "completed"
@@ -82,9 +84,9 @@ def test_records_windows_and_verdicts(tmp_path):
             assert abs(sum(s["shares"].values()) - 1.0) < 1e-6
         # Step records after the first window carry the shares that window measured; the run
         # directory holds facts only, no verdict (the analysis above gives each step's).
-        late = [s for s in steps if s["step"] > 6 and not s["profiled"]]
-        assert any(s["shares"] and s["evidence"] == "sampled" for s in late)
-        assert not any("bound" in s or "path" in s for s in steps)
+        late = [s for s in steps if s.step > 6 and not s.profiled]
+        assert any(s.shares and s.evidence == "sampled" for s in late)
+        assert not any("bound" in s or "path" in s for s in rd.records(0, "steps"))
         assert not any("bound" in w["analysis"] or "path" in w["analysis"] or "findings" in w["analysis"]
                        for w in windows)
     assert doc["job"]["missing_ranks"] == []
@@ -94,7 +96,7 @@ def test_without_loader_steps_are_timed(tmp_path):
     with _agent(tmp_path, profile=False) as agent:
         _train(agent, 5, use_loader=False)
     steps = rundir.RunDir(agent.run_dir).steps(0)
-    assert len(steps) == 5 and all(s["data_wait_s"] is None and s["duration_s"] > 0 for s in steps)
+    assert len(steps) == 5 and all(s.data_wait_s is None and s.duration_s > 0 for s in steps)
 
 
 def test_data_wait_is_measured(tmp_path):
@@ -108,7 +110,7 @@ def test_data_wait_is_measured(tmp_path):
             x.sum()
             agent.step()
     steps = rundir.RunDir(agent.run_dir).steps(0)
-    assert all(s["data_wait_s"] >= 0.025 and s["evidence"] == "sampled" for s in steps)
+    assert all(s.data_wait_s >= 0.025 and s.evidence == "sampled" for s in steps)
     judged = analyze_run(agent.run_dir)["ranks"][0]["steps"]
     assert [s["bound"] for s in judged] == ["data"] * len(steps)
 
@@ -130,7 +132,7 @@ def test_exception_propagates_unchanged_and_run_is_closed(tmp_path):
     rd = rundir.RunDir(agent.run_dir)
     assert rd.rank_info(0)["status"] == "failed" and "loss is NaN" in rd.rank_info(0)["error"]
     assert rd.manifest()["status"] == "failed"
-    assert [s["step"] for s in rd.steps(0)] == list(range(5))
+    assert [s.step for s in rd.steps(0)] == list(range(5))
     assert not list((agent.run_dir / "rank-00000" / "traces").glob(".*tmp"))
 
 
@@ -168,7 +170,7 @@ def test_profiler_failing_to_start_does_not_stop_training(tmp_path, monkeypatch)
     assert len(rd.steps(0)) == 12 and rd.windows(0) == [] and rd.traces(0) == []
     assert any("profiling switched off" in m for m in _events(agent.run_dir))
     assert rd.rank_info(0)["collectors"]["profiler"] is False
-    assert not any(s["profiled"] for s in rd.steps(0))
+    assert not any(s.profiled for s in rd.steps(0))
 
 
 def test_nvml_raising_and_amdsmi_missing_training_goes_on(tmp_path, monkeypatch):

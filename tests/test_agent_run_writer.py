@@ -102,7 +102,7 @@ def test_writer_layout_and_manifest(tmp_path):
     assert m["schema"] == rundir.RUN_SCHEMA and m["status"] == "completed"
     assert m["hosts"] == sorted({"other", w.launch.hostname})
     assert m["lost_ranks"] == [] and m["versions"]["python"] and m["config"] == {"profile": True}
-    assert [r["step"] for r in rd.steps(0)] == [0, 1, 2]
+    assert [r.step for r in rd.steps(0)] == [0, 1, 2]
     assert rd.rank_info(0)["status"] == "completed" and rd.rank_info(0)["ended_unix"]
 
 

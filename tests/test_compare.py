@@ -25,7 +25,7 @@ def job_step_times(run) -> np.ndarray:
     per: dict[int, float] = {}
     for r in rd.ranks():
         for rec in rd.steps(r):
-            per[rec["step"]] = max(per.get(rec["step"], 0.0), rec["duration_s"])
+            per[rec.step] = max(per.get(rec.step, 0.0), rec.duration_s)
     firsts = [w["first_step"] for r in rd.ranks() for w in rd.windows(r)]
     steps = sorted(per)
     cut = min(firsts) if firsts else steps[0] + warmup_steps(len(steps), load_tree().thresholds)

@@ -130,7 +130,7 @@ def _assert_facts_only(run_dir: Path) -> None:
     verdict (bound, path) or a judgement (findings)."""
     rd = rundir.RunDir(run_dir)
     for rank in rd.ranks():
-        steps, windows = rd.steps(rank), rd.windows(rank)
+        steps, windows = list(rd.records(rank, "steps")), rd.windows(rank)
         assert steps and windows
         assert not [s["step"] for s in steps if {"bound", "path"} & set(s)]
         assert not [w["first_step"] for w in windows

@@ -18,6 +18,7 @@ from diag.analyzers.job.sampled import sampled_shares, step_measurements
 from diag.analyzers.trace.event_classes import is_data_annotation
 from diag.analyzers.trace.load import load_trace, step_windows
 from diag.collectors.device_clock import HOLD_S, DeviceClock, DeviceStep, HeldSteps
+from diag.step_record import from_json_record
 
 STEPS = 14
 STEADY = slice(4, None)  # the first steps fill the device's queue
@@ -171,11 +172,13 @@ def test_a_record_with_device_times_is_measured_by_them():
     comp = {"non_data": dict.fromkeys(("host", "comm", "wait", "memory", "compute"), 0.2),
             "busy_split": {"comm": 0.0, "wait": 0.0, "memory": 0.0, "compute": 1.0}, "wait_measured": False,
             "achieved_bw_frac": None}
-    rec = {"duration_s": 0.03, "data_wait_s": 0.01, "data_idle_s": 0.0005, "device_s": 0.03}
-    shares, m = step_measurements(rec, None, comp)
+    rec = {"step": 0, "duration_s": 0.03, "data_wait_s": 0.01, "data_idle_s": 0.0005, "device_s": 0.03}
+    shares, m = step_measurements(from_json_record(rec), None, comp)
     assert m["data_share"] == pytest.approx(0.0005 / 0.03) and shares["data"] == m["data_share"]
-    shares, m = step_measurements({**rec, "data_idle_s": float("nan")}, None, comp)
-    assert m["data_share"] == pytest.approx(1 / 3)  # a failed reading is no reading
+    failed = from_json_record({**rec, "data_idle_s": float("nan")})  # a failed reading is no reading
+    assert failed.data_idle_s is None
+    shares, m = step_measurements(failed, None, comp)
+    assert m["data_share"] == pytest.approx(1 / 3)
 
 
 def test_on_a_recorded_gpu_trace_the_events_measure_the_trace_paths_data_share(real_data):

@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from diag.exporter import runtime
 from diag.exporter.metrics_table import CLOCK_EVENT_REASONS, MAX_DYNAMIC_VALUES
+from diag.step_record import StepRecord
 
 IDENTITY = {"run": "run-a", "rank": 1, "local_rank": 1, "host": "node1", "gpu": 0}
 LOOP = "127.0.0.1"
@@ -67,12 +68,12 @@ def handle():
     h.close()
 
 
-def step(i, duration=0.04, wait=0.01, shares=None, bound="compute", **extra):
+def step(i, duration=0.04, wait=0.01, shares=None, bound="compute", **extra) -> tuple[StepRecord, str | None]:
+    """A step record and its live verdict, as the agent hands them to the exporter."""
     rec = {"step": i, "start_unix": 1_700_000_000.0 + i, "duration_s": duration, "data_wait_s": wait,
-           "samples": 16, "tokens": 2048, "peak_mem_bytes": None, "profiled": False, "bound": bound,
-           "evidence": "sampled", "shares": shares}
-    rec.update(extra)
-    return rec
+           "samples": 16, "tokens": 2048, "peak_mem_bytes": None, "profiled": False,
+           "evidence": "sampled", "shares": shares, **extra}
+    return StepRecord(**rec), bound
 
 
 def gpu_sample(t, **over):
@@ -91,9 +92,9 @@ def gpu_sample(t, **over):
 
 def test_steps_fill_training_metrics(handle):
     shares = {"data": 0.25, "host": 0.05, "comm": 0.2, "memory": 0.1, "compute": 0.4}
-    handle.observe_step(step(0, duration=0.04, wait=0.01, shares=shares, bound="compute"))
-    handle.observe_step(step(1, duration=0.2, wait=0.05, shares=None, bound="data", device_s=0.18))
-    handle.observe_step(step(2, duration=3.0, wait=None, shares=None, bound=None, samples=None, tokens=None))
+    handle.observe_step(*step(0, duration=0.04, wait=0.01, shares=shares, bound="compute"))
+    handle.observe_step(*step(1, duration=0.2, wait=0.05, shares=None, bound="data", device_s=0.18))
+    handle.observe_step(*step(2, duration=3.0, wait=None, shares=None, bound=None, samples=None, tokens=None))
     s = parse(fetch(handle))
     assert val(s, "diag_steps_total") == 3
     assert val(s, "diag_step_duration_seconds_count") == 3
@@ -229,7 +230,7 @@ def test_bad_records_are_counted_never_raised(handle):
 def test_dynamic_labels_are_capped_and_series_stay_under_200(handle):
     # Everything populated at once, with a flood of finding ids and collectives.
     for i in range(50):
-        handle.observe_step(step(i, shares={"data": 0.1, "host": 0.1, "comm": 0.1, "memory": 0.1,
+        handle.observe_step(*step(i, shares={"data": 0.1, "host": 0.1, "comm": 0.1, "memory": 0.1,
                                             "compute": 0.6}, peak_mem_bytes=1e9, mfu=0.3))
     handle.observe_sample(gpu_sample(1.0))
     handle.observe_sample(gpu_sample(2.0, clock_events=[f"other_0x{b:x}" for b in range(3)]))
@@ -250,7 +251,7 @@ def test_dynamic_labels_are_capped_and_series_stay_under_200(handle):
 
 def test_promtool_check_metrics_is_clean(handle):
     promtool = require_executable("promtool", "Debian package prometheus")
-    handle.observe_step(step(0, shares={"data": 0.1, "host": 0.1, "comm": 0.1, "memory": 0.1, "compute": 0.6}))
+    handle.observe_step(*step(0, shares={"data": 0.1, "host": 0.1, "comm": 0.1, "memory": 0.1, "compute": 0.6}))
     handle.observe_sample(gpu_sample(1.0))
     handle.observe_window({"mfu": 0.3, "findings": [{"id": "low_mfu"}]})
     handle.observe_nccl({"schema": "diag.nccl_bench/1", "tests": [{"collective": "all_reduce",
@@ -282,7 +283,7 @@ def test_port_in_use_warns_and_takes_the_next_free_port():
         try:
             assert h is not None and h.port == base + 1
             assert len(messages) == 1 and "in use" in messages[0] and str(base + 1) in messages[0]
-            h.observe_step(step(0))
+            h.observe_step(*step(0))
             assert "diag_steps_total" in fetch(h)
         finally:
             h.close()
@@ -326,7 +327,7 @@ def test_observers_stay_consistent_under_concurrent_scrapes(handle):
     deadline = time.monotonic() + 60
     try:
         while (observed < 3000 or len(scraped) < 3) and time.monotonic() < deadline:
-            handle.observe_step(step(observed, duration=0.01, wait=0.0, shares=None))
+            handle.observe_step(*step(observed, duration=0.01, wait=0.0, shares=None))
             observed += 1
     finally:
         stop.set()

@@ -115,11 +115,12 @@ def _samples(text: str) -> dict:
 def test_fast_renderer_serves_the_same_samples_as_prometheus_client():
     from diag.exporter.registry import render_text
     from diag.exporter.runtime import Handle
+    from diag.step_record import StepRecord
 
     handles = [Handle({**IDENTITY, "rank": r, "host": 'odd "host"\\name'}) for r in (0, 1)]
     for h in handles:
-        h.observe_step({"duration_s": 0.3, "data_wait_s": 0.1, "samples": 4, "bound": "comm",
-                        "shares": {"data": 0.3, "host": 0.0, "comm": 0.5, "memory": 0.1, "compute": 0.1}})
+        h.observe_step(StepRecord(step=0, duration_s=0.3, data_wait_s=0.1, samples=4,
+                                  shares={"data": 0.3, "host": 0.0, "comm": 0.5, "memory": 0.1, "compute": 0.1}), "comm")
         h.observe_sample({"t": 1.0, "gpu": {"name": "GPU\nname", "uuid": "u", "clock_events": ["hw_slowdown"],
                                             "power_watts": 100.0}, "host": {"cpu_ratio": 0.25}})
         h.observe_nccl({"schema": "diag.nccl_log/1", "findings": [{"id": 'quote"d'}]})

@@ -13,6 +13,7 @@ import pytest
 
 from diag.analyzers.analyze import analyze_run_dir
 from diag.analyzers.job.sampled import device_busy_floor
+from diag.step_record import from_json_record
 
 RUNS = Path(__file__).parent / "fixtures" / "real" / "h200" / "agent"
 MEASURED = json.loads((RUNS / "measured.json").read_text())["fixed_step_ms"]
@@ -60,5 +61,5 @@ def test_the_action_predicted_meets_the_fix_measured(case, bound, cause_id, acti
     (0.001, 0.0, None), (True, 0.014, None),
 ])
 def test_the_device_was_busy_at_least_while_the_host_was_ahead(host_s, device_s, floor):
-    got = device_busy_floor({"duration_s": host_s, "device_s": device_s})
+    got = device_busy_floor(from_json_record({"step": 0, "duration_s": host_s, "device_s": device_s}))
     assert got == (pytest.approx(floor) if floor is not None else None)

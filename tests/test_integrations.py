@@ -105,11 +105,11 @@ def test_lightning_callback(tmp_path, monkeypatch):
     _assert_tracked(cb.agent.summary(), tmp_path / "mlruns")
     rd = rundir.RunDir(cb.agent.run_dir)
     steps = rd.steps(0)
-    assert [s["step"] for s in steps] == list(range(12)) and all(s["samples"] == 8 for s in steps)
+    assert [s.step for s in steps] == list(range(12)) and all(s.samples == 8 for s in steps)
     assert rd.rank_info(0)["status"] == "completed"
     # The gap between steps, where Lightning fetches the next batch, is the data wait.
-    assert steps[0]["data_wait_s"] is None or steps[0]["data_wait_s"] >= 0
-    assert all(s["data_wait_s"] is not None and s["data_wait_s"] >= 0 for s in steps[1:])
+    assert steps[0].data_wait_s is None or steps[0].data_wait_s >= 0
+    assert all(s.data_wait_s is not None and s.data_wait_s >= 0 for s in steps[1:])
     assert rd.windows(0), "no profiler window was recorded inside Lightning's loop"
     assert (cb.agent.run_dir / "report.html").is_file() and (cb.agent.run_dir / "summary.json").is_file()
     # What the live module and optimizer held, read from the trainer's own objects after step 0.
@@ -185,8 +185,8 @@ def test_hf_trainer_callback(tmp_path, monkeypatch):
     _assert_tracked(cb.agent.summary(), tmp_path / "mlruns")
     rd = rundir.RunDir(cb.agent.run_dir)
     steps = rd.steps(0)
-    assert [s["step"] for s in steps] == list(range(8)) and all(s["samples"] == 4 for s in steps)
-    assert all(s["data_wait_s"] is not None and s["data_wait_s"] >= 0 for s in steps[1:])
+    assert [s.step for s in steps] == list(range(8)) and all(s.samples == 4 for s in steps)
+    assert all(s.data_wait_s is not None and s.data_wait_s >= 0 for s in steps[1:])
     assert rd.rank_info(0)["status"] == "completed"
     assert rd.windows(0), "no profiler window was recorded inside the Trainer's loop"
     assert (cb.agent.run_dir / "report.html").is_file()

@@ -17,7 +17,7 @@ def test_ruff_clean():
 # is allowed an import when the imported module equals, or lies inside, one of its entries.
 _ANALYZERS = "diag.analyzers"
 # The run directory: its layout, its files written whole and read within bounds, its record streams.
-RUN_DIR = ("diag.rundir", "diag.atomic_io", "diag.segments")
+RUN_DIR = ("diag.rundir", "diag.atomic_io", "diag.segments", "diag.step_record")
 LAYERS = {
     "analyzers/intervals.py": (),
     "analyzers/analysis_types.py": (),
@@ -46,7 +46,8 @@ LAYERS = {
     "collectors": ("diag.collectors", *RUN_DIR, "diag.__version__"),
     # agent/, the package `diag` itself. Leaves every side imports without a cycle (the package's
     # __init__ resolves its attributes lazily):
-    "agent/rundir.py": ("diag.atomic_io", "diag.segments"),
+    "agent/rundir.py": ("diag.atomic_io", "diag.segments", "diag.step_record"),
+    "agent/step_record.py": (),
     "agent/atomic_io.py": (),
     "agent/segments.py": ("diag.atomic_io",),
     "agent/errors.py": (),
@@ -55,7 +56,8 @@ LAYERS = {
     # The views render the diagnosis: they read the facade's document, never a trace or a log.
     "agent/report": ("diag.__version__", "diag.errors", *RUN_DIR, "diag.report", f"{_ANALYZERS}.analyze",
                      f"{_ANALYZERS}.views", f"{_ANALYZERS}.diagnosis"),
-    "agent/exporter": ("diag.__version__", f"{_ANALYZERS}.numbers", "diag.exporter", f"{_ANALYZERS}.diagnosis"),
+    "agent/exporter": ("diag.__version__", f"{_ANALYZERS}.numbers", "diag.exporter", f"{_ANALYZERS}.diagnosis",
+                       "diag.step_record"),
     # diag top: reads live.json or the endpoints into the live facts, draws the live judgement.
     "agent/top": ("diag.errors", *RUN_DIR, "diag.report", "diag.top", f"{_ANALYZERS}.job.live",
                   f"{_ANALYZERS}.diagnosis.live"),
@@ -65,15 +67,16 @@ LAYERS = {
                        "diag.termination"),
     "agent/supervisor.py": ("diag.calibrate", "diag.collectors", "diag.exporter", "diag.nccl_watch", *RUN_DIR,
                             "diag.window_analysis", f"{_ANALYZERS}.trace.devices"),
-    "agent/background.py": ("diag.collectors",),
-    "agent/live_feed.py": ("diag.collectors", "diag.live_verdict", f"{_ANALYZERS}.diagnosis.decision_tree"),
+    "agent/background.py": ("diag.collectors", "diag.step_record"),
+    "agent/live_feed.py": ("diag.collectors", "diag.live_verdict", "diag.step_record",
+                           f"{_ANALYZERS}.diagnosis.decision_tree"),
     "agent/job_finish.py": (*RUN_DIR, "diag.report"),
     "agent/job_inputs.py": ("diag.batches", "diag.collectors", *RUN_DIR),
     "agent/on_demand.py": ("diag.exporter",),
     "agent/termination.py": (),
     # The live views' verdicts: the diagnosis's own functions over the facts as they come.
     "agent/live_verdict.py": (f"{_ANALYZERS}.job.sampled", f"{_ANALYZERS}.diagnosis.decision_tree",
-                              f"{_ANALYZERS}.diagnosis.rank", f"{_ANALYZERS}.analysis_types"),
+                              f"{_ANALYZERS}.diagnosis.rank", f"{_ANALYZERS}.analysis_types", "diag.step_record"),
     # diag nccl: its output (the judgement of each test is the diagnosis's) and its measuring mode.
     "agent/nccl_output.py": ("diag.errors", *RUN_DIR, f"{_ANALYZERS}.diagnosis", f"{_ANALYZERS}.nccl"),
     "agent/nccl_measure.py": ("diag.errors", *RUN_DIR, "diag.nccl_output", "diag.nccl_table", "diag.collectors",

@@ -38,6 +38,7 @@ from conftest import REPO, real_data_dir, require_executable
 
 from diag.exporter import runtime
 from diag.exporter.metrics_table import series_names
+from diag.step_record import StepRecord
 
 pytestmark = pytest.mark.slow
 
@@ -230,12 +231,10 @@ class GpuFeeder:
                          "net_rx_bytes_total": 1e10 + i * 1e6, "net_tx_bytes_total": 1e10 + i * 1e6,
                          "process_cpu_ratio": 1.0, "process_rss_bytes": 8e9, "dataloader_workers": 8,
                          "dataloader_workers_cpu_ratio": 3.0}})
-            self.handle.observe_step({"step": i, "start_unix": now - 0.45, "duration_s": 0.45, "device_s": 0.43,
-                                      "data_wait_s": 0.02,
-                                      "samples": 256, "tokens": 256 * 2048, "peak_mem_bytes": 66e9, "mfu": 0.4,
-                                      "profiled": False, "bound": "compute", "evidence": "sampled",
-                                      "shares": {"data": 0.05, "host": 0.05, "comm": 0.15, "memory": 0.15,
-                                                 "compute": 0.6}})
+            self.handle.observe_step(StepRecord(
+                step=i, start_unix=now - 0.45, duration_s=0.45, device_s=0.43, data_wait_s=0.02, samples=256,
+                tokens=256 * 2048, peak_mem_bytes=66e9, mfu=0.4,
+                shares={"data": 0.05, "host": 0.05, "comm": 0.15, "memory": 0.15, "compute": 0.6}), "compute")
             i += 1
 
     def close(self):

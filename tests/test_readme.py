@@ -464,7 +464,7 @@ def test_python_sample_runs(marker, tmp_path, monkeypatch):
         from diag import rundir
 
         rd = rundir.RunDir(tmp_path / "runs" / "exp1")
-        assert [s["samples"] for s in rd.steps(0)] == [8] * 8
+        assert [s.samples for s in rd.steps(0)] == [8] * 8
         facts = rd.rank_info(0)["model"]  # Linear(16, 1) with SGD momentum: one fp32 buffer per parameter
         assert facts["params"] == 17 and facts["optimizer_state_bytes"] == 4 * 17
         assert (tmp_path / "runs" / "exp1" / "report.html").is_file()

@@ -66,7 +66,7 @@ def test_a_step_number_past_any_count_is_left_out_not_a_traceback(run_dir):
     seg.write_text("\n".join(lines) + "\n")
     reader = rundir.RunDir(run_dir)
     steps = reader.steps(1)
-    assert 3 not in {s["step"] for s in steps} and len(steps) == len(lines) - 1
+    assert 3 not in {s.step for s in steps} and len(steps) == len(lines) - 1
     assert any("9223372036854775808" in p for p in reader.problems)
     for args in (("analyze", str(run_dir), "--json"), ("report", str(run_dir))):
         out = _diag(*args)

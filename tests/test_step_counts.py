@@ -11,15 +11,15 @@ import pytest
 import torch
 
 import diag
-from diag import rundir
+from diag import rundir, step_record
 
 
 @pytest.mark.parametrize("value,ok", [(None, True), (0, True), (32, True), (1e9, True), (np.int64(16), True),
                                       (1e9 + 1, False), (1e30, False), (-1, False), (float("nan"), False),
                                       (float("inf"), False), (True, False), ("16", False), ([16], False)])
 def test_a_step_count_is_plausible_from_zero_to_its_bound(value, ok):
-    assert rundir.MAX_STEP_COUNTS["samples"] == 1e9
-    assert rundir.plausible_count(value, "samples") is ok
+    assert step_record.MAX_STEP_COUNTS["samples"] == 1e9
+    assert step_record.plausible_count(value, "samples") is ok
 
 
 def test_the_agent_leaves_an_implausible_count_out_and_says_so_once(tmp_path):
@@ -30,8 +30,8 @@ def test_the_agent_leaves_an_implausible_count_out_and_says_so_once(tmp_path):
         for i in range(6):
             agent.step(samples=1e30 if i % 2 else 32, tokens=torch.tensor(64) if i == 0 else None)
     steps = rundir.RunDir(tmp_path / "run").steps(0)
-    assert [s["samples"] for s in steps] == [32, None, 32, None, 32, None]
-    assert steps[0]["tokens"] == 64  # a tensor is read when the record is written
+    assert [s.samples for s in steps] == [32, None, 32, None, 32, None]
+    assert steps[0].tokens == 64  # a tensor is read when the record is written
     said = [m for m in logs if "agent.step(samples=1e+30)" in m]
     assert len(said) == 1 and "left out" in said[0]
 
@@ -44,5 +44,5 @@ def test_the_reader_leaves_out_a_planted_count_and_notes_it(tmp_path):
     (seg / "steps-000000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     run = rundir.RunDir(tmp_path / "run")
     steps = run.steps(0)
-    assert [s["samples"] for s in steps] == [32, None, 32] and steps[2]["tokens"] is None
+    assert [s.samples for s in steps] == [32, None, 32] and steps[2].tokens is None
     assert any("1e+30 samples" in p for p in run.problems) and any("-5 tokens" in p for p in run.problems)

@@ -83,10 +83,16 @@ def test_sigkill_loses_at_most_about_a_second_of_steps(tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=60)
     steps = rundir.RunDir(run).steps(0)
-    last = max(s["start_unix"] + s["duration_s"] for s in steps)
+    last = max(s.start_unix + s.duration_s for s in steps)
     assert killed - last < 1.6, (killed - last, len(steps))
-    assert [s["step"] for s in steps] == list(range(len(steps)))  # whole, in order, the cut-off line left out
-    assert list((run / "rank-00000" / "steps").glob("*.jsonl.open"))  # the segment it was appending to
+    assert [s.step for s in steps] == list(range(len(steps)))  # whole, in order, the cut-off line left out
+    # The records came through the segment it was appending to; only where the kill fell just
+    # after a seal (every 10 s) and before the next second's append opened the next one, the
+    # last segment is a sealed one, sealed within that second (a busy machine made it happen).
+    segs = run / "rank-00000" / "steps"
+    if not list(segs.glob("*.jsonl.open")):
+        newest = max(p.stat().st_mtime for p in segs.glob("*.jsonl"))
+        assert killed - newest < 1.6, killed - newest
 
 
 def test_a_segment_a_killed_writer_left_open_is_sealed_without_its_cut_off_line(tmp_path):

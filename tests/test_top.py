@@ -20,6 +20,7 @@ from diag.analyzers.diagnosis.live import judge_live
 from diag.analyzers.job.live import EndpointHistory, RankLive, rank_from_live_doc, rank_from_metrics
 from diag.exporter.registry import render_text as render_exposition
 from diag.exporter.runtime import Handle
+from diag.step_record import StepRecord
 from diag.top.app import apply_key
 from diag.top.screen import ViewState, one_line, render_text, screen
 from diag.top.sources import RunDirSource, _series
@@ -201,10 +202,10 @@ def test_an_endpoint_gives_per_step_figures_from_the_change_between_two_scrapes(
     h = Handle({"run": "r", "rank": "3", "local_rank": 1, "host": "gpu-2", "gpu": "0"})
 
     def step(i, dur, data):
-        h.observe_step({"step": i, "start_unix": NOW + i, "duration_s": dur, "data_wait_s": data, "samples": 64,
-                        "device_s": dur * 0.9, "bound": "data" if data > 0.05 else "compute",
-                        "shares": {"data": data / dur, "host": 0.0, "comm": 0.0, "memory": 0.0,
-                                   "compute": 1 - data / dur}})
+        h.observe_step(StepRecord(step=i, start_unix=NOW + i, duration_s=dur, data_wait_s=data, samples=64,
+                                  device_s=dur * 0.9, shares={"data": data / dur, "host": 0.0, "comm": 0.0,
+                                                              "memory": 0.0, "compute": 1 - data / dur}),
+                       "data" if data > 0.05 else "compute")
 
     for i in range(10):
         step(i, 0.2, 0.01)
@@ -475,7 +476,7 @@ def test_a_scrape_of_long_whitespace_lines_is_read_in_bounded_time():
     from diag.top.sources import MAX_METRICS_BYTES, parse_scrape
 
     h = Handle({"run": "r", "rank": "2", "local_rank": 0, "host": "h", "gpu": ""})
-    h.observe_step({"step": 0, "start_unix": NOW, "duration_s": 0.1, "data_wait_s": 0.0})
+    h.observe_step(StepRecord(step=0, start_unix=NOW, duration_s=0.1, data_wait_s=0.0))
     good = render_exposition([h.state]).decode()
     hostile = ("# HELP" + "\t" * 500_000 + "x\n") + good
     started = time.perf_counter()

@@ -25,6 +25,7 @@ from diag.live_verdict import LiveVerdicts
 from diag.report import SUMMARY_JSON, diagnosis_in
 from diag.rundir import NCCL_BENCH, RunDir, is_run_dir
 from diag.segments import read_segment
+from diag.step_record import from_json_record
 
 HELP = "serve a run directory's metrics to Prometheus"
 
@@ -102,8 +103,13 @@ class RunDirExport:
                 h.observe_sample(rec)
                 live.latest_sample = rec
         for seg in self._new_files(rank, "steps", "steps-*.jsonl"):
-            for rec in read_segment(seg, self.run.problems):
-                verdict = live.judge(rec) if isinstance(rec, dict) and "bound" not in rec else {}
+            for raw in read_segment(seg, self.run.problems):
+                rec = from_json_record(raw, self.run.problems, f"rank {rank}: ")
+                if rec is None:
+                    continue
+                # A diag.run/2 record carried its live verdict; a later one is judged here.
+                recorded = raw.get("bound")
+                rec, verdict = (rec, {"bound": recorded}) if isinstance(recorded, str) else live.judge(rec)
                 h.observe_step(rec, verdict.get("bound"))
         for seg in self._new_files(rank, "events", "events-*.jsonl"):
             for rec in read_segment(seg, self.run.problems):

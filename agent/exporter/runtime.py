@@ -34,6 +34,7 @@ from diag.analyzers.numbers import finite as _num
 from diag.exporter.metrics_table import BOUNDS, CLASSES, CLOCK_EVENT_REASONS, STRAGGLER_KINDS
 from diag.exporter.registry import MetricState, make_registry, render_text
 from diag.exporter.server import MetricsServer
+from diag.step_record import StepRecord
 
 DEFAULT_PORT_BASE = 9870
 DEFAULT_BIND = "0.0.0.0"
@@ -67,10 +68,9 @@ class Handle:
         return f"http://{host}:{self.port}/metrics"
 
     # ---------------------------------------------------------------- observers
-    def observe_step(self, record: dict, bound: str | None = None) -> None:
-        """A step record, with its live verdict (the record holds facts only; a diag.run/2
-        record carried its own)."""
-        self._guard("step", self._step, {**record, "bound": bound} if bound is not None else record)
+    def observe_step(self, record: StepRecord, bound: str | None = None) -> None:
+        """A step record, with its live verdict (the record holds facts only)."""
+        self._guard("step", lambda rec: self._step(rec, bound), record, StepRecord)
 
     def observe_sample(self, sample: dict) -> None:
         self._guard("sample", self._sample, sample)
@@ -94,10 +94,10 @@ class Handle:
         with self.state.lock:
             self.state.set("diag_profiler_window_active", 1.0 if window_steps else 0.0)
 
-    def _guard(self, kind: str, fn, obj) -> None:
+    def _guard(self, kind: str, fn, obj, expected: type = dict) -> None:
         try:
-            if not isinstance(obj, dict):
-                raise TypeError(f"{kind} record is not a dict")
+            if not isinstance(obj, expected):
+                raise TypeError(f"{kind} record is not a {expected.__name__}")
             fn(obj)
             ok = True
         except Exception:
@@ -111,34 +111,27 @@ class Handle:
             pass
 
     # ---------------------------------------------------------------- record -> metrics
-    def _step(self, rec: dict) -> None:
-        duration = _num(rec.get("duration_s"))
-        if duration is None or duration < 0:
+    def _step(self, rec: StepRecord, bound: str | None) -> None:
+        duration = rec.duration_s
+        if duration is None:
             raise ValueError("step record without a duration")
-        wait = _num(rec.get("data_wait_s"))
-        wait = min(max(wait, 0.0), duration) if wait is not None else None
-        shares = rec.get("shares")
-        read = [_num(shares.get(b)) for b in BOUNDS] if isinstance(shares, dict) else []
-        fractions = [f for f in read if f is not None]
-        if isinstance(shares, dict) and len(fractions) == len(BOUNDS):
+        wait = min(rec.data_wait_s, duration) if rec.data_wait_s is not None else None
+        shares = rec.shares
+        fractions = [f for f in (shares.get(b) for b in BOUNDS) if f is not None] if shares is not None else []
+        if shares is not None and len(fractions) == len(BOUNDS):
             phases = [(b, duration * f if f > 0 else 0.0) for b, f in zip(BOUNDS, fractions)]
-            wait_f = _num(shares.get("wait"))
+            wait_f = shares.get("wait")
             if wait_f is not None and wait_f > 0:
                 phases.append(("wait", duration * wait_f))
         else:
             phases = [("data", wait or 0.0), ("unattributed", duration - (wait or 0.0))]
-        bound = rec.get("bound")
-        start = _num(rec.get("start_unix"))
-        end = start + duration if start is not None else time.time()
-        samples, tokens = _num(rec.get("samples")), _num(rec.get("tokens"))
-        peak = _num(rec.get("peak_mem_bytes"))
-        mfu = _num(rec.get("mfu"))
-        device = _num(rec.get("device_s"))
+        end = rec.start_unix + duration if rec.start_unix is not None else time.time()
+        samples, tokens, peak, mfu, device = rec.samples, rec.tokens, rec.peak_mem_bytes, rec.mfu, rec.device_s
         s = self.state
         with s.lock:
             s.inc("diag_steps_total", 1.0)
             s.observe("diag_step_duration_seconds", duration)
-            if device is not None and device >= 0:
+            if device is not None:
                 s.observe("diag_step_device_seconds", device)
             for phase, seconds in phases:
                 s.inc("diag_step_phase_seconds_total", seconds, (phase,))

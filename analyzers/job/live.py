@@ -25,6 +25,11 @@ RECENT_STEPS = 8  # the figures shown are the median of this many last steps
 BAND_HISTORY = 32  # step times kept for the noise band
 
 
+def _paced(step: dict):
+    """A live.json step's length as the job paced it (model.step_seconds)."""
+    return step_seconds(step.get("device_s"), step.get("duration_s"))
+
+
 @dataclass(frozen=True)
 class RankLive:
     """One rank, now. Times in milliseconds per step, rates per second."""
@@ -75,7 +80,7 @@ def rank_from_live_doc(doc: dict, rank: int, path: str | None = None) -> RankLiv
     """The figures of one `diag.live/1` document (as read; any field may be missing or damaged)."""
     steps = [s for s in doc.get("steps") or [] if isinstance(s, dict) and _num(s.get("duration_s")) is not None]
     recent = steps[-RECENT_STEPS:]
-    durations = [_ms(step_seconds(s)) for s in steps]
+    durations = [_ms(_paced(s)) for s in steps]
     last = steps[-1] if steps else None
     last_end = None
     if last is not None and _num(last.get("start_unix")) is not None:
@@ -86,7 +91,7 @@ def rank_from_live_doc(doc: dict, rank: int, path: str | None = None) -> RankLiv
         win = (window["first_step"], window["last_step"])
     sample = dict_at(doc, "sample")
     gpu = dict_at(sample, "gpu")
-    span_s = sum(float(_num(step_seconds(s)) or 0.0) for s in recent)
+    span_s = sum(float(_num(_paced(s)) or 0.0) for s in recent)
     steps_done = doc.get("steps_done")
     return RankLive(
         rank=rank, source="run_dir", host=_text(doc.get("host")),
@@ -94,7 +99,7 @@ def rank_from_live_doc(doc: dict, rank: int, path: str | None = None) -> RankLiv
         updated_unix=_num(doc.get("updated_unix")),
         steps_done=steps_done if isinstance(steps_done, int) and not isinstance(steps_done, bool) else None,
         last_step_unix=last_end,
-        step_ms=_median(_ms(step_seconds(s)) for s in recent),
+        step_ms=_median(_ms(_paced(s)) for s in recent),
         recent_step_ms=tuple(d for d in durations if d is not None)[-BAND_HISTORY:],
         recent_steps=tuple(_analysed_step(s) for s in steps if type(s.get("step")) is int),
         device_ms=_median(_ms(s.get("device_s")) for s in recent),
@@ -116,7 +121,7 @@ def rank_from_live_doc(doc: dict, rank: int, path: str | None = None) -> RankLiv
 
 def _analysed_step(s: dict) -> dict:
     shares = s.get("shares")
-    return {"step": s["step"], "duration_ms": _ms(step_seconds(s)), "data_wait_ms": _ms(s.get("data_wait_s")),
+    return {"step": s["step"], "duration_ms": _ms(_paced(s)), "data_wait_ms": _ms(s.get("data_wait_s")),
             "evidence": s.get("evidence") if isinstance(s.get("evidence"), str) else None,
             "shares": {k: v for k, v in shares.items() if _num(v) is not None} if isinstance(shares, dict) else None,
             "start_unix": _num(s.get("start_unix"))}
@@ -125,7 +130,7 @@ def _analysed_step(s: dict) -> dict:
 def _wait_ms(step: dict) -> float | None:
     sh = step.get("shares")
     w = _num(sh.get("wait")) if isinstance(sh, dict) else None
-    return w * float(step_seconds(step)) * 1000.0 if w is not None else None
+    return w * float(_paced(step)) * 1000.0 if w is not None else None
 
 
 def _rate(steps: list[dict], key: str, span_s: float) -> float | None:

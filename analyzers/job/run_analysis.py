@@ -31,16 +31,18 @@ from diag.analyzers.job.sampled import (
     NO_SAMPLE,
     SampledSteps,
     nearest_samples,
+    record_seconds,
     sample_utilization,
     sampled_steps,
     window_composition,
 )
-from diag.analyzers.model import CLASSES, FactSettings, share_ratios, step_seconds
+from diag.analyzers.model import CLASSES, FactSettings, share_ratios
 from diag.analyzers.numbers import dict_at, finite
 from diag.analyzers.numbers import median as _median
 from diag.analyzers.trace import host_device
 from diag.analyzers.trace.analysis import trace_facts
 from diag.analyzers.whatif import rank as what_if
+from diag.step_record import StepRecord
 
 SCHEMA = "diag.analysis/1"
 FINAL_STATUSES = rundir.FINAL_STATUSES
@@ -155,7 +157,7 @@ def analyze_rank(rd: rundir.RunDir, rank: int, settings: FactSettings, errors: l
     windows or by the sampled measurements and the rank's measurements over its counted
     steps; what the diagnosis judges it by besides)."""
     info = rd.rank_info(rank) or {}
-    records = sorted((r for r in rd.steps(rank) if isinstance(r.get("step"), int)), key=lambda r: r["step"])
+    records = sorted(rd.steps(rank), key=lambda r: r.step)
     if windows is None:
         windows = rank_windows(rd, rank, settings, errors if errors is not None else [])
     analysed = [w for w in windows if isinstance(w.get("analysis"), dict)]
@@ -217,7 +219,7 @@ def analyze_rank(rd: rundir.RunDir, rank: int, settings: FactSettings, errors: l
         "loader": info.get("loader") if isinstance(info.get("loader"), dict) else None,
         "critical_path": critical_path,
         "what_if": what_if_entries,
-        "rates": measured_rates([trace_steps[n] for n in sorted(trace_steps)], {r["step"]: r for r in records},
+        "rates": measured_rates([trace_steps[n] for n in sorted(trace_steps)], {r.step: r for r in records},
                                 [s["duration_ms"] for s in counted if s["evidence"] == "sampled"]),
     }
     # Built from merged parts mypy cannot follow; tests/test_analysis_types checks its keys.
@@ -254,51 +256,49 @@ def _window_steps(analysed: list[dict]) -> tuple[dict[int, dict], list[tuple[int
     return trace_steps, comps
 
 
-def _rank_steps(records: list[dict], trace_steps: dict, comps: list, samples: list[dict]
+def _rank_steps(records: list[StepRecord], trace_steps: dict, comps: list, samples: list[dict]
                 ) -> tuple[list[dict], SampledSteps]:
     """(every step of the rank, in step order: a profiled step as its window measured it, any
     other with the shares of its sampled measurements; the sampled steps' measurements)."""
     comp_starts = [c[0] for c in comps]
-    sampled_recs = [r for r in records if r["step"] not in trace_steps]
+    sampled_recs = [r for r in records if r.step not in trace_steps]
     # A sample's utilisation is the device's over the second or so before it: one taken before
     # the first step began describes the idle start, not a step (a short run may have no other).
-    starts = [t for r in records if _finite(t := r.get("start_unix"))]
+    starts = [r.start_unix for r in records if r.start_unix is not None]
     if starts:
         samples = [s for s in samples if s["t"] > min(starts)]
-    mids = np.array([float(r.get("start_unix") or 0.0) + float(r.get("duration_s") or 0.0) / 2
-                     for r in sampled_recs])
+    mids = np.array([(r.start_unix or 0.0) + (r.duration_s or 0.0) / 2 for r in sampled_recs])
     nearest = nearest_samples(np.array([s["t"] for s in samples], dtype=float), mids).tolist()
     sample_util = sample_utilization(samples)
     util = np.array([sample_util[k] if k != NO_SAMPLE else np.nan for k in nearest])
     comp_of = []
     for r in sampled_recs:
-        i = bisect.bisect_right(comp_starts, r["step"]) - 1
+        i = bisect.bisect_right(comp_starts, r.step) - 1
         comp_of.append(comps[i][1] if i >= 0 else (comps[0][1] if comps else None))
     sampled = sampled_steps(sampled_recs, [samples[k] if k != NO_SAMPLE else None for k in nearest], comp_of, util)
 
     steps_out: list[dict] = []
     j = -1  # index among the sampled records
     for rec in records:
-        n = rec["step"]
+        n = rec.step
         if n in trace_steps:
             entry = _profiled_step(trace_steps[n])
         else:
             j += 1
-            length = step_seconds(rec)
+            length = record_seconds(rec)
             entry = {"step": n, "duration_ms": 1000.0 * float(length or 0.0),
                      "shares": sampled.shares[j], "evidence": "sampled"}
-            # The host's own time, where the device clock paced the step (step_seconds took device_s).
-            if _finite(host := rec.get("duration_s")) and length is not host:
-                entry["host_ms"] = 1000.0 * host
-        dw = rec.get("data_wait_s")
-        entry["data_wait_ms"] = 1000.0 * dw if _finite(dw) else None
-        for key, seconds in (("device_ms", rec.get("device_s")), ("data_idle_ms", rec.get("data_idle_s")),
-                             ("collate_ms", rec.get("collate_s")), ("cpu_ms", rec.get("cpu_s")),
-                             ("data_cpu_ms", rec.get("data_wait_cpu_s"))):
-            if _finite(seconds):
+            # The host's own time, where the device clock paced the step (record_seconds took device_s).
+            if rec.duration_s is not None and length is not rec.duration_s:
+                entry["host_ms"] = 1000.0 * rec.duration_s
+        entry["data_wait_ms"] = 1000.0 * rec.data_wait_s if rec.data_wait_s is not None else None
+        for key, seconds in (("device_ms", rec.device_s), ("data_idle_ms", rec.data_idle_s),
+                             ("collate_ms", rec.collate_s), ("cpu_ms", rec.cpu_s),
+                             ("data_cpu_ms", rec.data_wait_cpu_s)):
+            if seconds is not None:
                 entry[key] = 1000.0 * seconds
         for k in _STEP_EXTRAS:
-            v = rec.get(k)
+            v = getattr(rec, k)
             if v is not None:
                 entry[k] = v
         steps_out.append(entry)
@@ -391,7 +391,7 @@ def _step_time_and_throughput(counted: list[dict]) -> dict:
     }
 
 
-def measured_rates(trace_steps: list[dict], records: dict, unprofiled_ms: list) -> dict | None:
+def measured_rates(trace_steps: list[dict], records: dict[int, StepRecord], unprofiled_ms: list) -> dict | None:
     """FLOPs the profiled steps executed, and the rate of the device work that ran them.
 
     The rate divides the steps' FLOPs by their compute and memory-bound time (the device
@@ -410,9 +410,10 @@ def measured_rates(trace_steps: list[dict], records: dict, unprofiled_ms: list) 
         n += 1
         flops += f
         work_s += (float(sh.get("compute") or 0.0) + float(sh.get("memory") or 0.0)) * d / 1000.0
-        rec = records.get(s.get("step")) or {}
-        samples += float(rec.get("samples") or 0.0)
-        tokens += float(rec.get("tokens") or 0.0)
+        rec = records.get(s["step"])
+        if rec is not None:
+            samples += float(rec.samples or 0.0)
+            tokens += float(rec.tokens or 0.0)
     if not n:
         return None
     traced = _median(s.get("duration_ms") for s in trace_steps)

@@ -19,12 +19,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeGuard
+from typing import Any
 
 import numpy as np
 
 from diag.analyzers.model import CLASSES, share_ratios, step_seconds
 from diag.analyzers.numbers import finite as _finite_or_none
+from diag.step_record import StepRecord
 
 # The classes of a step's non-data time, and of its busy time (a collective waiting for a
 # peer occupies the device or gloo's thread as its transfer does).
@@ -116,20 +117,25 @@ def sampled_shares(
     return shares, m
 
 
-def device_busy_floor(record: Mapping[str, Any]) -> float | None:
+def device_busy_floor(record: StepRecord) -> float | None:
     """The least share of a step the device was busy, from its boundary events (None: not
     measured). Where the host's part of the step ended before the device's, the device ran
     queued work for the difference at least: a loop that never syncs keeps it busy all along.
 
     A utilisation sample describes the second or so before it was taken, which in a short run
     can be the idle start; this floor is the step's own."""
-    host, device = record.get("duration_s"), record.get("device_s")
-    if not (_plain_number(host) and _plain_number(device)) or device <= 0:
+    host, device = record.duration_s, record.device_s
+    if host is None or device is None or device <= 0:
         return None
     return min(max(1.0 - host / device, 0.0), 1.0)
 
 
-def step_measurements(record: dict, sample: dict | None, composition: dict | None) -> tuple[dict | None, dict]:
+def record_seconds(record: StepRecord) -> float | None:
+    """A step record's length as the job paced it (model.step_seconds)."""
+    return step_seconds(record.device_s, record.duration_s)
+
+
+def step_measurements(record: StepRecord, sample: dict | None, composition: dict | None) -> tuple[dict | None, dict]:
     """(the shares or None, the tree measurements) of one step record from always-on
     measurements (evidence "sampled"); no measurement at all gives ({}, None)."""
     util = None
@@ -141,17 +147,11 @@ def step_measurements(record: dict, sample: dict | None, composition: dict | Non
     floor = device_busy_floor(record)
     if util is not None and floor is not None:
         util = max(util, floor)
-    idle = record.get("data_idle_s")
-    shares, m = sampled_shares(step_seconds(record), record.get("data_wait_s"), util, composition,
-                               idle if _plain_number(idle) else None)
+    shares, m = sampled_shares(record_seconds(record), record.data_wait_s, util, composition, record.data_idle_s)
     return (shares, m) if m else (None, m)
 
 
 NO_SAMPLE = -1
-
-
-def _plain_number(x) -> TypeGuard[float]:
-    return type(x) in (int, float) and math.isfinite(x)
 
 
 def sample_utilization(samples: list[dict]) -> np.ndarray:
@@ -196,13 +196,11 @@ class SampledSteps:
     alone: dict[int, dict]
 
 
-def sampled_steps(recs: list[dict], samples_of: list, comp_of: list, util: np.ndarray) -> SampledSteps:
+def sampled_steps(recs: list[StepRecord], samples_of: list, comp_of: list, util: np.ndarray) -> SampledSteps:
     """The sampled steps' measurements: records, each one's nearest sample (or None) and
     window composition (or None), and the samples' utilisation per record (NaN: none)."""
     inputs = list(zip(recs, samples_of, comp_of))
-    ok = [i for i, r in enumerate(recs)
-          if _plain_number(length := step_seconds(r)) and length > 0
-          and (r.get("data_wait_s") is None or _plain_number(r["data_wait_s"]))]
+    ok = [i for i, r in enumerate(recs) if (length := record_seconds(r)) is not None and length > 0]
     floors = np.array([np.nan if (f := device_busy_floor(r)) is None else f for r in recs], dtype=float)
     util = np.where(np.isnan(util) | np.isnan(floors), util, np.fmax(util, floors))
     cols, empty, rows = _columns(recs, ok, comp_of, util) if ok else ({}, [], {})
@@ -211,15 +209,15 @@ def sampled_steps(recs: list[dict], samples_of: list, comp_of: list, util: np.nd
     return SampledSteps(len(recs), ok, cols, empty, shares, {i: m for i, (_, m) in alone.items()})
 
 
-def _columns(recs: list[dict], ok: list[int], comp_of: list, util: np.ndarray) -> tuple[dict, list, dict]:
+def _columns(recs: list[StepRecord], ok: list[int], comp_of: list, util: np.ndarray) -> tuple[dict, list, dict]:
     """(the tree's measured columns of the covered records, which have none at all, the
     shares of each covered record by its index)."""
     idx = np.array(ok, dtype=np.int64)
-    dur = np.array([float(step_seconds(recs[i])) for i in ok])
-    dw_raw = [recs[i].get("data_wait_s") for i in ok]
+    dur = np.array([float(record_seconds(recs[i]) or 0.0) for i in ok])
+    dw_raw = [recs[i].data_wait_s for i in ok]
     has_dw = np.array([w is not None for w in dw_raw])
     dw = np.array([float(w or 0.0) for w in dw_raw])
-    idle = np.array([float(v) if _plain_number(v := recs[i].get("data_idle_s")) else np.nan for i in ok])
+    idle = np.array([np.nan if (v := recs[i].data_idle_s) is None else v for i in ok], dtype=float)
     has_idle = ~np.isnan(idle)
     u = util[idx]
     has_u = ~np.isnan(u)
