@@ -52,7 +52,7 @@ class LiveFeed:
         doc = to_json_record(rec)
         if self.writer is not None:
             self.writer.write_record("steps", doc)
-        self.state.add_step({**doc, **verdict})
+        self.state.add_step(rec, verdict.get("bound"))
         exporter = self._collectors.exporter
         if exporter is not None:
             exporter.observe_step(rec, verdict.get("bound"))

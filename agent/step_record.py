@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
@@ -56,6 +56,12 @@ class StepRecord(msgspec.Struct, kw_only=True, frozen=True):
     mfu: Annotated[float, msgspec.Meta(ge=0.0, le=1e6)] | None = None
 
 
+class LiveStep(StepRecord, kw_only=True, frozen=True):
+    """A step as live.json holds it for `diag top`: its record, and its live verdict."""
+
+    bound: Annotated[str, msgspec.Meta(max_length=32)] | None = None
+
+
 STEP_FIELDS = {
     "step": "step number, the same on every rank",
     "start_unix": "wall-clock start of the step, seconds since the epoch",
@@ -88,38 +94,50 @@ def plausible_count(value, field: str) -> bool:
     return bool(math.isfinite(value) and 0 <= float(value) <= MAX_STEP_COUNTS[field])
 
 
-def _holds(field: str, value) -> bool:
+def _holds(field: str, value, kind: type[StepRecord] = StepRecord) -> bool:
     """Whether a record can hold `value` as its `field` (the Struct's own types and ranges)."""
     try:
-        msgspec.convert({"step": 0, field: value}, StepRecord)
+        msgspec.convert({"step": 0, field: value}, kind)
     except msgspec.ValidationError:
         return False
     return True
 
 
 def from_json_record(raw, problems: list | None = None, where: str = "") -> StepRecord | None:
-    """The record a decoded JSON line holds: None when it is no step (not an object, or its step
-    number is no count of steps); a field it cannot hold is left out (its default), and an
+    """The record a decoded JSON object holds: None when it is no step (not an object, or its
+    step number is no count of steps); a field it cannot hold is left out (its default), and an
     implausible sample or token count is noted in `problems` as a mistake of the job's."""
+    return _typed(raw, StepRecord, problems, where)
+
+
+def live_step(raw) -> LiveStep | None:
+    """A step of a live.json document, read as a record is (from_json_record)."""
+    return _typed(raw, LiveStep, None, "")
+
+
+R = TypeVar("R", bound=StepRecord)
+
+
+def _typed(raw, kind: type[R], problems: list | None, where: str) -> R | None:
     if type(raw) is not dict:
         return None
     try:
-        return msgspec.convert(raw, StepRecord)
+        return msgspec.convert(raw, kind)
     except msgspec.ValidationError:
         pass  # damaged somewhere: field by field below
     n = raw.get("step")
-    if not (type(n) is int and _holds("step", n)):
+    if not (type(n) is int and _holds("step", n, kind)):
         _note(problems, f"{where}a step record numbered {str(n)[:40]!r}, left out")
         return None
     kept = {"step": n}
-    for name in StepRecord.__struct_fields__[1:]:
+    for name in kind.__struct_fields__[1:]:
         if name not in raw:
             continue
-        if _holds(name, raw[name]):
+        if _holds(name, raw[name], kind):
             kept[name] = raw[name]
         elif name in MAX_STEP_COUNTS:
             _note(problems, f"{where}step {n} counts {str(raw[name])[:40]} {name}, no count one step holds; left out")
-    return msgspec.convert(kept, StepRecord)
+    return msgspec.convert(kept, kind)
 
 
 def _note(problems: list | None, text: str) -> None:
@@ -127,6 +145,6 @@ def _note(problems: list | None, text: str) -> None:
         problems.append(text)
 
 
-def to_json_record(rec: StepRecord) -> dict:
+def to_json_record(rec: StepRecord) -> dict[str, Any]:
     """The record as the JSON object a `steps` line holds."""
     return msgspec.structs.asdict(rec)

@@ -12,12 +12,15 @@ from __future__ import annotations
 import time
 from collections import deque
 
+from diag.step_record import StepRecord
+
 LIVE_SCHEMA = "diag.live/1"
 LIVE_STEPS = 32  # enough for a median and its noise band, small enough to write every second
 
-# What `diag top` reads of a step record and of a sample; the rest stays in the streams.
+# What `diag top` reads of a step record (with its live verdict) and of a sample; the rest
+# stays in the streams.
 STEP_KEYS = ("step", "start_unix", "duration_s", "device_s", "data_wait_s", "samples", "tokens", "mfu",
-             "bound", "shares", "evidence")
+             "shares", "evidence")
 GPU_KEYS = ("utilization_ratio", "memory_used_bytes", "memory_total_bytes", "power_watts", "temperature_celsius",
             "sm_clock_hz", "clock_events", "xid_errors_total")
 HOST_KEYS = ("cpu_ratio", "process_cpu_ratio", "memory_used_bytes", "memory_total_bytes")
@@ -31,8 +34,9 @@ class LiveState:
         self._steps: deque[dict] = deque(maxlen=keep_steps)
         self._sample: dict | None = None
 
-    def add_step(self, record: dict) -> None:
-        self._steps.append({k: record.get(k) for k in STEP_KEYS})
+    def add_step(self, record: StepRecord, bound: str | None) -> None:
+        """A step's record and its live verdict, as live.json holds them (step_record.LiveStep)."""
+        self._steps.append({**{k: getattr(record, k) for k in STEP_KEYS}, "bound": bound})
 
     def add_sample(self, sample: dict) -> None:
         gpu, host = sample.get("gpu"), sample.get("host")

@@ -54,7 +54,7 @@ def live_seeds() -> list[Seed]:
     from diag.collectors.live_state import LiveState
     from diag.exporter.registry import render_text
     from diag.exporter.runtime import Handle
-    from diag.step_record import StepRecord, to_json_record
+    from diag.step_record import StepRecord
 
     state, handle = LiveState(), Handle({"run": "r", "rank": "1", "local_rank": 1, "host": "node-1", "gpu": "0"})
     sample = {"t": 1.8e9, "gpu": {"utilization_ratio": 0.9, "memory_used_bytes": 3 << 30, "memory_total_bytes": 8 << 30,
@@ -62,7 +62,7 @@ def live_seeds() -> list[Seed]:
     for i in range(40):
         rec = StepRecord(step=i, start_unix=1.8e9 + i * 0.1, duration_s=0.1, device_s=0.09, data_wait_s=0.01,
                          samples=32, shares={"data": 0.1, "host": 0.1, "comm": 0.1, "memory": 0.1, "compute": 0.6})
-        state.add_step({**to_json_record(rec), "bound": "compute"})
+        state.add_step(rec, "compute")
         handle.observe_step(rec, "compute")
     state.add_sample(sample)
     handle.observe_sample(sample)

@@ -72,3 +72,13 @@ def test_the_run_directory_reads_every_line_typed(tmp_path):
     # Each is what msgspec itself accepts as a StepRecord: the types and ranges hold.
     for s in steps:
         assert msgspec.convert(to_json_record(s), StepRecord) == s
+
+
+def test_a_live_step_is_a_record_with_its_live_verdict():
+    """live.json's steps (for diag top) read as records do, with the bound the agent judged."""
+    from diag.step_record import LiveStep, live_step
+
+    step = live_step({**GOOD, "bound": "compute", "path": [{"node": "data"}]})
+    assert isinstance(step, LiveStep) and step.bound == "compute" and step.duration_s == GOOD["duration_s"]
+    assert live_step({**GOOD, "bound": "x" * 33, "duration_s": "slow"}).bound is None
+    assert live_step({"step": "one"}) is None

@@ -20,14 +20,15 @@ from diag.analyzers.model import BOUNDS, step_seconds
 from diag.analyzers.numbers import dict_at
 from diag.analyzers.numbers import finite as _num
 from diag.analyzers.numbers import median as _median
+from diag.step_record import LiveStep, live_step
 
 RECENT_STEPS = 8  # the figures shown are the median of this many last steps
 BAND_HISTORY = 32  # step times kept for the noise band
 
 
-def _paced(step: dict):
-    """A live.json step's length as the job paced it (model.step_seconds)."""
-    return step_seconds(step.get("device_s"), step.get("duration_s"))
+def _paced(step: LiveStep) -> float:
+    """A live step's length as the job paced it (model.step_seconds), in seconds."""
+    return float(step_seconds(step.device_s, step.duration_s) or 0.0)
 
 
 @dataclass(frozen=True)
@@ -78,20 +79,20 @@ def _text(v, limit: int = 200) -> str | None:
 
 def rank_from_live_doc(doc: dict, rank: int, path: str | None = None) -> RankLive:
     """The figures of one `diag.live/1` document (as read; any field may be missing or damaged)."""
-    steps = [s for s in doc.get("steps") or [] if isinstance(s, dict) and _num(s.get("duration_s")) is not None]
+    read = (live_step(s) for s in doc.get("steps") or [])
+    steps = [s for s in read if s is not None and s.duration_s is not None]
     recent = steps[-RECENT_STEPS:]
-    durations = [_ms(_paced(s)) for s in steps]
+    durations = [_paced(s) * 1000.0 for s in steps]
     last = steps[-1] if steps else None
-    last_end = None
-    if last is not None and _num(last.get("start_unix")) is not None:
-        last_end = float(last["start_unix"]) + float(last["duration_s"])
+    last_end = last.start_unix + (last.duration_s or 0.0) if last is not None and last.start_unix is not None \
+        else None
     window = doc.get("window") if isinstance(doc.get("window"), dict) else None
     win = None
     if window and isinstance(window.get("first_step"), int) and isinstance(window.get("last_step"), int):
         win = (window["first_step"], window["last_step"])
     sample = dict_at(doc, "sample")
     gpu = dict_at(sample, "gpu")
-    span_s = sum(float(_num(_paced(s)) or 0.0) for s in recent)
+    span_s = sum(_paced(s) for s in recent)
     steps_done = doc.get("steps_done")
     return RankLive(
         rank=rank, source="run_dir", host=_text(doc.get("host")),
@@ -99,16 +100,16 @@ def rank_from_live_doc(doc: dict, rank: int, path: str | None = None) -> RankLiv
         updated_unix=_num(doc.get("updated_unix")),
         steps_done=steps_done if isinstance(steps_done, int) and not isinstance(steps_done, bool) else None,
         last_step_unix=last_end,
-        step_ms=_median(_ms(_paced(s)) for s in recent),
-        recent_step_ms=tuple(d for d in durations if d is not None)[-BAND_HISTORY:],
-        recent_steps=tuple(_analysed_step(s) for s in steps if type(s.get("step")) is int),
-        device_ms=_median(_ms(s.get("device_s")) for s in recent),
-        data_wait_ms=_median(_ms(s.get("data_wait_s")) for s in recent),
+        step_ms=_median(_paced(s) * 1000.0 for s in recent),
+        recent_step_ms=tuple(durations[-BAND_HISTORY:]),
+        recent_steps=tuple(_analysed_step(s) for s in steps),
+        device_ms=_median(_ms(s.device_s) for s in recent),
+        data_wait_ms=_median(_ms(s.data_wait_s) for s in recent),
         wait_ms=_median(_wait_ms(s) for s in recent),
-        bound=_most_common(s.get("bound") for s in recent),
+        bound=_most_common(s.bound for s in recent),
         samples_per_s=_rate(recent, "samples", span_s),
         tokens_per_s=_rate(recent, "tokens", span_s),
-        mfu=_median(_num(s.get("mfu")) for s in recent),
+        mfu=_median(s.mfu for s in recent),
         gpu_util=_num(gpu.get("utilization_ratio")),
         gpu_mem_used=_num(gpu.get("memory_used_bytes")),
         gpu_mem_total=_num(gpu.get("memory_total_bytes")),
@@ -119,23 +120,20 @@ def rank_from_live_doc(doc: dict, rank: int, path: str | None = None) -> RankLiv
     )
 
 
-def _analysed_step(s: dict) -> dict:
-    shares = s.get("shares")
-    return {"step": s["step"], "duration_ms": _ms(_paced(s)), "data_wait_ms": _ms(s.get("data_wait_s")),
-            "evidence": s.get("evidence") if isinstance(s.get("evidence"), str) else None,
-            "shares": {k: v for k, v in shares.items() if _num(v) is not None} if isinstance(shares, dict) else None,
-            "start_unix": _num(s.get("start_unix"))}
+def _analysed_step(s: LiveStep) -> dict:
+    return {"step": s.step, "duration_ms": _paced(s) * 1000.0, "data_wait_ms": _ms(s.data_wait_s),
+            "evidence": s.evidence,
+            "shares": {k: v for k, v in s.shares.items() if v is not None} if s.shares is not None else None,
+            "start_unix": s.start_unix}
 
 
-def _wait_ms(step: dict) -> float | None:
-    sh = step.get("shares")
-    w = _num(sh.get("wait")) if isinstance(sh, dict) else None
-    return w * float(_paced(step)) * 1000.0 if w is not None else None
+def _wait_ms(step: LiveStep) -> float | None:
+    w = step.shares.get("wait") if step.shares is not None else None
+    return w * _paced(step) * 1000.0 if w is not None else None
 
 
-def _rate(steps: list[dict], key: str, span_s: float) -> float | None:
-    vals = [_num(s.get(key)) for s in steps]
-    vals = [v for v in vals if v is not None]
+def _rate(steps: list[LiveStep], key: str, span_s: float) -> float | None:
+    vals = [v for v in (getattr(s, key) for s in steps) if v is not None]
     return sum(vals) / span_s if vals and span_s > 0 else None
 
 
