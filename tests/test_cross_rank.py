@@ -35,13 +35,17 @@ def _load_generator():
 
 gen = _load_generator()
 
-# Both ranks spend 30 ms off-CPU per step (standing in for device work, immune to the
-# CPU contention of a shared machine) before three all-reduces. In the "straggler" phase
-# rank 1 sleeps 40 ms more; the "balanced" phase is the same job with equal work.
+# Both ranks spend 100 ms off-CPU per step (standing in for device work) before three
+# all-reduces. In the "straggler" phase rank 1 sleeps 40 ms more; the "balanced" phase is the
+# same job with equal work. A sleep is immune to CPU contention but not to a busy machine's
+# wake-up delays: beside a CPU-bound job, the rank sharing its core woke a steady 1.8 ms late
+# after a 30 ms sleep, 10% of the step in waits imposed, which is a straggler; 100 ms keeps
+# such delays under the share of the step a straggler must cost.
 DELAY_S = 0.04
+WORK_S = 0.1
 CLASSES = [
-    gen.GlooPhase("balanced", numel=1 << 16, grads=3, compute=64, work_s=0.03),
-    gen.GlooPhase("straggler", numel=1 << 16, grads=3, compute=64, work_s=0.03, late_rank=1, delay_s=DELAY_S),
+    gen.GlooPhase("balanced", numel=1 << 16, grads=3, compute=64, work_s=WORK_S),
+    gen.GlooPhase("straggler", numel=1 << 16, grads=3, compute=64, work_s=WORK_S, late_rank=1, delay_s=DELAY_S),
 ]
 
 
