@@ -137,10 +137,11 @@ def _rank_steps(records: list, doc_steps: list) -> Steps:
         st = rec.get("step")
         if type(st) is not int:
             continue
-        rows[st] = [as_float(step_seconds(rec.get("device_s"), rec.get("duration_s"))), as_float(rec.get("start_unix")), as_float(rec.get("data_wait_s")),
+        # A record holds measurements only (step_record.StepRecord): its verdict is the analysis's.
+        rows[st] = [as_float(step_seconds(rec.get("device_s"), rec.get("duration_s"))),
+                    as_float(rec.get("start_unix")), as_float(rec.get("data_wait_s")),
                     as_float(rec.get("samples")), as_float(rec.get("tokens")), as_float(rec.get("peak_mem_bytes")),
-                    as_float(rec.get("mfu")), as_float(rec.get("device_s")), share_row(rec.get("shares")),
-                    _code(BOUND_CODE, rec.get("bound"), -1),
+                    as_float(rec.get("mfu")), as_float(rec.get("device_s")), share_row(rec.get("shares")), -1,
                     _code(EVIDENCE_CODE, rec.get("evidence"), 0)]
     for st in doc_steps:
         if type(st) is not dict or type(st.get("step")) is not int:
