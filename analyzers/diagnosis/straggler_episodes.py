@@ -239,9 +239,10 @@ def _chronic_kind(runs, who, cost, straggled, pace_late, source, th) -> str | No
     """Where episodes span `straggler_persistent_fraction` of the run, however profiler windows or
     quiet steps cut them into pieces, the run has one chronic straggler pattern: persistent when
     one rank is the late one in `straggler_episode_same_rank` of their straggled steps or carries
-    that share of the time they lost (_top_rank_share), else rotating. Where most of their straggled steps are late by their pace in traces (late at the
-    collectives, which steps outside the windows can not show), the span is counted in traced
-    steps. None for a run mostly free of stragglers."""
+    that share of the time they lost (_top_rank_share), else rotating. Where most of their
+    straggled steps are late by their pace in traces (late at the collectives, which steps outside
+    the windows can not show), the span is counted in traced steps. None for a run mostly free of
+    stragglers."""
     sel = np.zeros(len(straggled), dtype=bool)
     for i0, i1 in runs:
         sel[i0:i1 + 1] = True
