@@ -43,6 +43,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from diag.atomic_io import read_json
+from diag.run_documents import WindowSummary, window_summary
 from diag.segments import read_records
 from diag.step_record import StepRecord, from_json_record
 
@@ -189,10 +190,12 @@ class RunDir:
     def events(self, rank: int) -> list[dict]:
         return list(self.records(rank, "events"))
 
-    def windows(self, rank: int) -> list[dict]:
+    def windows(self, rank: int) -> list[WindowSummary]:
+        """The rank's window summaries in file-name (first step) order, their types settled."""
         d = self.rank_path(rank) / WINDOWS
-        out = [read_json(p, self.problems) for p in sorted(d.glob("window-*.json"))] if d.is_dir() else []
-        return [w for w in out if w]
+        out = [window_summary(read_json(p, self.problems)) for p in sorted(d.glob("window-*.json"))] \
+            if d.is_dir() else []
+        return [w for w in out if w is not None]
 
     def traces(self, rank: int) -> list[Path]:
         d = self.rank_path(rank) / TRACES

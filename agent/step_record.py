@@ -15,6 +15,8 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
+from diag.typed_json import holds, note, settled
+
 # No training counts this many steps; a larger step number is damage (it would not fit the
 # analysis's 64-bit columns either).
 MAX_STEP = 1 << 48
@@ -94,15 +96,6 @@ def plausible_count(value, field: str) -> bool:
     return bool(math.isfinite(value) and 0 <= float(value) <= MAX_STEP_COUNTS[field])
 
 
-def _holds(field: str, value, kind: type[StepRecord] = StepRecord) -> bool:
-    """Whether a record can hold `value` as its `field` (the Struct's own types and ranges)."""
-    try:
-        msgspec.convert({"step": 0, field: value}, kind)
-    except msgspec.ValidationError:
-        return False
-    return True
-
-
 def from_json_record(raw, problems: list | None = None, where: str = "") -> StepRecord | None:
     """The record a decoded JSON object holds: None when it is no step (not an object, or its
     step number is no count of steps); a field it cannot hold is left out (its default), and an
@@ -124,25 +117,17 @@ def _typed(raw, kind: type[R], problems: list | None, where: str) -> R | None:
     try:
         return msgspec.convert(raw, kind)
     except msgspec.ValidationError:
-        pass  # damaged somewhere: field by field below
+        pass  # damaged somewhere: its step number first, then field by field
     n = raw.get("step")
-    if not (type(n) is int and _holds("step", n, kind)):
-        _note(problems, f"{where}a step record numbered {str(n)[:40]!r}, left out")
+    if not (type(n) is int and holds(kind, "step", n, {})):
+        note(problems, f"{where}a step record numbered {str(n)[:40]!r}, left out")
         return None
-    kept = {"step": n}
-    for name in kind.__struct_fields__[1:]:
-        if name not in raw:
-            continue
-        if _holds(name, raw[name], kind):
-            kept[name] = raw[name]
-        elif name in MAX_STEP_COUNTS:
-            _note(problems, f"{where}step {n} counts {str(raw[name])[:40]} {name}, no count one step holds; left out")
-    return msgspec.convert(kept, kind)
 
+    def refused(name: str, value) -> None:
+        if name in MAX_STEP_COUNTS:
+            note(problems, f"{where}step {n} counts {str(value)[:40]} {name}, no count one step holds; left out")
 
-def _note(problems: list | None, text: str) -> None:
-    if problems is not None and len(problems) < 1000:
-        problems.append(text)
+    return settled(raw, kind, {"step": n}, refused)
 
 
 def to_json_record(rec: StepRecord) -> dict[str, Any]:

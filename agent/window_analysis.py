@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from diag import atomic_io
+from diag.run_documents import window_summary
 
 QUEUE = 8
 MAX_STARTS = 3
@@ -144,12 +145,11 @@ class WindowAnalysis:
                 self._done(first, last, out)
 
     def _done(self, first: int, last: int, out: Path) -> None:
-        doc = atomic_io.read_json(out)
-        if not doc:
+        doc = window_summary(atomic_io.read_json(out))
+        if doc is None:
             self.log(f"profiler: window {first} analysis wrote nothing")
             return
-        analysis = doc.get("analysis")
-        if not isinstance(analysis, dict):
-            self.log(f"profiler: window {first}: {doc.get('error', 'no analysis')}")
+        if doc.analysis is None:
+            self.log(f"profiler: window {first}: {doc.error or 'no analysis'}")
             return
-        self.on_done(first, last, analysis)
+        self.on_done(first, last, doc.analysis)

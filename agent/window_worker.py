@@ -6,8 +6,8 @@ Each job names a raw trace, where its summary goes, the rank and window's steps,
 decision-tree settings the agent resolved ("tree", diag.tree_settings/1) and the host's
 calibration ("host_peaks"). It compresses the raw trace (gzip, atomically; the raw file is
 removed), analyses it with the trace analyzer, and writes the small window summary of the
-run-directory format: {"first_step", "last_step", "trace", "analysis": <the rank's trace
-facts>}. It holds facts only: the agent judges them for its live views, and the run's
+run-directory format (`diag.run_documents.WindowSummary`: the window's steps, its trace's
+name, and the rank's trace facts or why there are none). It holds facts only: the agent judges them for its live views, and the run's
 analysis judges them once the ranks' waits are split. The training process keeps only that
 summary; the big trace never enters its memory.
 """
@@ -22,10 +22,12 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import cast
 
 from diag import atomic_io
 from diag.analyzers.diagnosis.decision_tree import load_tree
 from diag.analyzers.trace.analysis import trace_facts
+from diag.run_documents import WindowSummary, window_json
 
 
 def compress(raw: Path) -> Path:
@@ -46,32 +48,34 @@ def compress(raw: Path) -> Path:
 
 
 def summarise(trace: Path, rank: int, first: int, last: int, tree_settings: dict | None,
-              host_peaks: dict | None = None) -> dict:
-    doc = {"first_step": first, "last_step": last, "trace": trace.name, "created_unix": time.time(),
-           "analysis": None}
+              host_peaks: dict | None = None) -> WindowSummary:
+    created = time.time()
+    error = None
     try:
         trace = compress(trace)
-        doc["trace"] = trace.name
     except OSError as exc:
-        doc["error"] = f"{trace}: could not compress ({exc.strerror or exc})"
+        error = f"{trace}: could not compress ({exc.strerror or exc})"
+    analysis = None
     try:
         tree = load_tree(recorded=tree_settings) if tree_settings else load_tree()
         # The window's own steps only: the trace may hold a partial step at either edge.
-        doc["analysis"] = trace_facts(str(trace), tree.facts, rank=rank, host_peaks=host_peaks, step_range=(first, last))
+        analysis = cast(dict, trace_facts(str(trace), tree.facts, rank=rank, host_peaks=host_peaks,
+                                          step_range=(first, last)))
     except Exception as exc:
-        doc["error"] = f"{trace}: analysis failed ({type(exc).__name__}: {exc})"
-    return doc
+        error = f"{trace}: analysis failed ({type(exc).__name__}: {exc})"
+    return WindowSummary(first_step=first, last_step=last, trace=trace.name, created_unix=created, analysis=analysis,
+                         error=error)
 
 
 def run_job(job: dict) -> int:
     doc = summarise(Path(job["trace"]), int(job["rank"]), int(job["first"]), int(job["last"]), job.get("tree"),
                     job.get("host_peaks"))
     try:
-        atomic_io.atomic_write_json(job["out"], doc)
+        atomic_io.atomic_write_json(job["out"], window_json(doc))
     except OSError as exc:
         print(f"diag window worker: {job['out']}: cannot write ({exc.strerror or exc})", file=sys.stderr)
         return 1
-    return 0 if doc.get("analysis") is not None else 3
+    return 0 if doc.analysis is not None else 3
 
 
 def serve(stream) -> int:

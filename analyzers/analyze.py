@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
+import msgspec
+
 from diag import atomic_io, rundir
 from diag.analyzers.analysis_types import Rank, TraceRank, TraceRankFacts
 from diag.analyzers.diagnosis import decision_tree as dt
@@ -36,6 +38,7 @@ from diag.analyzers.job.run_analysis import SCHEMA, analyze_run
 from diag.analyzers.run_records import ranks_from_windows, read_records
 from diag.analyzers.trace.analysis import trace_facts
 from diag.errors import DiagInputError
+from diag.run_documents import RunRecords
 
 R = TypeVar("R", bound=Mapping[str, Any])
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -144,7 +147,7 @@ def analyze_run_dir(path, tree: dt.Tree | None = None, progress=None) -> dict:
     return analyze_run_with_records(path, tree, progress)[0]
 
 
-def analyze_run_with_records(path, tree: dt.Tree | None = None, progress=None) -> tuple[dict, dict]:
+def analyze_run_with_records(path, tree: dt.Tree | None = None, progress=None) -> tuple[dict, RunRecords]:
     """(analysis document with its diagnosis, the run's records) of one run directory: the
     report draws its charts from the same records the diagnosis was built on. Without a
     tree, the run's own recorded settings decide."""
@@ -184,7 +187,7 @@ class RunFacts:
     summaries alone), and its records."""
     doc: dict
     inputs: dict
-    records: dict
+    records: RunRecords
 
     def judged(self, tree) -> list[Rank]:
         """The run's ranks, each judged on its own. A bug in judging the run analysis costs the
@@ -195,9 +198,9 @@ class RunFacts:
             return [judge_run_rank(r, self.inputs[r["rank"]].windows, self.inputs[r["rank"]].sampled, tree)
                     for r in self.doc["ranks"]]
         except Exception as exc:  # noqa: BLE001
-            self.records["problems"].append(f"{self.records.get('path') or 'run'}: judging the run analysis failed "
+            self.records.problems.append(f"{self.records.path or 'run'}: judging the run analysis failed "
                                             f"({type(exc).__name__}: {exc})")
-            return [judge_trace(r, tree) for r in ranks_from_windows(self.records["ranks"])]
+            return [judge_trace(r, tree) for r in ranks_from_windows(self.records.ranks)]
 
 
 def run_facts(path, tree, progress=None, host_peaks: dict | None = None) -> RunFacts:
@@ -217,12 +220,11 @@ def run_facts(path, tree, progress=None, host_peaks: dict | None = None) -> RunF
         doc, inputs = {"schema": SCHEMA, "ranks": [], "job": {}, "errors": []}, {}
     records = read_records(path, doc, progress)
     if not doc["ranks"]:
-        doc, inputs = {**doc, "ranks": ranks_from_windows(records["ranks"])}, {}
-    records["problems"] = list(dict.fromkeys(problems + records["problems"]))
-    return RunFacts(doc, inputs, records)
+        doc, inputs = {**doc, "ranks": ranks_from_windows(records.ranks)}, {}
+    return RunFacts(doc, inputs, msgspec.structs.replace(records, problems=list(dict.fromkeys(problems + records.problems))))
 
 
-def with_diagnosis(doc: dict, tree, records: dict | None = None) -> dict:
+def with_diagnosis(doc: dict, tree, records: RunRecords | None = None) -> dict:
     """A new document: `doc` with the job block's verdict and the diagnosis under
     "diagnosis", built once on the analysis and the run's records when there are any.
     The diagnosis is JSON-safe as built, so every view serialises the same bytes."""

@@ -2,8 +2,8 @@
 sample and event records, window summaries), the NCCL logs and `diag nccl` results.
 
 The facade reads them once, and the diagnosis is built on them; the report's charts draw
-them. The dict returned is the `run` argument of `build_diagnosis` and of the page model
-(its keys are `diag.analyzers.views.report_model.RUN_KEYS`).
+them. The `diag.run_documents.RunRecords` returned is the `run` argument of `build_diagnosis`
+and of the page model.
 """
 
 from __future__ import annotations
@@ -12,15 +12,17 @@ import os
 from pathlib import Path
 from typing import cast
 
+import msgspec
+
 from diag import atomic_io, rundir
 from diag.analyzers.analysis_types import TraceRankFacts
 from diag.analyzers.nccl import expected as nccl_expected
 from diag.analyzers.nccl import log as nccl_log
 from diag.errors import DiagInputError
-from diag.step_record import to_json_record
+from diag.run_documents import RankRecords, RunRecords
 
 
-def read_records(path, doc: dict, progress=None) -> dict:
+def read_records(path, doc: dict, progress=None) -> RunRecords:
     """The records of run directory `path`; step records only for the ranks whose steps the
     analysis `doc` does not already hold."""
     rd = rundir.RunDir(Path(path))
@@ -28,61 +30,64 @@ def read_records(path, doc: dict, progress=None) -> dict:
                if isinstance(r, dict) and isinstance(r.get("evidence"), dict) and r.get("steps")}
     ranks = {}
     for rank in _progress(rd.ranks(), progress, "reading ranks"):
-        ranks[rank] = {
-            "info": rd.rank_info(rank) or {},
-            # As JSON objects: the diagnosis reads the records of a rank its analysis left out.
-            "steps": [] if rank in covered else [to_json_record(r) for r in rd.steps(rank)],
-            "samples": rd.samples(rank),
-            "events": rd.events(rank),
-            "windows": rd.windows(rank),
-            "traces": len(rd.traces(rank)),
-            "nccl_logs": len(rd.nccl_logs(rank)),
-        }
-    run = {
-        "path": os.fspath(path),
-        "manifest": rd.manifest(),
-        "ranks": ranks,
-        "missing_ranks": rd.missing_ranks(),
-        "problems": list(dict.fromkeys(rd.problems)),
-    }
-    _read_nccl(rd, run)
-    return run
+        ranks[rank] = RankRecords(
+            info=rd.rank_info(rank) or {},
+            steps=[] if rank in covered else rd.steps(rank),
+            samples=[s for s in rd.samples(rank) if type(s) is dict],
+            events=[e for e in rd.events(rank) if type(e) is dict],
+            windows=rd.windows(rank),
+            traces=len(rd.traces(rank)),
+            nccl_logs=len(rd.nccl_logs(rank)),
+        )
+    run = RunRecords(path=os.fspath(path), manifest=rd.manifest(), ranks=ranks, missing_ranks=rd.missing_ranks(),
+                     problems=list(dict.fromkeys(rd.problems)))
+    return _with_nccl(rd, run)
 
 
 def _progress(items, progress, desc):
     return items if progress is None else progress(items, desc=desc)
 
 
-def _read_nccl(rd: rundir.RunDir, run: dict) -> None:
-    bench = atomic_io.read_json(rd.path / rundir.NCCL_BENCH, run["problems"])
-    if bench is not None:
-        if bench.get("schema") == "diag.nccl_bench/1":
-            run["nccl_bench"] = bench
-        else:
-            run["problems"].append(f"{rd.path / rundir.NCCL_BENCH}: not a diag.nccl_bench/1 document")
-    logs = [p for r in run["ranks"] for p in rd.nccl_logs(r)]
+def _with_nccl(rd: rundir.RunDir, run: RunRecords) -> RunRecords:
+    """The run's records with its NCCL log facts and `diag nccl` results, where it has them."""
+    problems = list(run.problems)
+    bench = atomic_io.read_json(rd.path / rundir.NCCL_BENCH, problems)
+    if bench is not None and bench.get("schema") != "diag.nccl_bench/1":
+        problems.append(f"{rd.path / rundir.NCCL_BENCH}: not a diag.nccl_bench/1 document")
+        bench = None
+    log = _nccl_log(rd, list(run.ranks), problems)
+    bandwidth: list[dict] = []
+    if bench:
+        try:
+            bandwidth = bench_bandwidth(bench, log)
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:  # an edited or damaged file
+            problems.append(f"{rd.path / rundir.NCCL_BENCH}: cannot be read as benchmark results ({exc})")
+    return msgspec.structs.replace(run, nccl_bench=bench, nccl_log=log, nccl_bandwidth=bandwidth, problems=problems)
+
+
+def _nccl_log(rd: rundir.RunDir, ranks: list[int], problems: list[str]) -> dict | None:
+    """The facts of the run's NCCL logs, parsed again where the raw logs are kept (a newer
+    parser may find more), else the document the run saved."""
+    logs = [p for r in ranks for p in rd.nccl_logs(r)]
     # `diag run -- <launcher>` routes every rank's log into RUN_DIR/nccl/ and parses them
-    # into RUN_DIR/nccl_log.json; the raw logs are parsed again when present (a newer parser
-    # may find more), the saved document is the fallback.
+    # into RUN_DIR/nccl_log.json.
     job_dir = rd.path / rundir.NCCL
     if job_dir.is_dir():
         logs += sorted(p for p in job_dir.iterdir() if p.is_file() and not p.name.startswith("."))
     if logs:
         try:
-            run["nccl_log"] = nccl_log.parse_files([os.fspath(p) for p in logs])
+            return nccl_log.parse_files([os.fspath(p) for p in logs])
         except DiagInputError as exc:
-            run["problems"].append(str(exc))
-    elif (rd.path / rundir.NCCL_LOG_DOC).exists():
-        saved = atomic_io.read_json(rd.path / rundir.NCCL_LOG_DOC, run["problems"])
-        if saved is not None and str(saved.get("schema", "")).startswith("diag.nccl_log/"):
-            run["nccl_log"] = saved
-        elif saved is not None:
-            run["problems"].append(f"{rd.path / rundir.NCCL_LOG_DOC}: not a diag.nccl_log document")
-    if run.get("nccl_bench"):
-        try:
-            run["nccl_bandwidth"] = bench_bandwidth(run["nccl_bench"], run.get("nccl_log"))
-        except (TypeError, ValueError, KeyError, AttributeError) as exc:  # an edited or damaged file
-            run["problems"].append(f"{rd.path / rundir.NCCL_BENCH}: cannot be read as benchmark results ({exc})")
+            problems.append(str(exc))
+            return None
+    if not (rd.path / rundir.NCCL_LOG_DOC).exists():
+        return None
+    saved = atomic_io.read_json(rd.path / rundir.NCCL_LOG_DOC, problems)
+    if saved is not None and str(saved.get("schema", "")).startswith("diag.nccl_log/"):
+        return saved
+    if saved is not None:
+        problems.append(f"{rd.path / rundir.NCCL_LOG_DOC}: not a diag.nccl_log document")
+    return None
 
 
 def bench_bandwidth(bench: dict, log: dict | None) -> list[dict]:
@@ -102,12 +107,12 @@ def bench_bandwidth(bench: dict, log: dict | None) -> list[dict]:
     return out
 
 
-def ranks_from_windows(ranks: dict) -> list[TraceRankFacts]:
+def ranks_from_windows(ranks: dict[int, RankRecords]) -> list[TraceRankFacts]:
     """Without a run analysis (it failed): each rank's last window summary the agent saved,
     holding the steps of all its windows."""
     out = []
     for rank, data in ranks.items():
-        analyses = [w.get("analysis") for w in data["windows"] if isinstance(w.get("analysis"), dict)]
+        analyses = [a for w in data.windows if (a := w.analysis) is not None]
         if not analyses:
             continue
         last = {**analyses[-1], "rank": rank}

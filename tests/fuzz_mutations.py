@@ -339,6 +339,7 @@ def _chart_markup(doc: dict) -> str | None:
     """A string of the report's charts that plotly would draw as markup, or None."""
     from diag.analyzers.views.report_model import build_model
     from diag.report.html import safe_figures
+    from diag.run_documents import RunRecords
 
     def walk(obj, key=""):
         if isinstance(obj, str):
@@ -350,7 +351,7 @@ def _chart_markup(doc: dict) -> str | None:
                 return found
         return None
 
-    return walk(safe_figures(build_model(doc, {"path": "fuzz"})))
+    return walk(safe_figures(build_model(doc, RunRecords(path="fuzz"))))
 
 
 def _run_inputs(seed_template: str, segment: str, path: str) -> None:

@@ -206,20 +206,21 @@ def test_report_reads_nccl_logs_from_the_run_folder_and_the_saved_document(tmp_p
     # A stale saved document is ignored while the raw logs are there: they are re-parsed.
     atomic_io.atomic_write_json(run_dir / "nccl_log.json", {"schema": "diag.nccl_log/1", "nccl_version": "stale"})
     _, run = load_run(run_dir)
-    assert run["nccl_log"]["nccl_version"] == expected["nccl_version"]
-    assert run["nccl_log"]["transports"] == expected["transports"]
+    assert run.nccl_log is not None
+    assert run.nccl_log["nccl_version"] == expected["nccl_version"]
+    assert run.nccl_log["transports"] == expected["transports"]
 
     # Only the saved document (the raw logs deleted to save space): it is used as it is.
     shutil.rmtree(run_dir / "nccl")
     atomic_io.atomic_write_json(run_dir / "nccl_log.json", json.loads(json.dumps(expected)))
     _, run = load_run(run_dir)
-    assert run["nccl_log"] == json.loads(json.dumps(expected))
+    assert run.nccl_log == json.loads(json.dumps(expected))
 
     # A foreign file in its place is named as a problem, and the report goes on.
     atomic_io.atomic_write_json(run_dir / "nccl_log.json", {"schema": "something/else"})
     _, run = load_run(run_dir)
-    assert "nccl_log" not in run
-    assert any("nccl_log.json: not a diag.nccl_log document" in p for p in run["problems"])
+    assert run.nccl_log is None
+    assert any("nccl_log.json: not a diag.nccl_log document" in p for p in run.problems)
 
 
 # -- per-step verdicts of a long run: the batched path gives the per-step answers ------------------
@@ -228,9 +229,9 @@ def test_report_reads_nccl_logs_from_the_run_folder_and_the_saved_document(tmp_p
 def _reference_steps(rd, rank, tree) -> list[tuple]:
     """Each sampled step's (bound, shares, path) as the step-by-step evaluation gives them."""
     records = sorted(rd.steps(rank), key=lambda r: r.step)
-    windows = sorted(rd.windows(rank), key=lambda w: w["first_step"])
-    traced = {s["step"] for w in windows for s in w["analysis"]["steps"]}
-    comps = [(w["first_step"], window_composition(w["analysis"])) for w in windows]
+    windows = sorted(rd.windows(rank), key=lambda w: w.first_step)
+    traced = {s["step"] for w in windows for s in w.analysis["steps"]}
+    comps = [(w.first_step, window_composition(w.analysis)) for w in windows]
     comps = [(f, c) for f, c in comps if c is not None]
     starts = [f for f, _ in comps]
     samples = sorted(rd.samples(rank), key=lambda s: s["t"])

@@ -68,16 +68,16 @@ def test_records_windows_and_verdicts(tmp_path):
     assert set(STEP_FIELDS) == set(StepRecord.__struct_fields__) <= set(next(rd.records(0, "steps")))
     # Windows on absolute steps: warm-up at 2, active 3-4; then 9-10 (every 6).
     windows = rd.windows(0)
-    assert [(w["first_step"], w["last_step"]) for w in windows] == [(3, 4), (9, 10)]
+    assert [(w.first_step, w.last_step) for w in windows] == [(3, 4), (9, 10)]
     assert {s.step for s in steps if s.profiled} == {3, 4, 9, 10}
-    assert all(w["trace"].endswith(".pt.trace.json.gz") for w in windows)
-    assert [p.name for p in rd.traces(0)] == [w["trace"] for w in windows]
+    assert all(w.trace.endswith(".pt.trace.json.gz") for w in windows)
+    assert [p.name for p in rd.traces(0)] == [w.trace for w in windows]
     assert rd.rank_info(0)["status"] == "completed" and rd.manifest()["status"] == "completed"
 
     doc = analyze_run(agent.run_dir)
     rank = doc["ranks"][0]
     by_step = {s["step"]: s for s in rank["steps"]}
-    if windows[0]["analysis"] is not None:  # the trace analyzer is present
+    if windows[0].analysis is not None:  # the trace analyzer is present
         assert {n for n, s in by_step.items() if s["evidence"] == "trace"} == {3, 4, 9, 10}
         for s in rank["steps"]:
             assert s["bound"] in BOUNDS
@@ -87,7 +87,7 @@ def test_records_windows_and_verdicts(tmp_path):
         late = [s for s in steps if s.step > 6 and not s.profiled]
         assert any(s.shares and s.evidence == "sampled" for s in late)
         assert not any("bound" in s or "path" in s for s in rd.records(0, "steps"))
-        assert not any("bound" in w["analysis"] or "path" in w["analysis"] or "findings" in w["analysis"]
+        assert not any("bound" in w.analysis or "path" in w.analysis or "findings" in w.analysis
                        for w in windows)
     assert doc["job"]["missing_ranks"] == []
 
@@ -218,11 +218,11 @@ def test_on_demand_window_by_trigger_file_and_signal(tmp_path):
         _train(agent, 90, on_step=poke)
     windows = rundir.RunDir(agent.run_dir).windows(0)
     assert len(windows) == 2, windows
-    assert all(w["last_step"] - w["first_step"] == 1 for w in windows)
-    assert 1 < windows[0]["first_step"] < 30 < windows[1]["first_step"] < 90
+    assert all(w.last_step - w.first_step == 1 for w in windows)
+    assert 1 < windows[0].first_step < 30 < windows[1].first_step < 90
     # Ranks agree on the on-demand step through the O_EXCL file named after the trigger.
     agreed = sorted(int(p.read_text()) for p in agent.run_dir.glob(".profile-trigger-*.step"))
-    assert agreed == [w["first_step"] for w in windows]
+    assert agreed == [w.first_step for w in windows]
     assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL  # handler restored
 
 
@@ -235,10 +235,10 @@ def test_trace_budget_deletes_oldest(tmp_path):
     rd = rundir.RunDir(agent.run_dir)
     windows = rd.windows(0)
     # Every window was analysed: the budget spares traces whose analysis is still pending.
-    assert [w["first_step"] for w in windows] == [3, 7, 11, 15, 19]
-    assert all(isinstance(w.get("analysis"), dict) for w in windows), [w.get("error") for w in windows]
+    assert [w.first_step for w in windows] == [3, 7, 11, 15, 19]
+    assert all(isinstance(w.analysis, dict) for w in windows), [w.error for w in windows]
     traces = rd.traces(0)
-    assert [p.name for p in traces] == [windows[-1]["trace"]]  # only the newest is kept
+    assert [p.name for p in traces] == [windows[-1].trace]  # only the newest is kept
     assert any("deleted" in m for m in _events(agent.run_dir))
 
 
@@ -331,7 +331,7 @@ def test_windows_are_written_by_a_child_or_a_thread(tmp_path, in_child):
         # Steps of 50 ms: the first trace is usually written before the second window starts.
         _train(agent, 12, sleep_s=0.05)
     rd = rundir.RunDir(agent.run_dir)
-    windows = [(w["first_step"], w["last_step"]) for w in rd.windows(0)]
+    windows = [(w.first_step, w.last_step) for w in rd.windows(0)]
     # On a loaded machine the second window may come while the first is still being written:
     # it is then skipped, and says so.
     assert windows == [(3, 4), (9, 10)] or (
@@ -371,7 +371,7 @@ def test_a_failing_child_hands_the_trace_to_a_thread_and_logs_once(tmp_path, mon
     with _agent(tmp_path) as agent:
         _train(agent, 12, sleep_s=0.05)
     rd = rundir.RunDir(agent.run_dir)
-    assert [(w["first_step"], w["last_step"]) for w in rd.windows(0)] == [(3, 4), (9, 10)]
+    assert [(w.first_step, w.last_step) for w in rd.windows(0)] == [(3, 4), (9, 10)]
     assert all(p.stat().st_size > 100 for p in rd.traces(0))  # whole traces, not the child's leftovers
     events = _events(agent.run_dir)
     assert sum("from a child process failed" in m for m in events) == 1

@@ -26,7 +26,7 @@ def job_step_times(run) -> np.ndarray:
     for r in rd.ranks():
         for rec in rd.steps(r):
             per[rec.step] = max(per.get(rec.step, 0.0), rec.duration_s)
-    firsts = [w["first_step"] for r in rd.ranks() for w in rd.windows(r)]
+    firsts = [w.first_step for r in rd.ranks() for w in rd.windows(r)]
     steps = sorted(per)
     cut = min(firsts) if firsts else steps[0] + warmup_steps(len(steps), load_tree().thresholds)
     return np.array([per[k] for k in steps if k >= cut])

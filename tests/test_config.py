@@ -131,7 +131,7 @@ def test_a_config_file_drives_a_real_run(tmp_path, monkeypatch):
             agent.windows.wait_exported(30.0)  # a window starting while one exports would be skipped
     assert agent.exporter is None and agent.collectors.sampler is None
     rd = rundir.RunDir(agent.run_dir)
-    assert [(w["first_step"], w["last_step"]) for w in rd.windows(0)] == [(3, 3), (7, 7), (11, 11)]
+    assert [(w.first_step, w.last_step) for w in rd.windows(0)] == [(3, 3), (7, 7), (11, 11)]
     assert not (agent.run_dir / "report.html").exists()  # [agent.report] enabled = false
     assert agent.tree.thresholds["data_wait"] == 0.3  # the same file's [thresholds]
     manifest = rd.manifest()

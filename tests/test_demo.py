@@ -133,8 +133,8 @@ def _assert_facts_only(run_dir: Path) -> None:
         steps, windows = list(rd.records(rank, "steps")), rd.windows(rank)
         assert steps and windows
         assert not [s["step"] for s in steps if {"bound", "path"} & set(s)]
-        assert not [w["first_step"] for w in windows
-                    if {"bound", "path", "findings", "title", "fixes"} & set(w.get("analysis") or {})]
+        assert not [w.first_step for w in windows
+                    if {"bound", "path", "findings", "title", "fixes"} & set(w.analysis or {})]
 
 
 def _assert_causes(bottleneck: str, diagnosis: dict, run_dir: Path) -> None:

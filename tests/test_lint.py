@@ -17,7 +17,10 @@ def test_ruff_clean():
 # is allowed an import when the imported module equals, or lies inside, one of its entries.
 _ANALYZERS = "diag.analyzers"
 # The run directory: its layout, its files written whole and read within bounds, its record streams.
-RUN_DIR = ("diag.rundir", "diag.atomic_io", "diag.segments", "diag.step_record")
+RUN_DIR = ("diag.rundir", "diag.atomic_io", "diag.segments", "diag.step_record", "diag.run_documents",
+           "diag.typed_json")
+# The run directory's records as typed documents: the diagnosis and the views read them.
+RUN_DOCUMENTS = ("diag.step_record", "diag.run_documents")
 LAYERS = {
     "analyzers/intervals.py": (),
     "analyzers/analysis_types.py": (),
@@ -36,18 +39,20 @@ LAYERS = {
                       f"{_ANALYZERS}.intervals", f"{_ANALYZERS}.model", f"{_ANALYZERS}.trace", f"{_ANALYZERS}.job",
                       f"{_ANALYZERS}.whatif"),
     "analyzers/diagnosis": ("diag.errors", f"{_ANALYZERS}.numbers", f"{_ANALYZERS}.model", f"{_ANALYZERS}.analysis_types",
-                            f"{_ANALYZERS}.diagnosis", f"{_ANALYZERS}.plan.memory"),
+                            f"{_ANALYZERS}.diagnosis", f"{_ANALYZERS}.plan.memory", *RUN_DOCUMENTS),
     "analyzers/plan": ("diag.errors", f"{_ANALYZERS}.numbers", f"{_ANALYZERS}.plan", f"{_ANALYZERS}.trace.devices",
                        f"{_ANALYZERS}.nccl.expected"),
     "analyzers/views": ("diag.errors", f"{_ANALYZERS}.diagnosis", f"{_ANALYZERS}.views",
-                        f"{_ANALYZERS}.job.cross_rank", f"{_ANALYZERS}.numbers"),
+                        f"{_ANALYZERS}.job.cross_rank", f"{_ANALYZERS}.numbers", *RUN_DOCUMENTS),
     "analyzers/analyze.py": ("diag.errors", *RUN_DIR, _ANALYZERS),
     "analyzers/run_records.py": ("diag.errors", *RUN_DIR, f"{_ANALYZERS}.nccl", f"{_ANALYZERS}.analysis_types"),
     "collectors": ("diag.collectors", *RUN_DIR, "diag.__version__"),
     # agent/, the package `diag` itself. Leaves every side imports without a cycle (the package's
     # __init__ resolves its attributes lazily):
-    "agent/rundir.py": ("diag.atomic_io", "diag.segments", "diag.step_record"),
-    "agent/step_record.py": (),
+    "agent/rundir.py": ("diag.atomic_io", "diag.segments", "diag.step_record", "diag.run_documents"),
+    "agent/step_record.py": ("diag.typed_json",),
+    "agent/run_documents.py": ("diag.step_record", "diag.typed_json"),
+    "agent/typed_json.py": (),
     "agent/atomic_io.py": (),
     "agent/segments.py": ("diag.atomic_io",),
     "agent/errors.py": (),

@@ -18,6 +18,7 @@ from diag.analyzers.analyze import with_diagnosis
 from diag.analyzers.diagnosis.decision_tree import load_tree
 from diag.analyzers.views.report_model import Limits, build_model
 from diag.report import build_run_model, write_report
+from diag.run_documents import RankRecords, RunRecords
 
 # ------------------------------------------------------------------ verdict and recommendations
 
@@ -29,7 +30,7 @@ def _summary(paths: dict) -> dict:
     return {**summary["diagnosis"], **summary}
 
 
-def _model(doc: dict, run: dict | None = None, **kw) -> dict:
+def _model(doc: dict, run: RunRecords | None = None, **kw) -> dict:
     """The page model of a hand-made analysis document, diagnosed as the facade does."""
     return build_model(with_diagnosis(doc, load_tree(), run), run, **kw)
 
@@ -357,10 +358,10 @@ def test_big_run_is_aggregated_and_says_so():
     for r in ranks:
         for s in r["steps"]:
             s["duration_ms"] = 50.0 + (s["step"] % 7)
-    samples = {r: {"samples": [{"t": 1000.0 + i, "gpu": {"utilization_ratio": 0.5}, "host": {"cpu_ratio": 0.2}}
-                               for i in range(1500)]} for r in range(16)}
+    samples = {r: RankRecords(samples=[{"t": 1000.0 + i, "gpu": {"utilization_ratio": 0.5}, "host": {"cpu_ratio": 0.2}}
+                                       for i in range(1500)]) for r in range(16)}
     lim = Limits()
-    m = _model({"schema": "diag.analysis/1", "ranks": ranks, "job": {}}, {"ranks": samples}, limits=lim)
+    m = _model({"schema": "diag.analysis/1", "ranks": ranks, "job": {}}, RunRecords(ranks=samples), limits=lim)
     ch = m["charts"]
     assert len(ch["phases"]["x"]) <= lim.series_points
     assert len(ch["heatmap_step"]["z"][0]) <= lim.heatmap_columns

@@ -7,6 +7,7 @@ import pytest
 from diag.analyzers.diagnosis.decision_tree import load_tree
 from diag.analyzers.diagnosis.inputs import merge_ranks
 from diag.analyzers.diagnosis.straggler_cause import likely_cause
+from diag.run_documents import RankRecords, RunRecords
 
 TREE = load_tree()
 
@@ -24,7 +25,7 @@ def _gpu_samples(clock_mhz, events=()):
 
 
 def _merged(ranks, samples=None):
-    run = {"ranks": {r["rank"]: {"samples": (samples or {}).get(r["rank"], [])} for r in ranks}}
+    run = RunRecords(ranks={r["rank"]: RankRecords(samples=(samples or {}).get(r["rank"], [])) for r in ranks})
     return merge_ranks({"ranks": ranks}, run)
 
 

@@ -23,6 +23,7 @@ from diag.exporter.runtime import DEFAULT_PORT_BASE, Handle
 from diag.exporter.server import MetricsServer
 from diag.live_verdict import LiveVerdicts
 from diag.report import SUMMARY_JSON, diagnosis_in
+from diag.run_documents import window_summary
 from diag.rundir import NCCL_BENCH, RunDir, is_run_dir
 from diag.segments import read_segment
 from diag.step_record import from_json_record
@@ -93,9 +94,9 @@ class RunDirExport:
         if live is None:
             live = self._live[rank] = LiveVerdicts(self._tree(), lambda msg: None)
         for win in self._new_files(rank, "windows", "window-*.json"):
-            doc = read_json(win, self.run.problems)
-            facts = doc.get("analysis") if isinstance(doc, dict) else None
-            if isinstance(facts, dict):
+            summary = window_summary(read_json(win, self.run.problems))
+            facts = summary.analysis if summary is not None else None
+            if facts is not None:
                 judged = live.window_done(facts)
                 h.observe_window(judged or facts)
         for seg in self._new_files(rank, "samples", "samples-*.jsonl"):

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 from diag import atomic_io, rundir
+from diag.run_documents import RunRecords
 
 REPORT_HTML = "report.html"
 REPORT_MD = "report.md"
@@ -36,7 +37,7 @@ def analyse_and_model(source, tree=None, progress=None) -> tuple[dict, dict]:
 
     if Path(source).is_file():
         doc = load_analysis_json(source)
-        return doc, build_model(doc, {"path": os.fspath(source)})
+        return doc, build_model(doc, RunRecords(path=os.fspath(source)))
     doc, run = load_run(source, tree=tree, progress=progress)
     return doc, build_model(doc, run)
 

@@ -7,9 +7,10 @@ import json
 
 from diag.analyzers.analyze import SCHEMA, analyze_run_with_records
 from diag.errors import DiagInputError
+from diag.run_documents import RunRecords
 
 
-def load_run(run_dir, tree=None, progress=None) -> tuple[dict, dict]:
+def load_run(run_dir, tree=None, progress=None) -> tuple[dict, RunRecords]:
     """(analysis document with its diagnosis, run records) for `report_model.build_model`."""
     return analyze_run_with_records(run_dir, tree, progress)
 

@@ -1,20 +1,29 @@
 """What the parts of one diagnosis read: the job block with its verdict, the merged ranks,
-the run's records and the tree, and what is derived from them once (the steps, the
+the run's records, the ranks lost and the tree, and what is derived from them once (the steps, the
 measurement set and its shares, the stragglers, what NCCL says)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from diag.analyzers.diagnosis.decision_tree import Tree
 from diag.analyzers.diagnosis.inputs import Steps
+from diag.run_documents import RunRecords
+
+
+@dataclass(frozen=True)
+class LostRanks:
+    """The ranks the diagnosis has no whole record of."""
+    missing: list[int] = field(default_factory=list)  # expected from the world size, left no data
+    stopped: list[dict] = field(default_factory=list)  # stopped reporting (diagnosis.reporting.stopped_ranks)
 
 
 @dataclass(frozen=True)
 class JobContext:
     job: dict  # the job block, with its verdict and cross-rank judgements
     ranks: dict  # rank -> merged rank (inputs.merge_ranks)
-    run: dict  # the run's records (run_records), {} for plain traces
+    run: RunRecords  # the run's records (empty for plain traces)
+    lost: LostRanks
     tree: Tree
     world: int  # world size
     all_steps: Steps  # every rank's steps

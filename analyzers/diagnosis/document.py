@@ -1,8 +1,8 @@
 """The diagnosis document: one judgement of a job, which every view reads.
 
 `build_diagnosis(doc, run)` turns the per-rank analyses and cross-rank facts of an
-analysis document (schema diag.analysis/1), the run directory's records (`run`, see
-`RUN_KEYS` in diag.analyzers.views.report_model) and the NCCL results into one
+analysis document (schema diag.analysis/1), the run directory's records (`run`, a
+`diag.run_documents.RunRecords`) and the NCCL results into one
 document (schema diag.diagnosis/1):
 
   job              the job block: cross-rank facts, verdict, decision path, findings
@@ -27,7 +27,7 @@ import numpy as np
 
 from diag.analyzers.diagnosis import decision_tree, reporting
 from diag.analyzers.diagnosis.causes import causes
-from diag.analyzers.diagnosis.context import JobContext
+from diag.analyzers.diagnosis.context import JobContext, LostRanks
 from diag.analyzers.diagnosis.decision_tree import metric_text
 from diag.analyzers.diagnosis.evidence import evidence, merged_findings, nccl_facts
 from diag.analyzers.diagnosis.inputs import (
@@ -56,26 +56,26 @@ from diag.analyzers.diagnosis.straggler_cause import with_likely_causes
 from diag.analyzers.diagnosis.straggler_episodes import episode_finding, straggler_episodes
 from diag.analyzers.diagnosis.verdict import has_all_shares, job_verdict, rank_measurements
 from diag.analyzers.numbers import dict_at
+from diag.run_documents import RunRecords
 
 SCHEMA = "diag.diagnosis/1"
 
 
-def build_diagnosis(doc: dict | None, run: dict | None = None, tree=None) -> dict:
+def build_diagnosis(doc: dict | None, run: RunRecords | None = None, tree=None) -> dict:
     """The diagnosis of one job from its analysis document and (optionally) its run records."""
     doc = doc if isinstance(doc, dict) else {}
-    run = run or {}
+    run = run or RunRecords()
     tree = tree or decision_tree.load_tree()
     return diagnose_ranks(doc, merge_ranks(doc, run), run, tree)
 
 
-def diagnose_ranks(doc: dict, ranks: dict, run: dict, tree) -> dict:
+def diagnose_ranks(doc: dict, ranks: dict, run: RunRecords, tree) -> dict:
     """`build_diagnosis` on ranks already merged with `inputs.merge_ranks` (the report merges them once)."""
     job = with_likely_causes(diagnose_job(doc, ranks, tree), ranks, tree)
     job_missing = {r for r in job.get("missing_ranks") or [] if isinstance(r, int)}
-    stopped = [x for x in reporting.stopped_ranks(job.get("reports"), tree) if x["rank"] in ranks]
-    run = {**run, "missing_ranks": sorted((set(run.get("missing_ranks") or []) | job_missing) - set(ranks)),
-           "stopped_ranks": [x["rank"] for x in stopped], "stopped": stopped}
-    return _judge(job, ranks, run, tree)
+    lost = LostRanks(missing=sorted((set(run.missing_ranks) | job_missing) - set(ranks)),
+                     stopped=[x for x in reporting.stopped_ranks(job.get("reports"), tree) if x["rank"] in ranks])
+    return _judge(job, ranks, run, lost, tree)
 
 
 def diagnose_job(doc: dict, ranks: dict, tree) -> dict:
@@ -93,7 +93,7 @@ def diagnose_job(doc: dict, ranks: dict, tree) -> dict:
     return job_verdict(rank_docs, job, tree)
 
 
-def _judge(job: dict, ranks: dict, run: dict, tree) -> dict:
+def _judge(job: dict, ranks: dict, run: RunRecords, lost: LostRanks, tree) -> dict:
     """Everything but the job verdict, which `job` already holds."""
     job, tree = withhold_half_precision(job, tree, cpu_without_bf16_units(ranks))
     allt = concat(ranks)
@@ -102,7 +102,8 @@ def _judge(job: dict, ranks: dict, run: dict, tree) -> dict:
     blind = _blind(ranks)
     step_shares = None if blind and blind == set(ranks) else tw_shares(allt)
     ctx = JobContext(
-        job=job, ranks=ranks, run=run, tree=tree, world=world_size({"job": job}, run, ranks), all_steps=allt,
+        job=job, ranks=ranks, run=run, lost=lost, tree=tree, world=world_size(job, run, lost.missing, ranks),
+        all_steps=allt,
         job_steps=job_steps(ranks), mset=mset, shares=(mset or {}).get("shares") or step_shares,
         bound=job.get("bound") if job.get("bound") in CLASSES else None, stragglers=_stragglers(job),
         nccl=nccl_facts(run, tree),
@@ -111,7 +112,7 @@ def _judge(job: dict, ranks: dict, run: dict, tree) -> dict:
     path = _decision_path(job, ranks, bound)
     episodes = straggler_episodes(ranks, tree)
     over_time = episode_finding(episodes, tree)
-    extra = [f for f in (over_time, ended_finding(ranks, run), reporting.missing_finding(run["missing_ranks"], world))
+    extra = [f for f in (over_time, ended_finding(ranks, lost.stopped), reporting.missing_finding(lost.missing, world))
              if f] + reporting.input_findings(job)
     findings = merged_findings({**job, "findings": [*(job.get("findings") or []), *extra]} if extra else job, ranks)
     basis = mset["basis"] if mset else f"{int(steps.has_shares.sum())} step(s) of {len(ranks)} rank(s)"
@@ -119,8 +120,8 @@ def _judge(job: dict, ranks: dict, run: dict, tree) -> dict:
     headline = _headline(ctx)
     whole = [k for k, r in ranks.items()
              if r["analysis"].get("iterations") and not r["analysis"]["iterations"].get("marker")]
-    confidence = _confidence(bound, _measured(allt, mset), path, run, world, job.get("borderline"), sorted(blind),
-                             whole)
+    confidence = _confidence(bound, _measured(allt, mset), path, lost.missing, len(run.problems), world,
+                             job.get("borderline"), sorted(blind), whole)
     memory = memory_section(ranks, tree, world)
     found = causes(ctx)
     recs = recommendations(ctx, findings, memory, ev, found)
@@ -148,8 +149,8 @@ def _judge(job: dict, ranks: dict, run: dict, tree) -> dict:
         "memory": memory,
         "nccl": ctx.nccl,
         "world_size": world,
-        "missing_ranks": list(run.get("missing_ranks") or []),
-        "stopped_ranks": list(run.get("stopped_ranks") or []),
+        "missing_ranks": lost.missing,
+        "stopped_ranks": [x["rank"] for x in lost.stopped],
         # What the run is and how fast it went, for the report and for comparing it with another.
         "run_figures": run_figures(ranks, steps, world),
     }
@@ -213,11 +214,11 @@ def _blind(ranks: dict) -> set:
 ABNORMAL_ENDS = {"failed": "failed", "terminated": "was told to stop", "interrupted": "was interrupted"}
 
 
-def ended_finding(ranks: dict, run: dict) -> dict | None:
+def ended_finding(ranks: dict, lost: list[dict]) -> dict | None:
     """The ranks that did not finish, each with what ended it in its own words (the exception
     its training raised, the signal), and the ranks that stopped reporting: a killed rank makes
-    its peers fail at the next collective, so the first to go is what to read first."""
-    lost = run.get("stopped") or []
+    its peers fail at the next collective, so the first to go is what to read first. `lost`: the
+    ranks that stopped reporting (diagnosis.reporting.stopped_ranks)."""
     ended = sorted((r["rank"], r["analysis"]) for r in ranks.values()
                    if r["analysis"].get("status") in ABNORMAL_ENDS)
     if not ended and not lost:
@@ -264,7 +265,7 @@ def _headline(ctx: JobContext) -> dict:
     if not agree:
         agree = [r for r in ranks.values() if mode_bound(r["step_table"].bound) == bound]
     n_agree, n_ranks = len(agree), len(ranks)
-    lost = ctx.run.get("stopped_ranks") or []
+    lost = ctx.lost.stopped
     if n_ranks == 0:
         where = ""
     elif n_agree == n_ranks and n_ranks == world and not lost:
@@ -404,7 +405,8 @@ def _deciding_margin(path, edge, reasons: list[str]) -> float:
     return 1.0
 
 
-def _confidence(bound, allt: Steps, path, run, world, edge=None, blind=(), whole=()) -> dict:
+def _confidence(bound, allt: Steps, path, missing: list[int], damaged: int, world, edge=None, blind=(),
+                whole=()) -> dict:
     """A score in [0, 1] from four factors, each explained in a sentence."""
     if bound is None:
         why = ["There is no verdict to be sure of."]
@@ -432,13 +434,12 @@ def _confidence(bound, allt: Steps, path, run, world, edge=None, blind=(), whole
             "Some questions could not be answered (" + ", ".join(n["metric"] for n in unknown)
             + " not measured); the tree took their 'no' branch."
         )
-    missing = list(run.get("missing_ranks") or [])
     if missing:
         factor *= max(0.5, 1 - len(missing) / max(world, 1))
         reasons.append(f"{len(missing)} of {world} rank(s) left no data; they may behave differently.")
-    if run.get("problems"):
+    if damaged:
         factor *= 0.9
-        reasons.append(f"{len(run['problems'])} file(s) were damaged or unreadable and were skipped.")
+        reasons.append(f"{damaged} file(s) were damaged or unreadable and were skipped.")
     if whole:
         factor *= WHOLE_TRACE_FACTOR
         reasons.append(f"The traces of rank(s) {', '.join(map(str, whole[:8]))} have no steps and no iterations "

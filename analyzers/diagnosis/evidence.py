@@ -9,6 +9,7 @@ import numpy as np
 
 from diag.analyzers.diagnosis import bandwidth, nccl_log
 from diag.analyzers.diagnosis.inputs import CLASSES, PHASE_LABELS, Steps, describe, mean, num, pct
+from diag.run_documents import RunRecords
 
 
 def evidence(ranks, allt: Steps, steps: Steps, job_shares, basis, stragglers, nccl, findings) -> list[dict]:
@@ -105,11 +106,10 @@ def _cap(text: str, limit: int = 1500) -> str:
     return f"{cut} ... ({len(text) - len(cut)} more characters in the analysis JSON)"
 
 
-def nccl_facts(run: dict, tree) -> dict:
+def nccl_facts(run: RunRecords, tree) -> dict:
     """What the NCCL log and the bus-bandwidth measurement say, as the verdict quotes them."""
     out: dict = {}
-    log = run.get("nccl_log") if isinstance(run.get("nccl_log"), dict) else None
-    bench = run.get("nccl_bench") if isinstance(run.get("nccl_bench"), dict) else None
+    log, bench = run.nccl_log, run.nccl_bench
     if log:
         out["version"] = log.get("nccl_version")
         out["hosts"] = [str(h) for h in (log.get("hosts") or [])][:64] if isinstance(log.get("hosts"), list) \
@@ -125,7 +125,7 @@ def nccl_facts(run: dict, tree) -> dict:
         out["warnings"] = [str(w.get("message", w)) if isinstance(w, dict) else str(w)
                            for w in (log.get("warnings") or [])][:20]
     if bench:
-        interp = [bandwidth.judge(i, tree) for i in run.get("nccl_bandwidth") or [] if isinstance(i, dict)]
+        interp = [bandwidth.judge(i, tree) for i in run.nccl_bandwidth]
         # The headline figure: all_reduce first (what data-parallel training uses), else the first test.
         rated = [i for i in interp if num(i.get("pct_of_expected")) is not None]
         rated.sort(key=lambda i: i.get("collective") != "all_reduce")

@@ -1,20 +1,23 @@
 """What the diagnosis reads: each rank's analysis merged with its run-directory records.
 
 `merge_ranks(doc, run)` joins the analysis document (schema diag.analysis/1) with the
-raw contents of a run directory already read into memory (see `RUN_KEYS` in
-`diag.analyzers.views.report_model`) into one dict per rank, whose steps are columns
+records of a run directory already read into memory (`diag.run_documents.RunRecords`)
+into one dict per rank, whose steps are columns
 (`Steps`). The diagnosis and the report views both read these; nothing here judges.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
 from diag.analyzers.diagnosis.decision_tree import CLASSES
 from diag.analyzers.model import step_seconds
 from diag.analyzers.numbers import finite as num
+from diag.run_documents import RankRecords, RunRecords
+from diag.step_record import StepRecord
 
 PHASE_LABELS = {
     "data": "waiting for data",
@@ -73,6 +76,11 @@ def as_float(v) -> float:
     return float(v) if t is float or t is int else _NAN
 
 
+def _or_nan(v: float | None) -> float:
+    """A settled record's number as float, NaN where not measured."""
+    return _NAN if v is None else float(v)
+
+
 def share_row(sh):
     if type(sh) is not dict:
         return None
@@ -127,22 +135,17 @@ class Steps:
 _SHARES, _BOUND, _EVIDENCE = len(Steps.FIELDS), len(Steps.FIELDS) + 1, len(Steps.FIELDS) + 2
 
 
-def _rank_steps(records: list, doc_steps: list) -> Steps:
-    """Step records of the run directory (diag.run) merged with analysed steps (diag.analysis/1); the analysis wins
-    for shares, verdict and evidence, the records for timings."""
+def _rank_steps(records: Sequence[StepRecord], doc_steps: list) -> Steps:
+    """Step records of the run directory (their types settled as they were read) merged with
+    analysed steps (diag.analysis/1); the analysis wins for shares, verdict and evidence, the
+    records for timings."""
     rows: dict[int, list] = {}
     for rec in records:
-        if type(rec) is not dict:
-            continue
-        st = rec.get("step")
-        if type(st) is not int:
-            continue
         # A record holds measurements only (step_record.StepRecord): its verdict is the analysis's.
-        rows[st] = [as_float(step_seconds(rec.get("device_s"), rec.get("duration_s"))),
-                    as_float(rec.get("start_unix")), as_float(rec.get("data_wait_s")),
-                    as_float(rec.get("samples")), as_float(rec.get("tokens")), as_float(rec.get("peak_mem_bytes")),
-                    as_float(rec.get("mfu")), as_float(rec.get("device_s")), share_row(rec.get("shares")), -1,
-                    _code(EVIDENCE_CODE, rec.get("evidence"), 0)]
+        rows[rec.step] = [_or_nan(step_seconds(rec.device_s, rec.duration_s)), _or_nan(rec.start_unix),
+                          _or_nan(rec.data_wait_s), _or_nan(rec.samples), _or_nan(rec.tokens),
+                          _or_nan(rec.peak_mem_bytes), _or_nan(rec.mfu), _or_nan(rec.device_s),
+                          share_row(rec.shares), -1, EVIDENCE_CODE[rec.evidence]]
     for st in doc_steps:
         if type(st) is not dict or type(st.get("step")) is not int:
             continue
@@ -201,18 +204,17 @@ def _covers_records(analysis: dict) -> bool:
     return isinstance(ev, dict) and "sampled_steps" in ev and bool(analysis.get("steps"))
 
 
-def merge_ranks(doc: dict, run: dict) -> dict[int, dict]:
+def merge_ranks(doc: dict, run: RunRecords) -> dict[int, dict]:
     """Per rank: its analysis dict, facts, and step records merged with analysed steps."""
     out: dict[int, dict] = {}
-    run_ranks = run.get("ranks") or {}
     doc_ranks: dict[int, dict] = {}
     for r in doc.get("ranks") or []:
         if isinstance(r, dict) and isinstance(r.get("rank"), int):
             doc_ranks.setdefault(r["rank"], r)
-    for rank in sorted(set(doc_ranks) | {int(k) for k in run_ranks}):
+    for rank in sorted(set(doc_ranks) | set(run.ranks)):
         analysis = doc_ranks.get(rank, {})
-        raw = run_ranks.get(rank) or run_ranks.get(str(rank)) or {}
-        info = raw.get("info") or {}
+        raw = run.ranks.get(rank) or RankRecords()
+        info = raw.info
         out[rank] = {
             "rank": rank,
             "analysis": analysis,
@@ -221,13 +223,12 @@ def merge_ranks(doc: dict, run: dict) -> dict[int, dict]:
             "device": _device_name(info, analysis),
             # The run analysis already carries every step record's timings in its steps; the raw
             # records are only read for ranks it does not cover (halves the work on big runs).
-            "step_table": _rank_steps([] if _covers_records(analysis) else raw.get("steps") or [],
-                                      analysis.get("steps") or []),
-            "samples": [s for s in raw.get("samples") or [] if isinstance(s, dict)],
-            "windows": [w for w in raw.get("windows") or [] if isinstance(w, dict)],
-            "traces": raw.get("traces") or 0,
-            "nccl_logs": raw.get("nccl_logs") or 0,
-            "events": [e for e in raw.get("events") or [] if isinstance(e, dict)],
+            "step_table": _rank_steps([] if _covers_records(analysis) else raw.steps, analysis.get("steps") or []),
+            "samples": raw.samples,
+            "windows": raw.windows,
+            "traces": raw.traces,
+            "nccl_logs": raw.nccl_logs,
+            "events": raw.events,
         }
     return out
 
@@ -264,13 +265,13 @@ def _device_name(info: dict, analysis: dict) -> str | None:
     return None
 
 
-def world_size(doc: dict, run: dict, ranks: dict) -> int:
-    cands = [(doc.get("job") or {}).get("world_size"), (run.get("manifest") or {}).get("world_size")]
+def world_size(job: dict, run: RunRecords, missing: list[int], ranks: dict) -> int:
+    """The job's world size: the largest any source gives, and at least the ranks present and missing."""
+    cands = [job.get("world_size"), run.manifest.get("world_size")]
     cands += [r["analysis"].get("world_size") for r in ranks.values()]
     cands += [r["info"].get("world_size") for r in ranks.values()]
     cands = [c for c in cands if isinstance(c, int) and c > 0]
-    present = len(ranks) + len(run.get("missing_ranks") or [])
-    return max(cands + [present, 1])
+    return max(cands + [len(ranks) + len(missing), 1])
 
 
 def tw_shares(t: Steps) -> dict | None:

@@ -28,6 +28,7 @@ from diag.analyzers.analysis_types import (
 )
 from diag.analyzers.diagnosis.decision_tree import advise, evaluate, verdict_from
 from diag.analyzers.model import derive_columns
+from diag.run_documents import WindowSummary
 
 
 def with_verdict(doc: Mapping[str, Any], v: dict, tree) -> dict:
@@ -204,34 +205,34 @@ def sampled_verdicts(sampled, tree) -> list[tuple[str | None, list]]:
     return out
 
 
-def judge_run_rank(rank: RunRankFacts, windows: list[dict], sampled, tree) -> RunRank:
+def judge_run_rank(rank: RunRankFacts, windows: list[WindowSummary], sampled, tree) -> RunRank:
     """A run directory's rank dict with its steps' and its own verdicts and findings.
 
     windows: the rank's profiler windows, their analyses' waits split; sampled: its
     sampled steps' facts (`job.sampled.SampledSteps`).
     """
-    windows = [{**w, "analysis": judge_trace(w["analysis"], tree)} if isinstance(w.get("analysis"), dict) else w
-               for w in windows]
-    analysed = [w for w in windows if isinstance(w.get("analysis"), dict)]
-    profiled = {s["step"]: s for w in analysed for s in w["analysis"].get("steps") or []
+    judged = [judge_trace(cast(TraceRankFacts, w.analysis), tree) if w.analysis is not None else None
+              for w in windows]
+    analysed = [a for a in judged if a is not None]
+    profiled = {s["step"]: s for a in analysed for s in a.get("steps") or []
                 if isinstance(s, dict) and isinstance(s.get("step"), int)}
     by_sample = iter(sampled_verdicts(sampled, tree))
     steps: list[RunStep] = []
     for s in rank.get("steps") or []:
         if s.get("evidence") == "trace":
-            t = profiled.get(s["step"]) or {}
-            bound, path = t.get("bound"), t.get("path") or []
+            t = profiled.get(s["step"])
+            bound, path = (t["bound"], t["path"] or []) if t is not None else (None, [])
         else:
             bound, path = next(by_sample)
         steps.append({**s, "bound": bound, "path": path})
     m = rank.get("measurements") or {}
     v = verdict_from(m, tree) if m else {"bound": None, "path": [], "fixes": []}
     findings = advise(m, tree, bound=v["bound"]) if m else []
-    findings = _first_of_each(findings + [cast(Finding, f) for w in analysed
-                                          for f in w["analysis"].get("findings") or [] if isinstance(f, dict)])
+    findings = _first_of_each(findings + [cast(Finding, f) for a in analysed
+                                          for f in a.get("findings") or [] if isinstance(f, dict)])
     evidence = dict(rank.get("evidence") or {})
-    evidence["windows"] = [{**row, "bound": (w.get("analysis") or {}).get("bound")}
-                           for row, w in zip(evidence.get("windows") or [], windows)]
+    evidence["windows"] = [{**row, "bound": a["bound"] if a is not None else None}
+                           for row, a in zip(evidence.get("windows") or [], judged)]
     return {**rank, "bound": v["bound"], "path": v["path"], "fixes": v["fixes"], "steps": steps,
             "findings": findings + _window_notes(windows, len(steps)), "evidence": evidence}
 
@@ -245,7 +246,7 @@ def _first_of_each(findings: list[Finding]) -> list[Finding]:
     return out
 
 
-def _window_notes(windows: list[dict], n_steps: int) -> list[Finding]:
+def _window_notes(windows: list[WindowSummary], n_steps: int) -> list[Finding]:
     """What the rank's profiler windows lacked: none recorded, or some not analysed."""
     notes: list[Finding] = []
     if not windows:
@@ -256,13 +257,13 @@ def _window_notes(windows: list[dict], n_steps: int) -> list[Finding]:
                       "(or send SIGUSR2) to profile a window on demand.",
             "evidence": {"steps": n_steps},
         })
-    failed = [w for w in windows if not isinstance(w.get("analysis"), dict)]
+    failed = [w for w in windows if w.analysis is None]
     if failed:
         notes.append({
             "id": "window_analysis_failed", "severity": "info",
             "message": f"{len(failed)} profiler window(s) could not be analysed.",
             "advice": "Run `diag analyze` on the traces in the rank's traces/ folder to see the error.",
-            "evidence": {"windows": [{"first_step": w.get("first_step"), "error": w.get("error")}
+            "evidence": {"windows": [{"first_step": w.first_step, "error": w.error}
                                      for w in failed][:20]},
         })
     return notes

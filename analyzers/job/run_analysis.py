@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeGuard, cast
 
+import msgspec
 import numpy as np
 
 from diag import rundir
@@ -42,6 +43,7 @@ from diag.analyzers.numbers import median as _median
 from diag.analyzers.trace import host_device
 from diag.analyzers.trace.analysis import trace_facts
 from diag.analyzers.whatif import rank as what_if
+from diag.run_documents import WindowSummary
 from diag.step_record import StepRecord
 
 SCHEMA = "diag.analysis/1"
@@ -67,14 +69,14 @@ def _sorted_quantile(vals: list, q: float):
 @dataclass(frozen=True)
 class RankInputs:
     """What the diagnosis judges a run directory's rank by, beside its rank dict."""
-    windows: list[dict]  # its profiler windows, their trace analyses' waits split
+    windows: list[WindowSummary]  # its profiler windows, their trace analyses' waits split
     sampled: SampledSteps  # its steps outside windows, as the tree's measurements
 
 
-def _merge_table(windows: list[dict], key: str) -> list[dict]:
+def _merge_table(analyses: list[dict], key: str) -> list[dict]:
     merged: dict[str, dict] = {}
-    for w in windows:
-        for row in (w.get("analysis") or {}).get(key) or []:
+    for a in analyses:
+        for row in a.get(key) or []:
             name = row.get("name")
             if name is None:
                 continue
@@ -90,11 +92,10 @@ def _merge_table(windows: list[dict], key: str) -> list[dict]:
     return rows[:TOP_N]
 
 
-def _merge_gpu_time(windows: list[dict]) -> dict:
+def _merge_gpu_time(analyses: list[dict]) -> dict:
     acc: dict[str, float] = {}
     weight: dict[str, float] = {}
-    for w in windows:
-        a = w.get("analysis") or {}
+    for a in analyses:
         g = a.get("gpu_time") or {}
         wt = sum(float(s.get("duration_ms") or 0.0) for s in a.get("steps") or []) or 1.0
         for k, v in g.items():
@@ -107,16 +108,16 @@ def _merge_gpu_time(windows: list[dict]) -> dict:
     return out
 
 
-def _warmup_cut(steps: list[dict], windows: list[dict], settings: FactSettings) -> int:
+def _warmup_cut(steps: list[dict], windows: list[WindowSummary], settings: FactSettings) -> int:
     """First step number that counts for the rank's verdict (start-up steps are atypical):
     the first profiler window's, else the one warm-up rule (model.warmup_steps)."""
     if windows:
-        return min(int(w.get("first_step", 0)) for w in windows)
+        return min(w.first_step or 0 for w in windows)
     return steps[0]["step"] + settings.warmup_steps(len(steps)) if steps else 0
 
 
-def _unsummarised_windows(rd: rundir.RunDir, rank: int, windows: list[dict], settings: FactSettings, errors: list,
-                          host_peaks: dict | None) -> list[dict]:
+def _unsummarised_windows(rd: rundir.RunDir, rank: int, windows: list[WindowSummary], settings: FactSettings,
+                          errors: list, host_peaks: dict | None) -> list[WindowSummary]:
     """Traces whose background analysis never finished (the rank exited or was killed first).
     CPU traces use the calibration the rank's agent recorded, else `host_peaks`."""
     info = rd.rank_info(rank) or {}
@@ -126,7 +127,7 @@ def _unsummarised_windows(rd: rundir.RunDir, rank: int, windows: list[dict], set
     last = info.get("last_step")
     closed = info.get("status") not in (None, "running")
     done = (0, last) if closed and isinstance(last, int) and not isinstance(last, bool) else None
-    named = {w.get("trace") for w in windows}
+    named = {w.trace for w in windows}
     named |= {str(n)[: -len(".gz")] for n in named if str(n).endswith(".gz")}
     out = []
     for path in rd.traces(rank):
@@ -139,20 +140,21 @@ def _unsummarised_windows(rd: rundir.RunDir, rank: int, windows: list[dict], set
             continue
         nums = [s["step"] for s in a.get("steps") or [] if isinstance(s.get("step"), int)]
         if nums:
-            out.append({"first_step": min(nums), "last_step": max(nums), "trace": path.name, "analysis": a})
+            out.append(WindowSummary(first_step=min(nums), last_step=max(nums), trace=path.name,
+                                     analysis=cast(dict, a)))
     return out
 
 
 def rank_windows(rd: rundir.RunDir, rank: int, settings: FactSettings, errors: list,
-                 host_peaks: dict | None = None) -> list[dict]:
+                 host_peaks: dict | None = None) -> list[WindowSummary]:
     """A rank's profiler windows, in step order, with their trace analyses where there are any."""
     windows = rd.windows(rank)
     windows += _unsummarised_windows(rd, rank, windows, settings, errors, host_peaks)
-    return sorted(windows, key=lambda w: int(w.get("first_step", 0)))
+    return sorted(windows, key=lambda w: w.first_step or 0)
 
 
 def analyze_rank(rd: rundir.RunDir, rank: int, settings: FactSettings, errors: list | None = None,
-                 windows: list[dict] | None = None) -> tuple[RunRankFacts, RankInputs]:
+                 windows: list[WindowSummary] | None = None) -> tuple[RunRankFacts, RankInputs]:
     """One rank of a run directory: (its rank dict, of step records measured by their profiler
     windows or by the sampled measurements and the rank's measurements over its counted
     steps; what the diagnosis judges it by besides)."""
@@ -160,55 +162,53 @@ def analyze_rank(rd: rundir.RunDir, rank: int, settings: FactSettings, errors: l
     records = sorted(rd.steps(rank), key=lambda r: r.step)
     if windows is None:
         windows = rank_windows(rd, rank, settings, errors if errors is not None else [])
-    analysed = [w for w in windows if isinstance(w.get("analysis"), dict)]
+    analysed = [w for w in windows if w.analysis is not None]
+    analyses = [a for w in analysed if (a := w.analysis) is not None]
     samples = sorted((s for s in rd.samples(rank) if _finite(s.get("t"))), key=lambda s: s["t"])
     trace_steps, comps = _window_steps(analysed)
     steps_out, sampled = _rank_steps(records, trace_steps, comps, samples)
     cut = _warmup_cut(steps_out, analysed, settings)
     counted = [s for s in steps_out if s["step"] >= cut] or steps_out
     shares = _time_weighted_shares(counted)
-    split = [w["analysis"].get("wait_split") or {} for w in analysed]
-    measurements = _rank_measurements(counted, shares, any(x.get("measured") for x in split), comps, analysed,
+    split = [a.get("wait_split") or {} for a in analyses]
+    measurements = _rank_measurements(counted, shares, any(x.get("measured") for x in split), comps, analyses,
                                       samples, info)
     critical_path, what_if_entries = what_if.summarize([s for s in counted if s["evidence"] == "trace"],
                                                        settings.what_if)
     dev = dict_at(info, "device")
-    device = dev.get("name") or next((w["analysis"].get("device") for w in reversed(analysed)
-                                      if w["analysis"].get("device")), None)
+    device = dev.get("name") or next((a.get("device") for a in reversed(analyses) if a.get("device")), None)
     model = info.get("model")
-    traced = [(w["analysis"], len(w["analysis"].get("steps") or [])) for w in analysed]
+    traced = [(a, len(a.get("steps") or [])) for a in analyses]
     doc = {
         "rank": rank,
         "source": str(rd.rank_path(rank)),
         "device": device,
         # The device's peaks and host link, as the newest window that read them recorded them.
-        "device_info": next((w["analysis"]["device_info"] for w in reversed(analysed)
-                             if isinstance(w["analysis"].get("device_info"), dict)), None),
+        "device_info": next((a["device_info"] for a in reversed(analyses) if isinstance(a.get("device_info"), dict)),
+                            None),
         "world_size": info.get("world_size"),
-        "backend": info.get("backend") or next((w["analysis"].get("backend") for w in analysed
-                                                if w["analysis"].get("backend")), None),
+        "backend": info.get("backend") or next((a.get("backend") for a in analyses if a.get("backend")), None),
         "host": info.get("host"),
         "status": info.get("status"),
         # What ended the rank, where it did not finish (the exception its training raised, the signal).
         "error": str(info["error"])[:2000] if isinstance(info.get("error"), str) else None,
         "steps": steps_out,
-        "gpu_time": _merge_gpu_time(analysed),
-        "top_kernels": _merge_table(analysed, "top_kernels"),
-        "top_ops": _merge_table(analysed, "top_ops"),
+        "gpu_time": _merge_gpu_time(analyses),
+        "top_kernels": _merge_table(analyses, "top_kernels"),
+        "top_ops": _merge_table(analyses, "top_ops"),
         **_merged_cause_facts(traced),
-        "collectives": [c for w in analysed for c in w["analysis"].get("collectives") or []],
+        "collectives": [c for a in analyses for c in a.get("collectives") or []],
         "mfu": measurements.get("mfu"),
         "shares": {b: measurements.get(f"{b}_share", 0.0) for b in CLASSES} if shares else None,
         "measurements": measurements,
         "wait_split": next((x for x in split if x.get("measured")), split[0] if split else
                            {"measured": False, "reason": "no profiler window analysed"}),
-        "waits_for": _most_common(w["analysis"].get("waits_for") for w in analysed),
+        "waits_for": _most_common(a.get("waits_for") for a in analyses),
         "wait_share": measurements.get("wait_share"),
         "evidence": {
             "trace_steps": sum(1 for s in steps_out if s["evidence"] == "trace"),
             "sampled_steps": sum(1 for s in steps_out if s["evidence"] == "sampled"),
-            "windows": [{"first_step": w.get("first_step"), "last_step": w.get("last_step"),
-                         "trace": w.get("trace")} for w in windows],
+            "windows": [{"first_step": w.first_step, "last_step": w.last_step, "trace": w.trace} for w in windows],
             "samples": len(samples),
             "warmup_steps_excluded": sum(1 for s in steps_out if s["step"] < cut),
         },
@@ -239,20 +239,21 @@ def _merged_cause_facts(traced: list[tuple[dict, int]]) -> dict:
         [(a.get(k), n) for a, n in traced]) for k in _MERGED_ORDER}
 
 
-def _window_steps(analysed: list[dict]) -> tuple[dict[int, dict], list[tuple[int, dict]]]:
+def _window_steps(analysed: list[WindowSummary]) -> tuple[dict[int, dict], list[tuple[int, dict]]]:
     """The profiled steps of a rank's analysed windows by number, and each window's composition
     (how its steps split their non-data time) by its first step."""
     trace_steps: dict[int, dict] = {}
     comps: list[tuple[int, dict]] = []
     for w in analysed:
-        if w["analysis"].get("device_events_missing"):
+        a = w.analysis or {}
+        if a.get("device_events_missing"):
             continue  # a GPU process's window without its device events: its steps stay sampled
-        for s in w["analysis"].get("steps") or []:
+        for s in a.get("steps") or []:
             if isinstance(s.get("step"), int):
                 trace_steps[s["step"]] = s
-        c = window_composition(w["analysis"])
+        c = window_composition(a)
         if c is not None:
-            comps.append((int(w.get("first_step", 0)), c))
+            comps.append((w.first_step or 0, c))
     return trace_steps, comps
 
 
@@ -349,7 +350,7 @@ def _exposed_data_ms(step: dict):
 
 
 def _rank_measurements(counted: list[dict], shares: dict | None, wait_measured: bool, comps: list,
-                       analysed: list[dict], samples: list[dict], info: dict) -> dict:
+                       analyses: list[dict], samples: list[dict], info: dict) -> dict:
     """The tree's measurements of a rank over its counted steps."""
     measurements: dict = {}
     if shares:
@@ -365,7 +366,7 @@ def _rank_measurements(counted: list[dict], shares: dict | None, wait_measured: 
             measurements["data_share"] = statistics.fmean(data)
     mfu = _median(s.get("mfu") for s in counted)
     if mfu is None:
-        mfu = _median(w["analysis"].get("mfu") for w in analysed)
+        mfu = _median(a.get("mfu") for a in analyses)
     if mfu is not None:
         measurements["mfu"] = mfu
     mem_frac = _memory_used_frac(samples, info)
@@ -510,12 +511,12 @@ def analyze_run(run_dir, settings: FactSettings, host_peaks: dict | None = None)
     }, inputs
 
 
-def _split_window_waits(windows: dict[int, list[dict]]) -> dict[int, list[dict]]:
+def _split_window_waits(windows: dict[int, list[WindowSummary]]) -> dict[int, list[WindowSummary]]:
     """Waiting for peers apart from transfer, in the windows' steps, before the ranks add them up."""
-    analysed = {r: [w["analysis"] for w in ws if isinstance(w.get("analysis"), dict)] for r, ws in windows.items()}
+    analysed = {r: [a for w in ws if (a := w.analysis) is not None] for r, ws in windows.items()}
     split, _ = waits.split_waits(analysed)
     out = {}
     for r, ws in windows.items():
         it = iter(split[r])
-        out[r] = [{**w, "analysis": next(it)} if isinstance(w.get("analysis"), dict) else w for w in ws]
+        out[r] = [msgspec.structs.replace(w, analysis=next(it)) if w.analysis is not None else w for w in ws]
     return out

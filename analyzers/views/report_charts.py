@@ -19,12 +19,12 @@ from diag.analyzers.diagnosis.inputs import (
     num,
 )
 from diag.analyzers.diagnosis.throttle import throttle_reasons
-from diag.analyzers.numbers import dict_at
+from diag.run_documents import RunRecords
 
 
-def busbw_chart(run: dict) -> dict | None:
+def busbw_chart(run: RunRecords) -> dict | None:
     """Bus bandwidth against message size per collective, with the expected line."""
-    bench = run.get("nccl_bench") if isinstance(run.get("nccl_bench"), dict) else None
+    bench = run.nccl_bench
     if not bench:
         return None
     chart: dict[str, list] = {"series": [], "expected": []}
@@ -47,8 +47,8 @@ def busbw_chart(run: dict) -> dict | None:
                 "collective": str(t.get("collective", "")),
                 "x": xs, "y": ys, "status": str(t.get("status", "ok")),
             })
-    for i in run.get("nccl_bandwidth") or []:
-        e = num(i.get("expected_busbw_gbps")) if isinstance(i, dict) else None
+    for i in run.nccl_bandwidth:
+        e = num(i.get("expected_busbw_gbps"))
         if e and not any(x["busbw_gbps"] == e for x in chart["expected"]):
             chart["expected"].append({"collective": str(i.get("collective", "")), "busbw_gbps": e,
                                       "label": str(i.get("expected_basis") or "expected")})
@@ -94,10 +94,9 @@ def throughput_series(ranks, steps: Steps, limits, notes) -> dict | None:
         by_step = defaultdict(list)
         for r in ranks.values():
             for w in r["windows"]:
-                a = dict_at(w, "analysis")
-                v = num(a.get("mfu"))
-                if v is not None and isinstance(w.get("first_step"), int):
-                    by_step[w["first_step"]].append(v)
+                v = num((w.analysis or {}).get("mfu"))
+                if v is not None and w.first_step is not None:
+                    by_step[w.first_step].append(v)
         if by_step:
             out["mfu_points"] = {"x": sorted(by_step), "y": [float(np.mean(by_step[k])) for k in sorted(by_step)]}
     return out

@@ -1,8 +1,8 @@
 """The bottleneck report's data model: what the HTML, Markdown and JSON reports show.
 
 `build_model(doc, run)` is pure: it takes an analysis document (schema diag.analysis/1)
-with its diagnosis, and the records of its run directory already read into memory (`run`,
-see `RUN_KEYS`), and returns plain data. Nothing here reads files, prints or plots.
+with its diagnosis, and the records of its run directory already read into memory (`run`, a
+`diag.run_documents.RunRecords`), and returns plain data. Nothing here reads files, prints or plots.
 
 The judgement (verdict, headline, confidence, decision path, phase shares, evidence,
 recommendations and their gains, findings, memory advice) is the document's "diagnosis",
@@ -45,22 +45,9 @@ from diag.analyzers.views.report_charts import (
     wait_heatmap,
 )
 from diag.errors import DiagInputError
+from diag.run_documents import RunRecords
 
 MODEL_SCHEMA = "diag.report/1"
-# Keys of the `run` argument; all optional.
-RUN_KEYS = {
-    "path": "run directory path (str)",
-    "manifest": "manifest.json contents",
-    "ranks": "{rank: {'info': rank.json, 'steps': [...], 'samples': [...], 'events': [...], "
-    "'windows': [...], 'traces': int, 'nccl_logs': int}}",
-    "missing_ranks": "ranks expected from the world size but absent",
-    "problems": "unreadable or damaged files, one line each",
-    "nccl_log": "diag.nccl_log/2 document (facts; /1 from older runs) or None",
-    "nccl_bench": "diag.nccl_bench/1 document or None",
-    "nccl_bandwidth": "[{'collective', **diag.analyzers.nccl.expected.bandwidth_facts(test, topology)}]",
-}
-
-
 @dataclass(frozen=True)
 class Limits:
     series_points: int = 500  # points per step-indexed chart
@@ -71,19 +58,18 @@ class Limits:
     rank_rows: int = 256  # per-rank table rows
 
 
-def build_model(doc: dict, run: dict | None = None, limits: Limits | None = None) -> dict:
+def build_model(doc: dict, run: RunRecords | None = None, limits: Limits | None = None) -> dict:
     """The report model from an analysis document with its diagnosis (the facade's, built on
     the same run records) and a run directory's records."""
     diagnosis = doc.get("diagnosis") if isinstance(doc, dict) else None
     if not isinstance(diagnosis, dict) or diagnosis.get("schema") != DIAGNOSIS_SCHEMA:
         raise DiagInputError(f"the analysis document has no {DIAGNOSIS_SCHEMA} diagnosis; "
                              "analyse the traces or run directory again with this diag")
-    run = run or {}
+    run = run or RunRecords()
     limits = limits or Limits()
     notes: list[str] = []
 
     ranks = merge_ranks(doc, run)
-    run = {**run, "missing_ranks": diagnosis["missing_ranks"], "stopped_ranks": diagnosis["stopped_ranks"]}
     world = diagnosis["world_size"]
     allt = concat(ranks)
     steps = job_steps(ranks)
@@ -105,7 +91,7 @@ def build_model(doc: dict, run: dict | None = None, limits: Limits | None = None
     return {
         "schema": MODEL_SCHEMA,
         "diagnosis": diagnosis,
-        "run": _run_meta(doc, run, ranks, world, steps),
+        "run": _run_meta(doc, run, ranks, world, steps, diagnosis["missing_ranks"]),
         **judged,
         "ranks": _rank_rows(ranks, diagnosis["stragglers"], limits, notes),
         "step_stats": _step_stats(steps),
@@ -114,7 +100,7 @@ def build_model(doc: dict, run: dict | None = None, limits: Limits | None = None
         "top_ops": _top_table(doc, "top_ops", limits),
         "nccl": nccl,
         "charts": charts,
-        "missing": _missing(run, ranks, allt, world, nccl, busbw),
+        "missing": _missing(run, diagnosis, ranks, allt, nccl, busbw),
         "problems": _problems(doc, run),
         "notes": notes,
     }
@@ -203,19 +189,19 @@ def _step_stats(steps: Steps) -> dict | None:
             "device_steps": int(len(dev))}
 
 
-def _run_meta(doc, run, ranks, world, steps) -> dict:
-    man = run.get("manifest") or {}
+def _run_meta(doc, run: RunRecords, ranks, world, steps, missing: list[int]) -> dict:
+    man = run.manifest
     hosts = sorted({r["host"] for r in ranks.values() if r["host"]})
     if not hosts and isinstance(man.get("hosts"), list):
         hosts = [str(h if not isinstance(h, dict) else h.get("hostname", h.get("host", "?")))
                  for h in man["hosts"]]
     devices = Counter(r["device"] for r in ranks.values() if r["device"])
     return {
-        "path": run.get("path"),
-        "name": man.get("run") or man.get("name") or _name_from(run.get("path") or doc.get("source"), ranks),
+        "path": run.path,
+        "name": man.get("run") or man.get("name") or _name_from(run.path or doc.get("source"), ranks),
         "world_size": world,
         "ranks_present": sorted(ranks),
-        "missing_ranks": list(run.get("missing_ranks") or []),
+        "missing_ranks": list(missing),
         "hosts": hosts[:64],
         "host_count": len(hosts),
         "devices": [f"{n} x {d}" for d, n in devices.most_common()],
@@ -228,18 +214,17 @@ def _run_meta(doc, run, ranks, world, steps) -> dict:
     }
 
 
-def _backend(run: dict, ranks: dict) -> str | None:
-    man = run.get("manifest") or {}
-    return man.get("backend") or next((r["info"].get("backend") for r in ranks.values()
+def _backend(run: RunRecords, ranks: dict) -> str | None:
+    return run.manifest.get("backend") or next((r["info"].get("backend") for r in ranks.values()
                                        if r["info"].get("backend")), None)
 
 
-def _nccl_applicable(run: dict, ranks: dict) -> bool:
+def _nccl_applicable(run: RunRecords, ranks: dict) -> bool:
     """False for gloo/MPI jobs and for PyTorch builds without CUDA or ROCm (they cannot use NCCL)."""
     backend = _backend(run, ranks)
     if backend:
         return str(backend).lower() in ("nccl", "rccl")
-    versions = (run.get("manifest") or {}).get("versions")
+    versions = run.manifest.get("versions")
     if isinstance(versions, dict) and "cuda" in versions and "hip" in versions:
         return bool(versions.get("cuda") or versions.get("hip"))
     return True
@@ -258,8 +243,8 @@ def _name_from(path, ranks: dict) -> str:
     return "analysis"
 
 
-def _problems(doc, run) -> list[str]:
-    out = [str(p) for p in run.get("problems") or []]
+def _problems(doc, run: RunRecords) -> list[str]:
+    out = list(run.problems)
     for e in doc.get("errors") or []:
         if isinstance(e, dict):
             out.append(f"{e.get('source', '?')}: {e.get('error', '?')}")
@@ -269,9 +254,10 @@ def _problems(doc, run) -> list[str]:
 # ---------------------------------------------------------------------------- missing
 
 
-def _missing(run, ranks, allt: Steps, world, nccl, busbw) -> list[dict]:
+def _missing(run: RunRecords, diagnosis: dict, ranks, allt: Steps, nccl, busbw) -> list[dict]:
     """What could not be measured, why it matters, and how to get it next time."""
-    out = _missing_ranks(run, world)
+    world = diagnosis["world_size"]
+    out = _missing_ranks(diagnosis["missing_ranks"], diagnosis["stopped_ranks"], world)
     if not ranks:
         out.append({"what": "No rank data at all.", "why": "Nothing to analyse.",
                     "how": "Run the training under diag.Agent(run_dir=...) so each rank writes its folder."})
@@ -280,10 +266,9 @@ def _missing(run, ranks, allt: Steps, world, nccl, busbw) -> list[dict]:
             + _missing_rates(ranks, allt))
 
 
-def _missing_ranks(run, world) -> list[dict]:
+def _missing_ranks(missing: list[int], stopped: list[int], world) -> list[dict]:
     """Ranks that left no data, and ranks that stopped reporting before the job ended."""
     out = []
-    missing = list(run.get("missing_ranks") or [])
     if missing:
         shown = ", ".join(str(r) for r in missing[:16]) + (" ..." if len(missing) > 16 else "")
         out.append({
@@ -293,7 +278,6 @@ def _missing_ranks(run, world) -> list[dict]:
             "how": "Check that rank's log for a crash or kill (OOM killer, NCCL timeout); make sure every "
                    "rank can write to the run directory.",
         })
-    stopped = list(run.get("stopped_ranks") or [])
     if stopped:
         shown = ", ".join(str(r) for r in stopped[:16]) + (" ..." if len(stopped) > 16 else "")
         out.append({
@@ -305,10 +289,10 @@ def _missing_ranks(run, world) -> list[dict]:
     return out
 
 
-def _missing_measurements(run, ranks, allt: Steps, world) -> list[dict]:
+def _missing_measurements(run: RunRecords, ranks, allt: Steps, world) -> list[dict]:
     """Waits not split from transfer, no profiler window, no metric samples."""
     out = []
-    path = run.get("path") or "RUN_DIR"
+    path = run.path or "RUN_DIR"
     unsplit = [r for r in ranks.values() if r["analysis"].get("steps")
                and not (r["analysis"].get("wait_split") or {}).get("measured")]
     if world > 1 and unsplit:
@@ -321,7 +305,7 @@ def _missing_measurements(run, ranks, allt: Steps, world) -> list[dict]:
                    "the agent's run directory), so each collective is seen from every rank.",
         })
     has_trace = bool(allt.traced.any()) or any(r["windows"] for r in ranks.values())
-    if not has_trace and run.get("ranks"):
+    if not has_trace and run.ranks:
         out.append({
             "what": "No profiler window was captured or analysed.",
             "why": "Without a trace the device's time cannot be split into communication, bandwidth-bound "
@@ -331,7 +315,7 @@ def _missing_measurements(run, ranks, allt: Steps, world) -> list[dict]:
                    f"process); then run `diag report {path}`.",
         })
     samples = [s for r in ranks.values() for s in r["samples"]]
-    if run.get("ranks") and not samples:
+    if run.ranks and not samples:
         out.append({
             "what": "No device or host metric samples.",
             "why": "Utilisation, memory, power, clock and throttle timelines are empty.",
@@ -349,10 +333,10 @@ def _missing_measurements(run, ranks, allt: Steps, world) -> list[dict]:
     return out
 
 
-def _missing_comm(run, ranks, world, nccl, busbw) -> list[dict]:
+def _missing_comm(run: RunRecords, ranks, world, nccl, busbw) -> list[dict]:
     """No NCCL log where the job used NCCL, and no bus-bandwidth measurement."""
     out = []
-    path = run.get("path") or "RUN_DIR"
+    path = run.path or "RUN_DIR"
     if world > 1 and not nccl.get("log_findings") and not nccl.get("transports") and not nccl.get("version"):
         if not _nccl_applicable(run, ranks):
             pass  # a gloo or MPI job, or a CPU-only PyTorch build, has no NCCL log to miss
