@@ -9,6 +9,7 @@ import types
 from pathlib import Path
 
 import pytest
+from merged_ranks import merged
 
 from diag.analyzers.analyze import analyze_paths
 from diag.analyzers.diagnosis import action_models as am
@@ -58,7 +59,7 @@ def test_the_pinned_rate_is_the_device_links_share():
 def _ctx(analysis: dict, **thresholds):
     tree = dt.load_tree()
     tree.thresholds.update(thresholds)
-    return types.SimpleNamespace(ranks={0: {"analysis": analysis}}, tree=tree)
+    return types.SimpleNamespace(ranks=merged({0: {"analysis": analysis}}), tree=tree)
 
 
 CEILING = {"baseline_step_ms": 100.0, "predicted_step_ms": 20.0}

@@ -154,10 +154,10 @@ def test_samples_fill_device_and_host_metrics(handle):
 
 
 def test_windows_nccl_and_events(handle):
-    handle.observe_window({"first_step": 10, "last_step": 14, "trace": "t.json", "analysis": {
+    handle.observe_window({
         "mfu": 0.41, "gpu_time": {"idle_pct": 10, "compute_pct": 80, "non_compute_pct": 10,
                                   "comm_compute_overlap_pct": 62.5},
-        "findings": [{"id": "low_mfu"}, {"id": "exposed_comm"}, {"id": "exposed_comm"}]}})
+        "findings": [{"id": "low_mfu"}, {"id": "exposed_comm"}, {"id": "exposed_comm"}]})
     handle.observe_nccl({"schema": "diag.nccl_bench/1", "tests": [
         {"collective": "all_reduce", "world_size": 2, "rows": [], "avg_busbw_gbps": 180.5, "status": "ok"},
         {"collective": "all_gather", "world_size": 2, "rows": [], "avg_busbw_gbps": None, "status": "failed"}]})

@@ -13,6 +13,7 @@ import types
 from pathlib import Path
 
 import pytest
+from merged_ranks import merged, merged_rank
 
 from diag.analyzers.diagnosis import causes as cs
 from diag.analyzers.diagnosis import decision_tree as dt
@@ -149,7 +150,7 @@ LOADER = {"class": "DataLoader", "dataset": "Shards", "num_workers": 0, "batch_s
 
 
 def _ctx(rank: dict, what_if=()):
-    return types.SimpleNamespace(ranks={0: rank}, tree=dt.load_tree(), bound="data", shares={"data": 0.9},
+    return types.SimpleNamespace(ranks=merged({0: rank}), tree=dt.load_tree(), bound="data", shares={"data": 0.9},
                                  job={"what_if": list(what_if)}, nccl={})
 
 
@@ -263,13 +264,17 @@ def test_other_processes_cpus_are_the_hosts_busy_ones_less_the_jobs():
                                                     "dataloader_workers_cpu_ratio": 0.3}}] * 5}
 
     ranks = {0: rank(), 1: rank(), 2: rank("n2")}
-    ctx = types.SimpleNamespace(ranks=ranks, tree=types.SimpleNamespace(thresholds=TH))
-    assert _foreign_cpus(ctx, ranks[0], {"cpus": 4}) == pytest.approx((4.0 - 2.4) * 4 / 8)
+
+    def foreign(k: int, parts=None) -> float:
+        ctx = types.SimpleNamespace(ranks=merged(ranks), tree=types.SimpleNamespace(thresholds=TH))
+        return _foreign_cpus(ctx, merged_rank(parts, 9) if parts else ctx.ranks[k], {"cpus": 4})
+
+    assert foreign(0) == pytest.approx((4.0 - 2.4) * 4 / 8)
     # Under loader_foreign_min_cpus (0.5) busy CPUs besides the job's: the scatter of a quiet host.
     for r in ranks.values():
         r["samples"] = [{"host": {**s["host"], "cpu_ratio": (2.4 + 0.49) / 8}} for s in r["samples"]]
-    assert TH["loader_foreign_min_cpus"] == 0.5 and _foreign_cpus(ctx, ranks[0], {"cpus": 4}) == 0.0
+    assert TH["loader_foreign_min_cpus"] == 0.5 and foreign(0) == 0.0
     # Damaged samples count for nothing; a host the job keeps busy has no other load.
     ranks[1]["samples"] = [{"host": {"cpu_ratio": "x", "process_cpu_ratio": None}}]
-    assert _foreign_cpus(ctx, ranks[1], {"cpus": 4}) == 0.0
-    assert _foreign_cpus(ctx, {"host": "n3", "samples": []}, {"cpus": 4}) == 0.0
+    assert foreign(1) == 0.0
+    assert foreign(0, {"host": "n3", "samples": []}) == 0.0

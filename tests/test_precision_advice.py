@@ -5,6 +5,7 @@ a CPU with them and on a device. The default demo's views: tests/test_readme.py.
 from __future__ import annotations
 
 import pytest
+from merged_ranks import merged
 
 from diag.analyzers.diagnosis import decision_tree as dt
 from diag.analyzers.diagnosis.precision import cpu_without_bf16_units, withhold_half_precision
@@ -31,7 +32,7 @@ def _rank(bf16_units, vendor=None, timeline=None):
     ({0: _rank(False, timeline="device")}, None),
 ])
 def test_which_jobs_lack_bf16_units(ranks, isa):
-    assert cpu_without_bf16_units(ranks) == isa
+    assert cpu_without_bf16_units(merged(ranks)) == isa
 
 
 def test_the_precision_changes_and_fixes_are_withheld_with_the_reason():

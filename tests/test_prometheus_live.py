@@ -199,10 +199,10 @@ class GpuFeeder:
 
     def start(self):
         h = self.handle
-        h.observe_window({"first_step": 10, "last_step": 14, "trace": "x.pt.trace.json.gz", "analysis": {
+        h.observe_window({
             "mfu": 0.38, "gpu_time": {"idle_pct": 5.0, "compute_pct": 80.0, "non_compute_pct": 15.0,
                                       "comm_compute_overlap_pct": 55.0},
-            "findings": [{"id": "low_mfu", "severity": "info", "message": "", "advice": "", "evidence": ""}]}})
+            "findings": [{"id": "low_mfu", "severity": "info", "message": "", "advice": "", "evidence": ""}]})
         for doc in nccl_documents():
             h.observe_nccl(doc)
         self._thread.start()

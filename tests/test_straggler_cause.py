@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from diag.analyzers.diagnosis.decision_tree import load_tree
@@ -130,7 +131,7 @@ def test_a_cpu_rank_doing_the_same_work_slower_is_contention(calls):
     (2%) of the peers' op time are the same work, however slowly they ran; a few more (2.5%) that
     are far from its lateness are too. Host ops are not counted."""
     m = _merged([_cpu_rank(0, 100.0, 100), _cpu_rank(1, 130.0, calls, compute=0.75, slow=1.3)])
-    m[1]["info"] = {"local_world_size": 2, "cpu": {"cpus": 2, "torch_threads": 1}}
+    m[1] = msgspec.structs.replace(m[1], info={"local_world_size": 2, "cpu": {"cpus": 2, "torch_threads": 1}})
     got = likely_cause(m[1], [m[0]], TREE)
     assert got["cause"] == "cpu_contention", got["text"]
     ev = got["evidence"]

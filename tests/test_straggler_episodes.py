@@ -23,7 +23,7 @@ STEP_MS = 100.0
 
 
 def _ranks(n_steps: int, world: int, late, jitter_ms: float = 0.2, traced=(), seed: int = 0) -> dict:
-    """Merged ranks whose data wait is 1 ms plus `late(step, rank)` ms, with a little noise; steps in
+    """Ranks' analysed steps whose data wait is 1 ms plus `late(step, rank)` ms, with a little noise; steps in
     `traced` carry a trace's wait share instead (the late rank waits least)."""
     rng = np.random.default_rng(seed)
     out = {}
@@ -39,7 +39,7 @@ def _ranks(n_steps: int, world: int, late, jitter_ms: float = 0.2, traced=(), se
                 wait_ms = others_late - extra + rng.normal(0, jitter_ms) + 1.0
                 s.update(evidence="trace", data_wait_ms=1.0, shares={"wait": wait_ms / STEP_MS})
             steps.append(s)
-        out[r] = {"rank": r, "analysis": {"steps": steps}}
+        out[r] = steps
     return out
 
 
@@ -235,10 +235,10 @@ def test_a_late_batch_inside_a_window_counts_on_its_data_wait():
     """Rank 1's batches are late over steps 13-17; steps 14-16 are traced, where its pace is no later
     than its peer's (the trace put the wait elsewhere): the data wait still says it."""
     ranks = _ranks(40, 2, lambda i, r: 30.0 if r == 1 and 13 <= i <= 17 else 0.0, traced={14, 15, 16})
-    for s in ranks[1]["analysis"]["steps"]:
+    for s in ranks[1]:
         if s["step"] in (14, 15, 16):
             s.update(data_wait_ms=31.0, shares={"wait": 0.01})
-    for s in ranks[0]["analysis"]["steps"]:
+    for s in ranks[0]:
         if s["step"] in (14, 15, 16):
             s.update(shares={"wait": 0.01})
     e = _one(straggler_episodes(ranks, TREE))

@@ -220,10 +220,7 @@ class Handle:
                 else:
                     getattr(s, method)(name, value, labels)
 
-    def _window(self, doc: dict) -> None:
-        # A window summary file of the run directory wraps the rank dict under "analysis".
-        analysis = doc.get("analysis")
-        rank = analysis if isinstance(analysis, dict) else doc
+    def _window(self, rank: dict) -> None:
         mfu = _num(rank.get("mfu"))
         gpu_time = dict_at(rank, "gpu_time")
         overlap = _num(gpu_time.get("comm_compute_overlap_pct"))

@@ -84,7 +84,7 @@ def removal(action: str):
 
 def _analysis(ctx: JobContext, evidence: dict) -> dict:
     ranks = evidence.get("ranks") or []
-    return (ctx.ranks.get(ranks[0]) or {}).get("analysis") or {} if ranks else {}
+    return ctx.ranks[ranks[0]].analysis if ranks and ranks[0] in ctx.ranks else {}
 
 
 def _pinned_rate(analysis: dict, thresholds: dict) -> tuple[float, str] | None:

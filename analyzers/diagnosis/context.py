@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from diag.analyzers.diagnosis.decision_tree import Tree
-from diag.analyzers.diagnosis.inputs import Steps
+from diag.analyzers.diagnosis.inputs import Ranks, Steps
 from diag.run_documents import RunRecords
 
 
@@ -21,7 +21,7 @@ class LostRanks:
 @dataclass(frozen=True)
 class JobContext:
     job: dict  # the job block, with its verdict and cross-rank judgements
-    ranks: dict  # rank -> merged rank (inputs.merge_ranks)
+    ranks: Ranks  # rank -> its analysis merged with its records (inputs.merge_ranks)
     run: RunRecords  # the run's records (empty for plain traces)
     lost: LostRanks
     tree: Tree

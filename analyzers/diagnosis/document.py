@@ -35,6 +35,8 @@ from diag.analyzers.diagnosis.inputs import (
     CLASSES,
     PHASE_LABELS,
     PHASE_PHRASES,
+    MergedRank,
+    Ranks,
     Steps,
     concat,
     describe,
@@ -69,7 +71,7 @@ def build_diagnosis(doc: dict | None, run: RunRecords | None = None, tree=None) 
     return diagnose_ranks(doc, merge_ranks(doc, run), run, tree)
 
 
-def diagnose_ranks(doc: dict, ranks: dict, run: RunRecords, tree) -> dict:
+def diagnose_ranks(doc: dict, ranks: Ranks, run: RunRecords, tree) -> dict:
     """`build_diagnosis` on ranks already merged with `inputs.merge_ranks` (the report merges them once)."""
     job = with_likely_causes(diagnose_job(doc, ranks, tree), ranks, tree)
     job_missing = {r for r in job.get("missing_ranks") or [] if isinstance(r, int)}
@@ -78,7 +80,7 @@ def diagnose_ranks(doc: dict, ranks: dict, run: RunRecords, tree) -> dict:
     return _judge(job, ranks, run, lost, tree)
 
 
-def diagnose_job(doc: dict, ranks: dict, tree) -> dict:
+def diagnose_job(doc: dict, ranks: Ranks, tree) -> dict:
     """The job block with its verdict: as the document holds it when it has one already,
     else computed from the ranks (analysed, or else their step records) and the cross-rank facts."""
     job = dict_at(doc, "job")
@@ -86,14 +88,14 @@ def diagnose_job(doc: dict, ranks: dict, tree) -> dict:
         return job
     rank_docs = []
     for r in ranks.values():
-        a = r["analysis"]
-        if not has_all_shares(rank_measurements(a)) and (tw := tw_shares(r["step_table"])) is not None:
-            a = {**a, "rank": r["rank"], "shares": tw}  # the shares of its step records
-        rank_docs.append(a if a else {"rank": r["rank"]})
+        a = r.analysis
+        if not has_all_shares(rank_measurements(a)) and (tw := tw_shares(r.step_table)) is not None:
+            a = {**a, "rank": r.rank, "shares": tw}  # the shares of its step records
+        rank_docs.append(a if a else {"rank": r.rank})
     return job_verdict(rank_docs, job, tree)
 
 
-def _judge(job: dict, ranks: dict, run: RunRecords, lost: LostRanks, tree) -> dict:
+def _judge(job: dict, ranks: Ranks, run: RunRecords, lost: LostRanks, tree) -> dict:
     """Everything but the job verdict, which `job` already holds."""
     job, tree = withhold_half_precision(job, tree, cpu_without_bf16_units(ranks))
     allt = concat(ranks)
@@ -110,7 +112,7 @@ def _judge(job: dict, ranks: dict, run: RunRecords, lost: LostRanks, tree) -> di
     )
     bound, world, steps, job_shares, stragglers = ctx.bound, ctx.world, ctx.job_steps, ctx.shares, ctx.stragglers
     path = _decision_path(job, ranks, bound)
-    episodes = straggler_episodes(ranks, tree)
+    episodes = straggler_episodes({k: r.analysis.get("steps") or [] for k, r in ranks.items()}, tree)
     over_time = episode_finding(episodes, tree)
     extra = [f for f in (over_time, ended_finding(ranks, lost.stopped), reporting.missing_finding(lost.missing, world))
              if f] + reporting.input_findings(job)
@@ -119,7 +121,7 @@ def _judge(job: dict, ranks: dict, run: RunRecords, lost: LostRanks, tree) -> di
     ev = evidence(ranks, allt, steps, job_shares, basis, stragglers, ctx.nccl, findings)
     headline = _headline(ctx)
     whole = [k for k, r in ranks.items()
-             if r["analysis"].get("iterations") and not r["analysis"]["iterations"].get("marker")]
+             if r.analysis.get("iterations") and not r.analysis["iterations"].get("marker")]
     confidence = _confidence(bound, _measured(allt, mset), path, lost.missing, len(run.problems), world,
                              job.get("borderline"), sorted(blind), whole)
     memory = memory_section(ranks, tree, world)
@@ -156,17 +158,17 @@ def _judge(job: dict, ranks: dict, run: RunRecords, lost: LostRanks, tree) -> di
     }
 
 
-def _decision_path(job: dict, ranks: dict, bound) -> dict | None:
+def _decision_path(job: dict, ranks: Ranks, bound) -> dict | None:
     """The tree's path to the job verdict, on the measurement set the headline quotes."""
     mset = job.get("measurements") if isinstance(job.get("measurements"), dict) else None
     jp = job.get("path")
     if mset and isinstance(jp, list) and jp:
         return {"source": mset["basis"], "nodes": _clean_path(jp), "bound": bound}
     # Without measurements the verdict is the ranks' vote: show an agreeing rank's own path.
-    for r in sorted(ranks.values(), key=lambda r: r["rank"]):
-        p = r["analysis"].get("path")
-        if bound and r["analysis"].get("bound") == bound and isinstance(p, list) and p:
-            return {"source": f"rank {r['rank']}'s measurements over its steps", "nodes": _clean_path(p),
+    for r in sorted(ranks.values(), key=lambda r: r.rank):
+        p = r.analysis.get("path")
+        if bound and r.analysis.get("bound") == bound and isinstance(p, list) and p:
+            return {"source": f"rank {r.rank}'s measurements over its steps", "nodes": _clean_path(p),
                     "bound": bound}
     return None
 
@@ -201,26 +203,26 @@ def _stragglers(job: dict) -> list[dict]:
     return out
 
 
-def _rank_share(r: dict, phase: str) -> float | None:
+def _rank_share(r: MergedRank, phase: str) -> float | None:
     sh = rank_shares(r)
     return sh[phase] if sh else None
 
 
-def _blind(ranks: dict) -> set:
+def _blind(ranks: Ranks) -> set:
     """The ranks whose traces lack the device events of their GPU process."""
-    return {k for k, r in ranks.items() if r["analysis"].get("device_events_missing")}
+    return {k for k, r in ranks.items() if r.analysis.get("device_events_missing")}
 
 
 ABNORMAL_ENDS = {"failed": "failed", "terminated": "was told to stop", "interrupted": "was interrupted"}
 
 
-def ended_finding(ranks: dict, lost: list[dict]) -> dict | None:
+def ended_finding(ranks: Ranks, lost: list[dict]) -> dict | None:
     """The ranks that did not finish, each with what ended it in its own words (the exception
     its training raised, the signal), and the ranks that stopped reporting: a killed rank makes
     its peers fail at the next collective, so the first to go is what to read first. `lost`: the
     ranks that stopped reporting (diagnosis.reporting.stopped_ranks)."""
-    ended = sorted((r["rank"], r["analysis"]) for r in ranks.values()
-                   if r["analysis"].get("status") in ABNORMAL_ENDS)
+    ended = sorted((r.rank, r.analysis) for r in ranks.values()
+                   if r.analysis.get("status") in ABNORMAL_ENDS)
     if not ended and not lost:
         return None
     parts = [f"rank {k} {ABNORMAL_ENDS[a['status']]}" + (f": {a['error'].splitlines()[0][:300]}" if a.get("error") else "")
@@ -261,9 +263,9 @@ def _headline(ctx: JobContext) -> dict:
     title = ctx.tree.verdicts[bound]["title"]
     title = title[:1].upper() + title[1:]
     measured = set(mset["ranks"]) if mset else set(ranks)
-    agree = [r for r in ranks.values() if r["analysis"].get("bound") == bound]
+    agree = [r for r in ranks.values() if r.analysis.get("bound") == bound]
     if not agree:
-        agree = [r for r in ranks.values() if mode_bound(r["step_table"].bound) == bound]
+        agree = [r for r in ranks.values() if mode_bound(r.step_table.bound) == bound]
     n_agree, n_ranks = len(agree), len(ranks)
     lost = ctx.lost.stopped
     if n_ranks == 0:
@@ -276,7 +278,7 @@ def _headline(ctx: JobContext) -> dict:
     share = num(((mset or {}).get("values") or {}).get(f"{bound}_share"))
     if share is None and ctx.shares:
         share = ctx.shares.get(bound)
-    per_rank = [x for x in (_rank_share(r, bound) for r in ranks.values() if r["rank"] in measured) if x is not None]
+    per_rank = [x for x in (_rank_share(r, bound) for r in ranks.values() if r.rank in measured) if x is not None]
     spread = ""
     if len(per_rank) > 1 and max(per_rank) - min(per_rank) >= 0.02:
         spread = f" ({pct(min(per_rank))}-{pct(max(per_rank))} across ranks)"
@@ -327,7 +329,7 @@ def _headline_extras(ctx: JobContext, lost: list, edge: dict | None) -> list[str
         elif cause == "imbalance":
             extra.append("no single rank is late, but ranks reach the collectives at different times")
     if bound == "compute":
-        mfu = mean([r["analysis"].get("mfu") for r in ctx.ranks.values() if num(r["analysis"].get("mfu")) is not None])
+        mfu = mean([r.analysis.get("mfu") for r in ctx.ranks.values() if num(r.analysis.get("mfu")) is not None])
         if mfu is not None:
             extra.append(f"MFU {pct(mfu)}")
     if bound == "data":

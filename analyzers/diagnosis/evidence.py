@@ -5,14 +5,16 @@ Each recommendation and the verdict link to these by id; the report gives them a
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from diag.analyzers.diagnosis import bandwidth, nccl_log
-from diag.analyzers.diagnosis.inputs import CLASSES, PHASE_LABELS, Steps, describe, mean, num, pct
+from diag.analyzers.diagnosis.inputs import CLASSES, PHASE_LABELS, Ranks, Steps, describe, mean, num, pct
 from diag.run_documents import RunRecords
 
 
-def evidence(ranks, allt: Steps, steps: Steps, job_shares, basis, stragglers, nccl, findings) -> list[dict]:
+def evidence(ranks: Ranks, allt: Steps, steps: Steps, job_shares, basis, stragglers, nccl, findings) -> list[dict]:
     """Numbered facts the verdict and the recommendations point to (anchors on the page)."""
     ev: list[dict] = []
     if job_shares:
@@ -22,13 +24,13 @@ def evidence(ranks, allt: Steps, steps: Steps, job_shares, basis, stragglers, nc
             "text": f"Over {basis}: " + ", ".join(f"{PHASE_LABELS[p]} {pct(job_shares[p])}" for p in CLASSES) + ".",
         })
     n_trace = int(steps.traced.sum())
-    n_windows = sum(len(r["windows"]) for r in ranks.values())
+    n_windows = sum(len(r.windows) for r in ranks.values())
     ev.append({
         "id": "ev-sources",
         "label": "What was measured",
         "text": f"{len(steps)} step(s) timed; {n_trace} step(s) covered by profiler traces "
         f"({n_windows} analysed window(s) across ranks); "
-        f"{sum(len(r['samples']) for r in ranks.values())} device/host metric sample(s).",
+        f"{sum(len(r.samples) for r in ranks.values())} device/host metric sample(s).",
     })
     with np.errstate(invalid="ignore", divide="ignore"):
         waits = allt.wait / allt.dur
@@ -48,7 +50,7 @@ def evidence(ranks, allt: Steps, steps: Steps, job_shares, basis, stragglers, nc
     for i, f in enumerate(nccl.get("log_findings") or []):
         ev.append({"id": f"ev-nccl-{i}", "label": f"NCCL log: {f.get('id', '')}",
                    "text": str(f.get("message", "")), "lines": [str(x) for x in (f.get("evidence") or [])][:5]})
-    gt = [r["analysis"].get("gpu_time") for r in ranks.values() if isinstance(r["analysis"].get("gpu_time"), dict)]
+    gt = [g for r in ranks.values() if isinstance(g := r.analysis.get("gpu_time"), dict)]
     if gt:
         idle = mean([num(g.get("idle_pct")) for g in gt])
         comp = mean([num(g.get("compute_pct")) for g in gt])
@@ -69,12 +71,12 @@ def evidence(ranks, allt: Steps, steps: Steps, job_shares, basis, stragglers, nc
     return ev
 
 
-def merged_findings(job: dict, ranks: dict) -> list[dict]:
+def merged_findings(job: dict, ranks: Ranks) -> list[dict]:
     """Findings of the job and of the ranks, one entry per id with the ranks it fired on."""
     merged: dict[str, dict] = {}
-    sources = [(None, f) for f in job.get("findings") or []]
+    sources: list[tuple[int | None, Any]] = [(None, f) for f in job.get("findings") or []]
     for r in ranks.values():
-        sources += [(r["rank"], f) for f in r["analysis"].get("findings") or []]
+        sources += [(r.rank, f) for f in r.analysis.get("findings") or []]
     for rank, f in sources:
         if not isinstance(f, dict):
             continue

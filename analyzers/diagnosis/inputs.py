@@ -2,21 +2,23 @@
 
 `merge_ranks(doc, run)` joins the analysis document (schema diag.analysis/1) with the
 records of a run directory already read into memory (`diag.run_documents.RunRecords`)
-into one dict per rank, whose steps are columns
-(`Steps`). The diagnosis and the report views both read these; nothing here judges.
+into one `MergedRank` per rank, whose steps are columns (`Steps`). The diagnosis and the
+report views both read these; nothing here judges.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
+import msgspec
 import numpy as np
 
 from diag.analyzers.diagnosis.decision_tree import CLASSES
 from diag.analyzers.model import step_seconds
 from diag.analyzers.numbers import finite as num
-from diag.run_documents import RankRecords, RunRecords
+from diag.run_documents import RankRecords, RunRecords, WindowSummary
 from diag.step_record import StepRecord
 
 PHASE_LABELS = {
@@ -204,9 +206,30 @@ def _covers_records(analysis: dict) -> bool:
     return isinstance(ev, dict) and "sampled_steps" in ev and bool(analysis.get("steps"))
 
 
-def merge_ranks(doc: dict, run: RunRecords) -> dict[int, dict]:
+class MergedRank(msgspec.Struct, kw_only=True, frozen=True):
+    """One rank as the diagnosis and the report read it: its analysis, its run-directory
+    records, and its steps as columns."""
+
+    rank: int
+    analysis: dict[str, Any] = {}  # its rank dict of the diag.analysis/1 document, {} without one
+    info: dict[str, Any] = {}  # rank.json, {} without one
+    host: str | None = None
+    device: str | None = None
+    step_table: Steps = msgspec.field(default_factory=lambda: Steps(0))  # its records merged with its analysed steps
+    samples: list[dict[str, Any]] = []
+    windows: list[WindowSummary] = []
+    traces: int = 0
+    nccl_logs: int = 0
+    events: list[dict[str, Any]] = []
+
+
+# The merged ranks of a job by rank number.
+Ranks = dict[int, MergedRank]
+
+
+def merge_ranks(doc: dict, run: RunRecords) -> Ranks:
     """Per rank: its analysis dict, facts, and step records merged with analysed steps."""
-    out: dict[int, dict] = {}
+    out: dict[int, MergedRank] = {}
     doc_ranks: dict[int, dict] = {}
     for r in doc.get("ranks") or []:
         if isinstance(r, dict) and isinstance(r.get("rank"), int):
@@ -215,21 +238,15 @@ def merge_ranks(doc: dict, run: RunRecords) -> dict[int, dict]:
         analysis = doc_ranks.get(rank, {})
         raw = run.ranks.get(rank) or RankRecords()
         info = raw.info
-        out[rank] = {
-            "rank": rank,
-            "analysis": analysis,
-            "info": info,
-            "host": first_str(info, "hostname", "host") or first_str(analysis, "host", "hostname"),
-            "device": _device_name(info, analysis),
+        out[rank] = MergedRank(
+            rank=rank, analysis=analysis, info=info,
+            host=first_str(info, "hostname", "host") or first_str(analysis, "host", "hostname"),
+            device=_device_name(info, analysis),
             # The run analysis already carries every step record's timings in its steps; the raw
             # records are only read for ranks it does not cover (halves the work on big runs).
-            "step_table": _rank_steps([] if _covers_records(analysis) else raw.steps, analysis.get("steps") or []),
-            "samples": raw.samples,
-            "windows": raw.windows,
-            "traces": raw.traces,
-            "nccl_logs": raw.nccl_logs,
-            "events": raw.events,
-        }
+            step_table=_rank_steps([] if _covers_records(analysis) else raw.steps, analysis.get("steps") or []),
+            samples=raw.samples, windows=raw.windows, traces=raw.traces, nccl_logs=raw.nccl_logs, events=raw.events,
+        )
     return out
 
 
@@ -265,11 +282,11 @@ def _device_name(info: dict, analysis: dict) -> str | None:
     return None
 
 
-def world_size(job: dict, run: RunRecords, missing: list[int], ranks: dict) -> int:
+def world_size(job: dict, run: RunRecords, missing: list[int], ranks: Ranks) -> int:
     """The job's world size: the largest any source gives, and at least the ranks present and missing."""
     cands = [job.get("world_size"), run.manifest.get("world_size")]
-    cands += [r["analysis"].get("world_size") for r in ranks.values()]
-    cands += [r["info"].get("world_size") for r in ranks.values()]
+    cands += [r.analysis.get("world_size") for r in ranks.values()]
+    cands += [r.info.get("world_size") for r in ranks.values()]
     cands = [c for c in cands if isinstance(c, int) and c > 0]
     return max(cands + [len(ranks) + len(missing), 1])
 
@@ -284,18 +301,18 @@ def tw_shares(t: Steps) -> dict | None:
     return {p: float(v[i]) for i, p in enumerate(CLASSES)}
 
 
-def rank_shares(r: dict) -> dict | None:
+def rank_shares(r: MergedRank) -> dict | None:
     """The rank's shares as its analysis gives them (the run analysis leaves warm-up steps out,
     so these match the decision path), else time-weighted over its steps."""
-    sh = share_row(r["analysis"].get("shares"))
+    sh = share_row(r.analysis.get("shares"))
     if sh is not None and all(math.isfinite(x) and x >= 0 for x in sh) and sum(sh) > 0:
         return {p: sh[i] / sum(sh) for i, p in enumerate(CLASSES)}
-    return tw_shares(r["step_table"])
+    return tw_shares(r.step_table)
 
 
-def concat(ranks: dict) -> Steps:
+def concat(ranks: Ranks) -> Steps:
     """All ranks' steps in one table (for counts and distributions)."""
-    parts = [r["step_table"] for r in ranks.values()]
+    parts = [r.step_table for r in ranks.values()]
     t = Steps(0)
     if not parts:
         return t
@@ -308,7 +325,7 @@ def concat(ranks: dict) -> Steps:
     return t
 
 
-def job_steps(ranks: dict) -> Steps:
+def job_steps(ranks: Ranks) -> Steps:
     """One row per step number across ranks: the job's step time is the slowest rank's,
     shares are the mean over ranks, the verdict the most common one."""
     allt = concat(ranks)

@@ -157,7 +157,7 @@ def _likely_cause(r, peers: list, th: dict) -> tuple[str, str]:
 
 def _ongoing_episode(live: list, tree) -> dict | None:
     """The straggler episode that reaches the ranks' latest steps, or None."""
-    ranks = {r.rank: {"analysis": {"steps": list(r.recent_steps)}} for r in live if r.recent_steps}
+    ranks = {r.rank: list(r.recent_steps) for r in live if r.recent_steps}
     result = straggler_episodes(ranks, tree) if len(ranks) >= 2 else None
     ongoing = [e for e in (result or {}).get("episodes") or () if e.get("ongoing")]
     if not ongoing:

@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from diag.analyzers.diagnosis.inputs import num, pct, size
+from diag.analyzers.diagnosis.inputs import MergedRank, Ranks, num, pct, size
+from diag.analyzers.numbers import dict_at
 from diag.analyzers.plan.memory import activations_per_layer
 
 
@@ -31,25 +32,25 @@ def recompute_keeps() -> float:
     return full / activations_per_layer(1, 1, 1024, 16, recompute="none", flash=True)
 
 
-def _rank_peak_and_capacity(r: dict) -> tuple[float | None, float | None]:
+def _rank_peak_and_capacity(r: MergedRank) -> tuple[float | None, float | None]:
     # The larger of torch's peak allocation and NVML's memory in use (which includes the
     # caching allocator's reserve): what the device really had to hold.
-    p = r["step_table"].peak[~np.isnan(r["step_table"].peak)]
+    p = r.step_table.peak[~np.isnan(r.step_table.peak)]
     peak = float(p.max()) if len(p) else None
-    gpus = [s.get("gpu") for s in r["samples"] if isinstance(s.get("gpu"), dict)]
+    gpus = [g for s in r.samples if isinstance(g := s.get("gpu"), dict)]
     caps = [c for c in (num(g.get("memory_total_bytes")) for g in gpus) if c]
     used = [u for u in (num(g.get("memory_used_bytes")) for g in gpus) if u is not None]
     if used:
         peak = max(peak or 0.0, max(used))
     cap = max(caps) if caps else None
     if cap is None:
-        dev = r["info"].get("device") if isinstance(r["info"].get("device"), dict) else {}
-        cap = num(dev.get("memory_total_bytes")) or num(r["info"].get("device_memory_total_bytes"))
+        dev = dict_at(r.info, "device")
+        cap = num(dev.get("memory_total_bytes")) or num(r.info.get("device_memory_total_bytes"))
     return peak, cap
 
 
-def _facts(r: dict) -> dict | None:
-    for src in (r["info"].get("model"), r["analysis"].get("model")):
+def _facts(r: MergedRank) -> dict | None:
+    for src in (r.info.get("model"), r.analysis.get("model")):
         if isinstance(src, dict) and num(src.get("param_bytes")) is not None:
             return src
     return None
@@ -100,15 +101,15 @@ def levers(b: dict | None, dp: int, sharded: bool, samples: float | None) -> lis
     return [x for x in out if x["bytes"]]
 
 
-def memory_section(ranks: dict, tree, world: int | None = None) -> dict:
+def memory_section(ranks: Ranks, tree, world: int | None = None) -> dict:
     """Peak device memory against capacity, the breakdown, the levers, and the advice."""
     peak, cap = {}, {}
     for r in ranks.values():
         p, c = _rank_peak_and_capacity(r)
         if p is not None:
-            peak[r["rank"]] = p
+            peak[r.rank] = p
         if c:
-            cap[r["rank"]] = c
+            cap[r.rank] = c
     fullest = max(peak, key=lambda k: peak[k]) if peak else next(iter(ranks), None)
     r = ranks.get(fullest) if fullest is not None else None
     facts = _facts(r) if r is not None else None
@@ -116,7 +117,7 @@ def memory_section(ranks: dict, tree, world: int | None = None) -> dict:
         facts = next((f for f in (_facts(x) for x in ranks.values()) if f), None)
     samples = None
     if r is not None:
-        s = r["step_table"].samples[~np.isnan(r["step_table"].samples)]
+        s = r.step_table.samples[~np.isnan(r.step_table.samples)]
         samples = float(np.median(s)) if len(s) else None
     b = breakdown(facts, peak.get(fullest) if fullest is not None else None, samples)
     dp = max(int(world or 1), 1)

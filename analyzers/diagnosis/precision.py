@@ -13,17 +13,18 @@ from __future__ import annotations
 import dataclasses
 
 from diag.analyzers.diagnosis.decision_tree import Tree
+from diag.analyzers.diagnosis.inputs import Ranks
 from diag.analyzers.numbers import dict_at
 
 
-def cpu_without_bf16_units(ranks: dict) -> str | None:
+def cpu_without_bf16_units(ranks: Ranks) -> str | None:
     """The ISA of a CPU without bf16 matrix units that the job's ranks compute on ("" where
     its ISA is not recorded); None where any rank computes on a device, or no rank's CPU
     says it lacks them."""
     isa = None
     for merged in ranks.values():
-        analysis = merged.get("analysis") or {}
-        info = merged.get("info") or {}
+        analysis = merged.analysis
+        info = merged.info
         device = dict_at(info, "device")
         if analysis.get("timeline") == "device" or device.get("vendor"):
             return None

@@ -10,21 +10,21 @@ import statistics
 
 import numpy as np
 
-from diag.analyzers.diagnosis.inputs import Steps, mean, num
+from diag.analyzers.diagnosis.inputs import Ranks, Steps, mean, num
 from diag.analyzers.diagnosis.steady import level
 from diag.analyzers.diagnosis.verdict import measured_steps
 
 
-def run_figures(ranks: dict, job: Steps, world: int | None) -> dict:
+def run_figures(ranks: Ranks, job: Steps, world: int | None) -> dict:
     """{"identity", "step_time", "throughput"} of the job's merged ranks and its steps."""
     return {"identity": identity(ranks, world), "step_time": step_time(steady_durations(ranks, job)),
             "throughput": throughput(ranks, job)}
 
 
-def steady_durations(ranks: dict, job: Steps) -> list[float]:
+def steady_durations(ranks: Ranks, job: Steps) -> list[float]:
     """The job's step times (s) from the first step every rank's measurements count: the one
     warm-up cut, the verdict's own (verdict.measured_steps)."""
-    firsts = [f for f in (measured_steps(r["analysis"])["first"] for r in ranks.values()) if f is not None]
+    firsts = [f for f in (measured_steps(r.analysis)["first"] for r in ranks.values()) if f is not None]
     keep = ~np.isnan(job.dur) & (job.dur > 0)
     if firsts:
         keep &= job.step >= max(firsts)
@@ -35,11 +35,11 @@ def steady_durations(ranks: dict, job: Steps) -> list[float]:
 IDENTITY_KEYS = ("world size", "device", "model", "batch")
 
 
-def identity(ranks: dict, world: int | None) -> dict:
+def identity(ranks: Ranks, world: int | None) -> dict:
     """The run's IDENTITY_KEYS: world size, device kind, model, batch."""
-    docs = [r["analysis"] for r in ranks.values()]
+    docs = [r.analysis for r in ranks.values()]
     facts = next((d["model"] for d in docs if isinstance(d.get("model"), dict)), None) or {}
-    kinds = sorted({str(r["device"]) for r in ranks.values() if r.get("device")})
+    kinds = sorted({str(r.device) for r in ranks.values() if r.device})
     return {
         "world size": world,
         "device": ", ".join(kinds) or None,
@@ -78,7 +78,7 @@ def as_level(step: dict | None) -> dict | None:
                                   "relative_se": step["relative_se"], "drift": step["drift"]}
 
 
-def throughput(ranks: dict, job: Steps) -> dict:
+def throughput(ranks: Ranks, job: Steps) -> dict:
     """Job throughput: units summed over ranks per step, over the job's (slowest rank's) step time."""
     m = ~np.isnan(job.dur)
     out: dict[str, float | None] = {"steps_per_s": None, "samples_per_s": None, "tokens_per_s": None, "mfu": None}
@@ -93,5 +93,5 @@ def throughput(ranks: dict, job: Steps) -> dict:
     if len(mfu):
         out["mfu"] = float(mfu.mean())
     else:
-        out["mfu"] = mean([v for v in (num(r["analysis"].get("mfu")) for r in ranks.values()) if v is not None])
+        out["mfu"] = mean([v for v in (num(r.analysis.get("mfu")) for r in ranks.values()) if v is not None])
     return out

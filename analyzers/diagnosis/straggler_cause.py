@@ -21,18 +21,19 @@ from __future__ import annotations
 
 import statistics
 
-from diag.analyzers.diagnosis.inputs import num, rank_shares, traced_steps
+from diag.analyzers.diagnosis.inputs import MergedRank, Ranks, num, rank_shares, traced_steps
 from diag.analyzers.diagnosis.throttle import slowing_reasons, throttle_reasons
+from diag.analyzers.numbers import dict_at
 from diag.analyzers.numbers import median as _median
 
 
-def _step_ms(r: dict) -> float | None:
-    d = r["step_table"].dur
+def _step_ms(r: MergedRank) -> float | None:
+    d = r.step_table.dur
     d = d[d == d]
     return float(statistics.median(d.tolist())) * 1000 if len(d) else None
 
 
-def _parts_ms(r: dict) -> dict | None:
+def _parts_ms(r: MergedRank) -> dict | None:
     """Milliseconds per median step in data, host and device work."""
     sh, ms = rank_shares(r), _step_ms(r)
     if not sh or ms is None:
@@ -40,12 +41,12 @@ def _parts_ms(r: dict) -> dict | None:
     return {"data": sh["data"] * ms, "host": sh["host"] * ms, "device": (sh["compute"] + sh["memory"]) * ms}
 
 
-def _gpu(r: dict, key: str) -> list:
-    return [s["gpu"].get(key) for s in r.get("samples") or [] if isinstance(s.get("gpu"), dict)
+def _gpu(r: MergedRank, key: str) -> list:
+    return [s["gpu"].get(key) for s in r.samples if isinstance(s.get("gpu"), dict)
             and s["gpu"].get(key) is not None]
 
 
-def _clock_events(r: dict) -> list[list]:
+def _clock_events(r: MergedRank) -> list[list]:
     return [e for e in _gpu(r, "clock_events") if isinstance(e, list)]
 
 
@@ -61,7 +62,7 @@ def excess_at(excess: dict[str, float | None], step_ms: float, thresholds) -> st
     return where if known[where] >= thresholds["straggler_cause_min_excess"] * step_ms else None
 
 
-def likely_cause(straggler: dict, peers: list[dict], tree) -> dict:
+def likely_cause(straggler: MergedRank, peers: list[MergedRank], tree) -> dict:
     """{"cause", "text", "evidence"} for a straggler (merged rank) against its peers, by the
     tree's straggler_cause_min_excess, straggler_same_work_tolerance, straggler_extra_work_share,
     throttle_sample_fraction, clock_deficit and busy_cpu."""
@@ -92,7 +93,7 @@ def likely_cause(straggler: dict, peers: list[dict], tree) -> dict:
         if work["more"] and explains:
             return {"cause": "uneven_work", "evidence": ev,
                     "text": f"uneven work: its device work takes {more}, and it {work['more']}"}
-        if straggler["device"] == "CPU" and work["known"]:
+        if straggler.device == "CPU" and work["known"]:
             return {"cause": "cpu_contention", "evidence": ev, "text": _contention_text(straggler, more, work)}
         events = _clock_events(straggler)
         slowed = sum(1 for e in events if slowing_reasons(e))
@@ -123,7 +124,7 @@ def likely_cause(straggler: dict, peers: list[dict], tree) -> dict:
     if where == "data":
         return {"cause": "data_loader", "evidence": ev,
                 "text": f"a slow input pipeline: it waits for the DataLoader {more}"}
-    cpu = _median(s["host"].get("cpu_ratio") for s in straggler.get("samples") or []
+    cpu = _median(s["host"].get("cpu_ratio") for s in straggler.samples
                   if isinstance(s.get("host"), dict))
     ev["host_cpu_ratio"] = cpu
     if cpu is not None and cpu >= th["busy_cpu"]:
@@ -134,16 +135,16 @@ def likely_cause(straggler: dict, peers: list[dict], tree) -> dict:
                     "synchronisation outside the profiled kernels"}
 
 
-def _per_step(r: dict) -> dict:
+def _per_step(r: MergedRank) -> dict:
     """The work a rank did per step: samples and tokens (median of its step records), and the
     calls and milliseconds of its compute and memory ops per traced step (from its top ops)."""
-    t = r["step_table"]
+    t = r.step_table
     out: dict = {}
     for key in ("samples", "tokens"):
         vals = getattr(t, key)
         vals = vals[vals == vals]
         out[key] = float(statistics.median(vals.tolist())) if len(vals) else None
-    a = r["analysis"]
+    a = r.analysis
     traced = traced_steps(a)
     ops = {}
     for o in a.get("top_ops") or [] if traced else []:
@@ -154,7 +155,7 @@ def _per_step(r: dict) -> dict:
     return out
 
 
-def _work_difference(straggler: dict, peers: list[dict], tol: float) -> dict:
+def _work_difference(straggler: MergedRank, peers: list[MergedRank], tol: float) -> dict:
     """{"more": what the straggler does more of per step (text) or None, "known": whether any
     measure is known on both sides, "more_data": whether it processes more samples or tokens,
     "extra_op_ms": its op work beyond its peers' at their speed, ms per step, "evidence"}; each
@@ -195,15 +196,15 @@ def _work_difference(straggler: dict, peers: list[dict], tol: float) -> dict:
             "extra_op_ms": extra_op_ms, "evidence": ev}
 
 
-def _contention_text(straggler: dict, more: str, work: dict) -> str:
+def _contention_text(straggler: MergedRank, more: str, work: dict) -> str:
     ev = work["evidence"]
     same = []
     if "op_work_at_peers_speed_ms_per_step" in ev:
         same.append(f"its ops would take {ev['op_work_at_peers_speed_ms_per_step']:.1f} ms per step at their speed, "
                     f"against their {ev['peers_op_ms_per_step']:.1f} ms")
     same += [f"{ev[f'{k}_per_step']:g} {k} per step" for k in ("samples", "tokens") if f"{k}_per_step" in ev]
-    cpu = straggler["info"].get("cpu") if isinstance(straggler["info"].get("cpu"), dict) else {}
-    ranks, cpus, threads = (num(straggler["info"].get("local_world_size")), num(cpu.get("cpus")),
+    cpu = dict_at(straggler.info, "cpu")
+    ranks, cpus, threads = (num(straggler.info.get("local_world_size")), num(cpu.get("cpus")),
                             num(cpu.get("torch_threads")))
     load = (f" ({ranks:g} ranks × {threads:g} torch threads on {cpus:g} CPUs here)"
             if ranks and cpus and threads else "")
@@ -212,7 +213,7 @@ def _contention_text(straggler: dict, more: str, work: dict) -> str:
             f"CPUs{load}")
 
 
-def with_likely_causes(job: dict, ranks: dict, tree) -> dict:
+def with_likely_causes(job: dict, ranks: Ranks, tree) -> dict:
     """A new job block: each named straggler with its likely cause, said in the straggler findings too."""
     names = {s["rank"] for s in job.get("stragglers") or [] if isinstance(s, dict) and s.get("rank") in ranks}
     if not names:

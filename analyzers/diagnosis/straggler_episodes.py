@@ -41,6 +41,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from statistics import NormalDist
 
@@ -56,10 +57,10 @@ KINDS = ("persistent", "rotating", "transient")
 NULL_STEPS, NULL_MAX_RANKS, NULL_SEED = 2000, 256, 20261126
 
 
-def straggler_episodes(ranks: dict, tree) -> dict | None:
-    """The episodes of the merged ranks' analysed steps, or None with fewer than two ranks
-    sharing steps. `ranks`: rank -> merged rank (`inputs.merge_ranks`)."""
-    table = _lateness_table(ranks)
+def straggler_episodes(steps_by_rank: Mapping[int, Sequence], tree) -> dict | None:
+    """The episodes of the ranks' analysed steps (rank -> its steps as its analysis gives them),
+    or None with fewer than two ranks sharing steps."""
+    table = _lateness_table(steps_by_rank)
     if table is None:
         return None
     steps, rank_ids, basis, data, step_ms, start, source = table
@@ -92,11 +93,11 @@ def straggler_episodes(ranks: dict, tree) -> dict | None:
     }
 
 
-def _rank_columns(r: dict):
-    """(step, duration ms, data wait ms, pace ms, traced, start unix) of a merged rank's analysed
-    steps, as arrays in step order; None without steps."""
+def _rank_columns(analysed: Sequence):
+    """(step, duration ms, data wait ms, pace ms, traced, start unix) of a rank's analysed steps,
+    as arrays in step order; None without steps."""
     rows = {}
-    for s in (r.get("analysis") or {}).get("steps") or []:
+    for s in analysed:
         if isinstance(s, dict) and type(s.get("step")) is int and (d := num(s.get("duration_ms"))) is not None:
             rows[s["step"]] = s, d
     if not rows:
@@ -114,11 +115,11 @@ def _rank_columns(r: dict):
     return np.array(order, dtype=np.int64), cols, traced
 
 
-def _lateness_table(ranks: dict):
+def _lateness_table(steps_by_rank: Mapping[int, Sequence]):
     """(step numbers, rank ids, when each rank was ready [step, rank] (its pace or data wait, ms),
     its data wait [step, rank], the job's step ms, start unix, source: 1 traced, 0 data wait) over the steps at least two
     ranks share; None without two ranks. Columnar: a run has up to 10^6 steps per rank."""
-    per = {rid: c for rid, c in ((rid, _rank_columns(r)) for rid, r in ranks.items()) if c is not None}
+    per = {rid: c for rid, c in ((rid, _rank_columns(s)) for rid, s in steps_by_rank.items()) if c is not None}
     if len(per) < 2:
         return None
     rank_ids = sorted(per)

@@ -12,6 +12,7 @@ import numpy as np
 
 from diag.analyzers.diagnosis.inputs import (
     CLASSES,
+    Ranks,
     Steps,
     as_float,
     bucket_mean,
@@ -75,7 +76,7 @@ def phase_series(steps: Steps, limits, notes) -> dict | None:
             "evidence": ["trace" if t else "sampled" for t in trace.tolist()], "bucketed": len(starts) < len(st)}
 
 
-def throughput_series(ranks, steps: Steps, limits, notes) -> dict | None:
+def throughput_series(ranks: Ranks, steps: Steps, limits, notes) -> dict | None:
     m = ~np.isnan(steps.dur)
     if not m.any():
         return None
@@ -93,7 +94,7 @@ def throughput_series(ranks, steps: Steps, limits, notes) -> dict | None:
         # MFU from analysed windows: one point per window start, mean over ranks.
         by_step = defaultdict(list)
         for r in ranks.values():
-            for w in r["windows"]:
+            for w in r.windows:
                 v = num((w.analysis or {}).get("mfu"))
                 if v is not None and w.first_step is not None:
                     by_step[w.first_step].append(v)
@@ -102,21 +103,21 @@ def throughput_series(ranks, steps: Steps, limits, notes) -> dict | None:
     return out
 
 
-def step_heatmap(ranks, limits, notes) -> dict | None:
-    rows = [r for r in ranks.values() if (~np.isnan(r["step_table"].dur)).any()]
+def step_heatmap(ranks: Ranks, limits, notes) -> dict | None:
+    rows = [r for r in ranks.values() if (~np.isnan(r.step_table.dur)).any()]
     if not rows:
         return None
-    all_steps = np.unique(np.concatenate([r["step_table"].step[~np.isnan(r["step_table"].dur)] for r in rows]))
+    all_steps = np.unique(np.concatenate([r.step_table.step[~np.isnan(r.step_table.dur)] for r in rows]))
     grid = np.full((len(rows), len(all_steps)), np.nan)
     for i, r in enumerate(rows):
-        m = ~np.isnan(r["step_table"].dur)
-        grid[i, np.searchsorted(all_steps, r["step_table"].step[m])] = r["step_table"].dur[m] * 1000
+        m = ~np.isnan(r.step_table.dur)
+        grid[i, np.searchsorted(all_steps, r.step_table.step[m])] = r.step_table.dur[m] * 1000
     starts = bucket_starts(len(all_steps), limits.heatmap_columns)
     if len(starts) < len(all_steps):
         notes.append(f"Step-time heatmap: {len(all_steps)} steps per rank are shown as {len(starts)} columns "
                      "(each cell is the mean step time of its bucket).")
     z = bucket_mean(grid.T, starts).T
-    return {"x": all_steps[starts].tolist(), "ranks": [r["rank"] for r in rows],
+    return {"x": all_steps[starts].tolist(), "ranks": [r.rank for r in rows],
             "z": [json_list(row, 3) for row in z], "unit": "ms", "label": "step time"}
 
 
@@ -133,14 +134,14 @@ def bucket_cols(grid: np.ndarray, starts: np.ndarray) -> list:
     return [json_list(row, 3) for row in bucket_mean(grid.T, starts).T]
 
 
-def wait_heatmap(doc, ranks, limits, notes) -> dict | None:
+def wait_heatmap(doc, ranks: Ranks, limits, notes) -> dict | None:
     """Waiting time per collective per rank: its duration minus the fastest rank's duration.
 
     Collectives are matched across ranks by the cross-rank analyzer (process group and
     sequence number, falling back to order), the same matching the job verdict uses.
     """
-    per_rank = {r["rank"]: r["analysis"]["collectives"] for r in ranks.values()
-                if isinstance(r["analysis"].get("collectives"), list) and r["analysis"]["collectives"]}
+    per_rank = {r.rank: r.analysis["collectives"] for r in ranks.values()
+                if isinstance(r.analysis.get("collectives"), list) and r.analysis["collectives"]}
     if len(per_rank) < 2:
         return None
     from diag.analyzers.job.cross_rank import match_collectives
@@ -202,9 +203,9 @@ def sample_matrix(samples: list) -> tuple[np.ndarray, np.ndarray, list]:
     return np.array(ts), vals, throttle
 
 
-def timelines(ranks, limits, notes) -> dict | None:
+def timelines(ranks: Ranks, limits, notes) -> dict | None:
     """Device and host metrics over time; bands across ranks when there are many."""
-    per = {r["rank"]: sample_matrix(r["samples"]) for r in ranks.values() if r["samples"]}
+    per = {r.rank: sample_matrix(r.samples) for r in ranks.values() if r.samples}
     per = {k: v for k, v in per.items() if len(v[0])}
     if not per:
         return None

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from diag.analyzers.diagnosis.document import SCHEMA as DIAGNOSIS_SCHEMA
 from diag.analyzers.diagnosis.inputs import (
     CLASSES,
+    Ranks,
     Steps,
     concat,
     job_steps,
@@ -148,25 +150,25 @@ def _top_table(doc: dict, key: str, limits: Limits) -> list[dict]:
     return out[: limits.table_rows]
 
 
-def _rank_rows(ranks, stragglers, limits, notes) -> list[dict]:
+def _rank_rows(ranks: Ranks, stragglers, limits, notes) -> list[dict]:
     late = {s["rank"] for s in stragglers}
-    rows = []
+    rows: list[dict[str, Any]] = []
     for r in ranks.values():
-        durs = r["step_table"].dur[~np.isnan(r["step_table"].dur)]
+        durs = r.step_table.dur[~np.isnan(r.step_table.dur)]
         sh = rank_shares(r)
-        if sh is not None and not (r["analysis"].get("wait_split") or {}).get("measured"):
+        if sh is not None and not (r.analysis.get("wait_split") or {}).get("measured"):
             sh = {**sh, "wait": None}  # not measured (no peers matched), which is not zero
-        bound = r["analysis"].get("bound") if r["analysis"].get("bound") in CLASSES else mode_bound(r["step_table"].bound)
+        bound = r.analysis.get("bound") if r.analysis.get("bound") in CLASSES else mode_bound(r.step_table.bound)
         rows.append({
-            "rank": r["rank"], "host": r["host"], "device": r["device"], "bound": bound,
-            "steps": len(r["step_table"]),
+            "rank": r.rank, "host": r.host, "device": r.device, "bound": bound,
+            "steps": len(r.step_table),
             "median_step_ms": float(np.median(durs)) * 1000 if len(durs) else None,
             "shares": sh,
-            "trace_steps": int(r["step_table"].traced.sum()),
-            "windows": len(r["windows"]), "samples": len(r["samples"]),
-            "straggler": r["rank"] in late,
-            "bound_via": r["analysis"].get("bound_via"),
-            "mfu": num(r["analysis"].get("mfu")),
+            "trace_steps": int(r.step_table.traced.sum()),
+            "windows": len(r.windows), "samples": len(r.samples),
+            "straggler": r.rank in late,
+            "bound_via": r.analysis.get("bound_via"),
+            "mfu": num(r.analysis.get("mfu")),
         })
     if len(rows) > limits.rank_rows:
         notes.append(f"Per-rank table: {len(rows)} ranks; the {limits.rank_rows} slowest are listed.")
@@ -189,13 +191,13 @@ def _step_stats(steps: Steps) -> dict | None:
             "device_steps": int(len(dev))}
 
 
-def _run_meta(doc, run: RunRecords, ranks, world, steps, missing: list[int]) -> dict:
+def _run_meta(doc, run: RunRecords, ranks: Ranks, world, steps, missing: list[int]) -> dict:
     man = run.manifest
-    hosts = sorted({r["host"] for r in ranks.values() if r["host"]})
+    hosts = sorted({r.host for r in ranks.values() if r.host})
     if not hosts and isinstance(man.get("hosts"), list):
         hosts = [str(h if not isinstance(h, dict) else h.get("hostname", h.get("host", "?")))
                  for h in man["hosts"]]
-    devices = Counter(r["device"] for r in ranks.values() if r["device"])
+    devices = Counter(r.device for r in ranks.values() if r.device)
     return {
         "path": run.path,
         "name": man.get("run") or man.get("name") or _name_from(run.path or doc.get("source"), ranks),
@@ -210,16 +212,16 @@ def _run_meta(doc, run: RunRecords, ranks, world, steps, missing: list[int]) -> 
         "start_unix": num(man.get("started_unix")) or num(man.get("start_unix")),
         "end_unix": num(man.get("ended_unix")) or num(man.get("end_unix")),
         "steps": int(len(steps)),
-        "sources": sorted({str(r["analysis"].get("source")) for r in ranks.values() if r["analysis"].get("source")})[:8],
+        "sources": sorted({str(r.analysis.get("source")) for r in ranks.values() if r.analysis.get("source")})[:8],
     }
 
 
-def _backend(run: RunRecords, ranks: dict) -> str | None:
-    return run.manifest.get("backend") or next((r["info"].get("backend") for r in ranks.values()
-                                       if r["info"].get("backend")), None)
+def _backend(run: RunRecords, ranks: Ranks) -> str | None:
+    return run.manifest.get("backend") or next((r.info.get("backend") for r in ranks.values()
+                                       if r.info.get("backend")), None)
 
 
-def _nccl_applicable(run: RunRecords, ranks: dict) -> bool:
+def _nccl_applicable(run: RunRecords, ranks: Ranks) -> bool:
     """False for gloo/MPI jobs and for PyTorch builds without CUDA or ROCm (they cannot use NCCL)."""
     backend = _backend(run, ranks)
     if backend:
@@ -230,11 +232,11 @@ def _nccl_applicable(run: RunRecords, ranks: dict) -> bool:
     return True
 
 
-def _name_from(path, ranks: dict) -> str:
+def _name_from(path, ranks: Ranks) -> str:
     """The run's directory name, else the trace file or folder the analysis came from."""
     if path:
         return str(path).rstrip("/").split("/")[-1]
-    sources = sorted({str(r["analysis"].get("source")) for r in ranks.values() if r["analysis"].get("source")})
+    sources = sorted({str(r.analysis.get("source")) for r in ranks.values() if r.analysis.get("source")})
     if len(sources) == 1:
         return sources[0].rstrip("/").split("/")[-1]
     if sources:
@@ -254,7 +256,7 @@ def _problems(doc, run: RunRecords) -> list[str]:
 # ---------------------------------------------------------------------------- missing
 
 
-def _missing(run: RunRecords, diagnosis: dict, ranks, allt: Steps, nccl, busbw) -> list[dict]:
+def _missing(run: RunRecords, diagnosis: dict, ranks: Ranks, allt: Steps, nccl, busbw) -> list[dict]:
     """What could not be measured, why it matters, and how to get it next time."""
     world = diagnosis["world_size"]
     out = _missing_ranks(diagnosis["missing_ranks"], diagnosis["stopped_ranks"], world)
@@ -289,14 +291,14 @@ def _missing_ranks(missing: list[int], stopped: list[int], world) -> list[dict]:
     return out
 
 
-def _missing_measurements(run: RunRecords, ranks, allt: Steps, world) -> list[dict]:
+def _missing_measurements(run: RunRecords, ranks: Ranks, allt: Steps, world) -> list[dict]:
     """Waits not split from transfer, no profiler window, no metric samples."""
     out = []
     path = run.path or "RUN_DIR"
-    unsplit = [r for r in ranks.values() if r["analysis"].get("steps")
-               and not (r["analysis"].get("wait_split") or {}).get("measured")]
+    unsplit = [r for r in ranks.values() if r.analysis.get("steps")
+               and not (r.analysis.get("wait_split") or {}).get("measured")]
     if world > 1 and unsplit:
-        reason = (unsplit[0]["analysis"].get("wait_split") or {}).get("reason") or "no collective matched across ranks"
+        reason = (unsplit[0].analysis.get("wait_split") or {}).get("reason") or "no collective matched across ranks"
         out.append({
             "what": f"Waiting for other ranks is not measured on {len(unsplit)} of {world} rank(s) ({reason}).",
             "why": "Waiting for a late peer is told apart from transfer only by matching each collective across "
@@ -304,7 +306,7 @@ def _missing_measurements(run: RunRecords, ranks, allt: Steps, world) -> list[di
             "how": "Analyse the traces of all ranks of the same steps together (`diag analyze` on the folder, or "
                    "the agent's run directory), so each collective is seen from every rank.",
         })
-    has_trace = bool(allt.traced.any()) or any(r["windows"] for r in ranks.values())
+    has_trace = bool(allt.traced.any()) or any(r.windows for r in ranks.values())
     if not has_trace and run.ranks:
         out.append({
             "what": "No profiler window was captured or analysed.",
@@ -314,7 +316,7 @@ def _missing_measurements(run: RunRecords, ranks, allt: Steps, world) -> list[di
                    f"window on demand: touch {path}/profile.trigger (or send SIGUSR2 to the training "
                    f"process); then run `diag report {path}`.",
         })
-    samples = [s for r in ranks.values() for s in r["samples"]]
+    samples = [s for r in ranks.values() for s in r.samples]
     if run.ranks and not samples:
         out.append({
             "what": "No device or host metric samples.",
@@ -333,7 +335,7 @@ def _missing_measurements(run: RunRecords, ranks, allt: Steps, world) -> list[di
     return out
 
 
-def _missing_comm(run: RunRecords, ranks, world, nccl, busbw) -> list[dict]:
+def _missing_comm(run: RunRecords, ranks: Ranks, world, nccl, busbw) -> list[dict]:
     """No NCCL log where the job used NCCL, and no bus-bandwidth measurement."""
     out = []
     path = run.path or "RUN_DIR"
@@ -341,7 +343,7 @@ def _missing_comm(run: RunRecords, ranks, world, nccl, busbw) -> list[dict]:
         if not _nccl_applicable(run, ranks):
             pass  # a gloo or MPI job, or a CPU-only PyTorch build, has no NCCL log to miss
         else:
-            has_logs = any(r["nccl_logs"] for r in ranks.values())
+            has_logs = any(r.nccl_logs for r in ranks.values())
             how = ("Logs were found but could not be parsed: see the problems listed below." if has_logs else
                    "Start the agent before init_process_group (it sets NCCL_DEBUG=INFO and NCCL_DEBUG_FILE), "
                    "or launch with `diag run -- <launcher command>`.")
@@ -361,7 +363,7 @@ def _missing_comm(run: RunRecords, ranks, world, nccl, busbw) -> list[dict]:
     return out
 
 
-def _missing_rates(ranks, allt: Steps) -> list[dict]:
+def _missing_rates(ranks: Ranks, allt: Steps) -> list[dict]:
     """No throughput, no MFU, no DataLoader waits."""
     out = []
     if len(allt) and not (np.nansum(allt.samples) > 0 or np.nansum(allt.tokens) > 0):
@@ -370,10 +372,10 @@ def _missing_rates(ranks, allt: Steps) -> list[dict]:
             "why": "Throughput over time and scaling efficiency between runs need them.",
             "how": "Pass them each step: agent.step(samples=batch_size, tokens=tokens_in_batch).",
         })
-    if not any(num(r["analysis"].get("mfu")) is not None for r in ranks.values()) and \
+    if not any(num(r.analysis.get("mfu")) is not None for r in ranks.values()) and \
             np.isnan(allt.mfu).all():
-        counted = any(num((r["analysis"].get("rates") or {}).get("flops_per_step")) or
-                      any(num(s.get("flops")) for s in r["analysis"].get("steps") or [] if isinstance(s, dict))
+        counted = any(num((r.analysis.get("rates") or {}).get("flops_per_step")) or
+                      any(num(s.get("flops")) for s in r.analysis.get("steps") or [] if isinstance(s, dict))
                       for r in ranks.values())
         out.append({
             "what": "No MFU (model FLOPs utilisation).",

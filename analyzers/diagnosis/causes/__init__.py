@@ -109,7 +109,7 @@ def causes(ctx: JobContext) -> list[dict]:
 def _with_device_events(ctx: JobContext):
     """The context without the ranks whose traces lack their GPU's device events: their op
     times are the host's launches, on which no cause about the device's work may rest."""
-    ranks = {k: r for k, r in ctx.ranks.items() if not (r.get("analysis") or {}).get("device_events_missing")}
+    ranks = {k: r for k, r in ctx.ranks.items() if not r.analysis.get("device_events_missing")}
     return ctx if len(ranks) == len(ctx.ranks) else dataclasses.replace(ctx, ranks=ranks)
 
 

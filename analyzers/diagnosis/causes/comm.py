@@ -49,7 +49,7 @@ def exposed_collectives(ctx: JobContext) -> dict | None:
     th = ctx.tree.thresholds
     found = {}
     for rank, merged in ctx.ranks.items():
-        analysis = merged.get("analysis") or {}
+        analysis = merged.analysis
         groups, step_ms = _collective_groups(analysis), traced_step_ms(analysis)
         if groups and step_ms and (groups[0]["exposed_ms_per_step"] or 0.0) >= th["collective_exposed_step_share"] * step_ms:
             found[rank] = (groups[0], step_ms, analysis)

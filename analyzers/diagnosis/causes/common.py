@@ -43,7 +43,7 @@ def recorded_loaders(ctx: JobContext) -> dict[int, dict]:
     """The DataLoader settings each rank's agent recorded (rank -> settings)."""
     out = {}
     for rank, merged in ctx.ranks.items():
-        loader = (merged.get("analysis") or {}).get("loader")
+        loader = merged.analysis.get("loader")
         if isinstance(loader, dict) and isinstance(loader.get("num_workers"), int):
             out[rank] = loader
     return out

@@ -28,7 +28,7 @@ def host_sync_points(ctx: JobContext) -> dict | None:
     minimum = ctx.tree.thresholds["sync_points_per_step"]
     found = {}
     for rank, merged in ctx.ranks.items():
-        analysis = merged.get("analysis") or {}
+        analysis = merged.analysis
         traced = traced_steps(analysis)
         ops = [o for o in analysis.get("top_ops") or [] if isinstance(o, dict) and o.get("name") in SYNC_OPS]
         calls = sum(int(o.get("count") or 0) for o in ops) / traced if traced else 0.0
@@ -62,7 +62,7 @@ def pageable_copies(ctx: JobContext) -> dict | None:
     minimum = ctx.tree.thresholds["pageable_copy_step_share"]
     found = {}
     for rank, merged in ctx.ranks.items():
-        analysis = merged.get("analysis") or {}
+        analysis = merged.analysis
         copies = [c for c in analysis.get("copies") or [] if isinstance(c, dict) and PAGEABLE_HTOD_RE.search(str(c.get("name")))]
         host_ms = sum(float(c.get("host_ms_per_step") or 0.0) for c in copies)
         step_ms = traced_step_ms(analysis)
@@ -105,7 +105,7 @@ def launch_bound(ctx: JobContext) -> dict | None:
     th = ctx.tree.thresholds
     found = {}
     for rank, merged in ctx.ranks.items():
-        analysis = merged.get("analysis") or {}
+        analysis = merged.analysis
         lf, step_ms = analysis.get("launches"), traced_step_ms(analysis)
         if not isinstance(lf, dict) or not step_ms:
             continue
@@ -147,7 +147,7 @@ def _timed_items_over(ctx: JobContext, key: str, share: str) -> dict[int, tuple]
     minimum = ctx.tree.thresholds[share]
     found = {}
     for rank, merged in ctx.ranks.items():
-        analysis = merged.get("analysis") or {}
+        analysis = merged.analysis
         items = [c for c in analysis.get(key) or [] if isinstance(c, dict) and c.get("ms_per_step")]
         step_ms = traced_step_ms(analysis)
         total = sum(float(c["ms_per_step"]) for c in items)
@@ -231,7 +231,7 @@ def python_gaps(ctx: JobContext) -> dict | None:
     minimum = ctx.tree.thresholds["python_work_step_share"]
     found = {}
     for rank, merged in ctx.ranks.items():
-        analysis = merged.get("analysis") or {}
+        analysis = merged.analysis
         gaps, step_ms = analysis.get("python_gaps"), traced_mean_ms(analysis)
         if isinstance(gaps, dict) and step_ms and float(gaps.get("ms_per_step") or 0.0) >= minimum * step_ms:
             found[rank] = (gaps, step_ms)

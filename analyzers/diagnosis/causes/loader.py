@@ -7,6 +7,7 @@ from typing import Any
 
 from diag.analyzers.diagnosis.causes.common import ranks_text, recorded_loaders, upper_median
 from diag.analyzers.diagnosis.context import JobContext
+from diag.analyzers.diagnosis.inputs import MergedRank
 from diag.analyzers.diagnosis.loader_model import (
     LoaderRates,
     WorkerPlan,
@@ -17,9 +18,9 @@ from diag.analyzers.diagnosis.loader_model import (
 from diag.analyzers.numbers import finite
 
 
-def _host_median(merged: dict, key: str) -> float | None:
+def _host_median(merged: MergedRank, key: str) -> float | None:
     """The median of a host sample figure over the rank's samples (None where none has it)."""
-    return upper_median([float(s["host"][key]) for s in merged.get("samples") or [] if isinstance(s.get("host"), dict)
+    return upper_median([float(s["host"][key]) for s in merged.samples if isinstance(s.get("host"), dict)
                     and isinstance(s["host"].get(key), (int, float)) and not isinstance(s["host"][key], bool)])
 
 
@@ -31,7 +32,7 @@ def _collate_split(analysis: dict) -> tuple[float | None, float | None] | None:
     return (upper_median([w for w, _ in rows]), upper_median([c for _, c in rows])) if rows else None
 
 
-def _io_text(merged: dict) -> tuple[str, dict]:
+def _io_text(merged: MergedRank) -> tuple[str, dict]:
     """What the rank's samples say about reads: the CPUs' I/O wait and the bytes read from
     storage per second by the process and its workers; ("", {}) where they say nothing."""
     ev = {k: _host_median(merged, k) for k in ("cpu_iowait_ratio", "process_read_bytes_per_second",
@@ -71,7 +72,7 @@ def no_loader_workers(ctx: JobContext) -> dict | None:
                   "ranks, one left to the training process)" if start else "start at the number of CPU cores per rank")
         action = (f"Give the {where} worker processes: {sizing}, with persistent_workers=True so that they "
                   "outlive each epoch. (Too few steps were timed to size them from this run.)")
-    split = _collate_split(merged.get("analysis") or {})
+    split = _collate_split(merged.analysis)
     wait, collate = split or (None, None)
     if wait and collate is not None:
         text += (f" Of its median wait of {wait:.1f} ms per step, collate_fn takes {collate:.1f} ms and reading the "
@@ -92,14 +93,14 @@ def no_loader_workers(ctx: JobContext) -> dict | None:
     return out
 
 
-def _worker_plan(ctx: JobContext, merged: dict, ld: dict, cpu_bound: bool | None = None
+def _worker_plan(ctx: JobContext, merged: MergedRank, ld: dict, cpu_bound: bool | None = None
                  ) -> tuple[LoaderRates, WorkerPlan] | None:
     """The rank's loader rates and the worker count they call for; None where the run timed
     too few steps, or no wait to hide. `cpu_bound`: whether making a batch is CPU work, where
     the workers' sampled CPU says (the step records of a loader with workers can not: its
     batches are made in other processes)."""
     th = ctx.tree.thresholds
-    rates = loader_rates((merged.get("analysis") or {}).get("steps") or [], ld["num_workers"], th,
+    rates = loader_rates(merged.analysis.get("steps") or [], ld["num_workers"], th,
                          _workers_cpu(merged) if ld["num_workers"] > 0 else None)
     if rates is None or rates.wait_ms <= 0.0:
         return None
@@ -107,28 +108,28 @@ def _worker_plan(ctx: JobContext, merged: dict, ld: dict, cpu_bound: bool | None
                                foreign_cpus=_foreign_cpus(ctx, merged, ld))
 
 
-def _own_cpus(merged: dict) -> float | None:
+def _own_cpus(merged: MergedRank) -> float | None:
     """The median CPUs a rank's process and its DataLoader workers used, over its samples."""
     return upper_median([proc + (finite(h.get("dataloader_workers_cpu_ratio")) or 0.0)
-                         for s in merged.get("samples") or [] if isinstance(h := s.get("host"), dict)
+                         for s in merged.samples if isinstance(h := s.get("host"), dict)
                          and (proc := finite(h.get("process_cpu_ratio"))) is not None])
 
 
-def _foreign_cpus(ctx: JobContext, merged: dict, ld: dict) -> float:
+def _foreign_cpus(ctx: JobContext, merged: MergedRank, ld: dict) -> float:
     """The CPUs other processes kept busy over the run, as many as fall on the rank's own CPUs:
     the host's busy CPUs (the median over the rank's samples) less what the job's ranks on that
     host and their workers used, shared out over the host's CPUs; none under
     `loader_foreign_min_cpus`, the scatter of that difference on a quiet host."""
-    busy_share = [r for s in merged.get("samples") or [] if isinstance(h := s.get("host"), dict)
+    busy_share = [r for s in merged.samples if isinstance(h := s.get("host"), dict)
                   and (r := finite(h.get("cpu_ratio"))) is not None]
-    counts = [c for s in merged.get("samples") or [] if isinstance(h := s.get("host"), dict)
+    counts = [c for s in merged.samples if isinstance(h := s.get("host"), dict)
               and (c := finite(h.get("cpu_count"))) is not None and c >= 1]
     usable = ld.get("cpus")
     if not busy_share or not isinstance(usable, int) or isinstance(usable, bool) or usable <= 0:
         return 0.0
     total = max(upper_median(counts) or float(usable), float(usable))
     busy = (upper_median(busy_share) or 0.0) * total
-    own = sum(_own_cpus(r) or 0.0 for r in ctx.ranks.values() if r.get("host") == merged.get("host"))
+    own = sum(_own_cpus(r) or 0.0 for r in ctx.ranks.values() if r.host == merged.host)
     foreign = max(busy - own, 0.0)
     return foreign * usable / total if foreign >= ctx.tree.thresholds["loader_foreign_min_cpus"] else 0.0
 
@@ -186,20 +187,20 @@ def _rounded(v: float | None) -> float | None:
     return None if v is None else round(v, 3)
 
 
-def _sampled_host(merged: dict, key: str, with_workers: bool = False) -> float | None:
+def _sampled_host(merged: MergedRank, key: str, with_workers: bool = False) -> float | None:
     """The upper median of a host measurement over the rank's samples (those with DataLoader
     workers only, where `with_workers`)."""
-    return upper_median([float(s["host"][key]) for s in merged.get("samples") or []
+    return upper_median([float(s["host"][key]) for s in merged.samples
                          if isinstance(s.get("host"), dict) and isinstance(s["host"].get(key), (int, float))
                          and (not with_workers or (s["host"].get("dataloader_workers") or 0) > 0)])
 
 
-def _workers_cpu(merged: dict) -> float | None:
+def _workers_cpu(merged: MergedRank) -> float | None:
     """The median CPU seconds per second of the rank's DataLoader workers, over its samples."""
     return _sampled_host(merged, "dataloader_workers_cpu_ratio", with_workers=True)
 
 
-def _host_cpu(merged: dict) -> float | None:
+def _host_cpu(merged: MergedRank) -> float | None:
     """The median share of the host's CPUs in use, over the rank's samples with DataLoader
     workers: the same moments the workers' CPU is read at (a slow start, before the workers
     run, would otherwise count as spare CPUs they never had)."""

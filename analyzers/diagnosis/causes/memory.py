@@ -20,7 +20,7 @@ def optimizer_step(ctx: JobContext) -> dict | None:
     min_loop = ctx.tree.thresholds["optimizer_min_loop_ops"]
     found = {}
     for rank, merged in ctx.ranks.items():
-        analysis = merged.get("analysis") or {}
+        analysis = merged.analysis
         opt, step_ms = analysis.get("optimizer"), traced_step_ms(analysis)
         if not isinstance(opt, dict) or opt.get("implementation") == "fused" or not step_ms:
             continue
@@ -59,7 +59,7 @@ def bandwidth_kernels(ctx: JobContext) -> dict | None:
     minimum = ctx.tree.thresholds["bandwidth_kernels_step_share"]
     found = {}
     for rank, merged in ctx.ranks.items():
-        analysis = merged.get("analysis") or {}
+        analysis = merged.analysis
         traffic = analysis.get("memory_traffic")
         step_ms = traced_step_ms(analysis)
         if not isinstance(traffic, dict) or not step_ms:
@@ -113,7 +113,7 @@ def elementwise_chain(ctx: JobContext) -> dict | None:
     minimum = ctx.tree.thresholds["fusion_chain_step_share"]
     found = {}
     for rank, merged in ctx.ranks.items():
-        analysis = merged.get("analysis") or {}
+        analysis = merged.analysis
         chains = [c for c in analysis.get("elementwise_chains") or [] if isinstance(c, dict)]
         step_ms = traced_step_ms(analysis)
         if chains and step_ms and float(chains[0].get("ms_per_step") or 0.0) >= minimum * step_ms:

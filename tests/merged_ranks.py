@@ -1,0 +1,15 @@
+"""Hand-made ranks as the diagnosis reads them (`inputs.MergedRank`), for the rule tests."""
+
+from __future__ import annotations
+
+from diag.analyzers.diagnosis.inputs import MergedRank
+
+
+def merged_rank(parts: dict, rank: int = 0) -> MergedRank:
+    """A rank of the given parts ({"analysis": ..., "samples": ..., "info": ..., "host": ...})."""
+    return MergedRank(rank=rank, **parts)
+
+
+def merged(ranks: dict) -> dict[int, MergedRank]:
+    """{rank: parts} as merged ranks."""
+    return {k: merged_rank(r, k) for k, r in ranks.items()}
