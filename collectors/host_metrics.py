@@ -10,7 +10,10 @@ Ratios are computed from our own previous reading (not psutil's shared
   averaged over its life so far, so a freshly started worker is not reported idle;
 - ``cpu_iowait_ratio``: share of all cores' time idle with I/O outstanding (Linux);
 - ``process_read_bytes_per_second`` and ``dataloader_workers_read_bytes_per_second``:
-  bytes read from storage (not the page cache) per second, where the OS accounts them.
+  bytes read from storage (not the page cache) per second, where the OS accounts them;
+- ``dataloader_workers_runqueue_ratio``: seconds per wall second the workers were ready to
+  run but waited for a CPU (Linux, ``/proc/<pid>/schedstat``; absent elsewhere). A worker
+  short of CPUs uses little of one, as a worker waiting on reads does; this tells them apart.
 
 Network totals leave out loopback: a single-node job's gloo traffic is not the network.
 
@@ -83,7 +86,7 @@ def _cpu_busy_total(t) -> tuple[float, float]:
 class _Proc:
     """One watched process: psutil handle and the previous CPU reading."""
 
-    __slots__ = ("proc", "cpu_s", "t", "helper", "read", "read_t", "io")
+    __slots__ = ("proc", "cpu_s", "t", "helper", "read", "read_t", "io", "runq_ns", "runq_t", "schedstat")
 
     def __init__(self, proc: psutil.Process, helper: bool):
         self.proc = proc
@@ -93,6 +96,25 @@ class _Proc:
         self.read: int | None = None
         self.read_t = 0.0
         self.io = hasattr(proc, "io_counters")  # not on macOS
+        self.runq_ns: int | None = None
+        self.runq_t = 0.0
+        self.schedstat = f"/proc/{proc.pid}/schedstat"
+
+    def runqueue_ratio(self, now_mono: float) -> float | None:
+        """Seconds per second spent ready to run, waiting for a CPU, since the previous call
+        (None: first call, or no scheduler statistics here)."""
+        if not self.schedstat:
+            return None
+        try:
+            with open(self.schedstat, "rb") as f:
+                # "<ns on a CPU> <ns waiting on a run queue> <time slices>"
+                waited = int(f.read(256).split()[1])
+        except (OSError, ValueError, IndexError):
+            self.schedstat = ""  # not Linux, or the kernel keeps no such statistics
+            return None
+        prev, prev_t = self.runq_ns, self.runq_t
+        self.runq_ns, self.runq_t = waited, now_mono
+        return max(waited - prev, 0) / 1e9 / max(now_mono - prev_t, 1e-6) if prev is not None else None
 
     def read_rate(self, now_mono: float) -> float | None:
         """Bytes per second read from storage since the previous call (None: first call, or
@@ -233,6 +255,7 @@ class HostMetrics(MetricSet):
         seen = set()
         count = 0
         cpu = read = 0.0
+        waited: float | None = None
         for pid in pids:
             if pid in seen or pid == self.pid:
                 continue
@@ -253,6 +276,8 @@ class HostMetrics(MetricSet):
                 cpu += entry.cpu_ratio(now)
                 rate = entry.read_rate(now)
                 read = read + rate if rate is not None else read
+                runq = entry.runqueue_ratio(now)
+                waited = (waited or 0.0) + runq if runq is not None else waited
                 count += 1
             except psutil.Error:  # exited between listing and reading
                 self._workers.pop(pid, None)
@@ -263,6 +288,8 @@ class HostMetrics(MetricSet):
         host["dataloader_workers_cpu_ratio"] = cpu
         # Storage reads of the workers seen twice or more (a new worker has no rate yet).
         host["dataloader_workers_read_bytes_per_second"] = read
+        if waited is not None:
+            host["dataloader_workers_runqueue_ratio"] = waited
 
 
 def _is_helper(proc: psutil.Process) -> bool:

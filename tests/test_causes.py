@@ -361,6 +361,27 @@ def test_workers_between_the_thresholds_are_busy_on_a_host_with_its_cpus_taken(h
         assert "The host's CPUs are all in use (91% busy)" in found[0]["action"] and "expect" not in found[0]
 
 
+@pytest.mark.parametrize("waiting,kind", [(2.45, "busy"), (2.35, "idle")])
+def test_workers_that_use_little_cpu_but_wait_for_one_are_busy(waiting, kind):
+    """4 workers use 0.8 CPUs (20% of theirs, under loader_workers_idle) on a host 60% busy (under
+    loader_host_cpu_saturated): waiting for a CPU 0.6 s a second each or more, they are CPU-bound
+    and short of CPUs, not waiting on reads (their use and wait reach loader_workers_busy)."""
+    th = dt.load_tree().thresholds
+    assert (th["loader_workers_busy"], th["loader_workers_idle"]) == (0.8, 0.3)
+    rank = _worker_rank(0.8)
+    for s in rank["samples"]:
+        s["host"].update(cpu_ratio=0.6, dataloader_workers_runqueue_ratio=waiting)
+    (found,) = [c for c in cs.causes(_ctx({0: rank}, bound="data", shares={"data": 0.6}))
+                if c["id"] == "data_loader_workers"]
+    assert found["evidence"]["kind"] == kind and found["evidence"]["workers_waiting_for_cpu"] == waiting
+    if kind == "busy":
+        assert "with the host's CPUs 60% busy and 2.5 s a second spent waiting for a CPU" in found["text"]
+        assert found["action"].startswith("The CPUs the workers may use are all taken (they wait for one), so more")
+        assert "expect" not in found
+    else:
+        assert "the workers wait on reads" in found["text"]
+
+
 def test_busy_workers_on_a_full_host_are_told_to_do_less_per_sample():
     (cause,) = cs.causes(_ctx({0: _worker_rank(3.9, cpus=8)}, bound="data", shares={"data": 0.6}))
     assert "The 4 CPUs of each rank are all in use" in cause["action"]

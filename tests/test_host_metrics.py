@@ -173,3 +173,32 @@ def test_failing_pid_callback_falls_back_to_children_and_logs_once(logs):
     assert rec["dataloader_workers"] == 0
     assert len(logs) == 1 and "dataloader_pids() failed" in logs[0] and "RuntimeError" in logs[0]
     assert "dataloader" in [m.name for m in host.enabled]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/schedstat"), reason="no scheduler statistics here (not Linux)")
+def test_workers_waiting_for_a_cpu_are_told_from_workers_waiting_on_reads(logs):
+    """Two spinning workers pinned to one CPU each run about half the time and wait the other
+    half for it: their CPU and their wait for a CPU add up to their wall time, however busy
+    the machine is. A sleeping worker (one that waits on a read) waits for no CPU."""
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    spin = [sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"]
+    sleeper = [sys.executable, "-c", "import time; time.sleep(30)"]
+    procs = [subprocess.Popen(spin), subprocess.Popen(spin), subprocess.Popen(sleeper)]
+    try:
+        spinners = HostMetrics(logs.append, dataloader_pids=lambda: [p.pid for p in procs[:2]])
+        sleeping = HostMetrics(logs.append, dataloader_pids=lambda: [procs[2].pid])
+        time.sleep(0.3)  # both spinners pinned and running
+        for m in (spinners, sleeping):
+            m.read()
+        time.sleep(1.0)
+        busy, idle = spinners.read(), sleeping.read()
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(5)
+    assert logs == []
+    assert busy["dataloader_workers"] == 2
+    # Two always-runnable processes: 2 s of CPU and wait per second between them, one CPU's worth run.
+    assert busy["dataloader_workers_cpu_ratio"] + busy["dataloader_workers_runqueue_ratio"] == pytest.approx(2.0, rel=0.15)
+    assert busy["dataloader_workers_runqueue_ratio"] >= 0.8
+    assert idle["dataloader_workers_runqueue_ratio"] < 0.05 and idle["dataloader_workers_cpu_ratio"] < 0.05

@@ -200,6 +200,12 @@ def _workers_cpu(merged: MergedRank) -> float | None:
     return _sampled_host(merged, "dataloader_workers_cpu_ratio", with_workers=True)
 
 
+def _workers_waiting(merged: MergedRank) -> float | None:
+    """The median seconds per second the rank's DataLoader workers were ready to run and
+    waited for a CPU, over its samples (None where the OS keeps no such count)."""
+    return _sampled_host(merged, "dataloader_workers_runqueue_ratio", with_workers=True)
+
+
 def _host_cpu(merged: MergedRank) -> float | None:
     """The median share of the host's CPUs in use, over the rank's samples with DataLoader
     workers: the same moments the workers' CPU is read at (a slow start, before the workers
@@ -207,15 +213,25 @@ def _host_cpu(merged: MergedRank) -> float | None:
     return _sampled_host(merged, "cpu_ratio", with_workers=True)
 
 
-def _worker_kind(load: float, host_cpu: float | None, th: dict) -> str | None:
-    """busy, idle or None (can't tell) for workers using `load` of their cores each."""
+def _worker_kind(load: float, host_cpu: float | None, th: dict, waiting: float | None = None) -> str | None:
+    """busy, idle or None (can't tell) for workers using `load` of their cores each, and
+    waiting `waiting` of their time each for a CPU where that was measured."""
     if load >= th["loader_workers_busy"]:
         return "busy"
+    if waiting is not None and load + waiting >= th["loader_workers_busy"]:
+        return "busy"  # ready to run that much of the time: CPU-bound, and short of CPUs
     if load < th["loader_workers_idle"]:
         return "idle"
     if host_cpu is not None and host_cpu >= th["loader_host_cpu_saturated"]:
         return "busy"  # CPU-bound, and short of CPUs: the host's are taken
     return None
+
+
+def _short_of_cpus(host_cpu: float | None, waiting: float | None) -> str:
+    """What shows the workers short of CPUs: the host's CPUs busy, their wait for one."""
+    parts = ([f"the host's CPUs {host_cpu:.0%} busy"] if host_cpu is not None else []) + \
+        ([f"{waiting:.1f} s a second spent waiting for a CPU"] if waiting else [])
+    return ", with " + " and ".join(parts) if parts else ""
 
 
 def loader_workers(ctx: JobContext) -> dict | None:
@@ -231,14 +247,15 @@ def loader_workers(ctx: JobContext) -> dict | None:
     for rank, ld in recorded_loaders(ctx).items():
         used = _workers_cpu(ctx.ranks[rank])
         if ld["num_workers"] > 0 and used is not None:
-            host_cpu = _host_cpu(ctx.ranks[rank])
-            kind = _worker_kind(used / ld["num_workers"], host_cpu, th)
+            host_cpu, waiting = _host_cpu(ctx.ranks[rank]), _workers_waiting(ctx.ranks[rank])
+            kind = _worker_kind(used / ld["num_workers"], host_cpu, th,
+                                None if waiting is None else waiting / ld["num_workers"])
             if kind is not None:
-                found[rank] = (kind, ld, used, host_cpu)
+                found[rank] = (kind, ld, used, host_cpu, waiting)
     if not found:
         return None
     rank = min(found)
-    kind, ld, used, host_cpu = found[rank]
+    kind, ld, used, host_cpu, waiting = found[rank]
     starved = kind == "busy" and used / ld["num_workers"] < th["loader_workers_busy"]
     where, w = f"{ld['class']} over {ld['dataset']}", ld["num_workers"]
     ranks = sorted(r for r, f in found.items() if f[0] == kind)
@@ -250,13 +267,16 @@ def loader_workers(ctx: JobContext) -> dict | None:
     if kind == "busy":
         spare = per_rank - 1 - w if per_rank else None
         text = (f"The {where} on {ranks_text(ranks)} has {w} workers, and they use {used:.1f} CPUs ({used / w:.0%} of "
-                "theirs" + (f", with the host's CPUs {host_cpu:.0%} busy" if starved else "")
+                "theirs" + (_short_of_cpus(host_cpu, waiting) if starved else "")
                 + "): decoding and augmenting the samples is CPU-bound, and the step still waits for it.")
         if more and planned is not None:
             action = (f"Raise num_workers from {w} to {planned[1].workers} ({ld['cpus']} CPUs for "
                       f"{ld.get('local_ranks') or 1} local ranks, one left to the training process).")
         elif starved:
-            action = (f"The host's CPUs are all in use ({host_cpu:.0%} busy), so more workers would only share them: "
+            taken = (f"The host's CPUs are all in use ({host_cpu:.0%} busy)"
+                     if host_cpu is not None and host_cpu >= th["loader_host_cpu_saturated"] else
+                     "The CPUs the workers may use are all taken (they wait for one)")
+            action = (f"{taken}, so more workers would only share them: "
                       "do less per sample on the CPU (decode on the GPU with torchvision.io / DALI, augment batches on "
                       "the device, store the dataset pre-processed), give each rank more CPUs, or move what else "
                       "runs on them.")
@@ -278,7 +298,8 @@ def loader_workers(ctx: JobContext) -> dict | None:
                   f"(now {ld.get('prefetch_factor')}) so that more batches are in flight.")
     out: dict[str, Any] = {"text": text, "action": action,
            "evidence": {"ranks": ranks, "kind": kind, "loader": ld, "workers_cpu": round(used, 3),
-                        "host_cpu": _rounded(host_cpu), "cpus_per_rank": per_rank, **io_ev}}
+                        "host_cpu": _rounded(host_cpu), "workers_waiting_for_cpu": _rounded(waiting),
+                        "cpus_per_rank": per_rank, **io_ev}}
     if more and planned is not None:
         out["evidence"]["model"] = _plan_evidence(*planned)
         out["expect"] = _plan_expectation(*planned)
