@@ -7,8 +7,9 @@ decision-tree settings the agent resolved ("tree", diag.tree_settings/1) and the
 calibration ("host_peaks"). It compresses the raw trace (gzip, atomically; the raw file is
 removed), analyses it with the trace analyzer, and writes the small window summary of the
 run-directory format (`diag.run_documents.WindowSummary`: the window's steps, its trace's
-name, and the rank's trace facts or why there are none). It holds facts only: the agent judges them for its live views, and the run's
-analysis judges them once the ranks' waits are split. The training process keeps only that
+name, and the rank's trace facts or why there are none). It holds facts only: the agent
+judges them for its live views, and the run's analysis judges them once the ranks' waits
+are split. The training process keeps only that
 summary; the big trace never enters its memory.
 """
 

@@ -199,7 +199,7 @@ class RunFacts:
                     for r in self.doc["ranks"]]
         except Exception as exc:  # noqa: BLE001
             self.records.problems.append(f"{self.records.path or 'run'}: judging the run analysis failed "
-                                            f"({type(exc).__name__}: {exc})")
+                                         f"({type(exc).__name__}: {exc})")
             return [judge_trace(r, tree) for r in ranks_from_windows(self.records.ranks)]
 
 
@@ -221,7 +221,8 @@ def run_facts(path, tree, progress=None, host_peaks: dict | None = None) -> RunF
     records = read_records(path, doc, progress)
     if not doc["ranks"]:
         doc, inputs = {**doc, "ranks": ranks_from_windows(records.ranks)}, {}
-    return RunFacts(doc, inputs, msgspec.structs.replace(records, problems=list(dict.fromkeys(problems + records.problems))))
+    problems = list(dict.fromkeys(problems + records.problems))
+    return RunFacts(doc, inputs, msgspec.structs.replace(records, problems=problems))
 
 
 def with_diagnosis(doc: dict, tree, records: RunRecords | None = None) -> dict:

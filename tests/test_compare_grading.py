@@ -5,6 +5,7 @@ inferred without such a record, and runs that train different jobs are not grade
 from __future__ import annotations
 
 import pytest
+from merged_ranks import merged
 
 from diag.analyzers.diagnosis import change, run_figures
 from diag.analyzers.diagnosis import decision_tree as dt
@@ -46,8 +47,8 @@ def test_no_change_is_inferred_without_a_record():
 
 def _diagnosis(doc: dict) -> dict:
     """The diagnosis's run figures of a document: what identifies the run."""
-    merged = {r["rank"]: {"analysis": r, "device": None} for r in doc["ranks"]}
-    return {"run_figures": {"identity": run_figures.identity(merged, len(merged))}}
+    ranks = merged({r["rank"]: {"analysis": r} for r in doc["ranks"]})
+    return {"run_figures": {"identity": run_figures.identity(ranks, len(ranks))}}
 
 
 def test_runs_that_train_different_jobs_are_not_graded():

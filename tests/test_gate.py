@@ -11,6 +11,7 @@ import sys
 import xml.etree.ElementTree as ET
 
 import pytest
+from merged_ranks import merged
 
 from diag.analyzers.diagnosis import decision_tree as dt
 from diag.analyzers.diagnosis import gate as gt
@@ -31,8 +32,8 @@ def _run(step_ms: float, n: int = 40, world: int = 2, device: str = "CPU", param
                          "compute": 0.8 - host_share}} for k, t in enumerate(times)]
     doc = {"ranks": [{"rank": r, "steps": steps} | ({"model": {"class": "Sequential", "params": params}} if params
                                                     else {}) for r in range(world)]}
-    merged = {r: {"analysis": a, "device": device} for r, a in enumerate(doc["ranks"])}
-    figures = {"identity": rf.identity(merged, world), "step_time": rf.step_time(times),
+    ranks = merged({r: {"analysis": a, "device": device} for r, a in enumerate(doc["ranks"])})
+    figures = {"identity": rf.identity(ranks, world), "step_time": rf.step_time(times),
                "throughput": {"samples_per_s": samples * world / (step_ms / 1e3)}}
     return doc, {"run_figures": figures}
 

@@ -163,7 +163,7 @@ def test_the_confidence_never_calls_a_measurement_clear_beside_a_borderline_one(
     path = {"nodes": [{"metric": "busy_share", "value": 0.499, "threshold": 0.5, "answer": "yes"},
                       {"metric": "memory_to_compute", "value": 0.1, "threshold": 1.0, "answer": "no"}]}
     edge = {"candidates": ["host", "compute"], "metric": "busy_share", "text": "borderline host/compute"}
-    c = document._confidence("host", allt, path, {}, 1, edge)
+    c = document._confidence("host", allt, path, [], 0, 1, edge)
     assert not any("clear of its threshold" in r for r in c["reasons"])
     assert any("busy_share = " in r and "within 15% of its threshold" in r for r in c["reasons"])
 

@@ -267,7 +267,7 @@ def _headline(ctx: JobContext) -> dict:
     if not agree:
         agree = [r for r in ranks.values() if mode_bound(r.step_table.bound) == bound]
     n_agree, n_ranks = len(agree), len(ranks)
-    lost = ctx.lost.stopped
+    lost = [x["rank"] for x in ctx.lost.stopped]
     if n_ranks == 0:
         where = ""
     elif n_agree == n_ranks and n_ranks == world and not lost:
