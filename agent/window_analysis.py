@@ -23,6 +23,8 @@ from diag.run_documents import window_summary
 
 QUEUE = 8
 MAX_STARTS = 3
+# How long a busy analysis process has, once told to stop, to remove its partial file and exit.
+STOP_GRACE_S = 1.0
 
 
 class WindowAnalysis:
@@ -97,8 +99,7 @@ class WindowAnalysis:
             try:
                 server.wait(0.5 if busy else 5.0)
             except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait(2.0)
+                _stop(server)
 
     def _start_server(self) -> subprocess.Popen | None:
         if self._starts >= MAX_STARTS:
@@ -153,3 +154,17 @@ class WindowAnalysis:
             self.log(f"profiler: window {first}: {doc.error or 'no analysis'}")
             return
         self.on_done(first, last, doc.analysis)
+
+
+def _stop(server: subprocess.Popen) -> None:
+    """End the analysis process: SIGTERM, so it removes what it was half-way through writing,
+    then SIGKILL if it does not go within STOP_GRACE_S."""
+    server.terminate()
+    try:
+        server.wait(STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        try:
+            server.wait(2.0)
+        except subprocess.TimeoutExpired:
+            pass  # unkillable (uninterruptible I/O): the OS reaps it; the job goes on

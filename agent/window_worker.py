@@ -20,6 +20,7 @@ import gzip
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -97,10 +98,17 @@ def serve(stream) -> int:
     return 0
 
 
+def _stop(signum, _frame) -> None:
+    # The agent ends a worker still busy at the job's end with SIGTERM: unwinding removes the
+    # half-written compressed copy (compress), which SIGTERM's default action would leave behind.
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m diag.window_worker")
     p.add_argument("--serve", action="store_true", required=True, help="read jobs as JSON lines on stdin")
     p.parse_args(argv)
+    signal.signal(signal.SIGTERM, _stop)
     return serve(sys.stdin)
 
 

@@ -12,8 +12,9 @@ Ratios are computed from our own previous reading (not psutil's shared
 - ``process_read_bytes_per_second`` and ``dataloader_workers_read_bytes_per_second``:
   bytes read from storage (not the page cache) per second, where the OS accounts them;
 - ``dataloader_workers_runqueue_ratio``: seconds per wall second the workers were ready to
-  run but waited for a CPU (Linux, ``/proc/<pid>/schedstat``; absent elsewhere). A worker
-  short of CPUs uses little of one, as a worker waiting on reads does; this tells them apart.
+  run but waited for a CPU (Linux, ``/proc/<pid>/schedstat``; absent elsewhere; a worker seen
+  for the first time has no rate yet). A worker short of CPUs uses little of one, as a worker
+  waiting on reads does; this tells them apart.
 
 Network totals leave out loopback: a single-node job's gloo traffic is not the network.
 
@@ -162,6 +163,8 @@ class HostMetrics(MetricSet):
         self._cpu_prev: tuple[float, float, float | None] | None = None
         self._cpu_count = psutil.cpu_count() or 0
         self._pids_failed = False
+        # Linux keeps each process's run-queue wait (the workers' wait for a CPU) here.
+        self._schedstat = os.path.exists(f"/proc/{self.pid}/schedstat")
         self.probe()
 
     def table(self) -> list[Metric]:
@@ -288,8 +291,8 @@ class HostMetrics(MetricSet):
         host["dataloader_workers_cpu_ratio"] = cpu
         # Storage reads of the workers seen twice or more (a new worker has no rate yet).
         host["dataloader_workers_read_bytes_per_second"] = read
-        if waited is not None:
-            host["dataloader_workers_runqueue_ratio"] = waited
+        if self._schedstat:
+            host["dataloader_workers_runqueue_ratio"] = waited or 0.0
 
 
 def _is_helper(proc: psutil.Process) -> bool:

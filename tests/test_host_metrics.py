@@ -16,8 +16,8 @@ HOST_KEYS = {
     "cpu_ratio", "cpu_count", "memory_used_bytes", "memory_total_bytes", "disk_read_bytes_total", "disk_write_bytes_total",
     "net_rx_bytes_total", "net_tx_bytes_total", "process_cpu_ratio", "process_rss_bytes",
     "dataloader_workers", "dataloader_workers_cpu_ratio", "dataloader_workers_read_bytes_per_second",
-    # Linux: psutil's iowait and per-process storage reads.
-    "cpu_iowait_ratio", "process_read_bytes_per_second",
+    # Linux: psutil's iowait, per-process storage reads and the workers' run-queue wait.
+    "cpu_iowait_ratio", "process_read_bytes_per_second", "dataloader_workers_runqueue_ratio",
 }
 
 
@@ -77,6 +77,7 @@ def test_host_record_has_every_key_in_base_units(logs):
     for key in ("disk_read_bytes_total", "disk_write_bytes_total", "net_rx_bytes_total", "net_tx_bytes_total"):
         assert later[key] >= rec[key], key
     assert rec["dataloader_workers"] == 0 and rec["dataloader_workers_cpu_ratio"] == 0.0
+    assert rec["dataloader_workers_runqueue_ratio"] == 0.0
     assert 0.0 <= rec["cpu_iowait_ratio"] <= 1.0 and rec["process_read_bytes_per_second"] >= 0.0
 
 

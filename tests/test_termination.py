@@ -108,3 +108,31 @@ def test_a_segment_a_killed_writer_left_open_is_sealed_without_its_cut_off_line(
     w.flush()
     assert sorted(p.name for p in d.iterdir()) == ["steps-000000.jsonl", "steps-000001.jsonl", "steps-000002.jsonl"]
     assert [r["step"] for r in segments.read_records(d, "steps", problems)] == [0, 1, 2, 3] and not problems
+
+
+def test_the_window_analysis_told_to_stop_leaves_no_half_written_trace(tmp_path):
+    """The agent ends a window-analysis process still busy at the job's end with SIGTERM: the
+    process removes its half-written compressed copy and exits; the raw trace stays whole."""
+    import os
+
+    raw = tmp_path / "window-000003.pt.trace.json"
+    raw.write_bytes(os.urandom(96 << 20))  # incompressible: the copy takes long enough to stop it midway
+    tmp = tmp_path / f".{raw.name}.gz.tmp"
+    job = {"trace": str(raw), "out": str(tmp_path / "window-000003.json"), "rank": 0, "first": 3, "last": 4}
+    worker = subprocess.Popen([sys.executable, "-m", "diag.window_worker", "--serve"], stdin=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        assert worker.stdin is not None
+        worker.stdin.write(json.dumps(job) + "\n")
+        worker.stdin.flush()
+        deadline = time.monotonic() + 60
+        while not tmp.exists() and worker.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert tmp.exists(), "the worker never began its compressed copy"
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(10) == 128 + signal.SIGTERM
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert not tmp.exists() and raw.stat().st_size == 96 << 20
+    assert not (tmp_path / f"{raw.name}.gz").exists() and not (tmp_path / "window-000003.json").exists()
