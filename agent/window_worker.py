@@ -9,8 +9,8 @@ removed), analyses it with the trace analyzer, and writes the small window summa
 run-directory format (`diag.run_documents.WindowSummary`: the window's steps, its trace's
 name, and the rank's trace facts or why there are none). It holds facts only: the agent
 judges them for its live views, and the run's analysis judges them once the ranks' waits
-are split. The training process keeps only that
-summary; the big trace never enters its memory.
+are split. The training process keeps only that summary; the big trace never enters its
+memory. Told to stop (SIGTERM), it removes what it was half-way through writing.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def serve(stream) -> int:
     return 0
 
 
-def _stop(signum, _frame) -> None:
+def _exit_on_sigterm(signum, _frame) -> None:
     # The agent ends a worker still busy at the job's end with SIGTERM: unwinding removes the
     # half-written compressed copy (compress), which SIGTERM's default action would leave behind.
     raise SystemExit(128 + signum)
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m diag.window_worker")
     p.add_argument("--serve", action="store_true", required=True, help="read jobs as JSON lines on stdin")
     p.parse_args(argv)
-    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     return serve(sys.stdin)
 
 
