@@ -43,7 +43,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from diag.atomic_io import read_json
-from diag.run_documents import WindowSummary, window_summary
+from diag.run_documents import RankRecords, WindowSummary, window_summary
 from diag.segments import read_records
 from diag.step_record import StepRecord, from_json_record
 
@@ -88,6 +88,19 @@ def rank_number(v) -> int | None:
 def world_size_number(v) -> int | None:
     """v when it can be a world size: an integer in [1, MAX_WORLD_SIZE]; else None."""
     return v if type(v) is int and 0 < v <= MAX_WORLD_SIZE else None
+
+
+def expected_world_size(manifest: dict, rank_infos: list[dict | None]) -> int | None:
+    """The largest world size the manifest or any rank.json states; None where none does."""
+    sizes = [manifest.get("world_size")] + [(info or {}).get("world_size") for info in rank_infos]
+    known = [s for s in map(world_size_number, sizes) if s is not None]
+    return max(known) if known else None
+
+
+def missing_ranks(world: int | None, present: list[int]) -> list[int]:
+    """The ranks below the world size without a folder of their own."""
+    have = set(present)
+    return [r for r in range(world or 0) if r not in have]
 
 
 def rank_dir_name(rank: int) -> str:
@@ -159,15 +172,10 @@ class RunDir:
         return sorted(r for m in found if m and (r := rank_number(int(m.group(1)))) is not None)
 
     def expected_world_size(self) -> int | None:
-        sizes = [self.manifest().get("world_size")]
-        sizes += [(self.rank_info(r) or {}).get("world_size") for r in self.ranks()]
-        sizes = [s for s in map(world_size_number, sizes) if s is not None]
-        return max(sizes) if sizes else None
+        return expected_world_size(self.manifest(), [self.rank_info(r) for r in self.ranks()])
 
     def missing_ranks(self) -> list[int]:
-        world = self.expected_world_size()
-        present = set(self.ranks())
-        return [r for r in range(world or 0) if r not in present]
+        return missing_ranks(self.expected_world_size(), self.ranks())
 
     def rank_path(self, rank: int) -> Path:
         return self.path / rank_dir_name(rank)
@@ -189,6 +197,15 @@ class RunDir:
 
     def events(self, rank: int) -> list[dict]:
         return list(self.records(rank, "events"))
+
+    def rank_records(self, rank: int) -> RankRecords:
+        """What the rank wrote besides its step records and traces (read by the run analysis
+        itself, one rank at a time), each file read once."""
+        return RankRecords(info=self.rank_info(rank) or {},
+                           samples=[s for s in self.samples(rank) if type(s) is dict],
+                           events=[e for e in self.events(rank) if type(e) is dict],
+                           windows=self.windows(rank), traces=len(self.traces(rank)),
+                           nccl_logs=len(self.nccl_logs(rank)))
 
     def windows(self, rank: int) -> list[WindowSummary]:
         """The rank's window summaries in file-name (first step) order, their types settled."""

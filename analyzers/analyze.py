@@ -35,7 +35,7 @@ from diag.analyzers.diagnosis.rank import judge_run_rank, judge_trace
 from diag.analyzers.job import waits
 from diag.analyzers.job.cross_rank import analyze_job
 from diag.analyzers.job.run_analysis import SCHEMA, analyze_run
-from diag.analyzers.run_records import ranks_from_windows, read_records
+from diag.analyzers.run_records import ranks_from_windows, read_records, with_steps_and_nccl
 from diag.analyzers.trace.analysis import trace_facts
 from diag.errors import DiagInputError
 from diag.run_documents import RunRecords
@@ -213,12 +213,14 @@ def run_facts(path, tree, progress=None, host_peaks: dict | None = None) -> RunF
         raise DiagInputError("not a diag run directory (no manifest.json and no rank-NNNNN folders)",
                              source=str(path))
     problems: list[str] = []
+    rd = rundir.RunDir(path)
+    records = read_records(rd, progress)
     try:
-        doc, inputs = analyze_run(path, tree.facts, host_peaks=host_peaks)
+        doc, inputs = analyze_run(rd, records, tree.facts, host_peaks=host_peaks)
     except Exception as exc:  # noqa: BLE001 - a bug in the run analysis costs the precise verdict, not the report
         problems.append(f"{path}: run analysis failed ({type(exc).__name__}: {exc})")
         doc, inputs = {"schema": SCHEMA, "ranks": [], "job": {}, "errors": []}, {}
-    records = read_records(path, doc, progress)
+    records = with_steps_and_nccl(rd, records, doc)
     if not doc["ranks"]:
         doc, inputs = {**doc, "ranks": ranks_from_windows(records.ranks)}, {}
     problems = list(dict.fromkeys(problems + records.problems))

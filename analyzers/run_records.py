@@ -9,7 +9,6 @@ and of the page model.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import cast
 
 import msgspec
@@ -22,26 +21,24 @@ from diag.errors import DiagInputError
 from diag.run_documents import RankRecords, RunRecords
 
 
-def read_records(path, doc: dict, progress=None) -> RunRecords:
-    """The records of run directory `path`; step records only for the ranks whose steps the
-    analysis `doc` does not already hold."""
-    rd = rundir.RunDir(Path(path))
+def read_records(rd: rundir.RunDir, progress=None) -> RunRecords:
+    """What run directory `rd` holds besides its step records, traces and NCCL files, each
+    file read once: the run analysis and the diagnosis both read these."""
+    ranks = {rank: rd.rank_records(rank) for rank in _progress(rd.ranks(), progress, "reading ranks")}
+    manifest = rd.manifest()
+    world = rundir.expected_world_size(manifest, [r.info for r in ranks.values()])
+    return RunRecords(path=os.fspath(rd.path), manifest=manifest, ranks=ranks,
+                      missing_ranks=rundir.missing_ranks(world, list(ranks)))
+
+
+def with_steps_and_nccl(rd: rundir.RunDir, run: RunRecords, doc: dict) -> RunRecords:
+    """`run` with the step records of the ranks whose steps the analysis `doc` does not
+    already hold, the problems met reading them all, and the NCCL results."""
     covered = {r.get("rank") for r in doc.get("ranks") or []
                if isinstance(r, dict) and isinstance(r.get("evidence"), dict) and r.get("steps")}
-    ranks = {}
-    for rank in _progress(rd.ranks(), progress, "reading ranks"):
-        ranks[rank] = RankRecords(
-            info=rd.rank_info(rank) or {},
-            steps=[] if rank in covered else rd.steps(rank),
-            samples=[s for s in rd.samples(rank) if type(s) is dict],
-            events=[e for e in rd.events(rank) if type(e) is dict],
-            windows=rd.windows(rank),
-            traces=len(rd.traces(rank)),
-            nccl_logs=len(rd.nccl_logs(rank)),
-        )
-    run = RunRecords(path=os.fspath(path), manifest=rd.manifest(), ranks=ranks, missing_ranks=rd.missing_ranks(),
-                     problems=list(dict.fromkeys(rd.problems)))
-    return _with_nccl(rd, run)
+    ranks = {rank: rec if rank in covered else msgspec.structs.replace(rec, steps=rd.steps(rank))
+             for rank, rec in run.ranks.items()}
+    return _with_nccl(rd, msgspec.structs.replace(run, ranks=ranks, problems=list(dict.fromkeys(rd.problems))))
 
 
 def _progress(items, progress, desc):

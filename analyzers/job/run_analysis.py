@@ -19,7 +19,6 @@ from __future__ import annotations
 import bisect
 import statistics
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TypeGuard, cast
 
 import msgspec
@@ -43,7 +42,7 @@ from diag.analyzers.numbers import median as _median
 from diag.analyzers.trace import host_device
 from diag.analyzers.trace.analysis import trace_facts
 from diag.analyzers.whatif import rank as what_if
-from diag.run_documents import WindowSummary
+from diag.run_documents import RankRecords, RunRecords, WindowSummary
 from diag.step_record import StepRecord
 
 SCHEMA = "diag.analysis/1"
@@ -116,11 +115,10 @@ def _warmup_cut(steps: list[dict], windows: list[WindowSummary], settings: FactS
     return steps[0]["step"] + settings.warmup_steps(len(steps)) if steps else 0
 
 
-def _unsummarised_windows(rd: rundir.RunDir, rank: int, windows: list[WindowSummary], settings: FactSettings,
-                          errors: list, host_peaks: dict | None) -> list[WindowSummary]:
+def _unsummarised_windows(rd: rundir.RunDir, rank: int, info: dict, windows: list[WindowSummary],
+                          settings: FactSettings, errors: list, host_peaks: dict | None) -> list[WindowSummary]:
     """Traces whose background analysis never finished (the rank exited or was killed first).
-    CPU traces use the calibration the rank's agent recorded, else `host_peaks`."""
-    info = rd.rank_info(rank) or {}
+    CPU traces use the calibration the rank's agent recorded (rank.json's `info`), else `host_peaks`."""
     host_peaks = info.get("host_peaks") or host_peaks
     # The steps the rank finished, where it closed and so recorded its last one: a trace cut
     # by the job's end holds the step then in progress.
@@ -145,26 +143,29 @@ def _unsummarised_windows(rd: rundir.RunDir, rank: int, windows: list[WindowSumm
     return out
 
 
-def rank_windows(rd: rundir.RunDir, rank: int, settings: FactSettings, errors: list,
+def rank_windows(rd: rundir.RunDir, rank: int, records: RankRecords, settings: FactSettings, errors: list,
                  host_peaks: dict | None = None) -> list[WindowSummary]:
-    """A rank's profiler windows, in step order, with their trace analyses where there are any."""
-    windows = rd.windows(rank)
-    windows += _unsummarised_windows(rd, rank, windows, settings, errors, host_peaks)
-    return sorted(windows, key=lambda w: w.first_step or 0)
+    """A rank's profiler windows, in step order, with their trace analyses where there are any:
+    its window summaries (in `records`) and its traces that have none."""
+    extra = _unsummarised_windows(rd, rank, records.info, records.windows, settings, errors, host_peaks)
+    return sorted(records.windows + extra, key=lambda w: w.first_step or 0)
 
 
 def analyze_rank(rd: rundir.RunDir, rank: int, settings: FactSettings, errors: list | None = None,
-                 windows: list[WindowSummary] | None = None) -> tuple[RunRankFacts, RankInputs]:
+                 windows: list[WindowSummary] | None = None,
+                 rank_records: RankRecords | None = None) -> tuple[RunRankFacts, RankInputs]:
     """One rank of a run directory: (its rank dict, of step records measured by their profiler
     windows or by the sampled measurements and the rank's measurements over its counted
-    steps; what the diagnosis judges it by besides)."""
-    info = rd.rank_info(rank) or {}
+    steps; what the diagnosis judges it by besides). `rank_records`: what the rank wrote
+    besides its steps, where already read."""
+    read = rank_records if rank_records is not None else rd.rank_records(rank)
+    info = read.info
     records = sorted(rd.steps(rank), key=lambda r: r.step)
     if windows is None:
-        windows = rank_windows(rd, rank, settings, errors if errors is not None else [])
+        windows = rank_windows(rd, rank, read, settings, errors if errors is not None else [])
     analysed = [w for w in windows if w.analysis is not None]
     analyses = [a for w in analysed if (a := w.analysis) is not None]
-    samples = sorted((s for s in rd.samples(rank) if _finite(s.get("t"))), key=lambda s: s["t"])
+    samples = sorted((s for s in read.samples if _finite(s.get("t"))), key=lambda s: s["t"])
     trace_steps, comps = _window_steps(analysed)
     steps_out, sampled = _rank_steps(records, trace_steps, comps, samples)
     cut = _warmup_cut(steps_out, analysed, settings)
@@ -456,13 +457,14 @@ def _memory_used_frac(samples: list[dict], info: dict) -> float | None:
 # -- the job ----------------------------------------------------------------------------
 
 
-def rank_reports(rd: rundir.RunDir, manifest: dict) -> dict:
+def rank_reports(run: RunRecords) -> dict:
     """When each rank present last reported, and whether it closed: the facts the diagnosis
     tells a stopped rank by (diagnosis/reporting.py)."""
     rows = []
-    for r in rd.ranks():
-        info = rd.rank_info(r)
-        readable, info = bool(info), info or {}
+    manifest = run.manifest
+    for r, records in run.ranks.items():
+        info = records.info
+        readable = bool(info)
         beat = info.get("updated_unix")
         rows.append({"rank": r, "readable": readable, "status": info.get("status"),
                      "closed": info.get("status") in FINAL_STATUSES,
@@ -473,29 +475,29 @@ def rank_reports(rd: rundir.RunDir, manifest: dict) -> dict:
             "ranks": rows}
 
 
-def analyze_run(run_dir, settings: FactSettings, host_peaks: dict | None = None) -> tuple[dict, dict[int, RankInputs]]:
-    """(the facts of the analysis document (diag.analysis/1) of a run directory, what the
-    diagnosis judges each rank by besides); `host_peaks` calibrates the CPU traces of ranks
-    whose agent recorded no calibration. The job block holds the run's own job facts: the
-    ranks missing and the world size; the facade adds the cross-rank facts."""
-    rd = rundir.RunDir(run_dir)
-    manifest = rd.manifest()
+def analyze_run(rd: rundir.RunDir, run: RunRecords, settings: FactSettings,
+                host_peaks: dict | None = None) -> tuple[dict, dict[int, RankInputs]]:
+    """(the facts of the analysis document (diag.analysis/1) of run directory `rd`, what the
+    diagnosis judges each rank by besides); `run`: its records as `run_records.read_records`
+    read them. `host_peaks` calibrates the CPU traces of ranks whose agent recorded no
+    calibration. The job block holds the run's own job facts: the ranks missing and the
+    world size; the facade adds the cross-rank facts."""
+    manifest = run.manifest
     trace_errors: list[dict] = []
-    windows = {r: rank_windows(rd, r, settings, trace_errors, host_peaks) for r in rd.ranks()}
+    windows = {r: rank_windows(rd, r, records, settings, trace_errors, host_peaks) for r, records in run.ranks.items()}
     windows = _split_window_waits(windows)
     ranks, inputs = [], {}
-    for r in rd.ranks():
-        doc, inputs[r] = analyze_rank(rd, r, settings, errors=trace_errors, windows=windows[r])
+    for r, records in run.ranks.items():
+        doc, inputs[r] = analyze_rank(rd, r, settings, errors=trace_errors, windows=windows[r], rank_records=records)
         ranks.append(doc)
-    world = rd.expected_world_size()
-    job = {"missing_ranks": rd.missing_ranks(), "world_size": world, "reports": rank_reports(rd, manifest),
-           "findings": []}
+    world = rundir.expected_world_size(manifest, [records.info for records in run.ranks.values()])
+    job = {"missing_ranks": run.missing_ranks, "world_size": world, "reports": rank_reports(run), "findings": []}
     errors = [{"source": p.split(": ", 1)[0], "error": p.split(": ", 1)[-1]} for p in rd.problems] + trace_errors
     if not ranks:
-        errors.append({"source": str(run_dir), "error": "no rank data in this run directory"})
+        errors.append({"source": str(rd.path), "error": "no rank data in this run directory"})
     return {
         "schema": SCHEMA,
-        "source": str(Path(run_dir)),
+        "source": str(rd.path),
         "run": {
             "run_id": manifest.get("run_id"),
             "status": manifest.get("status"),
