@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from diag.diagnosis_document import Diagnosis
 from diag.errors import DiagRunError
 
 BOTTLENECKS = ("data", "comm", "compute", "memory", "host", "none")
@@ -433,7 +434,7 @@ def _endpoints(path: Path, ranks: int) -> list[str]:
     return out
 
 
-def headline(diagnosis: dict | None) -> str:
+def headline(diagnosis: Diagnosis | None) -> str:
     """The diagnosis's verdict sentence (diag.analyzers.diagnosis.document)."""
-    text = ((diagnosis or {}).get("headline") or {}).get("text")
-    return text or "No verdict: not enough evidence was recorded."
+    text = diagnosis.headline.get("text") if diagnosis is not None else None
+    return text if isinstance(text, str) and text else "No verdict: not enough evidence was recorded."

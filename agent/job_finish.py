@@ -42,7 +42,7 @@ def finish_job(writer, world: int, own_status: str, *, quick: bool, config, hear
     if exporter is not None and paths:
         # The job verdict as the report's diagnosis gives it, for the lingering endpoint.
         diagnosis = read_diagnosis(paths["summary"])
-        if diagnosis:
+        if diagnosis is not None:
             exporter.observe_diagnosis(diagnosis)
     html = (paths or {}).get("html")
     if html and verbose:

@@ -245,31 +245,6 @@ class Job(JobFacts):
     bound_counts: dict[str, int]  # ranks by their own bound
 
 
-class Diagnosis(TypedDict):
-    """The diagnosis of one job (diag.diagnosis/1, diagnosis.document.build_diagnosis): what
-    every view renders. docs/analyze.md describes its parts."""
-    schema: str
-    bound: str | None
-    headline: dict
-    measurements: dict | None
-    phase_shares: dict[str, float | None] | None
-    decision_path: dict | None
-    confidence: dict
-    stragglers: list[dict]
-    straggler_episodes: dict
-    findings: list[dict]
-    evidence: list[dict]
-    recommendations: list[dict]
-    causes: list[dict]
-    what_if: dict  # {"critical_path", "changes"}
-    memory: dict | None
-    nccl: dict | None
-    world_size: int | None
-    missing_ranks: list[int]
-    stopped_ranks: list[int]
-    run_figures: dict  # identity, steady step time, throughput: what compare and the gate read
-
-
 class AnalysisDocument(TypedDict):
     """diag.analysis/1: what `diag analyze --json` prints (traces, run directories, or both), and
     a run directory's own analysis (job.run_analysis.analyze_run) with its diagnosis."""
@@ -280,4 +255,4 @@ class AnalysisDocument(TypedDict):
     job: Job
     errors: list[dict]  # {"source", "error"}: inputs that could not be analysed
     warnings: NotRequired[list[dict]]  # {"source", "warning"}: what the traces disagree on (diag analyze)
-    diagnosis: Diagnosis
+    diagnosis: object  # a diag.diagnosis_document.Diagnosis (its JSON object once written)

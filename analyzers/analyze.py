@@ -231,9 +231,9 @@ def with_diagnosis(doc: dict, tree, records: RunRecords | None = None) -> dict:
     """A new document: `doc` with the job block's verdict and the diagnosis under
     "diagnosis", built once on the analysis and the run's records when there are any.
     The diagnosis is JSON-safe as built, so every view serialises the same bytes."""
-    diagnosis = json_safe(build_diagnosis(doc, records, tree))
-    job = diagnosis.pop("job")
-    return {**doc, "job": job, "diagnosis": diagnosis}
+    job, diagnosis = build_diagnosis(doc, records, tree)
+    safe = {name: json_safe(getattr(diagnosis, name)) for name in diagnosis.__struct_fields__}
+    return {**doc, "job": json_safe(job), "diagnosis": msgspec.structs.replace(diagnosis, **safe)}
 
 
 def trace_files_in(directory: str) -> list[str]:
@@ -384,6 +384,8 @@ def json_safe(obj):
         return {k if type(k) is str else str(k): json_safe(v) for k, v in obj.items()}
     if t is list:
         return [json_safe(v) for v in obj]
+    if isinstance(obj, msgspec.Struct):  # a typed document: its JSON object
+        return {name: json_safe(getattr(obj, name)) for name in obj.__struct_fields__}
     if isinstance(obj, dict):
         return {str(k): json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

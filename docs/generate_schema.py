@@ -1,6 +1,7 @@
 """Write docs/schema.md from the code: the versioned documents diag writes (each module's
 `... = "diag.<name>/<version>"` constant) and the declared parts of the analysis document
-(the TypedDicts of analyzers/analysis_types.py, with each key's type and the comment beside it).
+(the TypedDicts of analyzers/analysis_types.py and the diagnosis's Struct in
+agent/diagnosis_document.py, with each key's type and the comment beside it).
 
     python docs/generate_schema.py          # rewrite docs/schema.md
     python docs/generate_schema.py --check  # exit 1 if docs/schema.md differs (a test runs this)
@@ -17,7 +18,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "docs" / "schema.md"
-TYPES = REPO / "analyzers" / "analysis_types.py"
+# The files declaring the document's parts: TypedDicts, and msgspec Structs (every field written).
+TYPES = (REPO / "analyzers" / "analysis_types.py", REPO / "agent" / "diagnosis_document.py")
 SCHEMA_CONSTANT = re.compile(r'^([A-Z_]*SCHEMA) = "(diag\.[a-z_]+/\d+)"', re.M)
 SOURCES = ("agent", "analyzers", "collectors")
 
@@ -41,10 +43,14 @@ def _comments(source: str) -> dict[int, str]:
     return out
 
 
+def _is_struct(cls: ast.ClassDef) -> bool:
+    return any(isinstance(b, ast.Attribute) and b.attr == "Struct" for b in cls.bases)
+
+
 def _fields(cls: ast.ClassDef, comments: dict[int, str]) -> list[tuple[str, str, bool, str]]:
-    """(key, type, required, meaning) declared in the class body itself."""
-    total = not any(k.arg == "total" and isinstance(k.value, ast.Constant) and k.value.value is False
-                    for k in cls.keywords)
+    """(key, type, required, meaning) declared in the class body itself; a Struct writes every field."""
+    total = _is_struct(cls) or not any(k.arg == "total" and isinstance(k.value, ast.Constant)
+                                       and k.value.value is False for k in cls.keywords)
     out = []
     for node in cls.body:
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
@@ -59,8 +65,11 @@ def _fields(cls: ast.ClassDef, comments: dict[int, str]) -> list[tuple[str, str,
 
 
 def typed_parts() -> list[tuple[str, str, list[tuple[str, str, bool, str]]]]:
-    """(class, docstring, fields with those of its bases first) for each public TypedDict."""
-    source = TYPES.read_text()
+    """(class, docstring, fields with those of its bases first) for each public declared part."""
+    return [part for path in TYPES for part in _declared(path.read_text())]
+
+
+def _declared(source: str) -> list[tuple[str, str, list[tuple[str, str, bool, str]]]]:
     comments = _comments(source)
     classes = {n.name: n for n in ast.parse(source).body if isinstance(n, ast.ClassDef)}
 
@@ -107,8 +116,8 @@ def render() -> str:
         "against these declarations. A stage returns a new part of the next type: the facts",
         "(`...Facts`) of the analysis, then the diagnosis's judged parts. Shares are fractions of",
         "the step's wall time; `_us` is microseconds on the trace's clock, `_ms` milliseconds.",
-        "The diagnosis itself (`diag.diagnosis/1`) is under the document's `diagnosis` key:",
-        "[analyze.md](analyze.md) describes it.",
+        "The diagnosis itself (`diag.diagnosis/1`, `Diagnosis` in `agent/diagnosis_document.py`)",
+        "is under the document's `diagnosis` key: [analyze.md](analyze.md) describes its parts.",
     ]
     for name, doc, fields in typed_parts():
         lines += ["", f"### `{name}`", ""]

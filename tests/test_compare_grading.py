@@ -10,6 +10,7 @@ from merged_ranks import merged
 from diag.analyzers.diagnosis import change, run_figures
 from diag.analyzers.diagnosis import decision_tree as dt
 from diag.analyzers.diagnosis.gate import graded_prediction
+from diag.diagnosis_document import Diagnosis
 
 TREE = dt.load_tree()
 LOADER = {"class": "DataLoader", "dataset": "Shards", "num_workers": 0, "batch_size": 8, "cpus": 8, "local_ranks": 1}
@@ -37,18 +38,18 @@ def test_the_worker_count_after_ran_is_graded_against_the_range():
 def test_no_change_is_inferred_without_a_record():
     same = change.loader_check(_doc(0, wait=100.0), _doc(0, wait=20.0), TREE)
     assert same is None  # the data wait fell, but no setting changed
-    model = {"what_if": {"changes": [{"change": "no_data_wait", "description": "d", "baseline_step_ms": 110.0,
-                                      "predicted_step_ms": 10.0, "speedup": 11.0, "fixes": "data"}]}}
+    model = Diagnosis(what_if={"changes": [{"change": "no_data_wait", "description": "d", "baseline_step_ms": 110.0,
+                                            "predicted_step_ms": 10.0, "speedup": 11.0, "fixes": "data"}]})
     # The data wait fell by 80 ms a step, with nothing recorded that changed: nothing is graded.
     assert graded_prediction(_doc(0, 100.0), model, _doc(0, 20.0), model, None, TREE) is None
     named = graded_prediction(_doc(0, 100.0), model, _doc(0, 20.0), model, "no_data_wait", TREE)
     assert named["change"] == "no_data_wait" and named["kind"] == "ceiling"
 
 
-def _diagnosis(doc: dict) -> dict:
+def _diagnosis(doc: dict) -> Diagnosis:
     """The diagnosis's run figures of a document: what identifies the run."""
     ranks = merged({r["rank"]: {"analysis": r} for r in doc["ranks"]})
-    return {"run_figures": {"identity": run_figures.identity(ranks, len(ranks))}}
+    return Diagnosis(run_figures={"identity": run_figures.identity(ranks, len(ranks))})
 
 
 def test_runs_that_train_different_jobs_are_not_graded():

@@ -73,8 +73,8 @@ def _finding(job, fid):
 
 def _judged_finding(ranks, job, fid):
     """A finding of the diagnosis of these ranks and job facts (missing ranks are its call)."""
-    diagnosis = build_diagnosis({"ranks": ranks, "job": job})
-    return next((f for f in diagnosis["findings"] if f["id"] == fid), None)
+    _, diagnosis = build_diagnosis({"ranks": ranks, "job": job})
+    return next((f for f in diagnosis.findings if f["id"] == fid), None)
 
 
 @pytest.mark.slow

@@ -32,12 +32,12 @@ def _stripped(real_data, tmp_path, name: str, keep, drop_keys=()) -> tuple[str, 
 
 def _assert_cant_tell(doc: dict) -> None:
     d = doc["diagnosis"]
-    assert d["bound"] is None and doc["ranks"][0]["bound"] is None
+    assert d.bound is None and doc["ranks"][0]["bound"] is None
     assert all(s.get("bound") is None for s in doc["ranks"][0]["steps"])
-    assert d["headline"]["text"].startswith("Can't tell: the trace holds no device events")
-    assert not DEVICE_CAUSES & {c["id"] for c in d["causes"]}
-    assert not [r for r in d["recommendations"] if r["id"].startswith("phase-")]
-    assert "device_events_missing" in {f["id"] for f in d["findings"]}
+    assert d.headline["text"].startswith("Can't tell: the trace holds no device events")
+    assert not DEVICE_CAUSES & {c["id"] for c in d.causes}
+    assert not [r for r in d.recommendations if r["id"].startswith("phase-")]
+    assert "device_events_missing" in {f["id"] for f in d.findings}
 
 
 @pytest.mark.parametrize("name", ["v100_1rank_compute.json.gz", "a100_2rank_nccl.json.gz"])
@@ -47,7 +47,7 @@ def test_runtime_calls_without_device_events_cant_be_told(real_data, tmp_path, n
     assert any(e.get("cat") == "cuda_runtime" and e.get("name") == "cudaLaunchKernel" for e in events)
     assert not any(e.get("cat") == "kernel" for e in events)
     full = analyze_paths([str(real_data / "traces" / name)], jobs=1)
-    assert full["diagnosis"]["bound"] is not None  # with its device events, the trace has a class
+    assert full["diagnosis"].bound is not None  # with its device events, the trace has a class
     _assert_cant_tell(analyze_paths([path], jobs=1))
 
 

@@ -13,6 +13,7 @@ import pytest
 from conftest import require_executable
 from prometheus_client.parser import text_string_to_metric_families
 
+from diag.diagnosis_document import Diagnosis, diagnosis_from_json
 from diag.exporter import runtime
 from diag.exporter.metrics_table import CLOCK_EVENT_REASONS, MAX_DYNAMIC_VALUES
 from diag.step_record import StepRecord
@@ -194,7 +195,7 @@ def test_job_verdict_comes_from_the_diagnosis(tmp_path, handle):
     run = write_run(tmp_path / "run", ranks=2, steps=30, bound="data", strength=0.45)
     summary = json.loads(Path(write_report(run)["summary"]).read_text())["diagnosis"]
     assert summary["bound"] == "data"
-    handle.observe_diagnosis(summary)
+    handle.observe_diagnosis(diagnosis_from_json(summary))
     exported = RunDirExport(run)
     states = exported.refresh()
     for text in (fetch(handle), render_text(lambda: states).decode()):
@@ -209,7 +210,7 @@ def test_job_verdict_comes_from_the_diagnosis(tmp_path, handle):
     assert ("diag_job_bound", frozenset({("bound", "data")})) in per_rank[0]
     assert not any(n == "diag_job_bound" for n, _ in per_rank[1])
     # A document without a known verdict is an error the exporter counts, never raises.
-    handle.observe_diagnosis({"bound": "sideways"})
+    handle.observe_diagnosis(Diagnosis(bound="sideways"))
     assert val(parse(fetch(handle)), "diag_exporter_errors_total", stage="diagnosis") == 1
 
 

@@ -16,6 +16,7 @@ from merged_ranks import merged
 from diag.analyzers.diagnosis import decision_tree as dt
 from diag.analyzers.diagnosis import gate as gt
 from diag.analyzers.diagnosis import run_figures as rf
+from diag.diagnosis_document import Diagnosis
 from diag.report.gate import junit, markdown
 
 TREE = dt.load_tree()
@@ -35,12 +36,12 @@ def _run(step_ms: float, n: int = 40, world: int = 2, device: str = "CPU", param
     ranks = merged({r: {"analysis": a, "device": device} for r, a in enumerate(doc["ranks"])})
     figures = {"identity": rf.identity(ranks, world), "step_time": rf.step_time(times),
                "throughput": {"samples_per_s": samples * world / (step_ms / 1e3)}}
-    return doc, {"run_figures": figures}
+    return doc, Diagnosis(run_figures=figures)
 
 
 def _model(run) -> dict:
     """The report model compare() reads beside the diagnosis."""
-    figures = run[1]["run_figures"]
+    figures = run[1].run_figures
     return {"run": {"world_size": figures["identity"]["world size"]}, "diagnosis": run[1],
             "throughput": figures["throughput"]}
 

@@ -18,9 +18,10 @@ def test_ruff_clean():
 _ANALYZERS = "diag.analyzers"
 # The run directory: its layout, its files written whole and read within bounds, its record streams.
 RUN_DIR = ("diag.rundir", "diag.atomic_io", "diag.segments", "diag.step_record", "diag.run_documents",
-           "diag.typed_json")
-# The run directory's records as typed documents: the diagnosis and the views read them.
-RUN_DOCUMENTS = ("diag.step_record", "diag.run_documents")
+           "diag.typed_json", "diag.diagnosis_document")
+# The typed documents: the run directory's records (the diagnosis and the views read them)
+# and the diagnosis (the diagnosis makes it, the views read it).
+RUN_DOCUMENTS = ("diag.step_record", "diag.run_documents", "diag.diagnosis_document")
 LAYERS = {
     "analyzers/intervals.py": (),
     "analyzers/analysis_types.py": (),
@@ -53,6 +54,7 @@ LAYERS = {
     "agent/step_record.py": ("diag.typed_json",),
     "agent/run_documents.py": ("diag.step_record", "diag.typed_json"),
     "agent/typed_json.py": (),
+    "agent/diagnosis_document.py": ("diag.typed_json",),
     "agent/atomic_io.py": (),
     "agent/segments.py": ("diag.atomic_io",),
     "agent/errors.py": (),
@@ -62,7 +64,7 @@ LAYERS = {
     "agent/report": ("diag.__version__", "diag.errors", *RUN_DIR, "diag.report", f"{_ANALYZERS}.analyze",
                      f"{_ANALYZERS}.views", f"{_ANALYZERS}.diagnosis"),
     "agent/exporter": ("diag.__version__", f"{_ANALYZERS}.numbers", "diag.exporter", f"{_ANALYZERS}.diagnosis",
-                       "diag.step_record"),
+                       "diag.step_record", "diag.diagnosis_document"),
     # diag top: reads live.json or the endpoints into the live facts, draws the live judgement.
     "agent/top": ("diag.errors", *RUN_DIR, "diag.report", "diag.top", f"{_ANALYZERS}.job.live",
                   f"{_ANALYZERS}.diagnosis.live"),
@@ -234,7 +236,7 @@ def test_the_diagnosis_calls_nothing_of_the_analysis_at_run_time(real_traces, de
     calls |= _diagnosis_calls_into_the_analysis(lambda: docs.append(analyze_run_dir(demo_run_dir)))
     assert not calls, calls
     # The trace was live: the judgement ran (stragglers over matched collectives, sampled steps).
-    assert docs[0]["job"].get("rank_waits") and docs[1]["diagnosis"]["bound"]
+    assert docs[0]["job"].get("rank_waits") and docs[1]["diagnosis"].bound
     assert any(s.get("evidence") == "sampled" for r in docs[1]["ranks"] for s in r["steps"])
 
 

@@ -146,7 +146,7 @@ def test_a_cause_quoting_hostile_op_names_stays_text(tmp_path):
                                     "length": 3, "per_step": 1.0, "ms_per_step": 30.0}]
     doc = with_diagnosis({"schema": "diag.analysis/1", "ranks": ranks, "errors": [],
                           "job": {"bound": "memory", "stragglers": [], "findings": [], "world_size": 2}}, load_tree())
-    (cause,) = [c for c in doc["diagnosis"]["causes"] if c["id"] == "elementwise_chain"]
+    (cause,) = [c for c in doc["diagnosis"].causes if c["id"] == "elementwise_chain"]
     assert KERNEL in cause["text"] and HOST in cause["text"]  # the diagnosis keeps the real names
     paths = write_report_from_analysis(doc, tmp_path)
     page = Path(paths["html"]).read_text(encoding="utf-8")

@@ -14,6 +14,7 @@ import pytest
 from diag.analyzers.diagnosis.decision_tree import load_tree
 from diag.analyzers.diagnosis.straggler_episodes import episode_finding, straggler_episodes
 from diag.demo import late_rank
+from diag.diagnosis_document import diagnosis_in_summary
 from tests import straggler_worker as worker
 
 REPO = Path(__file__).resolve().parents[1]
@@ -169,7 +170,7 @@ def _induced_cost_s(run_dir: Path, first: int, last: int) -> float:
 @pytest.mark.parametrize("kind", KINDS)
 def test_an_induced_straggler_is_told_apart(runs, kind):
     doc = _analysed(runs[kind])
-    result = doc["diagnosis"]["straggler_episodes"]
+    result = doc["diagnosis"].straggler_episodes
     costly = max(result["episodes"], key=lambda e: e["cost_ms"])
     assert result["pattern"] == kind == costly["kind"], result["episodes"]
     if kind == "persistent":
@@ -187,7 +188,7 @@ def test_an_induced_straggler_is_told_apart(runs, kind):
     assert costly["median_lateness_ms"] == pytest.approx(worker.DELAY_S * 1000.0, rel=0.3)
     induced = _induced_cost_s(runs[kind], costly["first_step"], costly["last_step"])
     assert costly["cost_ms"] / 1000.0 == pytest.approx(induced, rel=0.15, abs=straggled * 0.002)
-    finding = next(f for f in doc["diagnosis"]["findings"] if f["id"] == f"straggler_{kind}")
+    finding = next(f for f in doc["diagnosis"].findings if f["id"] == f"straggler_{kind}")
     assert finding["message"].startswith("Rotating" if kind == "rotating" else kind.capitalize())
 
 
@@ -206,7 +207,7 @@ def test_the_report_and_the_exporter_show_the_episodes(runs, tmp_path):
     late_row = sorted(x for x in chart["lateness_ms"][chart["ranks"].index(1)] if x is not None)
     assert late_row[len(late_row) // 10] > 10.0  # rank 1 late across the run (its first batch aside)
     h = Handle({"run": "r", "rank": "0", "local_rank": 0, "host": "h", "gpu": ""})
-    h.observe_diagnosis(summary["diagnosis"])
+    h.observe_diagnosis(diagnosis_in_summary(summary))
     text = render_text([h.state]).decode()
     assert 'diag_job_straggler_episode_active{' in text
     active = {line.split('kind="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()

@@ -536,7 +536,8 @@ def test_top_ends_with_the_job_and_shows_its_final_diagnosis(tmp_path):
     rd = _run_dir(tmp_path, {0: _live_doc(rank=0, status="completed"), 1: _live_doc(rank=1, status="completed")})
     headline = "Compute-bound: compute kernels 64% of step time on both ranks."
     (rd / "summary.json").write_text(json.dumps({"schema": "diag.report_summary/2",
-                                                 "diagnosis": {"headline": {"text": headline}}}))
+                                                 "diagnosis": {"schema": "diag.diagnosis/1",
+                                                               "headline": {"text": headline}}}))
     out = io.StringIO()
     console = Console(file=out, width=170, color_system=None, force_terminal=True)
     t0 = time.monotonic()

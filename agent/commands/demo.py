@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
+from diag.diagnosis_document import diagnosis_json
 from diag.errors import DiagInputError
 
 HELP = "run a small CPU training job under the agent and report on it"
@@ -79,16 +80,17 @@ def _show(result: dict, args) -> None:
 
     diagnosis = result["diagnosis"]
     if args.json:
-        json.dump(diagnosis, sys.stdout)
+        json.dump(diagnosis_json(diagnosis) if diagnosis is not None else None, sys.stdout)
         sys.stdout.write("\n")
         sys.stdout.flush()
         _say_linger(result, args)
         return
     print(f"Verdict: {headline(diagnosis)}")
-    warnings = [f for f in (diagnosis or {}).get("findings") or [] if f.get("severity") in ("warning", "error")]
+    findings, causes = (diagnosis.findings, diagnosis.causes) if diagnosis is not None else ([], [])
+    warnings = [f for f in findings if f.get("severity") in ("warning", "error")]
     for f in warnings[:5]:
         print(f"  {f.get('severity')}: {f.get('message')}")
-    for c in (diagnosis or {}).get("causes") or []:
+    for c in causes:
         print(f"Cause: {c.get('text')}")
         print(f"  Change: {c.get('action')}")
         print(f"  Predicted: {c.get('gain')}")

@@ -17,12 +17,13 @@ from pathlib import Path
 
 from diag.analyzers.diagnosis.decision_tree import Tree, load_tree
 from diag.atomic_io import read_json
+from diag.diagnosis_document import diagnosis_in_summary
 from diag.errors import DiagInputError
 from diag.exporter.registry import render_text
 from diag.exporter.runtime import DEFAULT_PORT_BASE, Handle
 from diag.exporter.server import MetricsServer
 from diag.live_verdict import LiveVerdicts
-from diag.report import SUMMARY_JSON, diagnosis_in
+from diag.report import SUMMARY_JSON
 from diag.run_documents import window_summary
 from diag.rundir import NCCL_BENCH, RunDir, is_run_dir
 from diag.segments import read_segment
@@ -108,9 +109,7 @@ class RunDirExport:
                 rec = from_json_record(raw, self.run.problems, f"rank {rank}: ")
                 if rec is None:
                     continue
-                # A diag.run/2 record carried its live verdict; a later one is judged here.
-                recorded = raw.get("bound")
-                rec, verdict = (rec, {"bound": recorded}) if isinstance(recorded, str) else live.judge(rec)
+                rec, verdict = live.judge(rec)
                 h.observe_step(rec, verdict.get("bound"))
         for seg in self._new_files(rank, "events", "events-*.jsonl"):
             for rec in read_segment(seg, self.run.problems):
@@ -134,8 +133,8 @@ class RunDirExport:
             for h in self.handles.values():
                 h.observe_nccl(doc)
         summary = self._changed(SUMMARY_JSON)
-        diagnosis = diagnosis_in(summary) if summary else None
-        if diagnosis and self.handles:
+        diagnosis = diagnosis_in_summary(summary)
+        if diagnosis is not None and self.handles:
             self.handles[min(self.handles)].observe_diagnosis(diagnosis)
 
     def _changed(self, name: str) -> dict | None:

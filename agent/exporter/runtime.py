@@ -31,6 +31,7 @@ from typing import Any
 from diag.analyzers.diagnosis import nccl_log
 from diag.analyzers.numbers import dict_at
 from diag.analyzers.numbers import finite as _num
+from diag.diagnosis_document import Diagnosis
 from diag.exporter.metrics_table import BOUNDS, CLASSES, CLOCK_EVENT_REASONS, STRAGGLER_KINDS
 from diag.exporter.registry import MetricState, make_registry, render_text
 from diag.exporter.server import MetricsServer
@@ -81,9 +82,9 @@ class Handle:
     def observe_nccl(self, doc: dict) -> None:
         self._guard("nccl", self._nccl, doc)
 
-    def observe_diagnosis(self, diagnosis: dict) -> None:
-        """The job's verdict and phase shares from a diagnosis document (or a report summary)."""
-        self._guard("diagnosis", self._diagnosis, diagnosis)
+    def observe_diagnosis(self, diagnosis: Diagnosis) -> None:
+        """The job's verdict, phase shares and straggler episodes from its diagnosis."""
+        self._guard("diagnosis", self._diagnosis, diagnosis, Diagnosis)
 
     def observe_event(self, event: dict) -> None:
         """An agent event record (collector switched off, fault, ...); OOM errors are counted."""
@@ -252,19 +253,19 @@ class Handle:
         else:
             raise ValueError(f"unknown NCCL document schema {schema!r}")
 
-    def _diagnosis(self, doc: dict) -> None:
-        bound = doc.get("bound")
+    def _diagnosis(self, doc: Diagnosis) -> None:
+        bound = doc.bound
         if bound is not None and bound not in BOUNDS:
             raise ValueError(f"unknown bound {bound!r}")
-        shares = dict_at(doc, "phase_shares")
+        shares = doc.phase_shares or {}
         ratios: dict[tuple[str, ...], float] = {(b,): v for b, v in ((b, _num(shares.get(b))) for b in CLASSES)
                                                   if v is not None}
         with self.state.lock:
             bounds: dict[tuple[str, ...], float] = {(b,): float(b == bound) for b in BOUNDS} if bound else {}
             self.state.replace("diag_job_bound", bounds)
             self.state.replace("diag_job_phase_ratio", ratios)
-            episodes = doc.get("straggler_episodes")
-            if isinstance(episodes, dict) and isinstance(episodes.get("episodes"), list):
+            episodes = doc.straggler_episodes
+            if episodes is not None and isinstance(episodes.get("episodes"), list):
                 eps = [e for e in episodes["episodes"] if isinstance(e, dict) and e.get("kind") in STRAGGLER_KINDS]
                 self.state.replace("diag_job_straggler_episode_active",
                                    {(k,): float(any(e["kind"] == k and e.get("ongoing") is True for e in eps))

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 from diag import atomic_io, rundir
+from diag.diagnosis_document import Diagnosis, diagnosis_in_summary, diagnosis_json
 from diag.run_documents import RunRecords
 
 REPORT_HTML = "report.html"
@@ -21,7 +22,7 @@ REPORT_MD = "report.md"
 SUMMARY_JSON = "summary.json"
 SUMMARY_SCHEMA = "diag.report_summary/2"
 
-__all__ = ["REPORT_HTML", "REPORT_MD", "SUMMARY_JSON", "analyse_and_model", "build_run_model", "diagnosis_in",
+__all__ = ["REPORT_HTML", "REPORT_MD", "SUMMARY_JSON", "analyse_and_model", "build_run_model",
            "read_diagnosis", "summary", "write_model", "write_report", "write_report_from_analysis"]
 
 
@@ -63,22 +64,14 @@ def summary(model: dict) -> dict:
     (without chart arrays and per-step series)."""
     keep = ("run", "ranks", "step_stats", "throughput", "top_kernels", "top_ops", "nccl", "missing", "problems",
             "notes")
-    out = {"schema": SUMMARY_SCHEMA, "model_schema": model.get("schema"), "diagnosis": model["diagnosis"]}
+    out = {"schema": SUMMARY_SCHEMA, "model_schema": model.get("schema"), "diagnosis": diagnosis_json(model["diagnosis"])}
     out.update({k: model.get(k) for k in keep})
     return out
 
 
-def read_diagnosis(summary_path) -> dict | None:
+def read_diagnosis(summary_path) -> Diagnosis | None:
     """The diagnosis of a written summary.json, or None when there is none to read."""
-    summary = atomic_io.read_json(summary_path)
-    return diagnosis_in(summary) if summary else None
-
-
-def diagnosis_in(summary: dict) -> dict | None:
-    """The diagnosis a summary.json holds (one of diag.report_summary/1 carried its parts at the top)."""
-    if summary.get("schema") == SUMMARY_SCHEMA:
-        return summary.get("diagnosis") if isinstance(summary.get("diagnosis"), dict) else None
-    return summary if summary.get("schema") == "diag.report_summary/1" else None
+    return diagnosis_in_summary(atomic_io.read_json(summary_path))
 
 
 def write_model(model: dict, out_dir) -> dict:

@@ -22,6 +22,7 @@ from importlib import resources
 
 from diag import __version__
 from diag.analyzers.diagnosis.inputs import CLASSES, PHASE_LABELS
+from diag.diagnosis_document import diagnosis_json
 from diag.report.charts import COLORS, figures
 from diag.report.markdown import MEMORY_ROWS, signed_size, size_cell
 
@@ -121,7 +122,7 @@ def render(model: dict) -> str:
         f"<main>\n{body}\n</main>\n"
         f"<script type=\"application/json\" id=\"diag-data\">{script_json({'figures': figs})}</script>\n"
         # The diagnosis the page shows, as `diag analyze --json` and summary.json hold it.
-        f"<script type=\"application/json\" id=\"diag-diagnosis\">{script_json(model['diagnosis'])}</script>\n"
+        f"<script type=\"application/json\" id=\"diag-diagnosis\">{script_json(diagnosis_json(model['diagnosis']))}</script>\n"
         f"<script>\n{_asset('report.js')}</script>\n</body>\n</html>\n"
     )
 

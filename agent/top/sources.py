@@ -103,8 +103,8 @@ class RunDirSource:
     def final(self) -> str | None:
         """The run's own final verdict, once rank 0 has written the report: summary.json's headline."""
         diagnosis = read_diagnosis(self.path / SUMMARY_JSON)
-        headline = (diagnosis or {}).get("headline")
-        return headline.get("text") if isinstance(headline, dict) and isinstance(headline.get("text"), str) else None
+        text = diagnosis.headline.get("text") if diagnosis is not None else None
+        return text if isinstance(text, str) else None
 
     def request_profile(self) -> str:
         trigger = self.path / rundir.TRIGGER_FILE

@@ -2,10 +2,10 @@
 
 `build_diagnosis(doc, run)` turns the per-rank analyses and cross-rank facts of an
 analysis document (schema diag.analysis/1), the run directory's records (`run`, a
-`diag.run_documents.RunRecords`) and the NCCL results into one
-document (schema diag.diagnosis/1):
+`diag.run_documents.RunRecords`) and the NCCL results into the job block with its
+verdict (cross-rank facts, verdict, decision path, findings) and one
+`diag.diagnosis_document.Diagnosis` (schema diag.diagnosis/1):
 
-  job              the job block: cross-rank facts, verdict, decision path, findings
   bound, headline  the verdict and its sentence, quoting the measurement set
   measurements     the numbers the verdict rests on and the steps they cover
   decision_path    the tree walked on those same numbers
@@ -16,7 +16,7 @@ document (schema diag.diagnosis/1):
   memory, nccl     device memory against capacity; what NCCL says
 
 `diag analyze --json`, summary.json, the Markdown and HTML reports and the demo read
-this; none of them recomputes a verdict, a share or a gain. Pure: plain data in and out.
+this; none of them recomputes a verdict, a share or a gain. Pure: new values out.
 """
 
 from __future__ import annotations
@@ -58,20 +58,20 @@ from diag.analyzers.diagnosis.straggler_cause import with_likely_causes
 from diag.analyzers.diagnosis.straggler_episodes import episode_finding, straggler_episodes
 from diag.analyzers.diagnosis.verdict import has_all_shares, job_verdict, rank_measurements
 from diag.analyzers.numbers import dict_at
+from diag.diagnosis_document import Diagnosis
 from diag.run_documents import RunRecords
 
-SCHEMA = "diag.diagnosis/1"
 
-
-def build_diagnosis(doc: dict | None, run: RunRecords | None = None, tree=None) -> dict:
-    """The diagnosis of one job from its analysis document and (optionally) its run records."""
+def build_diagnosis(doc: dict | None, run: RunRecords | None = None, tree=None) -> tuple[dict, Diagnosis]:
+    """(the job block with its verdict, the diagnosis) of one job, from its analysis document
+    and (optionally) its run records."""
     doc = doc if isinstance(doc, dict) else {}
     run = run or RunRecords()
     tree = tree or decision_tree.load_tree()
     return diagnose_ranks(doc, merge_ranks(doc, run), run, tree)
 
 
-def diagnose_ranks(doc: dict, ranks: Ranks, run: RunRecords, tree) -> dict:
+def diagnose_ranks(doc: dict, ranks: Ranks, run: RunRecords, tree) -> tuple[dict, Diagnosis]:
     """`build_diagnosis` on ranks already merged with `inputs.merge_ranks` (the report merges them once)."""
     job = with_likely_causes(diagnose_job(doc, ranks, tree), ranks, tree)
     job_missing = {r for r in job.get("missing_ranks") or [] if isinstance(r, int)}
@@ -95,7 +95,7 @@ def diagnose_job(doc: dict, ranks: Ranks, tree) -> dict:
     return job_verdict(rank_docs, job, tree)
 
 
-def _judge(job: dict, ranks: Ranks, run: RunRecords, lost: LostRanks, tree) -> dict:
+def _judge(job: dict, ranks: Ranks, run: RunRecords, lost: LostRanks, tree) -> tuple[dict, Diagnosis]:
     """Everything but the job verdict, which `job` already holds."""
     job, tree = withhold_half_precision(job, tree, cpu_without_bf16_units(ranks))
     allt = concat(ranks)
@@ -128,34 +128,32 @@ def _judge(job: dict, ranks: Ranks, run: RunRecords, lost: LostRanks, tree) -> d
     found = causes(ctx)
     recs = recommendations(ctx, findings, memory, ev, found)
     headline["note"] = _order_note(bound, recs, job_shares)
-    return {
-        "schema": SCHEMA,
-        "job": job,
-        "bound": bound,
-        "headline": headline,
-        "measurements": mset,
-        "phase_shares": {p: job_shares.get(p) for p in CLASSES} if job_shares else None,
-        "decision_path": path,
-        "confidence": confidence,
-        "stragglers": stragglers,
+    return job, Diagnosis(
+        bound=bound,
+        headline=headline,
+        measurements=mset,
+        phase_shares={p: job_shares.get(p) for p in CLASSES} if job_shares else None,
+        decision_path=path,
+        confidence=confidence,
+        stragglers=stragglers,
         # Who the others waited for, step by step, in episodes (persistent, rotating, transient).
-        "straggler_episodes": episodes,
-        "findings": findings,
-        "evidence": ev,
-        "recommendations": recs,
+        straggler_episodes=episodes,
+        findings=findings,
+        evidence=ev,
+        recommendations=recs,
         # What in the job's own objects makes a phase slow (causes.py), each quoting its names.
-        "causes": found,
+        causes=found,
         # The job's critical path and what-if predictions, as the job analysis replayed them.
-        "what_if": {"critical_path": job.get("critical_path"),
-                    "changes": [e for e in job.get("what_if") or [] if isinstance(e, dict)]},
-        "memory": memory,
-        "nccl": ctx.nccl,
-        "world_size": world,
-        "missing_ranks": lost.missing,
-        "stopped_ranks": [x["rank"] for x in lost.stopped],
+        what_if={"critical_path": job.get("critical_path"),
+                 "changes": [e for e in job.get("what_if") or [] if isinstance(e, dict)]},
+        memory=memory,
+        nccl=ctx.nccl,
+        world_size=world,
+        missing_ranks=lost.missing,
+        stopped_ranks=[x["rank"] for x in lost.stopped],
         # What the run is and how fast it went, for the report and for comparing it with another.
-        "run_figures": run_figures(ranks, steps, world),
-    }
+        run_figures=run_figures(ranks, steps, world),
+    )
 
 
 def _decision_path(job: dict, ranks: Ranks, bound) -> dict | None:

@@ -145,7 +145,7 @@ def nccl_facts(run: RunRecords, tree) -> dict:
 def _transport_rows(t) -> list[dict]:
     rows = []
     if isinstance(t, dict) and isinstance(t.get("by_kind"), dict):
-        # diag.nccl_log/1: connection counts per transport kind, plus GPUDirect RDMA and NICs.
+        # Connection counts per transport kind, plus GPUDirect RDMA and NICs.
         for kind, n in sorted(t["by_kind"].items(), key=lambda kv: -(num(kv[1]) or 0))[:20]:
             rows.append({"transport": str(kind), "detail": f"{n} connection(s)"})
         extra = []

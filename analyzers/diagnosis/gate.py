@@ -18,7 +18,7 @@ pace wanders within itself.
 - each phase (data, host, comm, wait, memory, compute) in milliseconds of a step: worse when
   the whole interval of its growth lies above `limit` of BEFORE's median step, so a phase
   that takes the time another gave back is no regression of the step.
-Pure: two runs' diagnoses (their run figures) and analysis documents in, plain data out.
+Pure: two runs' diagnoses (their run figures) and analysis documents in, new values out.
 """
 
 from __future__ import annotations
@@ -29,19 +29,19 @@ from diag.analyzers.diagnosis import change
 from diag.analyzers.diagnosis.inputs import CLASSES
 from diag.analyzers.diagnosis.run_figures import IDENTITY_KEYS, as_level
 from diag.analyzers.diagnosis.steady import level_drift, median_standard_error
+from diag.diagnosis_document import Diagnosis
 
 GATE_SCHEMA = "diag.gate/1"
 PASS, REGRESSION, NOT_COMPARABLE = "pass", "regression", "not_comparable"
 EXIT_STATUS = {PASS: 0, REGRESSION: 1, NOT_COMPARABLE: 2}
 
 
-def _figures(diagnosis: dict | None) -> dict:
+def _figures(diagnosis: Diagnosis | None) -> dict:
     """A diagnosis's run figures (diagnosis/run_figures.py): identity, step time, throughput."""
-    figures = (diagnosis or {}).get("run_figures")
-    return figures if isinstance(figures, dict) else {}
+    return diagnosis.run_figures if diagnosis is not None else {}
 
 
-def run_identity(diagnosis: dict | None) -> dict:
+def run_identity(diagnosis: Diagnosis | None) -> dict:
     """What must match for two runs to be compared: world size, device kind, model, batch."""
     ident = _figures(diagnosis).get("identity")
     return dict(ident) if isinstance(ident, dict) else dict.fromkeys(IDENTITY_KEYS)
@@ -62,7 +62,7 @@ def _shown(v) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
-def comparison(diag_a: dict | None, diag_b: dict | None, tree, scaling: bool = False) -> dict:
+def comparison(diag_a: Diagnosis | None, diag_b: Diagnosis | None, tree, scaling: bool = False) -> dict:
     """What `diag compare` and the gate both judge, once, from the two runs' diagnoses: the
     runs' identities, the notes on what neither could check, why they may not be compared
     ("differences"), each run's steady step time, and the step-time change with its one
@@ -92,7 +92,8 @@ def _per_rank(batch: float | None, world: int | None) -> float | None:
     return batch / world if isinstance(batch, (int, float)) and isinstance(world, int) and world > 0 else None
 
 
-def gate(doc_a: dict, diag_a: dict, doc_b: dict, diag_b: dict, tree, max_slowdown: float | None = None) -> dict:
+def gate(doc_a: dict, diag_a: Diagnosis, doc_b: dict, diag_b: Diagnosis, tree,
+         max_slowdown: float | None = None) -> dict:
     """The gate's result ("pass", "regression", "not_comparable"), its exit status, the reasons,
     the figures with their bands, and notes on what could not be checked: the two runs'
     diagnoses, and their analysis documents for the phases of their steps."""
@@ -169,7 +170,7 @@ def _phase_figures(doc_a, doc_b, base_ms: float, limit: float, z: float) -> list
     return out
 
 
-def graded_prediction(doc_a: dict | None, diag_a: dict | None, doc_b: dict | None, diag_b: dict | None,
+def graded_prediction(doc_a: dict | None, diag_a: Diagnosis | None, doc_b: dict | None, diag_b: Diagnosis | None,
                       applied: str | None, tree) -> dict | None:
     """The prediction made on A, graded against B: refused between runs that train different
     jobs; else the DataLoader change both runs recorded, where there is one; else the what-if
@@ -186,5 +187,6 @@ def graded_prediction(doc_a: dict | None, diag_a: dict | None, doc_b: dict | Non
     return change.prediction_check(_what_if(diag_a), _what_if(diag_b), applied)
 
 
-def _what_if(diagnosis: dict | None) -> list[dict]:
-    return [e for e in ((diagnosis or {}).get("what_if") or {}).get("changes") or [] if isinstance(e, dict)]
+def _what_if(diagnosis: Diagnosis | None) -> list[dict]:
+    changes = diagnosis.what_if.get("changes") if diagnosis is not None else None
+    return [e for e in changes or [] if isinstance(e, dict)]

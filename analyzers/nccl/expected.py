@@ -217,7 +217,7 @@ def _strings(obj, out: list[str], depth: int = 0) -> None:
 def topology_from_nccl_log(doc: dict) -> dict:
     """What NCCL reported it used: transports between peers, GPUDirect RDMA, NICs, hosts and ranks.
 
-    Reads the `transports` of a diag.nccl_log/1 document (`by_kind` counts, `gdrdma` /
+    Reads the `transports` of a diag.nccl_log document (`by_kind` counts, `gdrdma` /
     `no_gdrdma` counts, `nics`, `peers`) and its findings; falls back to scanning every
     string in `transports` for transport names when the structure differs.
     """

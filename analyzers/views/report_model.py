@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 
-from diag.analyzers.diagnosis.document import SCHEMA as DIAGNOSIS_SCHEMA
 from diag.analyzers.diagnosis.inputs import (
     CLASSES,
     Ranks,
@@ -46,6 +45,8 @@ from diag.analyzers.views.report_charts import (
     timelines,
     wait_heatmap,
 )
+from diag.diagnosis_document import SCHEMA as DIAGNOSIS_SCHEMA
+from diag.diagnosis_document import Diagnosis, diagnosis_from_json
 from diag.errors import DiagInputError
 from diag.run_documents import RunRecords
 
@@ -63,8 +64,8 @@ class Limits:
 def build_model(doc: dict, run: RunRecords | None = None, limits: Limits | None = None) -> dict:
     """The report model from an analysis document with its diagnosis (the facade's, built on
     the same run records) and a run directory's records."""
-    diagnosis = doc.get("diagnosis") if isinstance(doc, dict) else None
-    if not isinstance(diagnosis, dict) or diagnosis.get("schema") != DIAGNOSIS_SCHEMA:
+    diagnosis = diagnosis_from_json(doc.get("diagnosis")) if isinstance(doc, dict) else None
+    if diagnosis is None:
         raise DiagInputError(f"the analysis document has no {DIAGNOSIS_SCHEMA} diagnosis; "
                              "analyse the traces or run directory again with this diag")
     run = run or RunRecords()
@@ -72,7 +73,7 @@ def build_model(doc: dict, run: RunRecords | None = None, limits: Limits | None 
     notes: list[str] = []
 
     ranks = merge_ranks(doc, run)
-    world = diagnosis["world_size"]
+    world = diagnosis.world_size
     allt = concat(ranks)
     steps = job_steps(ranks)
     busbw = busbw_chart(run)
@@ -81,23 +82,23 @@ def build_model(doc: dict, run: RunRecords | None = None, limits: Limits | None 
         "throughput": throughput_series(ranks, steps, limits, notes),
         "heatmap_step": step_heatmap(ranks, limits, notes),
         "heatmap_wait": wait_heatmap(doc, ranks, limits, notes),
-        "heatmap_lateness": lateness_heatmap(diagnosis.get("straggler_episodes")),
+        "heatmap_lateness": lateness_heatmap(diagnosis.straggler_episodes),
         "timelines": timelines(ranks, limits, notes),
         "nccl_busbw": busbw,
     }
-    nccl = dict(diagnosis["nccl"])
+    nccl = dict(diagnosis.nccl)
     if busbw:
         nccl["bench_tests"] = [{"collective": s["collective"], "name": s["name"], "status": s["status"],
                                 "max_busbw_gbps": max(s["y"])} for s in busbw["series"]]
-    judged = {k: diagnosis[k] for k in _FROM_DIAGNOSIS}
+    judged = {k: getattr(diagnosis, k) for k in _FROM_DIAGNOSIS}
     return {
         "schema": MODEL_SCHEMA,
         "diagnosis": diagnosis,
-        "run": _run_meta(doc, run, ranks, world, steps, diagnosis["missing_ranks"]),
+        "run": _run_meta(doc, run, ranks, world, steps, diagnosis.missing_ranks),
         **judged,
-        "ranks": _rank_rows(ranks, diagnosis["stragglers"], limits, notes),
+        "ranks": _rank_rows(ranks, diagnosis.stragglers, limits, notes),
         "step_stats": _step_stats(steps),
-        "throughput": diagnosis["run_figures"]["throughput"],
+        "throughput": diagnosis.run_figures["throughput"],
         "top_kernels": _top_table(doc, "top_kernels", limits),
         "top_ops": _top_table(doc, "top_ops", limits),
         "nccl": nccl,
@@ -256,10 +257,10 @@ def _problems(doc, run: RunRecords) -> list[str]:
 # ---------------------------------------------------------------------------- missing
 
 
-def _missing(run: RunRecords, diagnosis: dict, ranks: Ranks, allt: Steps, nccl, busbw) -> list[dict]:
+def _missing(run: RunRecords, diagnosis: Diagnosis, ranks: Ranks, allt: Steps, nccl, busbw) -> list[dict]:
     """What could not be measured, why it matters, and how to get it next time."""
-    world = diagnosis["world_size"]
-    out = _missing_ranks(diagnosis["missing_ranks"], diagnosis["stopped_ranks"], world)
+    world = diagnosis.world_size
+    out = _missing_ranks(diagnosis.missing_ranks, diagnosis.stopped_ranks, world)
     if not ranks:
         out.append({"what": "No rank data at all.", "why": "Nothing to analyse.",
                     "how": "Run the training under diag.Agent(run_dir=...) so each rank writes its folder."})
