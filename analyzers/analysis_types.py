@@ -1,10 +1,11 @@
 """The parts of the analysis document (schema diag.analysis/1) that pass between the stages,
 declared: what the analysis measures (the facts) and what the diagnosis adds (the verdicts).
 
-The document is JSON, so its parts are dicts; these TypedDicts say which keys each holds
-and in what unit. Each stage returns a new dict of the next type (`trace_facts` gives a
-`TraceRankFacts`, `diagnosis.rank.judge_trace` makes it a `TraceRank`) and never rewrites
-its input. `tests/test_analysis_types.py` checks real outputs against these declarations,
+A rank's parts are still dicts, declared by these TypedDicts (which keys each holds and in
+what unit); the job block is a msgspec Struct, `JobFacts` as measured and `Job` as judged.
+Each stage returns a new value of the next type (`trace_facts` gives a `TraceRankFacts`,
+`diagnosis.rank.judge_trace` makes it a `TraceRank`; `analyze_job` gives a `JobFacts`,
+`diagnosis.verdict.job_verdict` makes it a `Job`) and never rewrites its input. `tests/test_analysis_types.py` checks real outputs against these declarations,
 so a key added or dropped in one stage must be declared here. Shares are fractions of the
 step's wall time; `_us` is microseconds on the trace's clock, `_ms` milliseconds.
 
@@ -13,7 +14,9 @@ annotations`: TypedDict reads NotRequired from evaluated annotations.)
 """
 
 import re
-from typing import NotRequired, TypedDict
+from typing import Any, NotRequired, TypedDict
+
+import msgspec
 
 # Ops that bring a tensor's value to the host (on a GPU each waits for the device to reach it):
 # the trace layer measures their time, the diagnosis names them with the calls that make them.
@@ -216,33 +219,41 @@ class RunRank(RunRankFacts, _RankVerdict):
 Rank = TraceRank | RunRank
 
 
-class JobFacts(TypedDict):
+class _JobParts(msgspec.Struct, kw_only=True):
+    """The facts of the job block, in the order the document writes them."""
+    world_size: int | None = None
+    ranks_present: list[int] = []
+    critical_path: dict | None = None  # the job's critical path over its ranks' replayed steps
+    what_if: list[dict] = []  # each what-if change replayed over the job's ranks
+    missing_ranks: list[int] = []
+    duplicate_ranks: list[dict] = []  # {"rank", "source"}: a rank two traces claim
+    unnamed_traces: list[str | None] = []  # traces whose rank no distributedInfo names
+    findings: list[dict] = []  # Finding's keys; a saved document's are read as they are
+    collectives: dict = {}  # the ranks' collectives matched: counts, comm and wait ms, bus bandwidth
+    reports: dict | None | msgspec.UnsetType = msgspec.UNSET  # a run directory's: each rank's last report (analyze.job_facts)
+
+
+# The job block's facts, which its judged form carries as they were measured.
+JOB_FACT_FIELDS: tuple[str, ...] = _JobParts.__struct_fields__
+
+
+class JobFacts(_JobParts, kw_only=True):
     """The "job" part of the document, as measured across the ranks (job.cross_rank.analyze_job)."""
-    world_size: int | None
-    ranks_present: list[int]
-    critical_path: dict | None  # the job's critical path over its ranks' replayed steps
-    what_if: list[dict]  # each what-if change replayed over the job's ranks
-    missing_ranks: list[int]
-    duplicate_ranks: list[dict]  # {"rank", "source"}: a rank two traces claim
-    unnamed_traces: list[str]  # traces whose rank no distributedInfo names
-    findings: list[Finding]
-    collectives: dict  # the ranks' collectives matched: counts, comm and wait ms, bus bandwidth
-    collective_facts: NotRequired[dict]  # the stragglers' input; the diagnosis takes it out of the block
-    reports: NotRequired[dict | None]  # a run directory's: each rank's last report (analyze.job_facts)
+    collective_facts: Any = None  # the stragglers' input (job.cross_rank.CollectiveFacts), held in memory only
 
 
-class Job(JobFacts):
+class Job(_JobParts, kw_only=True):
     """The job block with its verdict (diagnosis.verdict.job_verdict)."""
-    stragglers: list[dict]
-    rank_waits: list[dict]
-    bound: str | None
-    cause: str | None  # what the communication waits on, where the job is comm-bound
-    path: list[PathNode]
-    fixes: list[str]
-    verdict_source: str  # "measurements" | "rank verdicts" | "none"
-    borderline: dict | None  # the deciding measurement within its noise of a threshold
-    measurements: dict | None  # the measurement set the verdict rests on
-    bound_counts: dict[str, int]  # ranks by their own bound
+    stragglers: list[dict] = []
+    rank_waits: list[dict] = []
+    bound: str | None = None
+    cause: str | None = None  # what the communication waits on, where the job is comm-bound
+    path: list[dict] = []  # PathNode's keys
+    fixes: list[str] = []
+    verdict_source: str = "none"  # "measurements" | "rank verdicts" | "none"
+    borderline: dict | None = None  # the deciding measurement within its noise of a threshold
+    measurements: dict | None = None  # the measurement set the verdict rests on
+    bound_counts: dict[str, int] = {}  # ranks by their own bound
 
 
 class AnalysisDocument(TypedDict):

@@ -27,7 +27,7 @@ from typing import Any, TypeVar, cast
 import msgspec
 
 from diag import atomic_io, rundir
-from diag.analyzers.analysis_types import Rank, TraceRank, TraceRankFacts
+from diag.analyzers.analysis_types import JobFacts, Rank, TraceRank, TraceRankFacts
 from diag.analyzers.diagnosis import decision_tree as dt
 from diag.analyzers.diagnosis import peers
 from diag.analyzers.diagnosis.document import build_diagnosis
@@ -41,6 +41,7 @@ from diag.errors import DiagInputError
 from diag.run_documents import RunRecords
 
 R = TypeVar("R", bound=Mapping[str, Any])
+S = TypeVar("S", bound=msgspec.Struct)
 TRACE_SUFFIXES = (".json", ".json.gz")
 # Per worker: interpreter + numpy (~150 MB) plus columns and decode buffers, which grow
 # with the trace; gzip traces expand about tenfold.
@@ -131,15 +132,15 @@ def judged_ranks(trace_ranks: Sequence[TraceRankFacts], tree, runs: Sequence[Run
     return peers.resolve(judged, tree)
 
 
-def job_facts(ranks: list[dict], tree, run_job: dict | None = None) -> dict:
+def job_facts(ranks: list[dict], tree, run_job: JobFacts | None = None) -> JobFacts:
     """The cross-rank facts of the ranks (the diagnosis adds the verdict), with a run
-    directory's own: the ranks missing from it and its world size."""
-    job = analyze_job(ranks, tree.what_if) if ranks else {"stragglers": [], "findings": [], "world_size": None}
+    directory's own: the ranks missing from it, its ranks' last reports and its world size."""
+    job = analyze_job(ranks, tree.what_if) if ranks else JobFacts()
     if run_job is None:
         return job
-    return {**job, "missing_ranks": run_job.get("missing_ranks") or [], "reports": run_job.get("reports"),
-            "findings": list(run_job.get("findings") or []) + list(job.get("findings") or []),
-            "world_size": run_job.get("world_size") or job.get("world_size")}
+    return msgspec.structs.replace(job, missing_ranks=run_job.missing_ranks, reports=run_job.reports,
+                                   findings=run_job.findings + job.findings,
+                                   world_size=run_job.world_size or job.world_size)
 
 
 def analyze_run_dir(path, tree: dt.Tree | None = None, progress=None) -> dict:
@@ -219,7 +220,7 @@ def run_facts(path, tree, progress=None, host_peaks: dict | None = None) -> RunF
         doc, inputs = analyze_run(rd, records, tree.facts, host_peaks=host_peaks)
     except Exception as exc:  # noqa: BLE001 - a bug in the run analysis costs the precise verdict, not the report
         problems.append(f"{path}: run analysis failed ({type(exc).__name__}: {exc})")
-        doc, inputs = {"schema": SCHEMA, "ranks": [], "job": {}, "errors": []}, {}
+        doc, inputs = {"schema": SCHEMA, "ranks": [], "job": JobFacts(reports=None), "errors": []}, {}
     records = with_steps_and_nccl(rd, records, doc)
     if not doc["ranks"]:
         doc, inputs = {**doc, "ranks": ranks_from_windows(records.ranks)}, {}
@@ -232,8 +233,13 @@ def with_diagnosis(doc: dict, tree, records: RunRecords | None = None) -> dict:
     "diagnosis", built once on the analysis and the run's records when there are any.
     The diagnosis is JSON-safe as built, so every view serialises the same bytes."""
     job, diagnosis = build_diagnosis(doc, records, tree)
-    safe = {name: json_safe(getattr(diagnosis, name)) for name in diagnosis.__struct_fields__}
-    return {**doc, "job": json_safe(job), "diagnosis": msgspec.structs.replace(diagnosis, **safe)}
+    return {**doc, "job": _json_safe_fields(job), "diagnosis": _json_safe_fields(diagnosis)}
+
+
+def _json_safe_fields(document: S) -> S:
+    """A typed document whose fields' values are JSON-safe (`json_safe`)."""
+    return msgspec.structs.replace(document, **{name: json_safe(getattr(document, name))
+                                                for name in document.__struct_fields__})
 
 
 def trace_files_in(directory: str) -> list[str]:
@@ -384,8 +390,8 @@ def json_safe(obj):
         return {k if type(k) is str else str(k): json_safe(v) for k, v in obj.items()}
     if t is list:
         return [json_safe(v) for v in obj]
-    if isinstance(obj, msgspec.Struct):  # a typed document: its JSON object
-        return {name: json_safe(getattr(obj, name)) for name in obj.__struct_fields__}
+    if isinstance(obj, msgspec.Struct):  # a typed document: its JSON object, unset fields left out
+        return {name: json_safe(v) for name in obj.__struct_fields__ if (v := getattr(obj, name)) is not msgspec.UNSET}
     if isinstance(obj, dict):
         return {str(k): json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

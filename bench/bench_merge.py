@@ -105,7 +105,7 @@ def main() -> int:
         doc = merge(kept)
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
-        found = {s["rank"] for s in doc["job"]["stragglers"]}
+        found = {s["rank"] for s in doc["job"].stragglers}
         hit = found == injected
         ok &= hit
         per_rank = sum(len(r["collectives"]) for r in kept) / n

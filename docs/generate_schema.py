@@ -60,7 +60,12 @@ def _fields(cls: ast.ClassDef, comments: dict[int, str]) -> list[tuple[str, str,
                 ann, required = ann.slice, False
             note = comments.get(node.lineno, "")
             note = "" if note.startswith("type:") else note
-            out.append((node.target.id, ast.unparse(ann), required, note))
+            if "in memory only" in note:  # never in a written document
+                continue
+            shown = ast.unparse(ann)
+            if shown.endswith(" | msgspec.UnsetType"):  # a Struct's field left out where it is unset
+                shown, required = shown.removesuffix(" | msgspec.UnsetType"), False
+            out.append((node.target.id, shown, required, note))
     return out
 
 

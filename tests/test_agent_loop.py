@@ -89,7 +89,7 @@ def test_records_windows_and_verdicts(tmp_path):
         assert not any("bound" in s or "path" in s for s in rd.records(0, "steps"))
         assert not any("bound" in w.analysis or "path" in w.analysis or "findings" in w.analysis
                        for w in windows)
-    assert doc["job"]["missing_ranks"] == []
+    assert doc["job"].missing_ranks == []
 
 
 def test_without_loader_steps_are_timed(tmp_path):

@@ -8,12 +8,13 @@ import pytest
 from device_steps import host_steps, launch_steps
 from merged_ranks import merged
 
+from diag.analyzers.analysis_types import Job
 from diag.analyzers.diagnosis import causes as cs
 from diag.analyzers.diagnosis import decision_tree as dt
 
 
 def _ctx(ranks: dict, bound="host", shares=None, what_if=(), nccl=None):
-    return types.SimpleNamespace(ranks=merged(ranks), tree=dt.load_tree(), bound=bound, job={"what_if": list(what_if)},
+    return types.SimpleNamespace(ranks=merged(ranks), tree=dt.load_tree(), bound=bound, job=Job(what_if=list(what_if)),
                                  shares=shares or {"host": 0.6, "data": 0.05, "compute": 0.35}, nccl=nccl or {})
 
 

@@ -68,7 +68,7 @@ def _job(ranks):
 
 
 def _finding(job, fid):
-    return next((f for f in job["findings"] if f["id"] == fid), None)
+    return next((f for f in job.findings if f["id"] == fid), None)
 
 
 def _judged_finding(ranks, job, fid):
@@ -83,15 +83,15 @@ def test_sleeping_rank_is_named_straggler_with_evidence(gloo_job):
     assert [r["rank"] for r in ranks] == [0, 1]
     job = _job(ranks)
 
-    assert [s["rank"] for s in job["stragglers"]] == [1], job["stragglers"]
-    ev = job["stragglers"][0]["evidence"]
+    assert [s["rank"] for s in job.stragglers] == [1], job.stragglers
+    ev = job.stragglers[0]["evidence"]
     # Rank 0 waits out the extra sleep in every step; rank 1 hardly waits at all.
     delay_ms = DELAY_S * 1000
     assert ev["blame_share"] >= 0.75
     assert 0.5 * delay_ms <= ev["peers_median_wait_ms_per_step"] <= 1.5 * delay_ms
     assert 0.5 * delay_ms <= ev["imposed_wait_ms_per_step"] <= 1.5 * delay_ms
     assert ev["own_wait_ms_per_step"] < 0.5 * ev["peers_median_wait_ms_per_step"]
-    waits = {r["rank"]: r for r in job["rank_waits"]}
+    waits = {r["rank"]: r for r in job.rank_waits}
     # The late rank spends the least time inside collectives: it never waits in them. (Only the
     # first of each step's all-reduces absorbs the delay, so medians would compare noise; totals don't.)
     assert waits[1]["comm_ms"] < waits[0]["comm_ms"]
@@ -100,7 +100,7 @@ def test_sleeping_rank_is_named_straggler_with_evidence(gloo_job):
     # Rank 1 does more outside communication (the sleep) than rank 0.
     if ev["work_ms"] is not None:
         assert ev["work_ms"] > ev["median_work_ms"]
-    assert "Rank 1" in job["stragglers"][0]["message"]
+    assert "Rank 1" in job.stragglers[0]["message"]
 
     # Waiting is not communication: rank 0's wait for rank 1 is its own class, and no rank is
     # comm-bound for it. The job follows the critical path: the straggler's own bound.
@@ -110,24 +110,24 @@ def test_sleeping_rank_is_named_straggler_with_evidence(gloo_job):
     assert r0["shares"]["wait"] > 5 * r1["shares"]["wait"]
     assert "comm" not in {r0["bound"], r1["bound"]}, (r0["bound"], r1["bound"])
     assert r1["bound"] in ("host", "compute", "memory")
-    assert job["bound"] == r1["bound"]
-    assert job["measurements"]["ranks"] == [1]
+    assert job.bound == r1["bound"]
+    assert job.measurements["ranks"] == [1]
     # Rank 0 waits more than the threshold: its verdict is rank 1's, and its path says so.
     node = next(n for n in r0["path"] if n["node"] == "peer_wait")
     assert node["answer"] == "yes" and node["peer"] == 1 and "rank 1" in node["question"]
     assert r0["bound"] == r1["bound"] and r0["bound_via"] == 1
     assert _finding(job, "straggler")["evidence"]["stragglers"] == [1]
     assert _finding(job, "straggler_induced_comm") is None and _finding(job, "slow_collectives") is None
-    assert job["world_size"] == 2 and job["missing_ranks"] == []
+    assert job.world_size == 2 and job.missing_ranks == []
 
 
 @pytest.mark.slow
 def test_balanced_job_names_no_straggler(gloo_job):
     job = _job(_ranks(gloo_job["balanced"]))
-    assert job["stragglers"] == [], job["stragglers"]
+    assert job.stragglers == [], job.stragglers
     assert _finding(job, "straggler_induced_comm") is None and _finding(job, "straggler") is None
     # Every all-reduce of the three profiled steps is matched on both ranks.
-    assert job["collectives"]["matched"] >= (gen.ACTIVE) * CLASSES[0].grads
+    assert job.collectives["matched"] >= (gen.ACTIVE) * CLASSES[0].grads
 
 
 def _shift_trace(src: Path, dst: Path, offset_us: float) -> None:
@@ -147,10 +147,10 @@ def test_clock_skew_between_ranks_changes_nothing(gloo_job, tmp_path):
     _shift_trace(paths[1], skewed, offset_us=3.6e9 + 0.123)  # an hour and a bit ahead
     a = _job(_ranks(paths))
     b = _job(_ranks([paths[0], skewed]))
-    assert [s["rank"] for s in b["stragglers"]] == [s["rank"] for s in a["stragglers"]] == [1]
-    assert b["bound"] == a["bound"] and b["cause"] == a["cause"]
-    assert b["collectives"]["matched"] == a["collectives"]["matched"]
-    for ra, rb in zip(a["rank_waits"], b["rank_waits"]):
+    assert [s["rank"] for s in b.stragglers] == [s["rank"] for s in a.stragglers] == [1]
+    assert b.bound == a.bound and b.cause == a.cause
+    assert b.collectives["matched"] == a.collectives["matched"]
+    for ra, rb in zip(a.rank_waits, b.rank_waits):
         for k in ("wait_ms", "comm_ms", "late_fraction", "blame_share", "imposed_wait_ms_per_step"):
             assert rb[k] == pytest.approx(ra[k], abs=0.01), k
 
@@ -161,9 +161,9 @@ def test_network_bound_job_is_not_blamed_on_a_rank():
         [FIXTURES / "cpu_comm_rank0.pt.trace.json.gz", FIXTURES / "cpu_comm_rank1.pt.trace.json.gz"]
     )
     job = _job(ranks)
-    assert job["stragglers"] == []
-    assert job["bound"] == "comm"
-    assert job["cause"] == "network"
+    assert job.stragglers == []
+    assert job.bound == "comm"
+    assert job.cause == "network"
     f = _finding(job, "slow_collectives")
     assert f is not None and f["evidence"]["transfer_fraction_of_comm"] >= 0.5
     assert _finding(job, "straggler_induced_comm") is None
@@ -204,18 +204,18 @@ def test_job128_two_real_ranks(real_traces):
     assert {r["rank"] for r in ranks} == {0, 1}
     assert all(r["collectives"] for r in ranks), "the analyzer found no collectives in the job128 traces"
     job = _job(ranks)
-    assert job["world_size"] == 128
-    assert job["missing_ranks"] == list(range(2, 128))
+    assert job.world_size == 128
+    assert job.missing_ranks == list(range(2, 128))
     # The sampled traces hold different subsets of the calls: some cannot be paired.
-    assert job["collectives"]["count_mismatch"] and _finding(job, "collective_count_mismatch") is None
+    assert job.collectives["count_mismatch"] and _finding(job, "collective_count_mismatch") is None
     assert _judged_finding(ranks, job, "collective_count_mismatch")["severity"] == "info"
     missing = _judged_finding(ranks, job, "missing_ranks")
     assert missing is not None and "126 of 128" in missing["message"] and missing["severity"] == "warning"
-    assert job["collectives"]["source"] == "device"
-    if job["collectives"]["matched_by"] == "order":
+    assert job.collectives["source"] == "device"
+    if job.collectives["matched_by"] == "order":
         matched, total = _waits_by_order(ranks)
-        assert job["collectives"]["matched"] == matched
-        for row in job["rank_waits"]:
+        assert job.collectives["matched"] == matched
+        for row in job.rank_waits:
             assert row["wait_ms"] == pytest.approx(total[row["rank"]] / 1000, abs=0.002)
     # The wait split moves time from comm to wait, step by step, and nothing else; no rank's
     # exposed wait exceeds the time it spent waiting in matched collectives.
@@ -236,9 +236,9 @@ def test_job128_two_real_ranks(real_traces):
         exposed_wait_ms = sum(s["shares"]["wait"] * s["duration_ms"] for s in after["steps"])
         assert 0 < exposed_wait_ms <= raw_wait_ms[after["rank"]] + 1e-6
     # The job verdict is the critical-path rank's own, on its own numbers.
-    (pace,) = job["measurements"]["ranks"]
-    assert job["bound"] == next(r["bound"] for r in ranks if r["rank"] == pace)
-    for s in job["stragglers"]:
+    (pace,) = job.measurements["ranks"]
+    assert job.bound == next(r["bound"] for r in ranks if r["rank"] == pace)
+    for s in job.stragglers:
         assert s["evidence"]["blame_share"] >= 0.75
 
 
@@ -246,23 +246,23 @@ def test_missing_duplicate_and_unknown_ranks():
     r0 = analyze_trace(str(FIXTURES / "cpu_comm_rank0.pt.trace.json.gz"))
     assert r0["world_size"] == 2
     job = _job([r0])
-    assert job["missing_ranks"] == [1]
+    assert job.missing_ranks == [1]
     assert "(rank 1)" in _judged_finding([r0], job, "missing_ranks")["message"]
-    assert job["stragglers"] == []
+    assert job.stragglers == []
     # One comm-bound rank alone cannot tell waiting from transfer.
-    assert job["bound"] == "comm" and job["cause"] == "undetermined"
+    assert job.bound == "comm" and job.cause == "undetermined"
     assert _finding(job, "comm_cause_undetermined") is not None
 
     # The analysis gives the facts; the findings are the diagnosis's.
     twice = [r0, dict(r0, source="copy.json")]
     job = _job(twice)
-    assert job["duplicate_ranks"] == [{"rank": 0, "source": "copy.json"}] and _finding(job, "duplicate_ranks") is None
+    assert job.duplicate_ranks == [{"rank": 0, "source": "copy.json"}] and _finding(job, "duplicate_ranks") is None
     assert "claim the same rank: rank 0 (copy.json)" in _judged_finding(twice, job, "duplicate_ranks")["message"]
     unnamed = [r0, dict(r0, rank=None, source="anon.json")]
     job = _job(unnamed)
-    assert job["unnamed_traces"] == ["anon.json"]
+    assert job.unnamed_traces == ["anon.json"]
     assert _judged_finding(unnamed, job, "unknown_rank")["message"].startswith("1 trace(s) name no rank")
-    assert _job([])["bound"] is None
+    assert _job([]).bound is None
 
 
 def _coll(name, ts, dur, seq=None, pg="0", on="device"):
@@ -342,22 +342,14 @@ def test_the_straggler_finding_names_the_likely_cause(gloo_job):
     from diag.analyzers.analyze import analyze_paths
 
     doc = analyze_paths([str(p) for p in gloo_job["straggler"]], jobs=1)
-    (late,) = doc["job"]["stragglers"]
+    (late,) = doc["job"].stragglers
     cause = late["likely_cause"]
     assert late["rank"] == 1 and cause["cause"] == "host_work", cause
     excess = cause["evidence"]["host_ms_per_step"] - cause["evidence"]["peers_host_ms_per_step"]
     assert 0.5 * DELAY_S * 1000 <= excess <= 1.5 * DELAY_S * 1000
-    finding = next(f for f in doc["job"]["findings"] if f["id"] == "straggler")
+    finding = next(f for f in doc["job"].findings if f["id"] == "straggler")
     assert "Likely cause on rank 1: host-side work" in finding["message"]
-    assert doc["job"]["bound"] == next(r["bound"] for r in doc["ranks"] if r["rank"] == 1)
-
-
-def test_the_collective_facts_travel_under_one_key():
-    """job/ and diagnosis/ may not import each other: the key that carries the facts is spelled twice."""
-    from diag.analyzers.diagnosis import verdict
-    from diag.analyzers.job import cross_rank
-
-    assert cross_rank.FACTS_KEY == verdict.FACTS_KEY
+    assert doc["job"].bound == next(r["bound"] for r in doc["ranks"] if r["rank"] == 1)
 
 
 def test_lateness_by_chance_is_the_binomial_tail():

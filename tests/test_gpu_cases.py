@@ -13,6 +13,7 @@ import pytest
 from device_steps import device_step_windows, host_steps, launch_steps
 from merged_ranks import merged
 
+from diag.analyzers.analysis_types import Job
 from diag.analyzers.analyze import analyze_paths
 from diag.analyzers.diagnosis import causes as cs
 from diag.analyzers.diagnosis import decision_tree as dt
@@ -110,7 +111,7 @@ def test_cpu_work_is_named_from_its_threshold(work_ms, named):
 def _ctx(ranks, bound, shares):
     import types
 
-    return types.SimpleNamespace(ranks=merged(ranks), tree=dt.load_tree(), bound=bound, job={"what_if": []},
+    return types.SimpleNamespace(ranks=merged(ranks), tree=dt.load_tree(), bound=bound, job=Job(what_if=[]),
                                  shares=shares, nccl={})
 
 

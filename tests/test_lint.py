@@ -21,7 +21,7 @@ RUN_DIR = ("diag.rundir", "diag.atomic_io", "diag.segments", "diag.step_record",
            "diag.typed_json", "diag.diagnosis_document")
 # The typed documents: the run directory's records (the diagnosis and the views read them)
 # and the diagnosis (the diagnosis makes it, the views read it).
-RUN_DOCUMENTS = ("diag.step_record", "diag.run_documents", "diag.diagnosis_document")
+RUN_DOCUMENTS = ("diag.step_record", "diag.run_documents", "diag.diagnosis_document", "diag.typed_json")
 LAYERS = {
     "analyzers/intervals.py": (),
     "analyzers/analysis_types.py": (),
@@ -236,7 +236,7 @@ def test_the_diagnosis_calls_nothing_of_the_analysis_at_run_time(real_traces, de
     calls |= _diagnosis_calls_into_the_analysis(lambda: docs.append(analyze_run_dir(demo_run_dir)))
     assert not calls, calls
     # The trace was live: the judgement ran (stragglers over matched collectives, sampled steps).
-    assert docs[0]["job"].get("rank_waits") and docs[1]["diagnosis"].bound
+    assert docs[0]["job"].rank_waits and docs[1]["diagnosis"].bound
     assert any(s.get("evidence") == "sampled" for r in docs[1]["ranks"] for s in r["steps"])
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from merged_ranks import merged, merged_rank
 
+from diag.analyzers.analysis_types import Job
 from diag.analyzers.diagnosis import causes as cs
 from diag.analyzers.diagnosis import decision_tree as dt
 from diag.analyzers.diagnosis.loader_model import LoaderRates, loader_rates, plan_workers, predicted_step
@@ -151,7 +152,7 @@ LOADER = {"class": "DataLoader", "dataset": "Shards", "num_workers": 0, "batch_s
 
 def _ctx(rank: dict, what_if=()):
     return types.SimpleNamespace(ranks=merged({0: rank}), tree=dt.load_tree(), bound="data", shares={"data": 0.9},
-                                 job={"what_if": list(what_if)}, nccl={})
+                                 job=Job(what_if=list(what_if)), nccl={})
 
 
 def test_the_cause_names_the_count_and_predicts_its_step_apart_from_the_ceiling():

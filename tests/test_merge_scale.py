@@ -26,9 +26,9 @@ def test_stragglers_among_512_ranks_are_found():
     ranks = bench.simulate(template, 512, injected, 0.25, rng)
     doc = bench.merge(ranks)
     job = doc["job"]
-    assert {s["rank"] for s in job["stragglers"]} == injected
-    assert job["world_size"] == 512 and not job.get("missing_ranks")
-    for s in job["stragglers"]:
+    assert {s["rank"] for s in job.stragglers} == injected
+    assert job.world_size == 512 and not job.missing_ranks
+    for s in job.stragglers:
         assert s["evidence"]["late_fraction"] == 1.0  # last at every collective
 
 
@@ -36,4 +36,4 @@ def test_no_straggler_without_one():
     bench = _bench()
     template = analyze_trace(FIXTURES / "cpu_comm_rank0.pt.trace.json.gz")
     doc = bench.merge(bench.simulate(template, 256, set(), 0.25, random.Random(3)))
-    assert doc["job"]["stragglers"] == []
+    assert doc["job"].stragglers == []

@@ -7,16 +7,17 @@ from __future__ import annotations
 import pytest
 from merged_ranks import merged
 
+from diag.analyzers.analysis_types import Job
 from diag.analyzers.diagnosis import decision_tree as dt
 from diag.analyzers.diagnosis.precision import cpu_without_bf16_units, withhold_half_precision
 
 TREE = dt.load_tree()
-JOB = {"what_if": [
+JOB = Job(what_if=[
     {"change": "compute_2x", "baseline_step_ms": 100.0, "predicted_step_ms": 60.0, "speedup": 1.67, "fixes": "compute"},
     {"change": "half_precision_matrix_ops", "baseline_step_ms": 100.0, "predicted_step_ms": 70.0, "speedup": 1.43,
      "fixes": "compute"},
     {"change": "no_data_wait", "baseline_step_ms": 100.0, "predicted_step_ms": 90.0, "speedup": 1.11, "fixes": "data"},
-]}
+])
 
 
 def _rank(bf16_units, vendor=None, timeline=None):
@@ -37,7 +38,7 @@ def test_which_jobs_lack_bf16_units(ranks, isa):
 
 def test_the_precision_changes_and_fixes_are_withheld_with_the_reason():
     job, tree = withhold_half_precision(JOB, TREE, "AVX2")
-    by_id = {e["change"]: e for e in job["what_if"]}
+    by_id = {e["change"]: e for e in job.what_if}
     for change in ("compute_2x", "half_precision_matrix_ops"):
         assert by_id[change]["predicted_step_ms"] is None and by_id[change]["speedup"] is None
         assert by_id[change]["note"].startswith("withheld: this CPU (AVX2) has no bf16 matrix units")
@@ -45,7 +46,7 @@ def test_the_precision_changes_and_fixes_are_withheld_with_the_reason():
     fixes = [f for v in tree.verdicts.values() for f in v["fixes"]]
     assert not [f for f in fixes if f.startswith(("Use lower precision", "Keep matrix dimensions", "Train in bf16"))]
     assert "Fuse elementwise chains with torch.compile." in tree.verdicts["memory"]["fixes"]
-    assert JOB["what_if"][0]["predicted_step_ms"] == 60.0 and "Use lower precision" in \
+    assert JOB.what_if[0]["predicted_step_ms"] == 60.0 and "Use lower precision" in \
         TREE.verdicts["compute"]["fixes"][0]  # inputs unchanged
 
 

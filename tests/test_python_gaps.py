@@ -15,6 +15,7 @@ import pytest
 from device_steps import host_steps
 from merged_ranks import merged
 
+from diag.analyzers.analysis_types import Job
 from diag.analyzers.analyze import analyze_paths
 from diag.analyzers.diagnosis import causes as cs
 from diag.analyzers.diagnosis import decision_tree as dt
@@ -113,6 +114,6 @@ def test_python_is_named_from_its_step_share(ms, named):
     rank = {"analysis": {"steps": [{"step": k, "evidence": "trace", "duration_ms": 100.0} for k in range(3)],
                          "python_gaps": {"ms_per_step": ms, "stretches_per_step": 1.0, "longest_ms": ms,
                                          "frames": []}}}
-    ctx = types.SimpleNamespace(ranks=merged({0: rank}), tree=tree, bound="host", job={"what_if": []},
+    ctx = types.SimpleNamespace(ranks=merged({0: rank}), tree=tree, bound="host", job=Job(what_if=[]),
                                 shares={"host": 0.6}, nccl={})
     assert ("python_on_training_thread" in {c["id"] for c in cs.causes(ctx)}) == named

@@ -85,7 +85,7 @@ def _late_rank_3(predicted_ms: float) -> dict:
                  for i in range(30)]
         ranks.append(analysis_rank(r, 4, "comm", 0.45, collectives=colls, steps=range(10)))
     job = analyze_job(ranks, load_tree().what_if)
-    job["what_if"] = [{"change": "no_straggler", "description": "Every rank runs at the median rank's pace",
+    job.what_if = [{"change": "no_straggler", "description": "Every rank runs at the median rank's pace",
                        "baseline_step_ms": 50.0, "predicted_step_ms": predicted_ms, "speedup": 50.0 / predicted_ms,
                        "fixes": "wait"}]
     return _model({"schema": "diag.analysis/1", "ranks": ranks, "job": job, "errors": []})
@@ -393,7 +393,7 @@ def test_real_gpu_trace_through_the_real_analyzer(real_traces, tmp_path):
     doc = analyze_paths([str(real_traces / "a100_2rank_nccl.json.gz")])
     m = build_model(doc)
     rank = doc["ranks"][0]
-    assert m["bound"] == doc["job"]["bound"]
+    assert m["bound"] == doc["job"].bound
     top = max(rank["top_kernels"], key=lambda k: k["time_ms"])
     assert m["top_kernels"][0]["name"] == top["name"] and m["top_kernels"][0]["class"] == top["class"]
     assert m["top_kernels"][0]["time_ms"] == pytest.approx(top["time_ms"])

@@ -6,6 +6,7 @@ import copy
 
 import pytest
 
+from diag.analyzers.analysis_types import JobFacts
 from diag.analyzers.diagnosis import decision_tree as dt
 from diag.analyzers.diagnosis import peers
 from diag.analyzers.diagnosis.borderline import borderline
@@ -96,9 +97,9 @@ def test_job_verdict_on_ranks_that_all_wait_is_their_own_work(tree):
     m = {"data_share": 0.0, "host_share": 0.05, "comm_share": 0.05, "wait_share": 0.3,
          "memory_share": 0.1, "compute_share": 0.5, "memory_to_compute": 0.2}
     ranks = [{"rank": 0, "bound": "compute", "measurements": m, "steps": []}]
-    job = job_verdict(ranks, {}, tree)
-    assert job["bound"] == "compute"
-    assert next(n for n in job["path"] if n["node"] == "peer_wait")["forced"]
+    job = job_verdict(ranks, JobFacts(), tree)
+    assert job.bound == "compute"
+    assert next(n for n in job.path if n["node"] == "peer_wait")["forced"]
 
 
 def _steps(values, metric="comm_share"):
@@ -118,16 +119,16 @@ def _noisy_rank(values):
 def test_borderline_when_the_deciding_share_is_within_the_steps_scatter(tree):
     # Exposed comm scatters 0.12-0.28 around 0.19: the 20% threshold is well inside the noise.
     noisy = [0.12, 0.28, 0.15, 0.25, 0.19, 0.13, 0.26, 0.18]
-    job = job_verdict([_noisy_rank(noisy)], {}, tree)
-    assert job["bound"] == "compute"
-    edge = job["borderline"]
+    job = job_verdict([_noisy_rank(noisy)], JobFacts(), tree)
+    assert job.bound == "compute"
+    edge = job.borderline
     assert edge["candidates"] == ["compute", "comm"] and edge["node"] == "exposed_comm"
     assert edge["noise"] == pytest.approx(noise(noisy))
     assert abs(edge["value"] - 0.20) <= edge["noise"]
     # The same mean with steady steps is a clear verdict.
     steady = [0.19 + 0.001 * (i % 2) for i in range(8)]
-    clear = job_verdict([_noisy_rank(steady)], {}, tree)
-    assert clear["bound"] == "compute" and clear["borderline"] is None
+    clear = job_verdict([_noisy_rank(steady)], JobFacts(), tree)
+    assert clear.bound == "compute" and clear.borderline is None
 
 
 def test_borderline_needs_a_different_verdict_on_the_other_branch(tree):

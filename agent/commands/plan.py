@@ -255,12 +255,13 @@ def _run_facts(path: str) -> dict:
     from pathlib import Path
 
     from diag.analyzers.analyze import analyze_run_dir as analyze_run
+    from diag.analyzers.analyze import json_safe
     from diag.analyzers.plan.measured import run_facts
     from diag.rundir import MANIFEST, is_run_dir
 
     if not is_run_dir(path):
         raise DiagInputError(f"{path}: not a diag run directory (no {MANIFEST} and no rank-N folder)")
-    return run_facts(analyze_run(Path(path)))
+    return run_facts(json_safe(analyze_run(Path(path))))  # the run's analysis as `diag analyze --json` prints it
 
 
 def _recorded_model(facts: dict):

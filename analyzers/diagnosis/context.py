@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from diag.analyzers.analysis_types import Job
 from diag.analyzers.diagnosis.decision_tree import Tree
 from diag.analyzers.diagnosis.inputs import Ranks, Steps
 from diag.run_documents import RunRecords
@@ -20,7 +21,7 @@ class LostRanks:
 
 @dataclass(frozen=True)
 class JobContext:
-    job: dict  # the job block, with its verdict and cross-rank judgements
+    job: Job  # the job block, with its verdict and cross-rank judgements
     ranks: Ranks  # rank -> its analysis merged with its records (inputs.merge_ranks)
     run: RunRecords  # the run's records (empty for plain traces)
     lost: LostRanks

@@ -25,6 +25,7 @@ import math
 
 import numpy as np
 
+from diag.analyzers.analysis_types import Job, JobFacts
 from diag.analyzers.diagnosis import decision_tree, reporting
 from diag.analyzers.diagnosis.causes import causes
 from diag.analyzers.diagnosis.context import JobContext, LostRanks
@@ -57,12 +58,12 @@ from diag.analyzers.diagnosis.run_figures import run_figures
 from diag.analyzers.diagnosis.straggler_cause import with_likely_causes
 from diag.analyzers.diagnosis.straggler_episodes import episode_finding, straggler_episodes
 from diag.analyzers.diagnosis.verdict import has_all_shares, job_verdict, rank_measurements
-from diag.analyzers.numbers import dict_at
 from diag.diagnosis_document import Diagnosis
 from diag.run_documents import RunRecords
+from diag.typed_json import settled
 
 
-def build_diagnosis(doc: dict | None, run: RunRecords | None = None, tree=None) -> tuple[dict, Diagnosis]:
+def build_diagnosis(doc: dict | None, run: RunRecords | None = None, tree=None) -> tuple[Job, Diagnosis]:
     """(the job block with its verdict, the diagnosis) of one job, from its analysis document
     and (optionally) its run records."""
     doc = doc if isinstance(doc, dict) else {}
@@ -71,20 +72,32 @@ def build_diagnosis(doc: dict | None, run: RunRecords | None = None, tree=None) 
     return diagnose_ranks(doc, merge_ranks(doc, run), run, tree)
 
 
-def diagnose_ranks(doc: dict, ranks: Ranks, run: RunRecords, tree) -> tuple[dict, Diagnosis]:
+def diagnose_ranks(doc: dict, ranks: Ranks, run: RunRecords, tree) -> tuple[Job, Diagnosis]:
     """`build_diagnosis` on ranks already merged with `inputs.merge_ranks` (the report merges them once)."""
     job = with_likely_causes(diagnose_job(doc, ranks, tree), ranks, tree)
-    job_missing = {r for r in job.get("missing_ranks") or [] if isinstance(r, int)}
+    job_missing = {r for r in job.missing_ranks if isinstance(r, int)}
     lost = LostRanks(missing=sorted((set(run.missing_ranks) | job_missing) - set(ranks)),
-                     stopped=[x for x in reporting.stopped_ranks(job.get("reports"), tree) if x["rank"] in ranks])
+                     stopped=[x for x in reporting.stopped_ranks(job.reports if isinstance(job.reports, dict) else None, tree) if x["rank"] in ranks])
     return _judge(job, ranks, run, lost, tree)
 
 
-def diagnose_job(doc: dict, ranks: Ranks, tree) -> dict:
+def job_block(raw) -> JobFacts | Job:
+    """The job block of an analysis document: as the facade made it, or a saved or hand-made
+    document's JSON object, read as a `Job` (a field it cannot hold reads as absent)."""
+    if isinstance(raw, Job):
+        return raw
+    if isinstance(raw, JobFacts):
+        return raw
+    return settled(raw, Job) if type(raw) is dict else JobFacts()
+
+
+def diagnose_job(doc: dict, ranks: Ranks, tree) -> Job:
     """The job block with its verdict: as the document holds it when it has one already,
-    else computed from the ranks (analysed, or else their step records) and the cross-rank facts."""
-    job = dict_at(doc, "job")
-    if "verdict_source" in job:
+    else computed from the ranks (analysed, or else their step records) and the cross-rank
+    facts (a JSON object's stragglers and rank waits kept, as `job_verdict` keeps a `Job`'s)."""
+    raw = doc.get("job")
+    job = job_block(raw)
+    if isinstance(job, Job) and (type(raw) is not dict or "verdict_source" in raw):
         return job
     rank_docs = []
     for r in ranks.values():
@@ -95,11 +108,11 @@ def diagnose_job(doc: dict, ranks: Ranks, tree) -> dict:
     return job_verdict(rank_docs, job, tree)
 
 
-def _judge(job: dict, ranks: Ranks, run: RunRecords, lost: LostRanks, tree) -> tuple[dict, Diagnosis]:
+def _judge(job: Job, ranks: Ranks, run: RunRecords, lost: LostRanks, tree) -> tuple[Job, Diagnosis]:
     """Everything but the job verdict, which `job` already holds."""
     job, tree = withhold_half_precision(job, tree, cpu_without_bf16_units(ranks))
     allt = concat(ranks)
-    mset = job.get("measurements") if isinstance(job.get("measurements"), dict) else None
+    mset = job.measurements
     # Ranks whose traces lack their GPU's device events: their step shares are the host's alone.
     blind = _blind(ranks)
     step_shares = None if blind and blind == set(ranks) else tw_shares(allt)
@@ -107,7 +120,7 @@ def _judge(job: dict, ranks: Ranks, run: RunRecords, lost: LostRanks, tree) -> t
         job=job, ranks=ranks, run=run, lost=lost, tree=tree, world=world_size(job, run, lost.missing, ranks),
         all_steps=allt,
         job_steps=job_steps(ranks), mset=mset, shares=(mset or {}).get("shares") or step_shares,
-        bound=job.get("bound") if job.get("bound") in CLASSES else None, stragglers=_stragglers(job),
+        bound=job.bound if job.bound in CLASSES else None, stragglers=_stragglers(job),
         nccl=nccl_facts(run, tree),
     )
     bound, world, steps, job_shares, stragglers = ctx.bound, ctx.world, ctx.job_steps, ctx.shares, ctx.stragglers
@@ -116,14 +129,14 @@ def _judge(job: dict, ranks: Ranks, run: RunRecords, lost: LostRanks, tree) -> t
     over_time = episode_finding(episodes, tree)
     extra = [f for f in (over_time, ended_finding(ranks, lost.stopped), reporting.missing_finding(lost.missing, world))
              if f] + reporting.input_findings(job)
-    findings = merged_findings({**job, "findings": [*(job.get("findings") or []), *extra]} if extra else job, ranks)
+    findings = merged_findings([*job.findings, *extra], ranks)
     basis = mset["basis"] if mset else f"{int(steps.has_shares.sum())} step(s) of {len(ranks)} rank(s)"
     ev = evidence(ranks, allt, steps, job_shares, basis, stragglers, ctx.nccl, findings)
     headline = _headline(ctx)
     whole = [k for k, r in ranks.items()
              if r.analysis.get("iterations") and not r.analysis["iterations"].get("marker")]
     confidence = _confidence(bound, _measured(allt, mset), path, lost.missing, len(run.problems), world,
-                             job.get("borderline"), sorted(blind), whole)
+                             job.borderline, sorted(blind), whole)
     memory = memory_section(ranks, tree, world)
     found = causes(ctx)
     recs = recommendations(ctx, findings, memory, ev, found)
@@ -144,8 +157,7 @@ def _judge(job: dict, ranks: Ranks, run: RunRecords, lost: LostRanks, tree) -> t
         # What in the job's own objects makes a phase slow (causes.py), each quoting its names.
         causes=found,
         # The job's critical path and what-if predictions, as the job analysis replayed them.
-        what_if={"critical_path": job.get("critical_path"),
-                 "changes": [e for e in job.get("what_if") or [] if isinstance(e, dict)]},
+        what_if={"critical_path": job.critical_path, "changes": [e for e in job.what_if if isinstance(e, dict)]},
         memory=memory,
         nccl=ctx.nccl,
         world_size=world,
@@ -156,10 +168,10 @@ def _judge(job: dict, ranks: Ranks, run: RunRecords, lost: LostRanks, tree) -> t
     )
 
 
-def _decision_path(job: dict, ranks: Ranks, bound) -> dict | None:
+def _decision_path(job: Job, ranks: Ranks, bound) -> dict | None:
     """The tree's path to the job verdict, on the measurement set the headline quotes."""
-    mset = job.get("measurements") if isinstance(job.get("measurements"), dict) else None
-    jp = job.get("path")
+    mset = job.measurements
+    jp = job.path
     if mset and isinstance(jp, list) and jp:
         return {"source": mset["basis"], "nodes": _clean_path(jp), "bound": bound}
     # Without measurements the verdict is the ranks' vote: show an agreeing rank's own path.
@@ -189,9 +201,9 @@ def _clean_path(path: list) -> list[dict]:
     return out
 
 
-def _stragglers(job: dict) -> list[dict]:
+def _stragglers(job: Job) -> list[dict]:
     out = []
-    for s in job.get("stragglers") or []:
+    for s in job.stragglers:
         if isinstance(s, dict) and isinstance(s.get("rank"), int):
             ev = s.get("evidence")
             text = s.get("message") if isinstance(s.get("message"), str) else None
@@ -284,7 +296,7 @@ def _headline(ctx: JobContext) -> dict:
         text = f"{title}: {PHASE_PHRASES[bound]} {pct(share)} of step time{spread}{where}"
     else:
         text = f"{title}{where}"
-    edge = ctx.job.get("borderline") if isinstance(ctx.job.get("borderline"), dict) else None
+    edge = ctx.job.borderline
     extra = _headline_extras(ctx, lost, edge)
     if extra:
         text += "; " + "; ".join(extra)
@@ -321,7 +333,7 @@ def _headline_extras(ctx: JobContext, lost: list, edge: dict | None) -> list[str
                 extra.append(f"rank {names} is late and the other ranks wait for it")
             else:
                 extra.append(f"ranks {names} are late and the other ranks wait for them")
-        cause = job.get("cause") if ((job.get("collectives") or {}).get("matched") or 0) > 0 else None
+        cause = job.cause if (job.collectives.get("matched") or 0) > 0 else None
         if cause == "network":
             extra.append("no rank is late: the collectives themselves are slow")
         elif cause == "imbalance":

@@ -71,10 +71,10 @@ def evidence(ranks: Ranks, allt: Steps, steps: Steps, job_shares, basis, straggl
     return ev
 
 
-def merged_findings(job: dict, ranks: Ranks) -> list[dict]:
+def merged_findings(job_findings: list, ranks: Ranks) -> list[dict]:
     """Findings of the job and of the ranks, one entry per id with the ranks it fired on."""
     merged: dict[str, dict] = {}
-    sources: list[tuple[int | None, Any]] = [(None, f) for f in job.get("findings") or []]
+    sources: list[tuple[int | None, Any]] = [(None, f) for f in job_findings]
     for r in ranks.values():
         sources += [(r.rank, f) for f in r.analysis.get("findings") or []]
     for rank, f in sources:

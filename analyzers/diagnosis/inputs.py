@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from diag.analyzers.analysis_types import Job
 from diag.analyzers.diagnosis.decision_tree import CLASSES
 from diag.analyzers.model import step_seconds
 from diag.analyzers.numbers import finite as num
@@ -282,9 +283,9 @@ def _device_name(info: dict, analysis: dict) -> str | None:
     return None
 
 
-def world_size(job: dict, run: RunRecords, missing: list[int], ranks: Ranks) -> int:
+def world_size(job: Job, run: RunRecords, missing: list[int], ranks: Ranks) -> int:
     """The job's world size: the largest any source gives, and at least the ranks present and missing."""
-    cands = [job.get("world_size"), run.manifest.get("world_size")]
+    cands = [job.world_size, run.manifest.get("world_size")]
     cands += [r.analysis.get("world_size") for r in ranks.values()]
     cands += [r.info.get("world_size") for r in ranks.values()]
     cands = [c for c in cands if isinstance(c, int) and c > 0]

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 
+import msgspec
+
+from diag.analyzers.analysis_types import Job
 from diag.analyzers.diagnosis.decision_tree import Tree
 from diag.analyzers.diagnosis.inputs import Ranks
 from diag.analyzers.numbers import dict_at
@@ -34,7 +37,7 @@ def cpu_without_bf16_units(ranks: Ranks) -> str | None:
     return isa
 
 
-def withhold_half_precision(job: dict, tree: Tree, isa: str | None) -> tuple[dict, Tree]:
+def withhold_half_precision(job: Job, tree: Tree, isa: str | None) -> tuple[Job, Tree]:
     """(the job block, the tree) with the advice that needs lower precision withheld where the
     ranks' CPU lacks bf16 units (`isa` from cpu_without_bf16_units); as they were otherwise."""
     if isa is None:
@@ -48,5 +51,5 @@ def withhold_half_precision(job: dict, tree: Tree, isa: str | None) -> tuple[dic
     note = (f"withheld: {cpu} has no bf16 matrix units (AMX, AVX512-BF16), so lower precision does not run "
             "faster here")
     what_if = [{**e, "predicted_step_ms": None, "speedup": None, "note": note}
-               if isinstance(e, dict) and e.get("change") in changes else e for e in job.get("what_if") or []]
-    return {**job, "what_if": what_if}, dataclasses.replace(tree, verdicts=verdicts)
+               if isinstance(e, dict) and e.get("change") in changes else e for e in job.what_if]
+    return msgspec.structs.replace(job, what_if=what_if), dataclasses.replace(tree, verdicts=verdicts)

@@ -20,7 +20,7 @@ def recommendations(ctx: JobContext, findings: list[dict], memory: dict, evidenc
     """What to change, ranked by predicted gain, each linked to the evidence behind it; a phase's
     causes (causes.py) lead its actions, in the job's own names."""
     ev_ids = {e["id"] for e in evidence}
-    what_if = [e for e in ctx.job.get("what_if") or [] if isinstance(e, dict)]
+    what_if = [e for e in ctx.job.what_if if isinstance(e, dict)]
     recs = _phase_recommendations(ctx, causes, what_if, ev_ids)
     seen_phases = {r["id"][len("phase-"):] for r in recs}
     recs += _straggler_recommendations(ctx, what_if)
@@ -77,7 +77,7 @@ def _phase_recommendations(ctx: JobContext, causes, what_if: list[dict], ev_ids:
         why = f"{PHASE_LABELS[p].capitalize()}: {pct(share)} of step time."
         if p == "comm":
             # The cross-rank diagnosis says why communication is exposed; it belongs here.
-            for f in ctx.job.get("findings") or []:
+            for f in ctx.job.findings:
                 if isinstance(f, dict) and f.get("id") in COMM_CAUSE_FINDINGS and f.get("message"):
                     why += " " + str(f["message"])
         mine = [c for c in causes if c["phase"] == p]

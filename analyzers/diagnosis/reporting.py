@@ -16,6 +16,7 @@ closed (`job.reports`, from `job.run_analysis.rank_reports`). Here:
 
 from __future__ import annotations
 
+from diag.analyzers.analysis_types import Job
 from diag.analyzers.numbers import finite
 
 
@@ -59,11 +60,11 @@ def missing_finding(missing: list[int], world: int | None) -> dict | None:
     }
 
 
-def input_findings(job: dict) -> list[dict]:
+def input_findings(job: Job) -> list[dict]:
     """The job findings of the cross-rank facts on the traces themselves: a rank claimed twice,
     traces that name no rank, collectives the ranks recorded different numbers of."""
     out = []
-    dups = [d for d in job.get("duplicate_ranks") or [] if isinstance(d, dict)]
+    dups = [d for d in job.duplicate_ranks if isinstance(d, dict)]
     if dups:
         out.append({"id": "duplicate_ranks", "severity": "warning",
                     "message": "Several traces claim the same rank: "
@@ -71,14 +72,14 @@ def input_findings(job: dict) -> list[dict]:
                                + "; only the first is used.",
                     "advice": "Pass one trace per rank, from the same profiling window.",
                     "evidence": {"duplicates": dups[:1000]}})
-    unnamed = list(job.get("unnamed_traces") or [])
+    unnamed = list(job.unnamed_traces)
     if unnamed:
         out.append({"id": "unknown_rank", "severity": "warning",
                     "message": f"{len(unnamed)} trace(s) name no rank and are left out of the cross-rank comparison.",
                     "advice": "Name trace files with their rank (e.g. rank-3.json.gz) or profile with distributed "
                               "info enabled.",
                     "evidence": {"sources": unnamed[:1000]}})
-    mismatch = [m for m in (job.get("collectives") or {}).get("count_mismatch") or [] if isinstance(m, dict)]
+    mismatch = [m for m in job.collectives.get("count_mismatch") or [] if isinstance(m, dict)]
     if mismatch:
         out.append({"id": "collective_count_mismatch", "severity": "info",
                     "message": "Ranks recorded different numbers of some collectives (" + "; ".join(

@@ -11,14 +11,14 @@ import statistics
 from collections import defaultdict
 
 from diag.analyzers.diagnosis.decision_tree import advise, load_tree
+from diag.analyzers.diagnosis.document import job_block
 from diag.errors import DiagInputError
 
 
 def _job_throughput(doc: dict) -> dict:
     ranks = [r for r in doc.get("ranks") or [] if isinstance(r, dict)]
-    job = doc.get("job") or {}
     sizes = [size for r in ranks if isinstance(size := r.get("world_size"), int)]
-    world = job.get("world_size") or (max(sizes) if sizes else None) or len(ranks) or None
+    world = job_block(doc.get("job")).world_size or (max(sizes) if sizes else None) or len(ranks) or None
     # The job moves at its slowest rank: per step number, the longest duration of any rank.
     per_step: dict = defaultdict(float)
     units: dict = defaultdict(float)

@@ -21,6 +21,9 @@ from __future__ import annotations
 
 import statistics
 
+import msgspec
+
+from diag.analyzers.analysis_types import Job
 from diag.analyzers.diagnosis.inputs import MergedRank, Ranks, num, rank_shares, traced_steps
 from diag.analyzers.diagnosis.throttle import slowing_reasons, throttle_reasons
 from diag.analyzers.numbers import dict_at
@@ -213,21 +216,21 @@ def _contention_text(straggler: MergedRank, more: str, work: dict) -> str:
             f"CPUs{load}")
 
 
-def with_likely_causes(job: dict, ranks: Ranks, tree) -> dict:
+def with_likely_causes(job: Job, ranks: Ranks, tree) -> Job:
     """A new job block: each named straggler with its likely cause, said in the straggler findings too."""
-    names = {s["rank"] for s in job.get("stragglers") or [] if isinstance(s, dict) and s.get("rank") in ranks}
+    names = {s["rank"] for s in job.stragglers if isinstance(s, dict) and s.get("rank") in ranks}
     if not names:
         return job
     peers = [r for k, r in ranks.items() if k not in names]
     stragglers = [{**s, "likely_cause": s.get("likely_cause") or likely_cause(ranks[s["rank"]], peers, tree)}
-                  if isinstance(s, dict) and s.get("rank") in names else s for s in job["stragglers"]]
+                  if isinstance(s, dict) and s.get("rank") in names else s for s in job.stragglers]
     first = next(s for s in stragglers if isinstance(s, dict) and s.get("rank") in names)
     cause = first["likely_cause"]
     findings = []
-    for f in job.get("findings") or []:
+    for f in job.findings:
         if isinstance(f, dict) and f.get("id") in ("straggler", "straggler_induced_comm") \
                 and "likely_cause" not in (f.get("evidence") or {}):
             f = {**f, "message": f"{f['message'].rstrip('.')}. Likely cause on rank {first['rank']}: {cause['text']}.",
                  "evidence": {**(f.get("evidence") or {}), "likely_cause": cause["cause"]}}
         findings.append(f)
-    return {**job, "stragglers": stragglers, "findings": findings}
+    return msgspec.structs.replace(job, stragglers=stragglers, findings=findings)

@@ -17,6 +17,7 @@ import math
 import statistics
 from collections import Counter
 
+from diag.analyzers.analysis_types import JOB_FACT_FIELDS, Job, JobFacts
 from diag.analyzers.diagnosis import stragglers
 from diag.analyzers.diagnosis.borderline import borderline, step_values
 from diag.analyzers.diagnosis.decision_tree import BOUNDS, CLASSES, PEER, share_ratios, verdict_from
@@ -30,10 +31,6 @@ VERDICT_FINDINGS = frozenset({
     "rank_verdicts_differ", "comm_cause_undetermined", "straggler_induced_comm", "unsynchronised_arrival",
     "slow_collectives", "straggler",
 })
-# Cross-rank judgements that only feed the verdict and are not part of the job block.
-_CANDIDATES = ("comm_explanation", "straggler_finding")
-# Where the job facts carry the collective facts (diag.analyzers.job.cross_rank.FACTS_KEY).
-FACTS_KEY = "collective_facts"
 
 
 def rank_measurements(rank: dict) -> dict | None:
@@ -194,22 +191,22 @@ def _unique_ranks(ranks: list[dict]) -> list[dict]:
     return [seen[k] for k in sorted(seen)]
 
 
-def job_verdict(ranks: list[dict], cross: dict | None, tree) -> dict:
+def job_verdict(ranks: list[dict], facts: JobFacts | Job, tree) -> Job:
     """The job block of the analysis document: the cross-rank facts plus the verdict.
 
-    ranks: the rank dicts; cross: `analyze_job`'s result (or a job block already
-    holding a verdict, which is recomputed). Returns bound, path, measurements,
-    cause, bound_counts and the findings the verdict explains itself with.
+    ranks: the rank dicts; facts: `analyze_job`'s result, or a job block already holding a
+    verdict (its stragglers and rank waits are kept, the rest judged again). Returns bound,
+    path, measurements, cause, bound_counts and the findings the verdict explains itself with.
     """
-    cross = dict(cross or {})
     present = _unique_ranks(ranks)
-    facts = cross.pop(FACTS_KEY, None)
-    if facts is not None:  # the cross-rank facts, judged here
-        cross.update(stragglers.judge(facts, {r["rank"]: r.get("bound") for r in present}, tree))
-    candidates = {k: cross.pop(k, None) for k in _CANDIDATES}
-    findings = [f for f in cross.get("findings") or [] if isinstance(f, dict) and f.get("id") not in VERDICT_FINDINGS]
-    late = {s.get("rank") for s in cross.get("stragglers") or [] if isinstance(s, dict)}
-    base, pace = _pace_setters(present, late, cross.get("rank_waits"), float(tree.thresholds["noise_interval_z"]))
+    judged: dict = {"stragglers": [], "rank_waits": [], "comm_explanation": None, "straggler_finding": None}
+    if isinstance(facts, Job):
+        judged.update(stragglers=facts.stragglers, rank_waits=facts.rank_waits)
+    elif facts.collective_facts is not None:  # the cross-rank facts, judged here
+        judged = stragglers.judge(facts.collective_facts, {r["rank"]: r.get("bound") for r in present}, tree)
+    findings = [f for f in facts.findings if isinstance(f, dict) and f.get("id") not in VERDICT_FINDINGS]
+    late = {s.get("rank") for s in judged["stragglers"] if isinstance(s, dict)}
+    base, pace = _pace_setters(present, late, judged["rank_waits"], float(tree.thresholds["noise_interval_z"]))
     mset = measurement_set(base or [r for r in ranks if isinstance(r, dict)])
     if mset is not None and pace:
         mset["pace"] = pace
@@ -241,23 +238,15 @@ def job_verdict(ranks: list[dict], cross: dict | None, tree) -> dict:
             "evidence": {"bounds": {str(r["rank"]): r.get("bound") for r in present}},
         })
     cause = None
-    explanation = candidates["comm_explanation"] if isinstance(candidates["comm_explanation"], dict) else None
+    explanation = judged["comm_explanation"] if isinstance(judged["comm_explanation"], dict) else None
     if bound == "comm" and explanation is not None:
         cause = explanation.get("cause")
         if isinstance(explanation.get("finding"), dict):
             findings.append(explanation["finding"])
-    elif isinstance(candidates["straggler_finding"], dict):
-        findings.append(candidates["straggler_finding"])
-    return {
-        **cross,
-        "what_if": stragglers.straggler_what_if(cross.get("what_if"), tree),
-        "bound": bound,
-        "cause": cause,
-        "path": path,
-        "fixes": fixes,
-        "verdict_source": source,
-        "borderline": edge,
-        "measurements": mset,
-        "bound_counts": dict(counts),
-        "findings": findings,
-    }
+    elif isinstance(judged["straggler_finding"], dict):
+        findings.append(judged["straggler_finding"])
+    measured = {name: getattr(facts, name) for name in JOB_FACT_FIELDS}
+    measured.update(what_if=stragglers.straggler_what_if(facts.what_if, tree), findings=findings)
+    return Job(**measured, stragglers=judged["stragglers"], rank_waits=judged["rank_waits"], bound=bound,
+               cause=cause, path=path, fixes=fixes, verdict_source=source, borderline=edge, measurements=mset,
+               bound_counts={str(b): n for b, n in counts.items()})

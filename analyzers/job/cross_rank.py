@@ -24,13 +24,12 @@ import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
+from diag.analyzers.analysis_types import JobFacts
 from diag.analyzers.numbers import dict_at
 from diag.analyzers.numbers import median as _median
 from diag.analyzers.whatif.job import job_what_if
 from diag.rundir import rank_number, world_size_number
 
-# The key of the job facts under which the collective facts travel to the diagnosis.
-FACTS_KEY = "collective_facts"
 # Collectives whose message size is the same on every rank of the call.
 SYMMETRIC = {"all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "barrier"}
 
@@ -304,7 +303,7 @@ def _wait_stats(groups: list[dict]) -> tuple[dict[int, RankCollectiveStats], lis
 # --- the job --------------------------------------------------------------------------
 
 
-def analyze_job(ranks: list[dict], changes: tuple) -> dict:
+def analyze_job(ranks: list[dict], changes: tuple) -> JobFacts:
     """The facts of the "job" part of the analysis document from the rank dicts of one job;
     `changes` are the what-if changes to replay (FactSettings.what_if). Which findings these facts make (ranks missing,
     claimed twice or unnamed; collectives counted differently) is the diagnosis's call
@@ -344,16 +343,15 @@ def analyze_job(ranks: list[dict], changes: tuple) -> dict:
         rank_rows=_rank_rows(present, per, step_ms, work_ms), step_chunks=_step_chunks(groups, n_steps),
     )
     critical_path, what_if = job_what_if(ranks, changes)
-    return {
-        "world_size": world,
-        "ranks_present": present,
-        "critical_path": critical_path,
-        "what_if": what_if,
-        "missing_ranks": missing,
-        "duplicate_ranks": [{"rank": r, "source": src} for r, src in dups],
-        "unnamed_traces": unknown,
-        "findings": [],
-        "collectives": {
+    return JobFacts(
+        world_size=world,
+        ranks_present=present,
+        critical_path=critical_path,
+        what_if=what_if,
+        missing_ranks=missing,
+        duplicate_ranks=[{"rank": r, "source": src} for r, src in dups],
+        unnamed_traces=unknown,
+        collectives={
             "source": match["source"],
             "matched_by": match["matched_by"],
             "matched": len(groups),
@@ -367,9 +365,9 @@ def analyze_job(ranks: list[dict], changes: tuple) -> dict:
             # different calls.
             "count_mismatch": match["count_mismatch"][:50],
         },
-        # The judgement's input (diag.analyzers.diagnosis.stragglers), taken out of the job block there.
-        FACTS_KEY: facts,
-    }
+        # The judgement's input (diag.analyzers.diagnosis.stragglers).
+        collective_facts=facts,
+    )
 
 
 def achieved_busbw(groups: list[dict], world: int | None) -> dict | None:

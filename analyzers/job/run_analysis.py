@@ -25,7 +25,7 @@ import msgspec
 import numpy as np
 
 from diag import rundir
-from diag.analyzers.analysis_types import RunRankFacts
+from diag.analyzers.analysis_types import JobFacts, RunRankFacts
 from diag.analyzers.job import waits
 from diag.analyzers.job.sampled import (
     NO_SAMPLE,
@@ -491,7 +491,7 @@ def analyze_run(rd: rundir.RunDir, run: RunRecords, settings: FactSettings,
         doc, inputs[r] = analyze_rank(rd, r, settings, errors=trace_errors, windows=windows[r], rank_records=records)
         ranks.append(doc)
     world = rundir.expected_world_size(manifest, [records.info for records in run.ranks.values()])
-    job = {"missing_ranks": run.missing_ranks, "world_size": world, "reports": rank_reports(run), "findings": []}
+    job = JobFacts(missing_ranks=run.missing_ranks, world_size=world, reports=rank_reports(run))
     errors = [{"source": p.split(": ", 1)[0], "error": p.split(": ", 1)[-1]} for p in rd.problems] + trace_errors
     if not ranks:
         errors.append({"source": str(rd.path), "error": "no rank data in this run directory"})

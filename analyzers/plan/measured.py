@@ -36,7 +36,7 @@ from diag.errors import DiagInputError
 
 
 def run_facts(analysis: dict) -> dict:
-    """What a run measured, from its analysis document, in the units the planner uses."""
+    """What a run measured, from its analysis document (as JSON), in the units the planner uses."""
     ranks = [r for r in analysis.get("ranks") or [] if isinstance(r, dict)]
     if not ranks:
         raise DiagInputError("the run has no analysed rank")

@@ -125,7 +125,7 @@ def _prediction(ctx: JobContext, change: str | None) -> dict | None:
     """The job's what-if entry of the change that removes the cause (None: the rule has none)."""
     if change is None:
         return None
-    entry = next((e for e in ctx.job.get("what_if") or [] if isinstance(e, dict) and e.get("change") == change), None)
+    entry = next((e for e in ctx.job.what_if if isinstance(e, dict) and e.get("change") == change), None)
     if entry is None:
         return {"change": change, "predicted_step_ms": None, "speedup": None,
                 "note": "the change was not replayed on these steps"}

@@ -59,7 +59,7 @@ def exposed_collectives(ctx: JobContext) -> dict | None:
     size = _mb(g["median_bytes"])
     pg = f" on process group {g['pg']}" if g.get("pg") not in (None, "", "default_pg", "0") else ""
     hidden = g["hidden_fraction"]
-    busbw = ((ctx.job.get("collectives") or {}).get("busbw") or {}).get("median_gbps")
+    busbw = (ctx.job.collectives.get("busbw") or {}).get("median_gbps")
     times = times_text(g["calls_per_step"])
     text = (f"On {ranks_text(sorted(found))}, {g['name']}{pg} of {size} runs {times} per traced "
             f"step and exposes {g['exposed_ms_per_step']:.1f} ms per step ({g['exposed_ms_per_step'] / step_ms:.0%} of the "
