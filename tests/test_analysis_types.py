@@ -5,6 +5,7 @@ stage rewrites the value it was given."""
 from __future__ import annotations
 
 import copy
+import json
 import typing
 
 import pytest
@@ -12,8 +13,9 @@ from conftest import FIXTURES
 
 from diag import rundir
 from diag.analyzers import analysis_types as types
-from diag.analyzers.analyze import analyze_paths, analyze_run_dir, job_facts, split_waits
+from diag.analyzers.analyze import analyze_paths, analyze_run_dir, job_facts, json_safe, split_waits
 from diag.analyzers.diagnosis.decision_tree import load_tree
+from diag.analyzers.diagnosis.document import job_block
 from diag.analyzers.diagnosis.rank import judge_run_rank, judge_trace
 from diag.analyzers.job.run_analysis import analyze_rank
 from diag.analyzers.trace.analysis import trace_facts
@@ -66,6 +68,11 @@ def test_real_gpu_ranks_of_one_job_are_as_declared(real_traces):
         _conforms(r, types.TraceRank, f"rank {r['rank']}")
         _steps_conform(r, types.TraceStep, f"rank {r['rank']}")
         assert r["wait_split"]["measured"]
+    # A saved document's job block reads back as the judged block it was written from.
+    saved = json.loads(json.dumps(json_safe(doc)))["job"]
+    assert "collective_facts" not in saved and "reports" not in saved  # in memory only; a run directory's
+    assert job_block(saved) == doc["job"] and job_block(doc["job"]) is doc["job"]
+    assert job_block(None) == types.JobFacts() and job_block({"bound": 7, "stragglers": "x"}) == types.Job()
 
 
 def test_a_real_runs_ranks_are_as_declared(demo_run_dir):

@@ -77,3 +77,33 @@ def test_empty_records_are_the_defaults_and_not_shared():
     a, b = RunRecords(), RunRecords()
     a.problems.append("x")
     assert b.problems == [] and RankRecords().steps == [] and a.ranks == {} and a.nccl_bandwidth == []
+
+
+def test_an_analysis_reads_each_file_of_the_run_once(demo_run_dir, monkeypatch):
+    """The run analysis and the diagnosis share one read of the run directory: each rank.json,
+    window summary and record stream, and the manifest, is read once per `diag analyze RUN`
+    (they were read up to five times)."""
+    from collections import Counter
+    from pathlib import Path
+
+    from diag.analyzers.analyze import analyze_run_dir
+
+    reads: Counter = Counter()
+    read_json, read_records = rundir.read_json, rundir.read_records
+
+    def counted_json(path, *args, **kwargs):
+        reads[Path(path).relative_to(demo_run_dir).as_posix()] += 1
+        return read_json(path, *args, **kwargs)
+
+    def counted_records(folder, stream, *args, **kwargs):
+        reads[Path(folder).relative_to(demo_run_dir).as_posix()] += 1
+        return read_records(folder, stream, *args, **kwargs)
+
+    monkeypatch.setattr(rundir, "read_json", counted_json)
+    monkeypatch.setattr(rundir, "read_records", counted_records)
+    doc = analyze_run_dir(demo_run_dir)
+    assert doc["ranks"] and doc["diagnosis"].bound is not None
+    ranks = sorted(p.name for p in demo_run_dir.glob("rank-*"))
+    expected = {"manifest.json"} | {f"{r}/{name}" for r in ranks for name in ("rank.json", "samples", "events", "steps")}
+    expected |= {p.relative_to(demo_run_dir).as_posix() for p in demo_run_dir.glob("rank-*/windows/window-*.json")}
+    assert set(reads) == expected and set(reads.values()) == {1}, reads
