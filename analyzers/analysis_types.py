@@ -5,9 +5,10 @@ A rank's parts are still dicts, declared by these TypedDicts (which keys each ho
 what unit); the job block is a msgspec Struct, `JobFacts` as measured and `Job` as judged.
 Each stage returns a new value of the next type (`trace_facts` gives a `TraceRankFacts`,
 `diagnosis.rank.judge_trace` makes it a `TraceRank`; `analyze_job` gives a `JobFacts`,
-`diagnosis.verdict.job_verdict` makes it a `Job`) and never rewrites its input. `tests/test_analysis_types.py` checks real outputs against these declarations,
-so a key added or dropped in one stage must be declared here. Shares are fractions of the
-step's wall time; `_us` is microseconds on the trace's clock, `_ms` milliseconds.
+`diagnosis.verdict.job_verdict` makes it a `Job`) and never rewrites its input.
+`tests/test_analysis_types.py` checks real outputs against these declarations, so a key
+added or dropped in one stage must be declared here. Shares are fractions of the step's
+wall time; `_us` is microseconds on the trace's clock, `_ms` milliseconds.
 
 Imports nothing from diag: every layer may read it. (No `from __future__ import
 annotations`: TypedDict reads NotRequired from evaluated annotations.)

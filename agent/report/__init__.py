@@ -64,7 +64,8 @@ def summary(model: dict) -> dict:
     (without chart arrays and per-step series)."""
     keep = ("run", "ranks", "step_stats", "throughput", "top_kernels", "top_ops", "nccl", "missing", "problems",
             "notes")
-    out = {"schema": SUMMARY_SCHEMA, "model_schema": model.get("schema"), "diagnosis": diagnosis_json(model["diagnosis"])}
+    out = {"schema": SUMMARY_SCHEMA, "model_schema": model.get("schema"),
+           "diagnosis": diagnosis_json(model["diagnosis"])}
     out.update({k: model.get(k) for k in keep})
     return out
 

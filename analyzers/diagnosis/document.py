@@ -76,8 +76,9 @@ def diagnose_ranks(doc: dict, ranks: Ranks, run: RunRecords, tree) -> tuple[Job,
     """`build_diagnosis` on ranks already merged with `inputs.merge_ranks` (the report merges them once)."""
     job = with_likely_causes(diagnose_job(doc, ranks, tree), ranks, tree)
     job_missing = {r for r in job.missing_ranks if isinstance(r, int)}
+    reports = job.reports if isinstance(job.reports, dict) else None  # a run directory's only
     lost = LostRanks(missing=sorted((set(run.missing_ranks) | job_missing) - set(ranks)),
-                     stopped=[x for x in reporting.stopped_ranks(job.reports if isinstance(job.reports, dict) else None, tree) if x["rank"] in ranks])
+                     stopped=[x for x in reporting.stopped_ranks(reports, tree) if x["rank"] in ranks])
     return _judge(job, ranks, run, lost, tree)
 
 
