@@ -257,8 +257,7 @@ class HostMetrics(MetricSet):
         pids = self._worker_pids()
         seen = set()
         count = 0
-        cpu = read = 0.0
-        waited: float | None = None
+        cpu = read = waited = 0.0
         for pid in pids:
             if pid in seen or pid == self.pid:
                 continue
@@ -280,7 +279,7 @@ class HostMetrics(MetricSet):
                 rate = entry.read_rate(now)
                 read = read + rate if rate is not None else read
                 runq = entry.runqueue_ratio(now)
-                waited = (waited or 0.0) + runq if runq is not None else waited
+                waited = waited + runq if runq is not None else waited
                 count += 1
             except psutil.Error:  # exited between listing and reading
                 self._workers.pop(pid, None)
@@ -292,7 +291,8 @@ class HostMetrics(MetricSet):
         # Storage reads of the workers seen twice or more (a new worker has no rate yet).
         host["dataloader_workers_read_bytes_per_second"] = read
         if self._schedstat:
-            host["dataloader_workers_runqueue_ratio"] = waited or 0.0
+            # Run-queue wait of the workers seen twice or more, as for the reads.
+            host["dataloader_workers_runqueue_ratio"] = waited
 
 
 def _is_helper(proc: psutil.Process) -> bool:
