@@ -12,11 +12,11 @@ A failure switches live verdicts off (logged once); the steps are still recorded
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, cast
+from typing import Any
 
 import msgspec
 
-from diag.analyzers.analysis_types import TraceRank, TraceRankFacts
+from diag.analyzers.analysis_types import Rank, trace_facts_from_document
 from diag.analyzers.diagnosis.decision_tree import verdict_from
 from diag.analyzers.diagnosis.rank import judge_trace
 from diag.analyzers.job.sampled import step_measurements, window_composition
@@ -54,9 +54,11 @@ class LiveVerdicts:
             self.log(f"agent: live verdicts off ({type(exc).__name__}: {exc})")
             return rec, {}
 
-    def window_done(self, facts: Mapping[str, Any]) -> TraceRank | None:
-        """The steps after an analysed window take its composition; its facts judged (the rank
-        dict with its verdict and findings), or None with live verdicts off."""
+    def window_done(self, analysis: Mapping[str, Any]) -> Rank | None:
+        """The steps after an analysed window take its composition; its facts (the window
+        summary's analysis) judged: the rank dict with its verdict and findings, or None with
+        live verdicts off."""
+        facts = trace_facts_from_document(dict(analysis))
         try:
             comp = window_composition(facts)
             if comp is not None:
@@ -66,7 +68,7 @@ class LiveVerdicts:
         if self.tree is None:
             return None
         try:
-            return judge_trace(cast(TraceRankFacts, facts), self.tree)  # the window worker's trace_facts
+            return judge_trace(facts, self.tree)
         except Exception as exc:
             self.log(f"agent: window verdict failed ({type(exc).__name__}: {exc})")
             return None

@@ -24,9 +24,9 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import cast
 
 from diag import atomic_io
+from diag.analyzers.analysis_types import facts_document
 from diag.analyzers.diagnosis.decision_tree import load_tree
 from diag.analyzers.trace.analysis import trace_facts
 from diag.run_documents import WindowSummary, window_json
@@ -61,8 +61,8 @@ def summarise(trace: Path, rank: int, first: int, last: int, tree_settings: dict
     try:
         tree = load_tree(recorded=tree_settings) if tree_settings else load_tree()
         # The window's own steps only: the trace may hold a partial step at either edge.
-        analysis = cast(dict, trace_facts(str(trace), tree.facts, rank=rank, host_peaks=host_peaks,
-                                          step_range=(first, last)))
+        analysis = facts_document(trace_facts(str(trace), tree.facts, rank=rank, host_peaks=host_peaks,
+                                              step_range=(first, last)))
     except Exception as exc:
         error = f"{trace}: analysis failed ({type(exc).__name__}: {exc})"
     return WindowSummary(first_step=first, last_step=last, trace=trace.name, created_unix=created, analysis=analysis,

@@ -1,23 +1,28 @@
 """The parts of the analysis document (schema diag.analysis/1) that pass between the stages,
 declared: what the analysis measures (the facts) and what the diagnosis adds (the verdicts).
 
-A rank's parts are still dicts, declared by these TypedDicts (which keys each holds and in
-what unit); the job block is a msgspec Struct, `JobFacts` as measured and `Job` as judged.
-Each stage returns a new value of the next type (`trace_facts` gives a `TraceRankFacts`,
-`diagnosis.rank.judge_trace` makes it a `TraceRank`; `analyze_job` gives a `JobFacts`,
-`diagnosis.verdict.job_verdict` makes it a `Job`) and never rewrites its input.
-`tests/test_analysis_types.py` checks real outputs against these declarations, so a key
-added or dropped in one stage must be declared here. Shares are fractions of the step's
-wall time; `_us` is microseconds on the trace's clock, `_ms` milliseconds.
+The facts are msgspec Structs: a rank's (`TraceRankFacts`, `RunRankFacts`, with their
+`CauseFacts`) and the job block's (`JobFacts`). The judged job block is a Struct too (`Job`);
+a judged rank is still a dict, its facts' keys (`facts_document`) followed by the keys
+`TraceRank` or `RunRank` declare, and steps are dicts declared by TypedDicts. Each stage
+returns a new value of the next type (`trace_facts` gives a `TraceRankFacts`,
+`diagnosis.rank.judge_trace` makes it a judged rank; `analyze_job` gives a `JobFacts`,
+`diagnosis.verdict.job_verdict` makes it a `Job`) and never rewrites its input. A window
+summary holds a `TraceRankFacts` in its document form, read back by
+`trace_facts_from_document`. `tests/test_analysis_types.py` checks real outputs against
+these declarations. Shares are fractions of the step's wall time; `_us` is microseconds on
+the trace's clock, `_ms` milliseconds.
 
-Imports nothing from diag: every layer may read it. (No `from __future__ import
+Imports nothing from diag but its typed-JSON reader: every layer may read it. (No `from __future__ import
 annotations`: TypedDict reads NotRequired from evaluated annotations.)
 """
 
 import re
-from typing import Any, NotRequired, TypedDict
+from typing import Any, NotRequired, TypedDict, cast
 
 import msgspec
+
+from diag.typed_json import settled
 
 # Ops that bring a tensor's value to the host (on a GPU each waits for the device to reach it):
 # the trace layer measures their time, the diagnosis names them with the calls that make them.
@@ -79,79 +84,6 @@ class TraceStep(TraceStepFacts, Verdict):
     """A trace's step with its verdict."""
 
 
-class _WaitSplit(TypedDict, total=False):
-    """Added by the wait split (job.waits) to every analysis of a job."""
-    wait_split: dict  # {"measured": bool, "matched_collectives" | "reason"}
-    waits_for: int | None  # the rank this one waits for most
-    wait_share: float | None
-
-
-class CauseFacts(TypedDict):
-    """What the cause rules read of a rank, per traced step (trace.analysis); a run directory's
-    rank holds the same, from its profiled windows."""
-    copies: list[dict]  # device copies by kind, per traced step (trace.host_device)
-    launches: dict | None  # kernel launches per traced step (trace.host_device)
-    allocator: list[dict]  # cudaMalloc/cudaFree-family calls per traced step (trace.host_device)
-    cpu_work: list[dict]  # ops of the training thread that run on the CPU, per traced step (trace.host_device)
-    python_gaps: dict | None  # the training thread's time outside every op, and the frames holding it (trace.python_gaps)
-    memory_traffic: dict | None  # bandwidth-bound kernels' bytes and rate against peak (trace.memory_traffic)
-    math: dict | None  # matrix kernels' time by precision per traced step (trace.precision)
-    matrix_ops: dict | None  # matrix ops by shape and dtype, rate against peak (trace.matrix_ops)
-    optimizer: dict | None  # the optimizer's step: class, implementation, host and device time (trace.optimizer)
-    accumulation: dict | None  # DDP forward passes and optimizer steps per step (trace.accumulation)
-    fsdp: dict | None  # FSDP's version, units and prefetches per step (trace.overlap)
-    elementwise_chains: list[dict]  # runs of elementwise ops, fusion candidates (trace.fusion)
-    sync_sites: list[dict]  # the job's frames calling the SYNC_OP_NAMES ops (trace.call_sites)
-    collectives: list[dict]  # each collective call, for matching across ranks
-
-
-class TraceRankFacts(_WaitSplit, CauseFacts):
-    """One rank of a trace, as measured (trace.analysis.trace_facts)."""
-    rank: int | None
-    rank_from: str | None  # "argument" | "distributedInfo" | "file name" | "order"
-    source: str
-    device: str
-    device_info: dict
-    world_size: int | None
-    backend: str | None
-    shares: dict[str, float]
-    measurements: dict[str, float]
-    steps: list[TraceStepFacts]
-    gpu_time: dict  # HolisticTraceAnalysis's GPU-time breakdown, percent
-    top_kernels: list[dict]
-    top_ops: list[dict]
-    mfu: float | None
-    timeline: str  # "device" | "cpu"
-    device_events_missing: bool  # a GPU process's trace without its device events
-    op_coverage: float | None  # share of the host events the profiler numbered that the trace holds
-    iterations: dict | None  # without ProfilerStep spans: the iterations judged (trace.iterations.Iterations)
-    n_events: int
-    repairs: dict | None  # what the loader converted or skipped
-    attribution_order: list[str]
-    critical_path: dict | None
-    what_if: list[dict]
-    what_if_error: str | None
-
-
-class _RankVerdict(TypedDict):
-    bound: str | None
-    path: list[PathNode]
-    fixes: list[str]
-    findings: list[Finding]
-
-
-class _Titled(TypedDict):
-    title: str
-    summary: str
-
-
-class TraceRank(TraceRankFacts, _RankVerdict, _Titled):
-    """A trace's rank with its verdicts (diagnosis.rank.judge_trace)."""
-    steps: list[TraceStep]  # type: ignore[misc]
-    sampled: bool  # the trace holds too few of its host events for a firm verdict
-    bound_via: NotRequired[int]  # bound through the rank it waits for (diagnosis.peers)
-
-
 class RunStepFacts(_StepWhatIf):
     """One step of a run directory's rank, as measured."""
     step: int
@@ -177,47 +109,137 @@ class RunStep(RunStepFacts, Verdict):
     differs from the previous sampled step's."""
 
 
-class RunRankFacts(CauseFacts):
-    """One rank of a run directory, as measured (job.run_analysis.analyze_rank)."""
+class CauseFacts(msgspec.Struct, kw_only=True):
+    """What the cause rules read of a rank, per traced step (trace.analysis); a run directory's
+    rank holds the same, merged from its profiled windows. Written at the top level of the rank."""
+    copies: list[dict] = []  # device copies by kind, per traced step (trace.host_device)
+    launches: dict | None = None  # kernel launches per traced step (trace.host_device)
+    allocator: list[dict] = []  # cudaMalloc/cudaFree-family calls per traced step (trace.host_device)
+    cpu_work: list[dict] = []  # ops of the training thread that run on the CPU, per traced step (trace.host_device)
+    python_gaps: dict | None = None  # the training thread's time outside every op, and the frames holding it (trace.python_gaps)
+    math: dict | None = None  # matrix kernels' time by precision per traced step (trace.precision)
+    memory_traffic: dict | None = None  # bandwidth-bound kernels' bytes and rate against peak (trace.memory_traffic)
+    matrix_ops: dict | None = None  # matrix ops by shape and dtype, rate against peak (trace.matrix_ops)
+    optimizer: dict | None = None  # the optimizer's step: class, implementation, host and device time (trace.optimizer)
+    accumulation: dict | None = None  # DDP forward passes and optimizer steps per step (trace.accumulation)
+    fsdp: dict | None = None  # FSDP's version, units and prefetches per step (trace.overlap)
+    elementwise_chains: list[dict] = []  # runs of elementwise ops, fusion candidates (trace.fusion)
+    sync_sites: list[dict] = []  # the job's frames calling the SYNC_OP_NAMES ops (trace.call_sites)
+    collectives: list[dict] = []  # each collective call, for matching across ranks
+
+
+class TraceRankFacts(msgspec.Struct, kw_only=True):
+    """One rank of a trace, as measured (trace.analysis.trace_facts), in the order the document
+    writes it; a run directory's window summary holds one per profiled window."""
+    rank: int | None = None
+    rank_from: str | None = None  # "argument" | "distributedInfo" | "file name" | "order"
+    source: str = ""
+    device: str = ""
+    device_info: dict = {}
+    world_size: int | None = None
+    backend: str | None = None
+    shares: dict[str, float] = {}
+    measurements: dict[str, Any] = {}  # what the tree asks about, by metric name
+    steps: list[TraceStepFacts] = []
+    gpu_time: dict = {}  # HolisticTraceAnalysis's GPU-time breakdown, percent
+    top_kernels: list[dict] = []
+    top_ops: list[dict] = []
+    causes: CauseFacts = msgspec.field(default_factory=CauseFacts)  # written as CauseFacts's keys, at the rank's top level
+    mfu: float | None = None
+    timeline: str = "cpu"  # "device" | "cpu"
+    device_events_missing: bool = False  # a GPU process's trace without its device events
+    op_coverage: float | None = None  # share of the host events the profiler numbered that the trace holds
+    iterations: dict | None = None  # without ProfilerStep spans: the iterations judged (trace.iterations.Iterations)
+    n_events: int = 0
+    repairs: dict | None = None  # what the loader converted or skipped
+    attribution_order: list[str] = []
+    critical_path: dict | None = None
+    what_if: list[dict] = []
+    what_if_error: str | None = None
+    wait_split: dict | msgspec.UnsetType = msgspec.UNSET  # {"measured": bool, "matched_collectives" | "reason"} (job.waits)
+    waits_for: int | None | msgspec.UnsetType = msgspec.UNSET  # the rank this one waits for most
+    wait_share: float | None | msgspec.UnsetType = msgspec.UNSET
+
+
+class RunRankFacts(msgspec.Struct, kw_only=True):
+    """One rank of a run directory, as measured (job.run_analysis.analyze_rank), in the order
+    the document writes it."""
     rank: int
     source: str
-    device: str | None
-    device_info: dict | None  # peaks and host link, from the newest window that read them
-    world_size: int | None
-    backend: str | None  # the default process group's (rank.json), else the traces'
-    host: str | None
-    status: str | None
-    error: str | None  # what ended the rank where it did not finish (rank.json's error)
-    steps: list[RunStepFacts]
-    gpu_time: dict
-    top_kernels: list[dict]
-    top_ops: list[dict]
-    mfu: float | None
-    shares: dict[str, float] | None
-    measurements: dict[str, float]  # over the counted steps (after warm-up)
-    wait_split: dict
-    waits_for: int | None
-    wait_share: float | None
-    evidence: dict  # steps by evidence, windows, samples, warm-up steps left out
-    step_time_ms: dict  # p50, p95, mean
-    throughput: dict  # samples_per_s, tokens_per_s
-    model: dict | None  # what the live model and optimizer held
-    loader: dict | None  # the wrapped DataLoader's settings (num_workers, pin_memory, ...)
-    critical_path: dict | None
-    what_if: list[dict]
-    rates: dict | None  # FLOPs and the rate of the device work of the profiled steps
+    device: str | None = None
+    device_info: dict | None = None  # peaks and host link, from the newest window that read them
+    world_size: int | None = None
+    backend: str | None = None  # the default process group's (rank.json), else the traces'
+    host: str | None = None
+    status: str | None = None
+    error: str | None = None  # what ended the rank where it did not finish (rank.json's error)
+    steps: list[RunStepFacts] = []
+    gpu_time: dict = {}
+    top_kernels: list[dict] = []
+    top_ops: list[dict] = []
+    causes: CauseFacts = msgspec.field(default_factory=CauseFacts)  # written as CauseFacts's keys, at the rank's top level
+    mfu: float | None = None
+    shares: dict[str, float] | None = None
+    measurements: dict[str, Any] = {}  # over the counted steps (after warm-up)
+    wait_split: dict = {}
+    waits_for: int | None = None
+    wait_share: float | None = None
+    evidence: dict = {}  # steps by evidence, windows, samples, warm-up steps left out
+    step_time_ms: dict = {}  # p50, p95, mean
+    throughput: dict = {}  # samples_per_s, tokens_per_s
+    model: dict | None = None  # what the live model and optimizer held
+    loader: dict | None = None  # the wrapped DataLoader's settings (num_workers, pin_memory, ...)
+    critical_path: dict | None = None
+    what_if: list[dict] = []
+    rates: dict | None = None  # FLOPs and the rate of the device work of the profiled steps
 
 
-class RunRank(RunRankFacts, _RankVerdict):
-    """A run directory's rank with its verdicts (diagnosis.rank.judge_run_rank)."""
-    steps: list[RunStep]  # type: ignore[misc]
+# A rank's facts, from a trace or from a run directory.
+RankFacts = TraceRankFacts | RunRankFacts
+
+
+class WindowFacts(msgspec.Struct, kw_only=True, frozen=True):
+    """One profiler window of a run directory's rank as the run analysis reads it: its steps,
+    its trace's file name, and its trace's facts, or why there are none. Held in memory only."""
+    first_step: int | None = None
+    last_step: int | None = None
+    trace: str | None = None
+    facts: TraceRankFacts | None = None
+    error: str | None = None
+
+
+class _RankVerdict(TypedDict):
+    bound: str | None
+    path: list[PathNode]
+    fixes: list[str]
+    findings: list[Finding]
+
+
+class _Titled(TypedDict):
+    title: str
+    summary: str
+
+
+class TraceRank(_RankVerdict, _Titled):
+    """What the diagnosis adds to a trace's rank (diagnosis.rank.judge_trace): the rank is its
+    TraceRankFacts's keys, then these."""
+    steps: list[TraceStep]  # the facts' steps, each with its verdict
+    sampled: bool  # the trace holds too few of its host events for a firm verdict
+    bound_via: NotRequired[int]  # bound through the rank it waits for (diagnosis.peers)
+
+
+class RunRank(_RankVerdict):
+    """What the diagnosis adds to a run directory's rank (diagnosis.rank.judge_run_rank): the
+    rank is its RunRankFacts's keys, then these."""
+    steps: list[RunStep]  # the facts' steps, each with its verdict
     title: NotRequired[str]  # given where its own work decides (diagnosis.peers)
     summary: NotRequired[str]
     bound_via: NotRequired[int]
 
 
-# A rank with its verdicts, from a trace or from a run directory.
-Rank = TraceRank | RunRank
+# A judged rank as the document holds it (TraceRank or RunRank over its facts' keys): a plain
+# dict, which the diagnosis's readers take as they take a saved document's.
+Rank = dict[str, Any]
 
 
 class _JobParts(msgspec.Struct, kw_only=True):
@@ -268,3 +290,29 @@ class AnalysisDocument(TypedDict):
     errors: list[dict]  # {"source", "error"}: inputs that could not be analysed
     warnings: NotRequired[list[dict]]  # {"source", "warning"}: what the traces disagree on (diag analyze)
     diagnosis: object  # a diag.diagnosis_document.Diagnosis (its JSON object once written)
+
+
+def facts_document(facts: TraceRankFacts | RunRankFacts) -> dict[str, Any]:
+    """A rank's facts as the document writes them: its fields in order, with CauseFacts's keys
+    in place of `causes` and the unset ones left out (the values are shared, not copied)."""
+    out: dict[str, Any] = {}
+    for name in facts.__struct_fields__:
+        value = getattr(facts, name)
+        if name == "causes":
+            out.update({k: getattr(value, k) for k in value.__struct_fields__})
+        elif value is not msgspec.UNSET:
+            out[name] = value
+    return out
+
+
+def trace_facts_from_document(raw: dict) -> TraceRankFacts:
+    """A trace rank's facts from their document form (a window summary's "analysis", a judged
+    rank's dict), their types settled where they are read: a value a field cannot hold reads
+    as absent (diag.typed_json). Its steps are taken as they are (every reader of a step
+    checks what it reads)."""
+    causes = settled({k: raw[k] for k in CauseFacts.__struct_fields__ if k in raw}, CauseFacts)
+    own = {k: v for k, v in raw.items() if k in TraceRankFacts.__struct_fields__ and k not in ("causes", "steps")}
+    facts = settled({**own, "causes": causes}, TraceRankFacts)
+    steps = raw.get("steps")
+    facts.steps = [cast(TraceStepFacts, s) for s in steps if isinstance(s, dict)] if isinstance(steps, list) else []
+    return facts

@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import TypeVar, cast
 
 import msgspec
 
 from diag import atomic_io, rundir
-from diag.analyzers.analysis_types import JobFacts, Rank, TraceRank, TraceRankFacts
+from diag.analyzers.analysis_types import JobFacts, Rank, RankFacts, TraceRankFacts
 from diag.analyzers.diagnosis import decision_tree as dt
 from diag.analyzers.diagnosis import peers
 from diag.analyzers.diagnosis.document import build_diagnosis
@@ -40,7 +40,6 @@ from diag.analyzers.trace.analysis import trace_facts
 from diag.errors import DiagInputError
 from diag.run_documents import RunRecords
 
-R = TypeVar("R", bound=Mapping[str, Any])
 S = TypeVar("S", bound=msgspec.Struct)
 TRACE_SUFFIXES = (".json", ".json.gz")
 # Per worker: interpreter + numpy (~150 MB) plus columns and decode buffers, which grow
@@ -91,7 +90,8 @@ def analyze_paths(paths, tree: dt.Tree | None = None, jobs: int | None = None, p
     trace_ranks = _settled_ranks(trace_ranks, [r for run in runs for r in run.doc["ranks"]], warnings)
     trace_ranks = split_waits(trace_ranks)
     run_job = runs[0].doc.get("job") if len(runs) == 1 and not files else None
-    job = job_facts(_in_rank_order(trace_ranks + [r for run in runs for r in run.doc["ranks"]]), tree, run_job)
+    all_facts: list[RankFacts] = [*trace_ranks, *(r for run in runs for r in run.doc["ranks"])]
+    job = job_facts(sorted(all_facts, key=lambda r: _rank_key(r.rank)), tree, run_job)
     ranks = _in_rank_order(judged_ranks(trace_ranks, tree, runs))
     # One run directory: its records for the diagnosis.
     records = runs[0].records if len(runs) == 1 and not files else None
@@ -99,12 +99,17 @@ def analyze_paths(paths, tree: dt.Tree | None = None, jobs: int | None = None, p
     return with_diagnosis(doc, tree, records)
 
 
-def _in_rank_order(ranks: Sequence[R]) -> list[R]:
-    return sorted(ranks, key=lambda r: (r["rank"] is None, r["rank"] if r["rank"] is not None else 0))
+def _in_rank_order(ranks: Sequence[Rank]) -> list[Rank]:
+    return sorted(ranks, key=lambda r: _rank_key(r["rank"]))
+
+
+def _rank_key(rank: int | None) -> tuple[bool, int]:
+    """Ranks in order, those without a number last."""
+    return rank is None, rank if rank is not None else 0
 
 
 def analyze_trace(path, tree: dt.Tree | None = None, rank: int | None = None, workers: int | None = 1,
-                  host_peaks: dict | None = None, step_range: tuple[int, int] | None = None) -> TraceRank:
+                  host_peaks: dict | None = None, step_range: tuple[int, int] | None = None) -> Rank:
     """One trace file's rank dict of the diag.analysis/1 document, facts and verdicts."""
     tree = tree or dt.load_tree()
     return judge_trace(trace_facts(path, tree.facts, rank=rank, workers=workers, host_peaks=host_peaks,
@@ -112,15 +117,14 @@ def analyze_trace(path, tree: dt.Tree | None = None, rank: int | None = None, wo
 
 
 def split_waits(trace_ranks: Sequence[TraceRankFacts]) -> list[TraceRankFacts]:
-    """The traces' facts with each rank's waiting for its peers split from transfer (new dicts)."""
+    """The traces' facts with each rank's waiting for its peers split from transfer (new values)."""
     if not trace_ranks:
         return []
-    by_rank: dict = {}
+    by_rank: dict[int, list[TraceRankFacts]] = {}
     for r in trace_ranks:
-        by_rank.setdefault(r["rank"], []).append(r)
+        by_rank.setdefault(cast(int, r.rank), []).append(r)  # settled: every trace has its number
     split, _ = waits.split_waits(by_rank)
-    # The same facts with the wait split's keys (analysis_types._WaitSplit) added.
-    return [cast(TraceRankFacts, r) for docs in split.values() for r in docs]
+    return [r for docs in split.values() for r in docs]
 
 
 def judged_ranks(trace_ranks: Sequence[TraceRankFacts], tree, runs: Sequence[RunFacts] = ()) -> list[Rank]:
@@ -132,7 +136,7 @@ def judged_ranks(trace_ranks: Sequence[TraceRankFacts], tree, runs: Sequence[Run
     return peers.resolve(judged, tree)
 
 
-def job_facts(ranks: list[dict], tree, run_job: JobFacts | None = None) -> JobFacts:
+def job_facts(ranks: Sequence[RankFacts], tree, run_job: JobFacts | None = None) -> JobFacts:
     """The cross-rank facts of the ranks (the diagnosis adds the verdict), with a run
     directory's own: the ranks missing from it, its ranks' last reports and its world size."""
     job = analyze_job(ranks, tree.what_if) if ranks else JobFacts()
@@ -193,10 +197,10 @@ class RunFacts:
     def judged(self, tree) -> list[Rank]:
         """The run's ranks, each judged on its own. A bug in judging the run analysis costs the
         precise verdict, not the report: the ranks of the window summaries are judged instead."""
-        if not self.inputs:
-            return [judge_trace(r, tree) for r in self.doc["ranks"]]
+        if not self.inputs:  # the ranks of the window summaries
+            return [judge_trace(cast(TraceRankFacts, r), tree) for r in self.doc["ranks"]]
         try:
-            return [judge_run_rank(r, self.inputs[r["rank"]].windows, self.inputs[r["rank"]].sampled, tree)
+            return [judge_run_rank(r, self.inputs[r.rank].windows, self.inputs[r.rank].sampled, tree)
                     for r in self.doc["ranks"]]
         except Exception as exc:  # noqa: BLE001
             self.records.problems.append(f"{self.records.path or 'run'}: judging the run analysis failed "
@@ -330,50 +334,52 @@ def _analyze_files(files, tree, jobs, progress, errors, pool=None, host_peaks=No
     return ranks
 
 
-def refuse_mixed_jobs(trace_ranks: Sequence[Mapping[str, Any]]) -> None:
+def refuse_mixed_jobs(trace_ranks: Sequence[TraceRankFacts]) -> None:
     """One document is one job: traces whose own distributedInfo states different world sizes,
     or several traces of a world of one, come from different jobs. Raises DiagInputError naming
     each job's files; a trace that states no world size joins any job (nothing says otherwise)."""
     by_world: dict[int, list[str]] = {}
     for r in trace_ranks:
-        world = r.get("world_size")
+        world = r.world_size
         if isinstance(world, int) and not isinstance(world, bool):
-            by_world.setdefault(world, []).append(os.path.basename(str(r.get("source") or "?")))
+            by_world.setdefault(world, []).append(os.path.basename(r.source or "?"))
     if len(by_world) > 1 or len(by_world.get(1, ())) > 1:
         jobs = "; ".join(f"world size {w} ({', '.join(sorted(names))})" for w, names in sorted(by_world.items()))
         raise DiagInputError(f"these traces come from different jobs: {jobs}; analyse each job's traces on their own")
 
 
-def _settled_ranks(trace_ranks: list[TraceRankFacts], run_ranks: list[dict], warnings: list) -> list[TraceRankFacts]:
+def _settled_ranks(trace_ranks: list[TraceRankFacts], run_ranks: Sequence[RankFacts], warnings: list
+                   ) -> list[TraceRankFacts]:
     """The traces' facts, each with an integer rank: distributedInfo, else file name, else order
-    (a new dict where one is given). What the job's ranks disagree on goes to `warnings`."""
+    (a new value where one is given). What the job's ranks disagree on goes to `warnings`."""
     from diag.analyzers.trace.analysis import rank_from_name
 
-    taken = {r["rank"] for r in [*trace_ranks, *run_ranks] if isinstance(r.get("rank"), int)}
+    taken = {r.rank for r in [*trace_ranks, *run_ranks] if isinstance(r.rank, int)}
     multi = len(trace_ranks) + len(run_ranks) > 1
     nxt = 0
     settled: list[TraceRankFacts] = []
     for r in trace_ranks:
-        if not isinstance(r.get("rank"), int):
-            guess = rank_from_name(r.get("source", ""))
+        if not isinstance(r.rank, int):
+            guess = rank_from_name(r.source)
             if guess is not None and guess not in taken:
-                r = {**r, "rank": guess, "rank_from": "file name"}
+                number, how = guess, "file name"
             else:
                 while nxt in taken:
                     nxt += 1
-                r = {**r, "rank": nxt, "rank_from": "order"}
-            taken.add(r["rank"])
+                number, how = nxt, "order"
+            r = msgspec.structs.replace(r, rank=number, rank_from=how)
+            taken.add(number)
             if multi:
-                warnings.append({"source": r.get("source"),
-                                 "warning": f"no distributedInfo in the trace; rank {r['rank']} taken from the "
-                                            f"{r['rank_from']}"})
+                warnings.append({"source": r.source,
+                                 "warning": f"no distributedInfo in the trace; rank {r.rank} taken from the "
+                                            f"{r.rank_from}"})
         settled.append(r)
     ranks = [*settled, *run_ranks]
-    counts = Counter(r["rank"] for r in ranks)
+    counts = Counter(r.rank for r in ranks)
     for rank, c in counts.items():
         if c > 1:
             warnings.append({"source": None, "warning": f"{c} traces claim rank {rank}; they may come from different runs"})
-    sizes = {size for r in ranks if (size := r.get("world_size"))}
+    sizes = {size for r in ranks if (size := r.world_size)}
     if len(sizes) > 1:
         warnings.append({"source": None, "warning": f"traces disagree on world size: {sorted(sizes)}"})
     return settled

@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 import numbers
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 
 def finite(v) -> float | None:
@@ -53,7 +54,7 @@ def median(values: Iterable) -> float | None:
     return float(statistics.median(vals)) if vals else None
 
 
-def dict_at(doc: dict, key: str) -> dict:
+def dict_at(doc: Mapping[str, Any], key: str) -> dict:
     """doc[key] where it is a dict, else an empty one."""
     value = doc.get(key)
     return value if isinstance(value, dict) else {}

@@ -9,12 +9,11 @@ and of the page model.
 from __future__ import annotations
 
 import os
-from typing import cast
 
 import msgspec
 
 from diag import atomic_io, rundir
-from diag.analyzers.analysis_types import TraceRankFacts
+from diag.analyzers.analysis_types import RunRankFacts, TraceRankFacts, trace_facts_from_document
 from diag.analyzers.nccl import expected as nccl_expected
 from diag.analyzers.nccl import log as nccl_log
 from diag.errors import DiagInputError
@@ -34,8 +33,7 @@ def read_records(rd: rundir.RunDir, progress=None) -> RunRecords:
 def with_steps_and_nccl(rd: rundir.RunDir, run: RunRecords, doc: dict) -> RunRecords:
     """`run` with the step records of the ranks whose steps the analysis `doc` does not
     already hold, the problems met reading them all, and the NCCL results."""
-    covered = {r.get("rank") for r in doc.get("ranks") or []
-               if isinstance(r, dict) and isinstance(r.get("evidence"), dict) and r.get("steps")}
+    covered = {r.rank for r in doc.get("ranks") or [] if isinstance(r, RunRankFacts) and r.steps}
     ranks = {rank: rec if rank in covered else msgspec.structs.replace(rec, steps=rd.steps(rank))
              for rank, rec in run.ranks.items()}
     return _with_nccl(rd, msgspec.structs.replace(run, ranks=ranks, problems=list(dict.fromkeys(rd.problems))))
@@ -109,11 +107,9 @@ def ranks_from_windows(ranks: dict[int, RankRecords]) -> list[TraceRankFacts]:
     holding the steps of all its windows."""
     out = []
     for rank, data in ranks.items():
-        analyses = [a for w in data.windows if (a := w.analysis) is not None]
+        analyses = [trace_facts_from_document(w.analysis) for w in data.windows if w.analysis is not None]
         if not analyses:
             continue
-        last = {**analyses[-1], "rank": rank}
-        last["steps"] = [{"evidence": "trace", **s} for a in analyses for s in (a.get("steps") or [])
-                         if isinstance(s, dict)]
-        out.append(cast(TraceRankFacts, last))  # a window's trace facts, read back from its summary
+        steps = [{"evidence": "trace", **s} for a in analyses for s in a.steps if isinstance(s, dict)]
+        out.append(msgspec.structs.replace(analyses[-1], rank=rank, steps=steps))
     return out

@@ -34,30 +34,38 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _template() -> tuple[dict, str]:
-    from diag.analyzers.analyze import analyze_trace
+def template_facts(path):
+    """The facts of one real trace, which every simulated rank starts from."""
+    from diag.analyzers.diagnosis import decision_tree as dt
+    from diag.analyzers.trace.analysis import trace_facts
 
+    return trace_facts(path, dt.load_tree().facts)
+
+
+def _template():
     data = Path(os.environ.get("DIAG_REAL_DATA") or REPO.parent / "shared" / "data")
     real = data / "traces" / "a100_2rank_nccl.json.gz"
     if real.is_file():
-        return analyze_trace(real), str(real)
+        return template_facts(real), str(real)
     cpu = REPO / "tests" / "fixtures" / "cpu_comm_rank0.pt.trace.json.gz"
-    return analyze_trace(cpu), f"{cpu} (real data not found: set DIAG_REAL_DATA)"
+    return template_facts(cpu), f"{cpu} (real data not found: set DIAG_REAL_DATA)"
 
 
-def simulate(template: dict, n: int, stragglers: set[int], delay: float, rng: random.Random) -> list[dict]:
-    """n per-rank summaries from one real rank's, with waits that follow from arrival times."""
-    colls = sorted(template["collectives"], key=lambda c: c["ts_us"])
-    steps = template["steps"]
+def simulate(template, n: int, stragglers: set[int], delay: float, rng: random.Random) -> list:
+    """n per-rank facts from one real rank's (a TraceRankFacts), with waits that follow from
+    arrival times."""
+    import msgspec
+
+    colls = sorted(template.causes.collectives, key=lambda c: c["ts_us"])
+    steps = template.steps
     step_us = 1000.0 * sorted(s["duration_ms"] for s in steps)[len(steps) // 2]
     offsets = [rng.uniform(0, 1e6) for _ in range(n)]
     ranks = []
     for r in range(n):
-        doc = {k: v for k, v in template.items() if k not in ("collectives", "steps", "findings")}
-        doc.update(rank=r, world_size=n, source=f"rank-{r}", findings=[])
-        doc["steps"] = [dict(s, duration_ms=s["duration_ms"] * rng.uniform(0.99, 1.01)) for s in steps]
-        doc["collectives"] = []
-        ranks.append(doc)
+        ranks.append(msgspec.structs.replace(
+            template, rank=r, world_size=n, source=f"rank-{r}",
+            steps=[dict(s, duration_ms=s["duration_ms"] * rng.uniform(0.99, 1.01)) for s in steps],
+            causes=msgspec.structs.replace(template.causes, collectives=[])))
     for c in colls:
         transfer = c["dur_us"]
         arrive = [rng.uniform(0, 0.02 * step_us) + (delay * step_us if r in stragglers else 0.0) for r in range(n)]
@@ -65,11 +73,11 @@ def simulate(template: dict, n: int, stragglers: set[int], delay: float, rng: ra
         for r in range(n):
             ts = c["ts_us"] + arrive[r] + offsets[r]
             dur = end - arrive[r]
-            ranks[r]["collectives"].append(dict(c, ts_us=ts, dur_us=dur, exposed=[[ts, ts + dur]]))
+            ranks[r].causes.collectives.append(dict(c, ts_us=ts, dur_us=dur, exposed=[[ts, ts + dur]]))
     return ranks
 
 
-def merge(ranks: list[dict]) -> dict:
+def merge(ranks: list) -> dict:
     from diag.analyzers.analyze import job_facts, judged_ranks, split_waits, with_diagnosis
     from diag.analyzers.diagnosis import decision_tree as dt
 
@@ -88,7 +96,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     template, source = _template()
-    print(f"template: {source}: {len(template['collectives'])} collectives, {len(template['steps'])} steps")
+    print(f"template: {source}: {len(template.causes.collectives)} collectives, {len(template.steps)} steps")
     ok = True
     for n in args.ranks:
         rng = random.Random(args.seed + n)

@@ -90,7 +90,8 @@ def _declared(source: str) -> list[tuple[str, str, list[tuple[str, str, bool, st
         return list(merged.values())
 
     return [(name, ast.get_docstring(cls) or "", all_fields(name))
-            for name, cls in classes.items() if not name.startswith("_")]
+            for name, cls in classes.items()
+            if not name.startswith("_") and "Held in memory only." not in (ast.get_docstring(cls) or "")]
 
 
 def _cell(text: str) -> str:

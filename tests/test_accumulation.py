@@ -65,8 +65,8 @@ def test_forward_passes_per_optimizer_step_are_the_traces_own(tmp_path, micro):
     forwards = _count(path, lambda n: n == "DistributedDataParallel.forward")
     steps = _count(path, lambda n: n.startswith("Optimizer.step#"))
     assert (forwards, steps) == (3 * micro, 3)
-    assert facts["accumulation"] == {"forwards_per_step": forwards / 3, "optimizer_steps_per_step": steps / 3}
-    entry = next(e for e in facts["what_if"] if e["change"] == "ddp_no_sync_accumulation")
+    assert facts.causes.accumulation == {"forwards_per_step": forwards / 3, "optimizer_steps_per_step": steps / 3}
+    entry = next(e for e in facts.what_if if e["change"] == "ddp_no_sync_accumulation")
     # Only a loop that all-reduces more often than it steps has all-reduces to leave out.
     assert (entry["predicted_step_ms"] is not None) is (micro > 1)
 
@@ -78,9 +78,9 @@ def test_the_no_sync_replay_takes_off_the_all_reduces_it_leaves_out(tmp_path):
     path = tmp_path / "ddp.json"
     _ddp_trace(path, 3, no_sync=False)
     facts = trace_facts(str(path), FACTS)
-    entry = next(e for e in facts["what_if"] if e["change"] == "ddp_no_sync_accumulation")
+    entry = next(e for e in facts.what_if if e["change"] == "ddp_no_sync_accumulation")
     per_step: dict[int, float] = {}
-    for c in facts["collectives"]:
+    for c in facts.causes.collectives:
         if "all_reduce" in c["name"] and isinstance(c.get("step"), int):
             per_step[c["step"]] = per_step.get(c["step"], 0.0) + c["dur_us"]
     assert len(per_step) == 3 and sum(per_step.values()) == pytest.approx(_sum_dur(path, "gloo:all_reduce"))

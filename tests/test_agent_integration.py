@@ -18,6 +18,7 @@ import torch
 
 import diag
 from diag import atomic_io, rundir, segments
+from diag.analyzers.analysis_types import trace_facts_from_document
 from diag.analyzers.diagnosis.decision_tree import load_tree, verdict_from
 from diag.analyzers.diagnosis.rank import judge_run_rank
 from diag.analyzers.job.run_analysis import analyze_rank
@@ -231,7 +232,7 @@ def _reference_steps(rd, rank, tree) -> list[tuple]:
     records = sorted(rd.steps(rank), key=lambda r: r.step)
     windows = sorted(rd.windows(rank), key=lambda w: w.first_step)
     traced = {s["step"] for w in windows for s in w.analysis["steps"]}
-    comps = [(w.first_step, window_composition(w.analysis)) for w in windows]
+    comps = [(w.first_step, window_composition(trace_facts_from_document(w.analysis))) for w in windows]
     comps = [(f, c) for f, c in comps if c is not None]
     starts = [f for f, _ in comps]
     samples = sorted(rd.samples(rank), key=lambda s: s["t"])

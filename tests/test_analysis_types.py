@@ -29,24 +29,40 @@ def _conforms(value: dict, declared, where: str) -> None:
     assert keys <= set(hints), f"{where}: undeclared {sorted(keys - set(hints))}"
 
 
-def _steps_conform(rank: dict, declared, where: str) -> None:
-    assert rank["steps"], where
-    for s in rank["steps"]:
+def _steps_conform(steps: list, declared, where: str) -> None:
+    assert steps, where
+    for s in steps:
         _conforms(s, declared, f"{where} step {s.get('step')}")
+
+
+def _judged_conforms(judged: dict, facts, declared, where: str) -> None:
+    """A judged rank: its facts' keys in their order, then what the diagnosis declares it adds."""
+    written = list(types.facts_document(facts))
+    assert list(judged)[:len(written)] == written, where
+    added = set(judged) - set(written)
+    assert declared.__required_keys__ - {"steps"} <= added <= set(typing.get_type_hints(declared)), \
+        f"{where}: {sorted(added)}"
+
+
+def _reads_back(facts: types.TraceRankFacts) -> None:
+    """The facts as a window summary writes them read back as they were."""
+    text = json.dumps(json_safe(types.facts_document(facts)))
+    assert types.trace_facts_from_document(json.loads(text)) == facts
 
 
 @pytest.mark.parametrize("name", ["cpu_comm_rank0.pt.trace.json.gz", "cpu_data_rank0.pt.trace.json.gz"])
 def test_a_traces_facts_and_its_verdicts_are_as_declared(name):
     tree = load_tree()
     facts = trace_facts(FIXTURES / name, tree.facts)
-    _conforms(facts, types.TraceRankFacts, "facts")
-    _steps_conform(facts, types.TraceStepFacts, "facts")
-    assert "bound" not in facts and not any("bound" in s for s in facts["steps"])  # no verdict among the facts
+    assert isinstance(facts, types.TraceRankFacts) and isinstance(facts.causes, types.CauseFacts)
+    _steps_conform(facts.steps, types.TraceStepFacts, "facts")
+    assert not any("bound" in s for s in facts.steps)  # no verdict among the facts
+    _reads_back(facts)
     before = copy.deepcopy(facts)
     judged = judge_trace(facts, tree)
     assert facts == before  # a new value; the facts are left as they were
-    _conforms(judged, types.TraceRank, "judged")
-    _steps_conform(judged, types.TraceStep, "judged")
+    _judged_conforms(judged, facts, types.TraceRank, "judged")
+    _steps_conform(judged["steps"], types.TraceStep, "judged")
 
 
 def _document_conforms(doc: dict, where: str) -> None:
@@ -64,10 +80,11 @@ def test_real_gpu_ranks_of_one_job_are_as_declared(real_traces):
     facts = job_facts(split_waits([trace_facts(p, tree.facts) for p in paths]), tree)
     assert isinstance(facts, types.JobFacts) and facts.collective_facts is not None
     assert not hasattr(facts, "bound") and not hasattr(facts, "stragglers")  # no verdict among the facts
-    for r in doc["ranks"]:
-        _conforms(r, types.TraceRank, f"rank {r['rank']}")
-        _steps_conform(r, types.TraceStep, f"rank {r['rank']}")
-        assert r["wait_split"]["measured"]
+    split = split_waits([trace_facts(p, tree.facts) for p in paths])
+    for r, f in zip(doc["ranks"], split):
+        _judged_conforms(r, f, types.TraceRank, f"rank {r['rank']}")
+        _steps_conform(r["steps"], types.TraceStep, f"rank {r['rank']}")
+        assert r["wait_split"]["measured"] and f.wait_split["measured"]
     # A saved document's job block reads back as the judged block it was written from.
     saved = json.loads(json.dumps(json_safe(doc)))["job"]
     assert "collective_facts" not in saved and "reports" not in saved  # in memory only; a run directory's
@@ -79,18 +96,21 @@ def test_a_real_runs_ranks_are_as_declared(demo_run_dir):
     tree = load_tree()
     rd = rundir.RunDir(demo_run_dir)
     facts, inputs = analyze_rank(rd, 0, tree.facts)
-    _conforms(facts, types.RunRankFacts, "facts")
-    _steps_conform(facts, types.RunStepFacts, "facts")
-    assert {s["evidence"] for s in facts["steps"]} == {"trace", "sampled"}
+    assert isinstance(facts, types.RunRankFacts)
+    _steps_conform(facts.steps, types.RunStepFacts, "facts")
+    assert {s["evidence"] for s in facts.steps} == {"trace", "sampled"}
+    for w in inputs.windows:  # each window's facts, read back from its summary
+        assert isinstance(w, types.WindowFacts) and isinstance(w.facts, types.TraceRankFacts)
     before = copy.deepcopy(facts)
     judged = judge_run_rank(facts, inputs.windows, inputs.sampled, tree)
     assert facts == before
-    _conforms(judged, types.RunRank, "judged")
-    _steps_conform(judged, types.RunStep, "judged")
+    _judged_conforms(judged, facts, types.RunRank, "judged")
+    _steps_conform(judged["steps"], types.RunStep, "judged")
     doc = analyze_run_dir(demo_run_dir)
     _document_conforms(doc, "demo run")
     for r in doc["ranks"]:
-        _conforms(r, types.RunRank, f"rank {r['rank']}")
+        facts, _ = analyze_rank(rd, r["rank"], tree.facts)
+        _judged_conforms(r, facts, types.RunRank, f"rank {r['rank']}")
 
 
 def test_the_schema_page_is_what_the_code_declares():
@@ -105,7 +125,19 @@ def test_the_schema_page_is_what_the_code_declares():
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     text = (REPO / "docs" / "schema.md").read_text()
-    for name in ("TraceRankFacts", "TraceRank", "RunRankFacts", "RunRank"):
+    for name in ("TraceRankFacts", "TraceRank", "RunRankFacts", "RunRank", "CauseFacts"):
         assert f"### `{name}`" in text
         assert all(f"| `{key}` |" in text for key in getattr(types, name).__annotations__)
     assert "| `diag.analysis/1` |" in text and "| `diag.run/3` |" in text
+
+
+def test_damaged_facts_read_with_the_damaged_fields_absent():
+    """A window summary's facts from another agent version, or damaged: each value a field
+    cannot hold reads as that field's default; the rest are kept."""
+    raw = {"rank": 3, "source": "w.json", "shares": "nonsense", "mfu": 0.4, "collectives": 5,
+           "copies": [{"kind": "HtoD"}], "steps": [{"step": 1}, "not a step"], "unknown_key": 1}
+    facts = types.trace_facts_from_document(raw)
+    assert (facts.rank, facts.source, facts.mfu) == (3, "w.json", 0.4)
+    assert facts.shares == {} and facts.causes.collectives == [] and facts.causes.copies == [{"kind": "HtoD"}]
+    assert facts.steps == [{"step": 1}]
+    assert types.trace_facts_from_document({}) == types.TraceRankFacts()

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES
 
+from diag.analyzers.analysis_types import trace_facts_from_document
 from diag.analyzers.analyze import analyze_trace, job_facts, judged_ranks, split_waits
 from diag.analyzers.diagnosis.decision_tree import load_tree
 from diag.analyzers.diagnosis.document import build_diagnosis
@@ -68,7 +69,8 @@ def _ranks(paths):
 def _job(ranks):
     """The job block as the facade gives it: cross-rank facts, then the diagnosis's verdict."""
     tree = load_tree()
-    return job_verdict(ranks, job_facts(ranks, tree), tree)
+    # The facts are those the judged ranks were made from (their document form read back).
+    return job_verdict(ranks, job_facts([trace_facts_from_document(r) for r in ranks], tree), tree)
 
 
 def _finding(job, fid):
@@ -232,7 +234,7 @@ def test_job128_two_real_ranks(real_traces):
             raw_wait_ms[rk] += (d - lo) / 1000
     single = [trace_facts(str(real_traces / f"job128_rank{r}_sampled.json.gz"), FACTS) for r in (0, 1)]
     for before, after in zip(single, ranks):
-        for sb, sa in zip(before["steps"], after["steps"]):
+        for sb, sa in zip(before.steps, after["steps"]):
             assert sb["shares"]["wait"] == 0.0
             assert sa["shares"]["comm"] + sa["shares"]["wait"] == pytest.approx(sb["shares"]["comm"], abs=1e-6)
             for c in ("data", "host", "memory", "compute"):

@@ -239,10 +239,10 @@ def test_the_agent_records_device_times_and_the_run_analysis_uses_them(tmp_path)
     from diag.analyzers.job.run_analysis import analyze_rank
 
     facts, _ = analyze_rank(run, 0, load_tree().facts)
-    steps = [s for s in facts["steps"] if "data_idle_ms" in s]
+    steps = [s for s in facts.steps if "data_idle_ms" in s]
     assert len(steps) == 30 and sum("device_ms" in s for s in steps) == 29  # the first has no start event
     # No utilisation and no window: the rank's data share is the measured idle time's.
-    assert facts["measurements"]["data_share"] < 0.15 < 0.25 < np.mean(
+    assert facts.measurements["data_share"] < 0.15 < 0.25 < np.mean(
         [s["data_wait_ms"] / s["duration_ms"] for s in steps])
     from diag.report import analyse_and_model
     from diag.report.markdown import render
@@ -271,7 +271,7 @@ def test_a_host_that_runs_ahead_of_the_device_is_timed_at_the_devices_pace(tmp_p
     from diag.analyzers.job.run_analysis import analyze_rank
 
     facts, _ = analyze_rank(rundir.RunDir(tmp_path / "run"), 0, load_tree().facts)
-    paced = [s for s in facts["steps"] if "device_ms" in s]
+    paced = [s for s in facts.steps if "device_ms" in s]
     assert len(paced) == 39  # the first step has no start event
     assert all(s["duration_ms"] == pytest.approx(14.0, abs=1e-6) and s["host_ms"] < 14.0 for s in paced)
     from diag.report import analyse_and_model
@@ -333,9 +333,10 @@ def test_a_gpu_trace_without_device_events_is_marked_and_never_confident(real_da
     rank = analyze_trace(path)
     assert rank["device_events_missing"] and rank["timeline"] == "cpu"
     assert "device_events_missing" in {f["id"] for f in rank["findings"]}
+    from diag.analyzers.analysis_types import trace_facts_from_document
     from diag.analyzers.job.sampled import window_composition
 
-    assert window_composition(rank) is None  # left out of the sampled steps' composition
+    assert window_composition(trace_facts_from_document(rank)) is None  # left out of the sampled steps' composition
     out = subprocess.run([sys.executable, "-m", "diag", "analyze", str(path), "--json"], capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -24,7 +24,7 @@ RUN_DIR = ("diag.rundir", "diag.atomic_io", "diag.segments", "diag.step_record",
 RUN_DOCUMENTS = ("diag.step_record", "diag.run_documents", "diag.diagnosis_document", "diag.typed_json")
 LAYERS = {
     "analyzers/intervals.py": (),
-    "analyzers/analysis_types.py": (),
+    "analyzers/analysis_types.py": ("diag.typed_json",),
     # The core every layer reads numbers through.
     "analyzers/numbers.py": (),
     # The names every stage shares (classes, measurements, the analysis's settings).
@@ -33,7 +33,7 @@ LAYERS = {
     "analyzers/trace": ("diag.errors", "diag.inflate", *RUN_DIR, f"{_ANALYZERS}.analysis_types", f"{_ANALYZERS}.numbers",
                         f"{_ANALYZERS}.intervals", f"{_ANALYZERS}.model", f"{_ANALYZERS}.trace",
                         f"{_ANALYZERS}.whatif.rank"),
-    "analyzers/whatif": ("diag.errors", f"{_ANALYZERS}.intervals", f"{_ANALYZERS}.trace.event_classes",
+    "analyzers/whatif": ("diag.errors", f"{_ANALYZERS}.intervals", f"{_ANALYZERS}.trace.event_classes", f"{_ANALYZERS}.analysis_types",
                          f"{_ANALYZERS}.whatif", f"{_ANALYZERS}.numbers"),
     "analyzers/nccl": ("diag.errors", "diag.inflate", f"{_ANALYZERS}.nccl"),
     "analyzers/job": ("diag.errors", f"{_ANALYZERS}.numbers", *RUN_DIR, f"{_ANALYZERS}.analysis_types",
@@ -91,7 +91,8 @@ LAYERS = {
     "agent/nccl_watch.py": (*RUN_DIR, f"{_ANALYZERS}.nccl.log"),
     "agent/window_analysis.py": (*RUN_DIR,),
     # A window's facts only: the run directory holds no verdict.
-    "agent/window_worker.py": (*RUN_DIR, f"{_ANALYZERS}.diagnosis.decision_tree", f"{_ANALYZERS}.trace.analysis"),
+    "agent/window_worker.py": (*RUN_DIR, f"{_ANALYZERS}.diagnosis.decision_tree", f"{_ANALYZERS}.trace.analysis",
+                               f"{_ANALYZERS}.analysis_types"),
     "agent/config.py": ("diag.errors", "diag.collectors", f"{_ANALYZERS}.diagnosis.decision_tree"),
     "agent/calibrate.py": (*RUN_DIR, f"{_ANALYZERS}.trace.devices"),
     "agent/integrations.py": ("diag.agent", "diag.trackers"),

@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch.profiler import profile, schedule
 
+from diag.analyzers.analysis_types import facts_document
 from diag.analyzers.diagnosis import causes as cs
 from diag.analyzers.diagnosis import decision_tree as dt
 from diag.analyzers.diagnosis.decision_tree import load_tree
@@ -47,7 +48,7 @@ def test_convolutions_by_shape_on_a_real_v100_resnet_trace(real_data):
     """HTA's V100 ResNet-50 trace records input shapes: each conv2d group's calls, kernel time
     and rate are the file's own, against the V100's fp32 peak (15.7 TFLOP/s)."""
     path = real_data / "traces" / RESNET
-    facts = trace_facts(str(path), FACTS)["matrix_ops"]
+    facts = trace_facts(str(path), FACTS).causes.matrix_ops
     top = facts["groups"][0]
     assert (top["op"], top["shapes"], top["dtype"]) == ("aten::conv2d", "32x256x14x14, 1024x256x1x1", "fp32")
     calls, us, n = _conv_from_the_file(path, [[32, 256, 14, 14], [1024, 256, 1, 1]])
@@ -99,7 +100,7 @@ def mlp(tmp_path_factory):
 
 def test_linear_layers_by_shape_on_a_real_cpu_profiler_run(mlp):
     path, facts = mlp
-    groups = {(g["op"], g["shapes"]): g for g in facts["matrix_ops"]["groups"]}
+    groups = {(g["op"], g["shapes"]): g for g in facts.causes.matrix_ops["groups"]}
     first = groups[("aten::linear", "256x512, 384x512, 384")]
     calls, us, n = _linear_from_the_file(path, [[256, 512], [384, 512]])
     assert first["calls_per_step"] == calls / n == 1 and first["ms_per_step"] == pytest.approx(us / 1e3 / n, rel=1e-3)
@@ -111,7 +112,7 @@ def test_linear_layers_by_shape_on_a_real_cpu_profiler_run(mlp):
 
 
 def _rank_of(facts, bf16_units):
-    return {"analysis": facts, "info": {"cpu": {"cpus": 2, "torch_threads": 2, "isa": "AVX2", "bf16_units": bf16_units}}}
+    return {"analysis": facts_document(facts), "info": {"cpu": {"cpus": 2, "torch_threads": 2, "isa": "AVX2", "bf16_units": bf16_units}}}
 
 
 def test_matrix_ops_on_a_cpu_without_bf16_units_name_the_work_and_no_change(mlp):
@@ -129,15 +130,15 @@ def test_matrix_ops_on_a_cpu_with_bf16_units_replay_bf16(mlp):
     speedup of 2): the predicted step is the measured one less about that."""
     _, facts = mlp
     assert dt.load_tree().thresholds["cpu_half_precision_speedup"] == 2.0
-    entry = next(e for e in facts["what_if"] if e.get("change") == "half_precision_matrix_ops")
+    entry = next(e for e in facts.what_if if e.get("change") == "half_precision_matrix_ops")
     (cause,) = [c for c in cs.causes(_ctx({0: _rank_of(facts, True)}, bound="compute", shares={"compute": 0.9},
                                           what_if=[entry])) if c["id"] == "matrix_ops"]
     assert "torch.autocast('cpu', dtype=torch.bfloat16)" in cause["action"]
     # Step by step, the replay takes away half of the compute time inside the ops (their spans,
     # less the little host time inside them).
-    saved = [s["replayed_ms"] - s["what_if_ms"]["half_precision_matrix_ops"] for s in facts["steps"]]
+    saved = [s["replayed_ms"] - s["what_if_ms"]["half_precision_matrix_ops"] for s in facts.steps]
     assert len(saved) == STEPS
-    assert sum(saved) / STEPS == pytest.approx(0.5 * facts["matrix_ops"]["ms_per_step"], rel=0.1)
+    assert sum(saved) / STEPS == pytest.approx(0.5 * facts.causes.matrix_ops["ms_per_step"], rel=0.1)
     assert cause["what_if"]["predicted_step_ms"] == entry["predicted_step_ms"]
 
 
@@ -205,7 +206,7 @@ def test_a_step_cut_by_the_jobs_end_is_no_traced_step(tmp_path):
     prof.export_chrome_trace(str(path))
     cut = trace_facts(str(path), FACTS, step_range=(1, 3))
     whole = trace_facts(str(path), FACTS)
-    assert [s["step"] for s in cut["steps"]] == [1, 2, 3] and len(whole["steps"]) == 4
-    forward = next(g for g in cut["matrix_ops"]["groups"] if g["op"] in ("aten::linear", "aten::addmm"))
+    assert [s["step"] for s in cut.steps] == [1, 2, 3] and len(whole.steps) == 4
+    forward = next(g for g in cut.causes.matrix_ops["groups"] if g["op"] in ("aten::linear", "aten::addmm"))
     assert forward["calls_per_step"] == 1
-    assert next(g for g in whole["matrix_ops"]["groups"] if g["name"] == forward["name"])["calls_per_step"] == 0.75
+    assert next(g for g in whole.causes.matrix_ops["groups"] if g["name"] == forward["name"])["calls_per_step"] == 0.75

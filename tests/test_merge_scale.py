@@ -8,8 +8,6 @@ import random
 
 from conftest import FIXTURES, REPO
 
-from diag.analyzers.analyze import analyze_trace
-
 
 def _bench():
     spec = importlib.util.spec_from_file_location("bench_merge", REPO / "bench" / "bench_merge.py")
@@ -20,7 +18,7 @@ def _bench():
 
 def test_stragglers_among_512_ranks_are_found():
     bench = _bench()
-    template = analyze_trace(FIXTURES / "cpu_comm_rank0.pt.trace.json.gz")  # a gloo rank's real summary
+    template = bench.template_facts(FIXTURES / "cpu_comm_rank0.pt.trace.json.gz")  # a gloo rank's real facts
     rng = random.Random(7)
     injected = {17, 300, 511}
     ranks = bench.simulate(template, 512, injected, 0.25, rng)
@@ -34,6 +32,6 @@ def test_stragglers_among_512_ranks_are_found():
 
 def test_no_straggler_without_one():
     bench = _bench()
-    template = analyze_trace(FIXTURES / "cpu_comm_rank0.pt.trace.json.gz")
+    template = bench.template_facts(FIXTURES / "cpu_comm_rank0.pt.trace.json.gz")
     doc = bench.merge(bench.simulate(template, 256, set(), 0.25, random.Random(3)))
     assert doc["job"].stragglers == []

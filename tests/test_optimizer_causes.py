@@ -103,7 +103,7 @@ def _sgd_trace(tmp_path, **kwargs):
             opt.step()
             opt.zero_grad()
             prof.step()
-    return trace_facts(str(path), FACTS)["optimizer"]
+    return trace_facts(str(path), FACTS).causes.optimizer
 
 
 @pytest.mark.parametrize("kwargs,impl", [({"foreach": False}, "for-loop"), ({"foreach": True}, "foreach"),

@@ -61,7 +61,7 @@ def traces(tmp_path_factory):
 
 def _after(traces, mode: str) -> list:
     facts = trace_facts(str(traces / f"{mode}_rank0.json"), FACTS)
-    return [c["after_backward"] for c in facts["collectives"] if c["name"] == "all_reduce"]
+    return [c["after_backward"] for c in facts.causes.collectives if c["name"] == "all_reduce"]
 
 
 def test_an_all_reduce_after_backward_has_lost_its_overlap(traces):

@@ -76,6 +76,7 @@ def _late_rank_3(predicted_ms: float) -> dict:
     """Four ranks, rank 3 reaching every all-reduce last (its peers' collectives last 12 ms, its
     own 2 ms), and the job's what-if (the ranks carry no traced steps to replay): ranks at the
     median pace would take `predicted_ms` per step instead of 50."""
+    from diag.analyzers.analysis_types import trace_facts_from_document
     from diag.analyzers.job.cross_rank import analyze_job
 
     ranks = []
@@ -84,7 +85,7 @@ def _late_rank_3(predicted_ms: float) -> dict:
                   "dur_us": 2000.0 if r == 3 else 12_000.0, "bytes": 1 << 24, "on": "device", "step": i // 3}
                  for i in range(30)]
         ranks.append(analysis_rank(r, 4, "comm", 0.45, collectives=colls, steps=range(10)))
-    job = analyze_job(ranks, load_tree().what_if)
+    job = analyze_job([trace_facts_from_document(r) for r in ranks], load_tree().what_if)
     job.what_if = [{"change": "no_straggler", "description": "Every rank runs at the median rank's pace",
                        "baseline_step_ms": 50.0, "predicted_step_ms": predicted_ms, "speedup": 50.0 / predicted_ms,
                        "fixes": "wait"}]

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import copy
 
+import msgspec
 import pytest
 
-from diag.analyzers.analysis_types import JobFacts
+from diag.analyzers.analysis_types import CauseFacts, JobFacts, TraceRankFacts
 from diag.analyzers.diagnosis import decision_tree as dt
 from diag.analyzers.diagnosis import peers
 from diag.analyzers.diagnosis.borderline import borderline
@@ -28,13 +29,13 @@ def _rank(rank, comm_us, ts, dur, exposed, compute_us=0.0, host_us=None, step_us
               "compute": compute_us / step_us}
     m = {f"{c}_share": v for c, v in shares.items() if c != "wait"}
     m.update(dt.share_ratios(shares))
-    return {
-        "rank": rank, "shares": dict(shares), "measurements": dict(m), "findings": [],
-        "steps": [{"step": 1, "start_us": 0.0, "duration_ms": step_us / 1000, "shares": dict(shares),
-                   "measurements": dict(m)}],
-        "collectives": [{"name": "all_reduce", "pg": 0, "seq": 7, "ts_us": ts, "dur_us": dur, "bytes": 1024,
-                         "on": "device", "step": 1, "exposed": exposed}],
-    }
+    return TraceRankFacts(
+        rank=rank, shares=dict(shares), measurements=dict(m),
+        steps=[{"step": 1, "start_us": 0.0, "duration_ms": step_us / 1000, "shares": dict(shares),
+                "measurements": dict(m), "evidence": "trace", "flops": None}],
+        causes=CauseFacts(collectives=[{"name": "all_reduce", "pg": 0, "seq": 7, "ts_us": ts, "dur_us": dur,
+                                        "bytes": 1024, "on": "device", "step": 1, "exposed": exposed}]),
+    )
 
 
 def test_the_early_rank_waits_at_the_head_of_the_collective(tree):
@@ -69,17 +70,18 @@ def test_a_single_trace_keeps_its_attribution_and_says_why(tree):
     split, facts = waits.split_waits({0: [r]})
     assert facts == {"matched": 0, "waits_for": {}}
     r = split[0][0]
-    assert r["wait_split"] == {"measured": False, "reason": "a single rank: no peer to match collectives with"}
-    assert r["shares"] == before["shares"] and "wait_share" not in r["measurements"]
+    assert r.wait_split == {"measured": False, "reason": "a single rank: no peer to match collectives with"}
+    assert r.shares == before.shares and "wait_share" not in r.measurements
 
 
 def test_an_analysis_without_exposure_records_is_not_split(tree):
     r0 = _rank(0, comm_us=40.0, ts=20.0, dur=60.0, exposed=[[40.0, 80.0]], compute_us=50.0)
     r1 = _rank(1, comm_us=10.0, ts=70.0, dur=10.0, exposed=[[70.0, 80.0]], compute_us=80.0)
-    del r0["collectives"][0]["exposed"]
+    del r0.causes.collectives[0]["exposed"]
     r0 = waits.split_waits({0: [r0], 1: [r1]})[0][0][0]
-    assert r0["wait_split"]["measured"] is False and "again" in r0["wait_split"]["reason"]
-    assert r0["steps"][0]["shares"]["comm"] == pytest.approx(0.40)
+    assert r0.wait_split["measured"] is False and "again" in r0.wait_split["reason"]
+    assert r0.waits_for is msgspec.UNSET  # not split: the rank it waits for is not measured either
+    assert r0.steps[0]["shares"]["comm"] == pytest.approx(0.40)
 
 
 def test_ranks_that_wait_for_each_other_in_turn_keep_their_own_verdict(tree):

@@ -18,6 +18,7 @@ import pytest
 from conftest import FIXTURES
 from device_steps import device_step_windows, host_steps
 
+from diag.analyzers.analysis_types import TraceRankFacts
 from diag.analyzers.analyze import analyze_trace
 from diag.analyzers.diagnosis import decision_tree as dt
 from diag.analyzers.diagnosis.stragglers import straggler_what_if
@@ -152,10 +153,10 @@ def test_cpu_traces_replay_their_chain_of_classes():
 def test_job_entry_follows_the_slowest_paced_rank():
     """Two ranks, one step: rank 1 computes 30 ms longer and rank 0 waits for it in the all-reduce."""
     def rank(r, dur, wait, saved_compute):
-        return {"rank": r, "steps": [{
+        return TraceRankFacts(rank=r, steps=[{
             "step": 1, "duration_ms": dur, "replayed_ms": dur, "present_classes": ["comm", "compute"],
             "shares": {"wait": wait / dur}, "critical_path": {"by_class_ms": {"compute": dur - wait}},
-            "what_if_ms": {"compute_2x": dur - saved_compute, "no_exposed_comm": dur - wait - 5.0}}]}
+            "what_if_ms": {"compute_2x": dur - saved_compute, "no_exposed_comm": dur - wait - 5.0}}])
 
     changes = [c for c in dt.load_tree().what_if if c["id"] in ("compute_2x", "no_exposed_comm", "no_straggler")]
     cp, entries = job_what_if([rank(0, 100.0, 30.0, 30.0), rank(1, 100.0, 0.0, 45.0)], changes)
@@ -247,7 +248,7 @@ def test_ranks_trading_places_are_noise_not_a_straggler():
             steps.append({"step": k, "duration_ms": 100.0, "replayed_ms": 100.0, "present_classes": ["compute"],
                           "shares": {"wait": 0.0 if slow else 0.1}, "critical_path": {"by_class_ms": {}},
                           "what_if_ms": {}})
-        return {"rank": r, "steps": steps}
+        return TraceRankFacts(rank=r, steps=steps)
 
     tree = dt.load_tree()
     changes = [c for c in tree.what_if if c["id"] == "no_straggler"]
@@ -263,7 +264,7 @@ def test_a_steady_lag_beyond_the_noise_is_a_straggler():
         steps = [{"step": k, "duration_ms": 100.0, "replayed_ms": 100.0, "present_classes": ["compute"],
                   "shares": {"wait": 0.1 if r == 0 else 0.0}, "critical_path": {"by_class_ms": {}},
                   "what_if_ms": {}} for k in range(8)]
-        return {"rank": r, "steps": steps}
+        return TraceRankFacts(rank=r, steps=steps)
 
     tree = dt.load_tree()
     _, entries = job_what_if([rank(0), rank(1)], [c for c in tree.what_if if c["id"] == "no_straggler"])

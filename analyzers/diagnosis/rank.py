@@ -19,16 +19,16 @@ from typing import Any, cast
 
 from diag.analyzers.analysis_types import (
     Finding,
-    RunRank,
+    Rank,
     RunRankFacts,
     RunStep,
-    TraceRank,
     TraceRankFacts,
     TraceStep,
+    WindowFacts,
+    facts_document,
 )
 from diag.analyzers.diagnosis.decision_tree import advise, evaluate, verdict_from
 from diag.analyzers.model import derive_columns
-from diag.run_documents import WindowSummary
 
 
 def with_verdict(doc: Mapping[str, Any], v: dict, tree) -> dict:
@@ -53,19 +53,20 @@ def step_measurements(step: Mapping[str, Any]) -> dict:
 # -- a trace's rank ----------------------------------------------------------------------
 
 
-def judge_trace(facts: TraceRankFacts, tree) -> TraceRank:
-    """A trace analysis's rank dict with its verdicts and findings."""
-    coverage = facts.get("op_coverage")
+def judge_trace(facts: TraceRankFacts, tree) -> Rank:
+    """A trace analysis's rank dict (analysis_types.TraceRank): its facts with their verdicts
+    and findings."""
+    coverage = facts.op_coverage
     # A trace with most of its host events missing was sampled or filtered after recording.
     sampled = isinstance(coverage, (int, float)) and coverage < tree.thresholds["sampled_trace_coverage"]
     steps: list[TraceStep] = []
-    for s in facts.get("steps") or []:
+    for s in facts.steps:
         if isinstance(s, dict):
             v = evaluate(step_measurements(s), tree)
             steps.append({**s, "bound": v["bound"], "path": v["path"], "evidence": "sampled" if sampled else "trace"})
-    m = facts.get("measurements") or {}
+    m = facts.measurements
     v = evaluate(m, tree)
-    if facts.get("device_events_missing"):
+    if facts.device_events_missing:
         # A GPU process's trace without its device events: its host-side shares say nothing of
         # the device, so no class is given ("can't tell"), for the rank or any of its steps.
         v = {**v, "bound": None, "title": "unknown", "fixes": [],
@@ -73,14 +74,14 @@ def judge_trace(facts: TraceRankFacts, tree) -> TraceRank:
         steps = [{**s, "bound": None} if isinstance(s, dict) else s for s in steps]
     findings = (_trace_notes(facts, sampled) + advise(m, tree, bound=v["bound"], source="trace")
                 + _replay_notes(facts, tree))
-    return {**facts, "bound": v["bound"], "title": v["title"], "summary": v["summary"], "path": v["path"],
-            "fixes": v["fixes"], "steps": steps, "sampled": sampled, "findings": findings}
+    return {**facts_document(facts), "bound": v["bound"], "title": v["title"], "summary": v["summary"],
+            "path": v["path"], "fixes": v["fixes"], "steps": steps, "sampled": sampled, "findings": findings}
 
 
 def _trace_notes(facts: TraceRankFacts, sampled: bool) -> list[Finding]:
     """What the trace itself lacked: events damaged, or most host events left out."""
     notes: list[Finding] = []
-    rep = facts.get("repairs")
+    rep = facts.repairs
     if rep:
         notes.append({
             "id": "repaired_trace",
@@ -92,7 +93,7 @@ def _trace_notes(facts: TraceRankFacts, sampled: bool) -> list[Finding]:
                       "are the usual causes.",
             "evidence": {**rep, "source": "trace"},
         })
-    if facts.get("device_events_missing"):
+    if facts.device_events_missing:
         notes.append({
             "id": "device_events_missing",
             "severity": "warning",
@@ -104,7 +105,7 @@ def _trace_notes(facts: TraceRankFacts, sampled: bool) -> list[Finding]:
                       "verdict on the device's work.",
             "evidence": {"source": "trace"},
         })
-    it = facts.get("iterations")
+    it = facts.iterations
     if it and it.get("marker"):
         notes.append({
             "id": "iterations_from_markers",
@@ -127,10 +128,10 @@ def _trace_notes(facts: TraceRankFacts, sampled: bool) -> list[Finding]:
         notes.append({
             "id": "sampled_trace",
             "severity": "warning",
-            "message": f"Only {facts['op_coverage']:.1%} of the host events the profiler numbered are in this trace "
+            "message": f"Only {facts.op_coverage or 0.0:.1%} of the host events the profiler numbered are in this trace "
                        "(it was sampled or filtered): idle and host time are over-stated, so the verdict is indicative.",
             "advice": "Analyse the unfiltered trace for a firm verdict.",
-            "evidence": {"op_coverage": facts["op_coverage"], "source": "trace"},
+            "evidence": {"op_coverage": facts.op_coverage, "source": "trace"},
         })
     return notes
 
@@ -138,7 +139,7 @@ def _trace_notes(facts: TraceRankFacts, sampled: bool) -> list[Finding]:
 def _replay_notes(facts: TraceRankFacts, tree) -> list[Finding]:
     """What the replay of the steps' graphs showed or could not do."""
     notes: list[Finding] = []
-    critical_path = facts.get("critical_path")
+    critical_path = facts.critical_path
     backlog = (critical_path or {}).get("device_backlog_ms") or 0.0
     if critical_path and backlog > tree.thresholds["device_backlog_share"] * critical_path["measured_ms"]:
         notes.append({
@@ -150,7 +151,7 @@ def _replay_notes(facts: TraceRankFacts, tree) -> list[Finding]:
                       "state; the what-if predictions of device-side changes are conservative until then.",
             "evidence": {"device_backlog_ms": backlog, "step_ms": critical_path["measured_ms"], "source": "trace"},
         })
-    error = facts.get("what_if_error")
+    error = facts.what_if_error
     if error:
         notes.append({
             "id": "what_if_failed", "severity": "info",
@@ -205,35 +206,34 @@ def sampled_verdicts(sampled, tree) -> list[tuple[str | None, list]]:
     return out
 
 
-def judge_run_rank(rank: RunRankFacts, windows: list[WindowSummary], sampled, tree) -> RunRank:
+def judge_run_rank(rank: RunRankFacts, windows: list[WindowFacts], sampled, tree) -> Rank:
     """A run directory's rank dict with its steps' and its own verdicts and findings.
 
     windows: the rank's profiler windows, their analyses' waits split; sampled: its
     sampled steps' facts (`job.sampled.SampledSteps`).
     """
-    judged = [judge_trace(cast(TraceRankFacts, w.analysis), tree) if w.analysis is not None else None
-              for w in windows]
+    judged = [judge_trace(w.facts, tree) if w.facts is not None else None for w in windows]
     analysed = [a for a in judged if a is not None]
     profiled = {s["step"]: s for a in analysed for s in a.get("steps") or []
                 if isinstance(s, dict) and isinstance(s.get("step"), int)}
     by_sample = iter(sampled_verdicts(sampled, tree))
     steps: list[RunStep] = []
-    for s in rank.get("steps") or []:
+    for s in rank.steps:
         if s.get("evidence") == "trace":
             t = profiled.get(s["step"])
             bound, path = (t["bound"], t["path"] or []) if t is not None else (None, [])
         else:
             bound, path = next(by_sample)
         steps.append({**s, "bound": bound, "path": path})
-    m = rank.get("measurements") or {}
+    m = rank.measurements
     v = verdict_from(m, tree) if m else {"bound": None, "path": [], "fixes": []}
     findings = advise(m, tree, bound=v["bound"]) if m else []
     findings = _first_of_each(findings + [cast(Finding, f) for a in analysed
                                           for f in a.get("findings") or [] if isinstance(f, dict)])
-    evidence = dict(rank.get("evidence") or {})
+    evidence = dict(rank.evidence)
     evidence["windows"] = [{**row, "bound": a["bound"] if a is not None else None}
                            for row, a in zip(evidence.get("windows") or [], judged)]
-    return {**rank, "bound": v["bound"], "path": v["path"], "fixes": v["fixes"], "steps": steps,
+    return {**facts_document(rank), "bound": v["bound"], "path": v["path"], "fixes": v["fixes"], "steps": steps,
             "findings": findings + _window_notes(windows, len(steps)), "evidence": evidence}
 
 
@@ -246,7 +246,7 @@ def _first_of_each(findings: list[Finding]) -> list[Finding]:
     return out
 
 
-def _window_notes(windows: list[WindowSummary], n_steps: int) -> list[Finding]:
+def _window_notes(windows: list[WindowFacts], n_steps: int) -> list[Finding]:
     """What the rank's profiler windows lacked: none recorded, or some not analysed."""
     notes: list[Finding] = []
     if not windows:
@@ -257,7 +257,7 @@ def _window_notes(windows: list[WindowSummary], n_steps: int) -> list[Finding]:
                       "(or send SIGUSR2) to profile a window on demand.",
             "evidence": {"steps": n_steps},
         })
-    failed = [w for w in windows if w.analysis is None]
+    failed = [w for w in windows if w.facts is None]
     if failed:
         notes.append({
             "id": "window_analysis_failed", "severity": "info",

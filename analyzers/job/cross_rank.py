@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from diag.analyzers.analysis_types import JobFacts
+from diag.analyzers.analysis_types import JobFacts, RankFacts
 from diag.analyzers.numbers import dict_at
 from diag.analyzers.numbers import median as _median
 from diag.analyzers.whatif.job import job_what_if
@@ -184,10 +185,10 @@ def _order_by_reference_rank(groups: list[dict]) -> None:
 # --- per-rank measures ----------------------------------------------------------------
 
 
-def _rank_steps(rank: dict) -> tuple[list[float], list[float]]:
+def _rank_steps(rank: RankFacts) -> tuple[list[float], list[float]]:
     """Step durations and non-communication time per step (ms), from the rank's steps."""
     durs, work = [], []
-    for s in rank.get("steps") or []:
+    for s in rank.steps:
         d = s.get("duration_ms")
         if not isinstance(d, (int, float)) or d <= 0:
             continue
@@ -199,11 +200,11 @@ def _rank_steps(rank: dict) -> tuple[list[float], list[float]]:
     return durs, work
 
 
-def _collective_steps(rank: dict) -> int:
+def _collective_steps(rank: RankFacts) -> int:
     """The steps a rank's collectives were recorded in (at least 1): its traced steps, where a
     run directory holds steps outside the profiler's windows too (their collectives are not in
     any trace), else all its steps."""
-    steps = [s for s in rank.get("steps") or [] if isinstance(s, dict)]
+    steps = [s for s in rank.steps if isinstance(s, dict)]
     traced = sum(1 for s in steps if s.get("evidence") == "trace")
     return max(1, traced or len(steps))
 
@@ -303,29 +304,30 @@ def _wait_stats(groups: list[dict]) -> tuple[dict[int, RankCollectiveStats], lis
 # --- the job --------------------------------------------------------------------------
 
 
-def analyze_job(ranks: list[dict], changes: tuple) -> JobFacts:
-    """The facts of the "job" part of the analysis document from the rank dicts of one job;
+def analyze_job(ranks: Sequence[RankFacts], changes: tuple) -> JobFacts:
+    """The facts of the "job" part of the analysis document from the ranks' facts of one job;
     `changes` are the what-if changes to replay (FactSettings.what_if). Which findings these facts make (ranks missing,
     claimed twice or unnamed; collectives counted differently) is the diagnosis's call
     (diagnosis/reporting.py)."""
     # Which ranks do we have?
-    by_id: dict[int, dict] = {}
-    dups, unknown = [], []
+    by_id: dict[int, RankFacts] = {}
+    dups: list[tuple[int, str]] = []
+    unknown: list[str | None] = []
     for r in ranks:
-        rid = rank_number(r.get("rank"))
+        rid = rank_number(r.rank)
         if rid is None:
-            unknown.append(r.get("source"))
+            unknown.append(r.source)
             continue
         if rid in by_id:
-            dups.append((rid, r.get("source")))
+            dups.append((rid, r.source))
             continue
         by_id[rid] = r
-    sizes = [s for s in (world_size_number(r.get("world_size")) for r in ranks) if s is not None]
+    sizes = [s for s in (world_size_number(r.world_size) for r in ranks) if s is not None]
     world = max([*sizes, (max(by_id) + 1) if by_id else 0, len(by_id)]) or None
     present = sorted(by_id)
     missing = [i for i in range(world or 0) if i not in by_id]
     # Collectives and waits.
-    match = match_collectives({rid: r.get("collectives") or [] for rid, r in by_id.items()})
+    match = match_collectives({rid: r.causes.collectives for rid, r in by_id.items()})
     per, groups, transfer_us = _wait_stats(match["groups"])
     steps = {rid: _rank_steps(r) for rid, r in by_id.items()}
     step_ms = {rid: _median(d) for rid, (d, _) in steps.items()}

@@ -19,13 +19,21 @@ from __future__ import annotations
 import bisect
 import statistics
 from dataclasses import dataclass
-from typing import TypeGuard, cast
+from typing import Any, TypeGuard, cast
 
 import msgspec
 import numpy as np
 
 from diag import rundir
-from diag.analyzers.analysis_types import JobFacts, RunRankFacts
+from diag.analyzers.analysis_types import (
+    CauseFacts,
+    JobFacts,
+    RunRankFacts,
+    RunStepFacts,
+    TraceRankFacts,
+    WindowFacts,
+    trace_facts_from_document,
+)
 from diag.analyzers.job import waits
 from diag.analyzers.job.sampled import (
     NO_SAMPLE,
@@ -68,14 +76,14 @@ def _sorted_quantile(vals: list, q: float):
 @dataclass(frozen=True)
 class RankInputs:
     """What the diagnosis judges a run directory's rank by, beside its rank dict."""
-    windows: list[WindowSummary]  # its profiler windows, their trace analyses' waits split
+    windows: list[WindowFacts]  # its profiler windows, their trace analyses' waits split
     sampled: SampledSteps  # its steps outside windows, as the tree's measurements
 
 
-def _merge_table(analyses: list[dict], key: str) -> list[dict]:
+def _merge_table(tables: list[list[dict]]) -> list[dict]:
     merged: dict[str, dict] = {}
-    for a in analyses:
-        for row in a.get(key) or []:
+    for table in tables:
+        for row in table:
             name = row.get("name")
             if name is None:
                 continue
@@ -91,12 +99,12 @@ def _merge_table(analyses: list[dict], key: str) -> list[dict]:
     return rows[:TOP_N]
 
 
-def _merge_gpu_time(analyses: list[dict]) -> dict:
+def _merge_gpu_time(analyses: list[TraceRankFacts]) -> dict:
     acc: dict[str, float] = {}
     weight: dict[str, float] = {}
     for a in analyses:
-        g = a.get("gpu_time") or {}
-        wt = sum(float(s.get("duration_ms") or 0.0) for s in a.get("steps") or []) or 1.0
+        g = a.gpu_time or {}
+        wt = sum(float(s.get("duration_ms") or 0.0) for s in a.steps) or 1.0
         for k, v in g.items():
             if _finite(v):
                 acc[k] = acc.get(k, 0.0) + float(v) * wt
@@ -107,7 +115,7 @@ def _merge_gpu_time(analyses: list[dict]) -> dict:
     return out
 
 
-def _warmup_cut(steps: list[dict], windows: list[WindowSummary], settings: FactSettings) -> int:
+def _warmup_cut(steps: list[dict], windows: list[WindowFacts], settings: FactSettings) -> int:
     """First step number that counts for the rank's verdict (start-up steps are atypical):
     the first profiler window's, else the one warm-up rule (model.warmup_steps)."""
     if windows:
@@ -116,7 +124,7 @@ def _warmup_cut(steps: list[dict], windows: list[WindowSummary], settings: FactS
 
 
 def _unsummarised_windows(rd: rundir.RunDir, rank: int, info: dict, windows: list[WindowSummary],
-                          settings: FactSettings, errors: list, host_peaks: dict | None) -> list[WindowSummary]:
+                          settings: FactSettings, errors: list, host_peaks: dict | None) -> list[WindowFacts]:
     """Traces whose background analysis never finished (the rank exited or was killed first).
     CPU traces use the calibration the rank's agent recorded (rank.json's `info`), else `host_peaks`."""
     host_peaks = info.get("host_peaks") or host_peaks
@@ -136,23 +144,29 @@ def _unsummarised_windows(rd: rundir.RunDir, rank: int, info: dict, windows: lis
         except Exception as exc:
             errors.append({"source": str(path), "error": f"{type(exc).__name__}: {exc}"})
             continue
-        nums = [s["step"] for s in a.get("steps") or [] if isinstance(s.get("step"), int)]
+        nums = [s["step"] for s in a.steps if isinstance(s.get("step"), int)]
         if nums:
-            out.append(WindowSummary(first_step=min(nums), last_step=max(nums), trace=path.name,
-                                     analysis=cast(dict, a)))
+            out.append(WindowFacts(first_step=min(nums), last_step=max(nums), trace=path.name, facts=a))
     return out
 
 
+def window_facts(w: WindowSummary) -> WindowFacts:
+    """A window summary as the run analysis reads it: its trace's facts read back from their
+    document form."""
+    facts = trace_facts_from_document(w.analysis) if w.analysis is not None else None
+    return WindowFacts(first_step=w.first_step, last_step=w.last_step, trace=w.trace, facts=facts, error=w.error)
+
+
 def rank_windows(rd: rundir.RunDir, rank: int, records: RankRecords, settings: FactSettings, errors: list,
-                 host_peaks: dict | None = None) -> list[WindowSummary]:
+                 host_peaks: dict | None = None) -> list[WindowFacts]:
     """A rank's profiler windows, in step order, with their trace analyses where there are any:
     its window summaries (in `records`) and its traces that have none."""
     extra = _unsummarised_windows(rd, rank, records.info, records.windows, settings, errors, host_peaks)
-    return sorted(records.windows + extra, key=lambda w: w.first_step or 0)
+    return sorted([window_facts(w) for w in records.windows] + extra, key=lambda w: w.first_step or 0)
 
 
 def analyze_rank(rd: rundir.RunDir, rank: int, settings: FactSettings, errors: list | None = None,
-                 windows: list[WindowSummary] | None = None,
+                 windows: list[WindowFacts] | None = None,
                  rank_records: RankRecords | None = None) -> tuple[RunRankFacts, RankInputs]:
     """One rank of a run directory: (its rank dict, of step records measured by their profiler
     windows or by the sampled measurements and the rank's measurements over its counted
@@ -163,50 +177,48 @@ def analyze_rank(rd: rundir.RunDir, rank: int, settings: FactSettings, errors: l
     records = sorted(rd.steps(rank), key=lambda r: r.step)
     if windows is None:
         windows = rank_windows(rd, rank, read, settings, errors if errors is not None else [])
-    analysed = [w for w in windows if w.analysis is not None]
-    analyses = [a for w in analysed if (a := w.analysis) is not None]
+    analysed = [w for w in windows if w.facts is not None]
+    analyses = [a for w in analysed if (a := w.facts) is not None]
     samples = sorted((s for s in read.samples if _finite(s.get("t"))), key=lambda s: s["t"])
     trace_steps, comps = _window_steps(analysed)
     steps_out, sampled = _rank_steps(records, trace_steps, comps, samples)
     cut = _warmup_cut(steps_out, analysed, settings)
     counted = [s for s in steps_out if s["step"] >= cut] or steps_out
     shares = _time_weighted_shares(counted)
-    split = [a.get("wait_split") or {} for a in analyses]
+    split = [a.wait_split or {} for a in analyses]
     measurements = _rank_measurements(counted, shares, any(x.get("measured") for x in split), comps, analyses,
                                       samples, info)
     critical_path, what_if_entries = what_if.summarize([s for s in counted if s["evidence"] == "trace"],
                                                        settings.what_if)
     dev = dict_at(info, "device")
-    device = dev.get("name") or next((a.get("device") for a in reversed(analyses) if a.get("device")), None)
+    device = dev.get("name") or next((a.device for a in reversed(analyses) if a.device), None)
     model = info.get("model")
-    traced = [(a, len(a.get("steps") or [])) for a in analyses]
-    doc = {
-        "rank": rank,
-        "source": str(rd.rank_path(rank)),
-        "device": device,
+    traced = [(a, len(a.steps)) for a in analyses]
+    return RunRankFacts(
+        rank=rank,
+        source=str(rd.rank_path(rank)),
+        device=device,
         # The device's peaks and host link, as the newest window that read them recorded them.
-        "device_info": next((a["device_info"] for a in reversed(analyses) if isinstance(a.get("device_info"), dict)),
-                            None),
-        "world_size": info.get("world_size"),
-        "backend": info.get("backend") or next((a.get("backend") for a in analyses if a.get("backend")), None),
-        "host": info.get("host"),
-        "status": info.get("status"),
+        device_info=next((a.device_info for a in reversed(analyses) if a.device_info), None),
+        world_size=info.get("world_size"),
+        backend=info.get("backend") or next((a.backend for a in analyses if a.backend), None),
+        host=info.get("host"),
+        status=info.get("status"),
         # What ended the rank, where it did not finish (the exception its training raised, the signal).
-        "error": str(info["error"])[:2000] if isinstance(info.get("error"), str) else None,
-        "steps": steps_out,
-        "gpu_time": _merge_gpu_time(analyses),
-        "top_kernels": _merge_table(analyses, "top_kernels"),
-        "top_ops": _merge_table(analyses, "top_ops"),
-        **_merged_cause_facts(traced),
-        "collectives": [c for a in analyses for c in a.get("collectives") or []],
-        "mfu": measurements.get("mfu"),
-        "shares": {b: measurements.get(f"{b}_share", 0.0) for b in CLASSES} if shares else None,
-        "measurements": measurements,
-        "wait_split": next((x for x in split if x.get("measured")), split[0] if split else
-                           {"measured": False, "reason": "no profiler window analysed"}),
-        "waits_for": _most_common(a.get("waits_for") for a in analyses),
-        "wait_share": measurements.get("wait_share"),
-        "evidence": {
+        error=str(info["error"])[:2000] if isinstance(info.get("error"), str) else None,
+        steps=cast(list[RunStepFacts], steps_out),  # built key by key (_rank_steps)
+        gpu_time=_merge_gpu_time(analyses),
+        top_kernels=_merge_table([a.top_kernels for a in analyses]),
+        top_ops=_merge_table([a.top_ops for a in analyses]),
+        causes=_merged_cause_facts(traced),
+        mfu=measurements.get("mfu"),
+        shares={b: measurements.get(f"{b}_share", 0.0) for b in CLASSES} if shares else None,
+        measurements=measurements,
+        wait_split=next((x for x in split if x.get("measured")), split[0] if split else
+                        {"measured": False, "reason": "no profiler window analysed"}),
+        waits_for=_most_common(a.waits_for for a in analyses),
+        wait_share=measurements.get("wait_share"),
+        evidence={
             "trace_steps": sum(1 for s in steps_out if s["evidence"] == "trace"),
             "sampled_steps": sum(1 for s in steps_out if s["evidence"] == "sampled"),
             "windows": [{"first_step": w.first_step, "last_step": w.last_step, "trace": w.trace} for w in windows],
@@ -215,16 +227,14 @@ def analyze_rank(rd: rundir.RunDir, rank: int, settings: FactSettings, errors: l
         },
         **_step_time_and_throughput(counted),
         # What the live model and optimizer held (diag.collectors.model_facts), and the rates measured.
-        "model": model if isinstance(model, dict) else None,
+        model=model if isinstance(model, dict) else None,
         # The settings of the DataLoader the agent wrapped (diag.collectors.loader_facts).
-        "loader": info.get("loader") if isinstance(info.get("loader"), dict) else None,
-        "critical_path": critical_path,
-        "what_if": what_if_entries,
-        "rates": measured_rates([trace_steps[n] for n in sorted(trace_steps)], {r.step: r for r in records},
-                                [s["duration_ms"] for s in counted if s["evidence"] == "sampled"]),
-    }
-    # Built from merged parts mypy cannot follow; tests/test_analysis_types checks its keys.
-    return cast(RunRankFacts, doc), RankInputs(windows, sampled)
+        loader=info.get("loader") if isinstance(info.get("loader"), dict) else None,
+        critical_path=critical_path,
+        what_if=what_if_entries,
+        rates=measured_rates([trace_steps[n] for n in sorted(trace_steps)], {r.step: r for r in records},
+                             [s["duration_ms"] for s in counted if s["evidence"] == "sampled"]),
+    ), RankInputs(windows, sampled)
 
 
 # The cause facts of the windows, merged in the document's order: lists of items (each with its
@@ -234,22 +244,23 @@ _MERGED_ORDER = ("copies", "launches", "allocator", "cpu_work", "python_gaps", "
                  "optimizer", "accumulation", "fsdp", "elementwise_chains", "sync_sites")
 
 
-def _merged_cause_facts(traced: list[tuple[dict, int]]) -> dict:
+def _merged_cause_facts(traced: list[tuple[TraceRankFacts, int]]) -> CauseFacts:
     """The cause facts of a rank's analysed windows (each with its count of steps), merged."""
-    return {k: (host_device.merge_list if k in _MERGED_LISTS else host_device.merge_per_step)(
-        [(a.get(k), n) for a, n in traced]) for k in _MERGED_ORDER}
+    return CauseFacts(**cast(dict[str, Any], {k: (host_device.merge_list if k in _MERGED_LISTS else host_device.merge_per_step)(
+        [(getattr(a.causes, k), n) for a, n in traced]) for k in _MERGED_ORDER}),
+        collectives=[c for a, _ in traced for c in a.causes.collectives])
 
 
-def _window_steps(analysed: list[WindowSummary]) -> tuple[dict[int, dict], list[tuple[int, dict]]]:
+def _window_steps(analysed: list[WindowFacts]) -> tuple[dict[int, dict], list[tuple[int, dict]]]:
     """The profiled steps of a rank's analysed windows by number, and each window's composition
     (how its steps split their non-data time) by its first step."""
-    trace_steps: dict[int, dict] = {}
+    trace_steps: dict[int, Any] = {}
     comps: list[tuple[int, dict]] = []
     for w in analysed:
-        a = w.analysis or {}
-        if a.get("device_events_missing"):
+        a = w.facts
+        if a is None or a.device_events_missing:
             continue  # a GPU process's window without its device events: its steps stay sampled
-        for s in a.get("steps") or []:
+        for s in a.steps:
             if isinstance(s.get("step"), int):
                 trace_steps[s["step"]] = s
         c = window_composition(a)
@@ -351,7 +362,7 @@ def _exposed_data_ms(step: dict):
 
 
 def _rank_measurements(counted: list[dict], shares: dict | None, wait_measured: bool, comps: list,
-                       analyses: list[dict], samples: list[dict], info: dict) -> dict:
+                       analyses: list[TraceRankFacts], samples: list[dict], info: dict) -> dict:
     """The tree's measurements of a rank over its counted steps."""
     measurements: dict = {}
     if shares:
@@ -367,7 +378,7 @@ def _rank_measurements(counted: list[dict], shares: dict | None, wait_measured: 
             measurements["data_share"] = statistics.fmean(data)
     mfu = _median(s.get("mfu") for s in counted)
     if mfu is None:
-        mfu = _median(a.get("mfu") for a in analyses)
+        mfu = _median(a.mfu for a in analyses)
     if mfu is not None:
         measurements["mfu"] = mfu
     mem_frac = _memory_used_frac(samples, info)
@@ -513,12 +524,13 @@ def analyze_run(rd: rundir.RunDir, run: RunRecords, settings: FactSettings,
     }, inputs
 
 
-def _split_window_waits(windows: dict[int, list[WindowSummary]]) -> dict[int, list[WindowSummary]]:
+def _split_window_waits(windows: dict[int, list[WindowFacts]]) -> dict[int, list[WindowFacts]]:
     """Waiting for peers apart from transfer, in the windows' steps, before the ranks add them up."""
-    analysed = {r: [a for w in ws if (a := w.analysis) is not None] for r, ws in windows.items()}
+    analysed: dict[int, list[TraceRankFacts]] = {
+        r: [a for w in ws if (a := w.facts) is not None] for r, ws in windows.items()}
     split, _ = waits.split_waits(analysed)
     out = {}
     for r, ws in windows.items():
         it = iter(split[r])
-        out[r] = [msgspec.structs.replace(w, analysis=next(it)) if w.analysis is not None else w for w in ws]
+        out[r] = [msgspec.structs.replace(w, facts=next(it)) if w.facts is not None else w for w in ws]
     return out

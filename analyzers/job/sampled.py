@@ -17,12 +17,11 @@ the tree over them (`diagnosis.rank.sampled_verdicts`).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
+from diag.analyzers.analysis_types import TraceRankFacts
 from diag.analyzers.model import CLASSES, share_ratios, step_seconds
 from diag.analyzers.numbers import finite as _finite_or_none
 from diag.step_record import StepRecord
@@ -35,13 +34,13 @@ BUSY = ("comm", "wait", "memory", "compute")
 SAMPLE_MATCH_S = 5.0
 
 
-def window_composition(analysis: Mapping[str, Any] | None) -> dict | None:
-    """How a window's steps split their non-data time, from the trace analyzer's rank dict."""
-    if not isinstance(analysis, dict) or analysis.get("device_events_missing"):
+def window_composition(analysis: TraceRankFacts | None) -> dict | None:
+    """How a window's steps split their non-data time, from the trace analyzer's facts."""
+    if analysis is None or analysis.device_events_missing:
         return None  # host-side attribution of a GPU process: nothing about the device's busy time
     acc = dict.fromkeys(CLASSES, 0.0)
     total = 0.0
-    for s in analysis.get("steps") or []:
+    for s in analysis.steps:
         sh, d = s.get("shares"), s.get("duration_ms")
         if not isinstance(sh, dict) or not isinstance(d, (int, float)) or d <= 0:
             continue
@@ -58,9 +57,9 @@ def window_composition(analysis: Mapping[str, Any] | None) -> dict | None:
     comp = {
         "non_data": {b: mean[b] / non_data for b in NON_DATA},
         "busy_split": {b: (mean[b] / busy if busy > 0 else 0.0) for b in BUSY},
-        "achieved_bw_frac": _finite_or_none((analysis.get("measurements") or {}).get("achieved_bw_frac")),
+        "achieved_bw_frac": _finite_or_none(analysis.measurements.get("achieved_bw_frac")),
         # Waiting is only known where the window's collectives were matched across ranks.
-        "wait_measured": bool((analysis.get("wait_split") or {}).get("measured")),
+        "wait_measured": bool((analysis.wait_split or {}).get("measured")),
     }
     return comp
 

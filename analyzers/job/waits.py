@@ -23,20 +23,23 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import msgspec
 import numpy as np
 
 from diag.analyzers import intervals as iv
+from diag.analyzers.analysis_types import TraceRankFacts
 from diag.analyzers.job.cross_rank import match_collectives
 from diag.analyzers.model import CLASSES
 from diag.analyzers.trace.attribution import normalize_shares
 
 
-def split_waits(analyses: dict[int, list[dict]]) -> tuple[dict[int, list[dict]], dict]:
+def split_waits(analyses: dict[int, list[TraceRankFacts]]
+                ) -> tuple[dict[int, list[TraceRankFacts]], dict]:
     """Split the exposed communication of every rank's analyses into transfer and waiting.
 
-    analyses: rank -> the trace analyses of that rank (rank dicts of the trace analyzer).
-    Returns (the same analyses as new dicts, with the steps' and the analysis's shares and
-    measurements split, and "wait_split", "waits_for" and "wait_share" added;
+    analyses: rank -> the trace analyses of that rank (the trace analyzer's facts).
+    Returns (the same analyses as new values, with the steps' and the analysis's shares and
+    measurements split, and `wait_split`, `waits_for` and `wait_share` set;
     {"matched": n, "waits_for": {rank: peer}}). The verdicts are the diagnosis's, on the
     split shares.
     """
@@ -45,7 +48,7 @@ def split_waits(analyses: dict[int, list[dict]]) -> tuple[dict[int, list[dict]],
     for rank, docs in analyses.items():
         recs = []
         for k, a in enumerate(docs):
-            for c in a.get("collectives") or []:
+            for c in a.causes.collectives:
                 if isinstance(c, dict):
                     owner[id(c)] = (rank, k)
                     recs.append(c)
@@ -55,7 +58,7 @@ def split_waits(analyses: dict[int, list[dict]]) -> tuple[dict[int, list[dict]],
         reason = ("a single rank: no peer to match collectives with" if len(analyses) < 2
                   else "no collective matched across ranks")
         unsplit = {"measured": False, "reason": reason}
-        return ({rank: [{**a, "wait_split": unsplit, "waits_for": None, "wait_share": None} for a in docs]
+        return ({rank: [msgspec.structs.replace(a, wait_split=unsplit, waits_for=None, wait_share=None) for a in docs]
                  for rank, docs in analyses.items()}, {"matched": 0, "waits_for": {}})
 
     heads: dict[tuple[int, int], list] = defaultdict(list)
@@ -75,21 +78,22 @@ def split_waits(analyses: dict[int, list[dict]]) -> tuple[dict[int, list[dict]],
                 waited[r][last] += w
     waits_for = {r: max(peers, key=lambda p: (peers[p], -p)) for r, peers in waited.items() if peers}
 
-    out: dict[int, list[dict]] = {}
+    out: dict[int, list[TraceRankFacts]] = {}
     for rank, docs in analyses.items():
         out[rank] = []
         for k, a in enumerate(docs):
-            recs = [c for c in a.get("collectives") or [] if isinstance(c, dict)]
+            recs = [c for c in a.causes.collectives if isinstance(c, dict)]
             if recs and not any("exposed" in c for c in recs):
-                out[rank].append({**a, "wait_split": {"measured": False, "reason": "the analysis predates the wait "
-                                                                                   "split; analyse its trace again"}})
+                out[rank].append(msgspec.structs.replace(a, wait_split={
+                    "measured": False, "reason": "the analysis predates the wait split; analyse its trace again"}))
                 continue
             h = heads.get((rank, k))
             wait_set = iv.intersect(iv.normalize(np.array(h, dtype=np.float64)), _exposed_set(recs)) if h else iv.EMPTY
             split = _split(a, wait_set)
-            out[rank].append({**split, "wait_split": {"measured": True, "matched_collectives": matched.get((rank, k), 0)},
-                              "waits_for": waits_for.get(rank),
-                              "wait_share": (split.get("measurements") or {}).get("wait_share")})
+            out[rank].append(msgspec.structs.replace(
+                split, wait_split={"measured": True, "matched_collectives": matched.get((rank, k), 0)},
+                waits_for=waits_for.get(rank),
+                wait_share=split.measurements.get("wait_share")))
     return out, {"matched": len(groups), "waits_for": waits_for}
 
 
@@ -99,9 +103,9 @@ def _exposed_set(records: list[dict]) -> np.ndarray:
     return iv.normalize(np.array(pairs, dtype=np.float64)) if pairs else iv.EMPTY
 
 
-def _split(a: dict, wait_set: np.ndarray) -> dict:
+def _split(a: TraceRankFacts, wait_set: np.ndarray) -> TraceRankFacts:
     """The analysis with each step's exposed wait moved from comm to wait, and the rank's sum."""
-    steps = list(a.get("steps") or [])
+    steps = list(a.steps)
     timed = [i for i, s in enumerate(steps) if isinstance(s, dict) and isinstance(s.get("start_us"), (int, float))
              and isinstance(s.get("duration_ms"), (int, float)) and s["duration_ms"] > 0
              and isinstance(s.get("shares"), dict)]
@@ -127,8 +131,7 @@ def _split(a: dict, wait_set: np.ndarray) -> dict:
             totals[c] += us[c]
         total += dur
     if total <= 0:
-        return {**a, "steps": steps}
+        return msgspec.structs.replace(a, steps=steps)
     shares = normalize_shares(totals, total)
-    return {**a, "steps": steps, "shares": shares,
-            "measurements": {**(a.get("measurements") or {}), "comm_share": shares["comm"],
-                             "wait_share": shares["wait"]}}
+    return msgspec.structs.replace(a, steps=steps, shares=shares, measurements={
+        **a.measurements, "comm_share": shares["comm"], "wait_share": shares["wait"]})

@@ -166,23 +166,23 @@ def _cause_facts(trace: Trace, tl: Timeline, rates: Rates, settings: FactSetting
                                            coll_records, matrix_saving, traffic_saving, host_calls=host_facts,
                                            cpu_work_coverage=settings.cpu_work_min_op_coverage, python_gaps=gaps,
                                            redundant_reduce=accumulation.redundant_share(passes))
-    facts: CauseFacts = {
-        "copies": host_device.copy_facts(trace, win) if on_device and worth("data", "host") else [],
-        "launches": host_device.launch_facts(trace, win) if host_facts else None,
-        "allocator": host_device.allocator_facts(trace, win) if host_facts else [],
-        "cpu_work": host_device.cpu_work_facts(trace, win, settings.cpu_work_min_op_coverage) if host_facts else [],
-        "python_gaps": python_gaps.python_gap_facts(trace, win, gaps) if host_facts else None,
-        "math": math,
-        "memory_traffic": traffic,
-        "matrix_ops": matrix,
-        "optimizer": optimizer.optimizer_facts(trace, win),
-        "accumulation": accumulation.accumulation_facts(passes),
-        "fsdp": overlap.fsdp_facts(trace, win),
-        "elementwise_chains": chains,
+    facts = CauseFacts(
+        copies=host_device.copy_facts(trace, win) if on_device and worth("data", "host") else [],
+        launches=host_device.launch_facts(trace, win) if host_facts else None,
+        allocator=host_device.allocator_facts(trace, win) if host_facts else [],
+        cpu_work=host_device.cpu_work_facts(trace, win, settings.cpu_work_min_op_coverage) if host_facts else [],
+        python_gaps=python_gaps.python_gap_facts(trace, win, gaps) if host_facts else None,
+        math=math,
+        memory_traffic=traffic,
+        matrix_ops=matrix,
+        optimizer=optimizer.optimizer_facts(trace, win),
+        accumulation=accumulation.accumulation_facts(passes),
+        fsdp=overlap.fsdp_facts(trace, win),
+        elementwise_chains=chains,
         # The job's own frames that call the ops pulling values to the host (windows with stacks).
-        "sync_sites": call_sites.call_sites(trace, win, SYNC_OP_NAMES),
-        "collectives": coll_records,
-    }
+        sync_sites=call_sites.call_sites(trace, win, SYNC_OP_NAMES),
+        collectives=coll_records,
+    )
     return facts, removals
 
 
@@ -214,42 +214,42 @@ def facts_of_loaded(trace: Trace, settings: FactSettings, rank: int | None = Non
     if mem_frac is not None:
         rank_m["memory_used_frac"] = mem_frac
     dev_info = _device_info(props, device, on_device)
-    return {
-        "rank": rank,
-        "rank_from": rank_from,
-        "source": trace.source,
-        "device": dev_info["name"] or ("cpu" if not on_device else "gpu"),
-        "device_info": dev_info,
-        "world_size": dist["world_size"],
-        "backend": dist.get("backend"),
-        "shares": rank_shares,
-        "measurements": rank_m,
-        "steps": steps,
-        "gpu_time": (gpu_time.breakdown(trace) if on_device else None) or {
+    return TraceRankFacts(
+        rank=rank,
+        rank_from=rank_from,
+        source=trace.source,
+        device=dev_info["name"] or ("cpu" if not on_device else "gpu"),
+        device_info=dev_info,
+        world_size=dist["world_size"],
+        backend=dist.get("backend"),
+        shares=rank_shares,
+        measurements=rank_m,
+        steps=steps,
+        gpu_time=(gpu_time.breakdown(trace) if on_device else None) or {
             "idle_pct": None, "compute_pct": None, "non_compute_pct": None, "comm_compute_overlap_pct": None},
-        "top_kernels": _top_kernels(trace, tl.classes, tl.op_info) if on_device else [],
-        "top_ops": _top_ops(trace),
-        **cause_facts,
-        "mfu": rank_m.get("mfu"),
-        "timeline": "device" if on_device else "cpu",
+        top_kernels=_top_kernels(trace, tl.classes, tl.op_info) if on_device else [],
+        top_ops=_top_ops(trace),
+        causes=cause_facts,
+        mfu=rank_m.get("mfu"),
+        timeline="device" if on_device else "cpu",
         # The process used a GPU (its properties, or runtime calls that launch work) but the trace
         # holds no device events: another CUPTI client (Nsight Systems) held the device's
         # activity, or it was filtered out. Its CPU attribution says nothing about the device.
         # NCCL runs only on GPUs: a process group on it, or its collectives' nccl:* ops, make a
         # GPU process too.
-        "device_events_missing": not on_device and (props is not None or len(trace.rt_ts) > 0
-                                                    or _uses_nccl(trace, dist)),
+        device_events_missing=not on_device and (props is not None or len(trace.rt_ts) > 0
+                                                  or _uses_nccl(trace, dist)),
         # The share of the host events the profiler numbered that the trace holds (None: not numbered).
-        "op_coverage": trace.op_coverage,
+        op_coverage=trace.op_coverage,
         # Without ProfilerStep spans: which iterations were judged, found how (None: the trace has steps).
-        "iterations": iterations.facts() if iterations is not None else None,
-        "n_events": trace.n_events,
-        "repairs": trace.repairs,
-        "attribution_order": list(tl.order) + ["host"],
-        "critical_path": critical_path,
-        "what_if": what_if_entries,
-        "what_if_error": what_if_error,
-    }
+        iterations=iterations.facts() if iterations is not None else None,
+        n_events=trace.n_events,
+        repairs=trace.repairs,
+        attribution_order=list(tl.order) + ["host"],
+        critical_path=critical_path,
+        what_if=what_if_entries,
+        what_if_error=what_if_error,
+    )
 
 
 def _memory_used_frac(trace: Trace, props) -> float | None:

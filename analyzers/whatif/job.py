@@ -18,19 +18,23 @@ across ranks by number; where the ranks share none, each rank's median step stan
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 import numpy as np
 
+from diag.analyzers.analysis_types import RankFacts
 from diag.analyzers.numbers import dict_at
 from diag.analyzers.whatif.rank import entry
 
 
-def job_what_if(ranks: list[dict], changes) -> tuple[dict | None, list[dict]]:
+def job_what_if(ranks: Sequence[RankFacts], changes) -> tuple[dict | None, list[dict]]:
     """(the job's critical path, its what-if entries) from the ranks' analysed steps."""
     per_rank = {}
     for r in ranks:
-        steps = [s for s in r.get("steps") or [] if _usable(s)]
-        if isinstance(r.get("rank"), int) and steps:
-            per_rank[r["rank"]] = steps
+        steps = [s for s in r.steps if _usable(s)]
+        if isinstance(r.rank, int) and steps:
+            per_rank[r.rank] = steps
     if not per_rank:
         return None, []
     table = _aligned(per_rank)
@@ -80,7 +84,7 @@ def job_what_if(ranks: list[dict], changes) -> tuple[dict | None, list[dict]]:
             # Whether that lag is a straggler or the run's own noise is the diagnosis's judgement.
             e["pace_lag_ms_by_step"] = lag_by_step
     slow = rank_ids[max(set(critical), key=critical.count)]
-    path = next((r.get("critical_path") for r in ranks if r.get("rank") == slow), None)
+    path = next((r.critical_path for r in ranks if r.rank == slow), None)
     return {"rank": slow, "steps": len(table), "measured_ms": base,
             "by_class_ms": (path or {}).get("by_class_ms"), "ranks": len(rank_ids)}, entries
 
@@ -92,19 +96,19 @@ def _pace_lag(paces: np.ndarray, slow: int, median_rank: int) -> list[float]:
     return [round(float(x), 6) for x in paces[:, slow] - paces[:, median_rank]]
 
 
-def _usable(s: dict) -> bool:
+def _usable(s: Mapping[str, Any]) -> bool:
     d = s.get("duration_ms")
     return isinstance(s.get("what_if_ms"), dict) and isinstance(d, (int, float)) and d > 0 \
         and isinstance(s.get("replayed_ms"), (int, float))
 
 
-def _wait_ms(s: dict) -> float:
+def _wait_ms(s: Mapping[str, Any]) -> float:
     sh = dict_at(s, "shares")
     w = sh.get("wait")
     return float(w) * s["duration_ms"] if isinstance(w, (int, float)) else 0.0
 
 
-def _aligned(per_rank: dict[int, list[dict]]) -> list[list[dict]]:
+def _aligned(per_rank: Mapping[int, Sequence[Mapping[str, Any]]]) -> list[list[Mapping[str, Any]]]:
     """Rows of one step per rank, matched by step number; else each rank's median step."""
     by_num = [{s["step"]: s for s in steps if isinstance(s.get("step"), int)} for steps in per_rank.values()]
     common = sorted(set.intersection(*(set(b) for b in by_num))) if all(by_num) else []
