@@ -18,7 +18,7 @@ annotations`: TypedDict reads NotRequired from evaluated annotations.)
 """
 
 import re
-from typing import Any, NotRequired, TypedDict, cast
+from typing import Any, NotRequired, TypedDict, TypeVar, cast
 
 import msgspec
 
@@ -310,9 +310,29 @@ def trace_facts_from_document(raw: dict) -> TraceRankFacts:
     rank's dict), their types settled where they are read: a value a field cannot hold reads
     as absent (diag.typed_json). Its steps are taken as they are (every reader of a step
     checks what it reads)."""
+    return _facts_from_document(raw, TraceRankFacts, {})
+
+
+def rank_facts_from_document(raw: dict, rank: int) -> TraceRankFacts | RunRankFacts:
+    """The facts of rank `rank` from its dict in an analysis document: a run directory's
+    (it holds what only a run records: its evidence, model, loader, status, ...), else a
+    trace's."""
+    if RUN_ONLY_FIELDS & raw.keys():
+        return _facts_from_document(raw, RunRankFacts, {"rank": rank, "source": str(raw.get("source") or "")})
+    return _facts_from_document(raw, TraceRankFacts, {"rank": rank})
+
+
+# What a run directory's rank holds and a trace's does not.
+RUN_ONLY_FIELDS = frozenset(RunRankFacts.__struct_fields__) - frozenset(TraceRankFacts.__struct_fields__)
+
+
+F = TypeVar("F", TraceRankFacts, RunRankFacts)
+
+
+def _facts_from_document(raw: dict, kind: type[F], base: dict[str, Any]) -> F:
     causes = settled({k: raw[k] for k in CauseFacts.__struct_fields__ if k in raw}, CauseFacts)
-    own = {k: v for k, v in raw.items() if k in TraceRankFacts.__struct_fields__ and k not in ("causes", "steps")}
-    facts = settled({**own, "causes": causes}, TraceRankFacts)
+    own = {k: v for k, v in raw.items() if k in kind.__struct_fields__ and k not in ("causes", "steps", *base)}
+    facts = settled({**own, **base, "causes": causes}, kind, base)
     steps = raw.get("steps")
-    facts.steps = [cast(TraceStepFacts, s) for s in steps if isinstance(s, dict)] if isinstance(steps, list) else []
+    facts.steps = [cast(Any, s) for s in steps if isinstance(s, dict)] if isinstance(steps, list) else []
     return facts

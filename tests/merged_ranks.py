@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from diag.analyzers.analysis_types import rank_facts_from_document
 from diag.analyzers.diagnosis.inputs import MergedRank
 
 
 def merged_rank(parts: dict, rank: int = 0) -> MergedRank:
-    """A rank of the given parts ({"analysis": ..., "samples": ..., "info": ..., "host": ...})."""
-    return MergedRank(rank=rank, **parts)
+    """A rank of the given parts ({"analysis": ..., "samples": ..., "info": ..., "host": ...}),
+    its analysis's facts read as `inputs.merge_ranks` reads them."""
+    return MergedRank(rank=rank, facts=rank_facts_from_document(parts.get("analysis") or {}, rank), **parts)
 
 
 def merged(ranks: dict) -> dict[int, MergedRank]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import statistics
 
-from diag.analyzers.analysis_types import PAGEABLE_HTOD_RE
+from diag.analyzers.analysis_types import PAGEABLE_HTOD_RE, RankFacts, TraceRankFacts
 from diag.analyzers.diagnosis.context import JobContext
 from diag.analyzers.diagnosis.inputs import traced_durations
 from diag.analyzers.diagnosis.steady import level_drift, median_half_width, warmup_steps
@@ -36,7 +36,7 @@ def scaled_step(ceiling: dict | None, removed_ms: float, taken_ms: float) -> flo
 
 
 def _expectation(action: str, ceiling: dict | None, removed_ms: float, taken: tuple[float, float, float],
-                 assumes: str, analysis: dict, thresholds: dict) -> dict | None:
+                 assumes: str, facts: RankFacts, thresholds: dict) -> dict | None:
     """The prediction for an action taking away `taken` (expected, least, most) ms per step
     of the ceiling's `removed_ms`, carried over to the steps outside the profiler where the
     run has them."""
@@ -47,9 +47,9 @@ def _expectation(action: str, ceiling: dict | None, removed_ms: float, taken: tu
     out = {"action": action, "baseline_step_ms": base, "expected_step_ms": expected,
            "low_ms": min(slow, fast), "high_ms": max(slow, fast), "ceiling_step_ms": ceiling["predicted_step_ms"],
            "limit": "rate", "assumes": assumes}
-    plain = untraced_steps(analysis, thresholds)
+    plain = untraced_steps(facts, thresholds)
     carried = len(plain) >= 3 and base > 0
-    ref = plain if carried else traced_durations(analysis)
+    ref = plain if carried else traced_durations(facts)
     ratio = statistics.median(plain) / base if carried else 1.0
     level = base * ratio
     spread = ((median_half_width(ref) or 0.0) + (level_drift(ref) or 0.0) * level) if ref else 0.0
@@ -62,12 +62,12 @@ def _expectation(action: str, ceiling: dict | None, removed_ms: float, taken: tu
                                   f"{len(plain)} steps outside it" if carried else "")}
 
 
-def untraced_steps(analysis: dict, thresholds: dict) -> list[float]:
+def untraced_steps(facts: RankFacts, thresholds: dict) -> list[float]:
     """The durations (ms) of a rank's steps outside the profiler's windows, warm-up left out."""
-    rows = [s for s in analysis.get("steps") or [] if isinstance(s, dict)
-            and isinstance(s.get("duration_ms"), (int, float)) and not isinstance(s.get("duration_ms"), bool)]
+    rows = [(float(d), s.get("evidence")) for s in facts.steps
+            if isinstance(d := s.get("duration_ms"), (int, float)) and not isinstance(d, bool)]
     rows = rows[warmup_steps(len(rows), thresholds):]
-    return [float(s["duration_ms"]) for s in rows if s.get("evidence") != "trace" and s["duration_ms"] > 0]
+    return [d for d, evidence in rows if evidence != "trace" and d > 0]
 
 
 def removal(action: str):
@@ -78,24 +78,25 @@ def removal(action: str):
             return None
         return _expectation(action, ceiling, 1.0, (1.0, 1.0, 1.0),
                             "the action removes the cause's time from the step, as the ceiling does",
-                            _analysis(ctx, evidence), ctx.tree.thresholds)
+                            _facts(ctx, evidence), ctx.tree.thresholds)
     return model
 
 
-def _analysis(ctx: JobContext, evidence: dict) -> dict:
+def _facts(ctx: JobContext, evidence: dict) -> RankFacts:
+    """The facts of the first rank a cause's evidence names (none: a rank without facts)."""
     ranks = evidence.get("ranks") or []
-    return ctx.ranks[ranks[0]].analysis if ranks and ranks[0] in ctx.ranks else {}
+    return ctx.ranks[ranks[0]].facts if ranks and ranks[0] in ctx.ranks else TraceRankFacts()
 
 
-def _pinned_rate(analysis: dict, thresholds: dict) -> tuple[float, str] | None:
+def _pinned_rate(facts: RankFacts, thresholds: dict) -> tuple[float, str] | None:
     """The rate (bytes/s) a pinned host-to-device copy reaches on this rank, and where it comes
     from: the trace's own pinned copies, else the device's host link."""
-    pinned = [c for c in analysis.get("copies") or [] if isinstance(c, dict) and "HtoD" in str(c.get("name"))
+    pinned = [c for c in facts.causes.copies if isinstance(c, dict) and "HtoD" in str(c.get("name"))
               and PINNED_HTOD in str(c.get("name")).lower() and c.get("mb_per_step") and c.get("ms_per_step")]
     mb, ms = sum(float(c["mb_per_step"]) for c in pinned), sum(float(c["ms_per_step"]) for c in pinned)
     if mb >= 1.0 and ms > 0:
         return mb * 1e6 / (ms / 1e3), "the trace's own pinned copies"
-    link = (analysis.get("device_info") or {}).get("host_link_bw")
+    link = (facts.device_info or {}).get("host_link_bw")
     if isinstance(link, (int, float)) and link > 0:
         share = thresholds["pinned_copy_link_share"]
         return link * share, f"{share:.0%} of the device's host link ({link / 1e9:.0f} GB/s each way)"
@@ -105,11 +106,11 @@ def _pinned_rate(analysis: dict, thresholds: dict) -> tuple[float, str] | None:
 def pinned_copies(ctx: JobContext, evidence: dict, ceiling: dict | None) -> dict | None:
     """Pageable host-to-device copies made from pinned memory with non_blocking=True: each copy
     takes its bytes over the pinned rate on the device, and no longer holds the host."""
-    analysis = _analysis(ctx, evidence)
+    facts = _facts(ctx, evidence)
     copies = [c for c in evidence.get("copies") or [] if PAGEABLE_HTOD_RE.search(str(c.get("name")))]
     mb = sum(float(c.get("mb_per_step") or 0.0) for c in copies)
     ms = sum(float(c.get("ms_per_step") or 0.0) for c in copies)
-    rate = _pinned_rate(analysis, ctx.tree.thresholds)
+    rate = _pinned_rate(facts, ctx.tree.thresholds)
     if rate is None or mb <= 0 or ms <= 0:
         return None
     spread = ctx.tree.thresholds["pinned_copy_rate_spread"]
@@ -124,7 +125,7 @@ def pinned_copies(ctx: JobContext, evidence: dict, ceiling: dict | None) -> dict
         "pinned memory and non_blocking copies", ceiling, ms, (taken(bps), taken(bps * (1.0 - spread)), ms),
         f"the {mb:.1f} MB a step then cross at {bps / 1e9:.1f} GB/s ({source}) instead of the "
         f"{mb * 1e6 / (ms / 1e3) / 1e9:.1f} GB/s measured, in order with the device's work on the stream; the "
-        "range reaches down to the copy hidden behind the host's work, which is the ceiling", analysis,
+        "range reaches down to the copy hidden behind the host's work, which is the ceiling", facts,
         ctx.tree.thresholds)
 
 
@@ -162,12 +163,12 @@ def autocast(ctx: JobContext, evidence: dict, ceiling: dict | None) -> dict | No
     """fp32 (or TF32) matrix ops run under bf16 autocast: each op group at the rate half
     precision reaches on its shapes (`_half_rate`) instead of its measured rate. The casts of
     fp32 operands (one pass over memory each) are left out: small beside large matrix ops."""
-    th, analysis = ctx.tree.thresholds, _analysis(ctx, evidence)
+    th, facts = ctx.tree.thresholds, _facts(ctx, evidence)
     peaks = evidence.get("peaks_tflops") or {}
     kind, ms = evidence.get("precision"), float(evidence.get("ms_per_step") or 0.0)
     fast = peaks.get("bf16") or peaks.get("fp16")
     slow = peaks.get(kind) or peaks.get("fp32")
-    groups = [g for g in ((analysis.get("matrix_ops") or {}).get("groups") or []) if isinstance(g, dict)]
+    groups = [g for g in ((facts.causes.matrix_ops or {}).get("groups") or []) if isinstance(g, dict)]
     mine = [g for g in groups if g.get("dtype") == "fp32" and g.get("tflops") and g.get("ms_per_step")]
     if not fast or not slow or not mine or ms <= 0:
         return None
@@ -185,7 +186,7 @@ def autocast(ctx: JobContext, evidence: dict, ceiling: dict | None) -> dict | No
     covered = sum(float(g["ms_per_step"]) for g in mine)
     # Kernels of the precision without an op shape (no record_shapes) move as the groups do.
     share = ms / covered if covered > 0 else 1.0
-    removed = _ceiling_removed(analysis.get("math") or {}, peaks, fast)
+    removed = _ceiling_removed(facts.causes.math or {}, peaks, fast)
     expected, least, most = (max(0.0, (covered - after(s)) * share) for s in (1.0, 1.0 - spread, 1.0 + spread))
     untiled = [g for g in mine if not _half_rate(g, healthy, th)[1]]
     half = "bf16" if peaks.get("bf16") else "fp16"  # V100: fp16 tensor cores only
@@ -198,7 +199,7 @@ def autocast(ctx: JobContext, evidence: dict, ceiling: dict | None) -> dict | No
         f"{half} autocast", ceiling, removed, (expected, least, most),
         f"the matrix ops then run at {rates}, against their measured {covered:.1f} ms; the casts to {half} are "
         "not counted; the ceiling is every such kernel at the half-precision peak's fraction it reaches now",
-        analysis, th)
+        facts, th)
 
 
 def collective(ctx: JobContext, evidence: dict, ceiling: dict | None) -> dict | None:
@@ -215,5 +216,5 @@ def collective(ctx: JobContext, evidence: dict, ceiling: dict | None) -> dict | 
     return _expectation(
         f"the {hook.split('_')[0]} compression hook", ceiling, 1.0, (1.0, 0.5, 1.0),
         "the collective's time halves with its bytes; the range's slow end is half that gain, for a collective "
-        "partly bound by its latency; the casts before and after it are not counted", _analysis(ctx, evidence),
+        "partly bound by its latency; the casts before and after it are not counted", _facts(ctx, evidence),
         ctx.tree.thresholds)

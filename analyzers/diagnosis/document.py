@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from diag.analyzers.analysis_types import Job, JobFacts
+from diag.analyzers.analysis_types import Job, JobFacts, RunRankFacts
 from diag.analyzers.diagnosis import decision_tree, reporting
 from diag.analyzers.diagnosis.causes import causes
 from diag.analyzers.diagnosis.context import JobContext, LostRanks
@@ -41,6 +41,7 @@ from diag.analyzers.diagnosis.inputs import (
     Steps,
     concat,
     describe,
+    device_events_missing,
     job_steps,
     mean,
     merge_ranks,
@@ -48,6 +49,7 @@ from diag.analyzers.diagnosis.inputs import (
     num,
     pct,
     rank_shares,
+    step_iterations,
     tw_shares,
     world_size,
 )
@@ -126,7 +128,7 @@ def _judge(job: Job, ranks: Ranks, run: RunRecords, lost: LostRanks, tree) -> tu
     )
     bound, world, steps, job_shares, stragglers = ctx.bound, ctx.world, ctx.job_steps, ctx.shares, ctx.stragglers
     path = _decision_path(job, ranks, bound)
-    episodes = straggler_episodes({k: r.analysis.get("steps") or [] for k, r in ranks.items()}, tree)
+    episodes = straggler_episodes({k: r.facts.steps for k, r in ranks.items()}, tree)
     over_time = episode_finding(episodes, tree)
     extra = [f for f in (over_time, ended_finding(ranks, lost.stopped), reporting.missing_finding(lost.missing, world))
              if f] + reporting.input_findings(job)
@@ -134,8 +136,7 @@ def _judge(job: Job, ranks: Ranks, run: RunRecords, lost: LostRanks, tree) -> tu
     basis = mset["basis"] if mset else f"{int(steps.has_shares.sum())} step(s) of {len(ranks)} rank(s)"
     ev = evidence(ranks, allt, steps, job_shares, basis, stragglers, ctx.nccl, findings)
     headline = _headline(ctx)
-    whole = [k for k, r in ranks.items()
-             if r.analysis.get("iterations") and not r.analysis["iterations"].get("marker")]
+    whole = [k for k, r in ranks.items() if (it := step_iterations(r.facts)) and not it.get("marker")]
     confidence = _confidence(bound, _measured(allt, mset), path, lost.missing, len(run.problems), world,
                              job.borderline, sorted(blind), whole)
     memory = memory_section(ranks, tree, world)
@@ -221,7 +222,7 @@ def _rank_share(r: MergedRank, phase: str) -> float | None:
 
 def _blind(ranks: Ranks) -> set:
     """The ranks whose traces lack the device events of their GPU process."""
-    return {k for k, r in ranks.items() if r.analysis.get("device_events_missing")}
+    return {k for k, r in ranks.items() if device_events_missing(r.facts)}
 
 
 ABNORMAL_ENDS = {"failed": "failed", "terminated": "was told to stop", "interrupted": "was interrupted"}
@@ -232,12 +233,12 @@ def ended_finding(ranks: Ranks, lost: list[dict]) -> dict | None:
     its training raised, the signal), and the ranks that stopped reporting: a killed rank makes
     its peers fail at the next collective, so the first to go is what to read first. `lost`: the
     ranks that stopped reporting (diagnosis.reporting.stopped_ranks)."""
-    ended = sorted((r.rank, r.analysis) for r in ranks.values()
-                   if r.analysis.get("status") in ABNORMAL_ENDS)
+    ended = sorted(((r.rank, f.status, f.error) for r in ranks.values()
+                    if isinstance(f := r.facts, RunRankFacts) and f.status in ABNORMAL_ENDS), key=lambda e: e[0])
     if not ended and not lost:
         return None
-    parts = [f"rank {k} {ABNORMAL_ENDS[a['status']]}" + (f": {a['error'].splitlines()[0][:300]}" if a.get("error") else "")
-             for k, a in ended]
+    parts = [f"rank {k} {ABNORMAL_ENDS[str(status)]}" + (f": {error.splitlines()[0][:300]}" if error else "")
+             for k, status, error in ended]
     for x in lost[:16]:
         where = f" on {x['host']}" if x.get("host") else ""
         step = f" after step {x['last_step']}" if x.get("last_step") is not None else ""
@@ -248,7 +249,7 @@ def ended_finding(ranks: Ranks, lost: list[dict]) -> dict | None:
             "advice": "Read the first rank to go first: a rank killed without warning leaves no error of its own "
                       "(the host's kernel log, dmesg, names the OOM killer), and its peers then fail at the next "
                       "collective with a connection error that is a consequence, not the cause.",
-            "evidence": {"ended": [{"rank": k, "status": a["status"], "error": a.get("error")} for k, a in ended],
+            "evidence": {"ended": [{"rank": k, "status": status, "error": error} for k, status, error in ended],
                          "stopped_reporting": [x["rank"] for x in lost], "stopped": lost[:1000]}}
 
 
@@ -340,7 +341,7 @@ def _headline_extras(ctx: JobContext, lost: list, edge: dict | None) -> list[str
         elif cause == "imbalance":
             extra.append("no single rank is late, but ranks reach the collectives at different times")
     if bound == "compute":
-        mfu = mean([r.analysis.get("mfu") for r in ctx.ranks.values() if num(r.analysis.get("mfu")) is not None])
+        mfu = mean([r.facts.mfu for r in ctx.ranks.values() if num(r.facts.mfu) is not None])
         if mfu is not None:
             extra.append(f"MFU {pct(mfu)}")
     if bound == "data":

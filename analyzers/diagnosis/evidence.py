@@ -50,7 +50,7 @@ def evidence(ranks: Ranks, allt: Steps, steps: Steps, job_shares, basis, straggl
     for i, f in enumerate(nccl.get("log_findings") or []):
         ev.append({"id": f"ev-nccl-{i}", "label": f"NCCL log: {f.get('id', '')}",
                    "text": str(f.get("message", "")), "lines": [str(x) for x in (f.get("evidence") or [])][:5]})
-    gt = [g for r in ranks.values() if isinstance(g := r.analysis.get("gpu_time"), dict)]
+    gt = [g for r in ranks.values() if (g := r.facts.gpu_time)]
     if gt:
         idle = mean([num(g.get("idle_pct")) for g in gt])
         comp = mean([num(g.get("compute_pct")) for g in gt])

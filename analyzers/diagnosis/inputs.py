@@ -15,7 +15,13 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from diag.analyzers.analysis_types import Job
+from diag.analyzers.analysis_types import (
+    Job,
+    RankFacts,
+    RunRankFacts,
+    TraceRankFacts,
+    rank_facts_from_document,
+)
 from diag.analyzers.diagnosis.decision_tree import CLASSES
 from diag.analyzers.model import step_seconds
 from diag.analyzers.numbers import finite as num
@@ -208,11 +214,12 @@ def _covers_records(analysis: dict) -> bool:
 
 
 class MergedRank(msgspec.Struct, kw_only=True, frozen=True):
-    """One rank as the diagnosis and the report read it: its analysis, its run-directory
-    records, and its steps as columns."""
+    """One rank as the diagnosis and the report read it: its analysis (its facts typed, its
+    verdicts as the document holds them), its run-directory records, and its steps as columns."""
 
     rank: int
     analysis: dict[str, Any] = {}  # its rank dict of the diag.analysis/1 document, {} without one
+    facts: RankFacts = msgspec.field(default_factory=TraceRankFacts)  # the facts of that dict, read once
     info: dict[str, Any] = {}  # rank.json, {} without one
     host: str | None = None
     device: str | None = None
@@ -240,7 +247,7 @@ def merge_ranks(doc: dict, run: RunRecords) -> Ranks:
         raw = run.ranks.get(rank) or RankRecords()
         info = raw.info
         out[rank] = MergedRank(
-            rank=rank, analysis=analysis, info=info,
+            rank=rank, analysis=analysis, facts=rank_facts_from_document(analysis, rank), info=info,
             host=first_str(info, "hostname", "host") or first_str(analysis, "host", "hostname"),
             device=_device_name(info, analysis),
             # The run analysis already carries every step record's timings in its steps; the raw
@@ -251,15 +258,45 @@ def merge_ranks(doc: dict, run: RunRecords) -> Ranks:
     return out
 
 
-def traced_steps(analysis: dict) -> int:
-    """How many of a rank analysis's steps were traced (inside a profiler window)."""
-    return sum(1 for s in analysis.get("steps") or [] if isinstance(s, dict) and s.get("evidence") == "trace")
+def traced_steps(facts: RankFacts) -> int:
+    """How many of a rank's steps were traced (inside a profiler window)."""
+    return sum(1 for s in facts.steps if s.get("evidence") == "trace")
 
 
-def traced_durations(analysis: dict) -> list[float]:
-    """The durations (ms) of a rank analysis's traced steps."""
-    return [float(s["duration_ms"]) for s in analysis.get("steps") or [] if isinstance(s, dict)
-            and s.get("evidence") == "trace" and isinstance(s.get("duration_ms"), (int, float))]
+def traced_durations(facts: RankFacts) -> list[float]:
+    """The durations (ms) of a rank's traced steps."""
+    return [float(d) for s in facts.steps
+            if s.get("evidence") == "trace" and isinstance(d := s.get("duration_ms"), (int, float))]
+
+
+def recorded_model(facts: RankFacts) -> dict | None:
+    """What the live model and optimizer held, as the rank's agent recorded it (runs only)."""
+    return facts.model if isinstance(facts, RunRankFacts) else None
+
+
+def measured_rates(facts: RankFacts) -> dict | None:
+    """The FLOPs and device-work rate of a run's profiled steps (runs only)."""
+    return facts.rates if isinstance(facts, RunRankFacts) else None
+
+
+def recorded_loader(facts: RankFacts) -> dict | None:
+    """The wrapped DataLoader's settings, as the rank's agent recorded them (runs only)."""
+    return facts.loader if isinstance(facts, RunRankFacts) else None
+
+
+def device_timeline(facts: RankFacts) -> bool:
+    """Whether a trace's steps were timed on the device (a run's rank says no such thing)."""
+    return isinstance(facts, TraceRankFacts) and facts.timeline == "device"
+
+
+def device_events_missing(facts: RankFacts) -> bool:
+    """Whether a GPU process's trace lacks its device events."""
+    return isinstance(facts, TraceRankFacts) and facts.device_events_missing
+
+
+def step_iterations(facts: RankFacts) -> dict | None:
+    """How a trace without ProfilerStep spans had its iterations found (None otherwise)."""
+    return facts.iterations if isinstance(facts, TraceRankFacts) else None
 
 
 def first_str(d, *keys) -> str | None:
@@ -286,7 +323,7 @@ def _device_name(info: dict, analysis: dict) -> str | None:
 def world_size(job: Job, run: RunRecords, missing: list[int], ranks: Ranks) -> int:
     """The job's world size: the largest any source gives, and at least the ranks present and missing."""
     cands = [job.world_size, run.manifest.get("world_size")]
-    cands += [r.analysis.get("world_size") for r in ranks.values()]
+    cands += [r.facts.world_size for r in ranks.values()]
     cands += [r.info.get("world_size") for r in ranks.values()]
     cands = [c for c in cands if isinstance(c, int) and c > 0]
     return max(cands + [len(ranks) + len(missing), 1])
@@ -305,7 +342,7 @@ def tw_shares(t: Steps) -> dict | None:
 def rank_shares(r: MergedRank) -> dict | None:
     """The rank's shares as its analysis gives them (the run analysis leaves warm-up steps out,
     so these match the decision path), else time-weighted over its steps."""
-    sh = share_row(r.analysis.get("shares"))
+    sh = share_row(r.facts.shares)
     if sh is not None and all(math.isfinite(x) and x >= 0 for x in sh) and sum(sh) > 0:
         return {p: sh[i] / sum(sh) for i, p in enumerate(CLASSES)}
     return tw_shares(r.step_table)

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from diag.analyzers.diagnosis.inputs import MergedRank, Ranks, num, pct, size
+from diag.analyzers.diagnosis.inputs import MergedRank, Ranks, num, pct, recorded_model, size
 from diag.analyzers.numbers import dict_at
 from diag.analyzers.plan.memory import activations_per_layer
 
@@ -50,7 +50,7 @@ def _rank_peak_and_capacity(r: MergedRank) -> tuple[float | None, float | None]:
 
 
 def _facts(r: MergedRank) -> dict | None:
-    for src in (r.info.get("model"), r.analysis.get("model")):
+    for src in (r.info.get("model"), recorded_model(r.facts)):
         if isinstance(src, dict) and num(src.get("param_bytes")) is not None:
             return src
     return None

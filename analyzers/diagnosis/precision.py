@@ -16,7 +16,7 @@ import msgspec
 
 from diag.analyzers.analysis_types import Job
 from diag.analyzers.diagnosis.decision_tree import Tree
-from diag.analyzers.diagnosis.inputs import Ranks
+from diag.analyzers.diagnosis.inputs import Ranks, device_timeline
 from diag.analyzers.numbers import dict_at
 
 
@@ -26,10 +26,9 @@ def cpu_without_bf16_units(ranks: Ranks) -> str | None:
     says it lacks them."""
     isa = None
     for merged in ranks.values():
-        analysis = merged.analysis
         info = merged.info
         device = dict_at(info, "device")
-        if analysis.get("timeline") == "device" or device.get("vendor"):
+        if device_timeline(merged.facts) or device.get("vendor"):
             return None
         cpu = info.get("cpu")
         if isinstance(cpu, dict) and cpu.get("bf16_units") is False:

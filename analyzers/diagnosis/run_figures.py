@@ -7,10 +7,12 @@ another run needs), and its throughput.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 
 import numpy as np
 
-from diag.analyzers.diagnosis.inputs import Ranks, Steps, mean, num
+from diag.analyzers.analysis_types import RankFacts
+from diag.analyzers.diagnosis.inputs import Ranks, Steps, mean, num, recorded_model
 from diag.analyzers.diagnosis.steady import level
 from diag.analyzers.diagnosis.verdict import measured_steps
 
@@ -37,23 +39,23 @@ IDENTITY_KEYS = ("world size", "device", "model", "batch")
 
 def identity(ranks: Ranks, world: int | None) -> dict:
     """The run's IDENTITY_KEYS: world size, device kind, model, batch."""
-    docs = [r.analysis for r in ranks.values()]
-    facts = next((d["model"] for d in docs if isinstance(d.get("model"), dict)), None) or {}
+    facts = next((m for r in ranks.values() if (m := recorded_model(r.facts)) is not None), None) or {}
     kinds = sorted({str(r.device) for r in ranks.values() if r.device})
     return {
         "world size": world,
         "device": ", ".join(kinds) or None,
         "model": f"{facts['class']} with {facts['params']:,} parameters" if facts.get("class") and
         isinstance(facts.get("params"), int) and not isinstance(facts.get("params"), bool) else None,
-        "batch": _batch(docs),
+        "batch": _batch([r.facts for r in ranks.values()]),
     }
 
 
-def _batch(docs: list[dict]) -> float | None:
+def _batch(ranks: list[RankFacts]) -> float | None:
     """Samples per step, summed over ranks (the median of each rank's recorded steps)."""
     per_rank = []
-    for d in docs:
-        samples = [num(s.get("samples")) for s in d.get("steps") or [] if isinstance(s, dict)]
+    for facts in ranks:
+        steps: list[Mapping[str, object]] = list(facts.steps)  # a trace's steps count no samples
+        samples = [num(s.get("samples")) for s in steps]
         samples = [x for x in samples if x is not None and x > 0]
         if samples:
             per_rank.append(statistics.median(samples))
@@ -93,5 +95,5 @@ def throughput(ranks: Ranks, job: Steps) -> dict:
     if len(mfu):
         out["mfu"] = float(mfu.mean())
     else:
-        out["mfu"] = mean([v for v in (num(r.analysis.get("mfu")) for r in ranks.values()) if v is not None])
+        out["mfu"] = mean([v for v in (num(r.facts.mfu) for r in ranks.values()) if v is not None])
     return out

@@ -147,10 +147,9 @@ def _per_step(r: MergedRank) -> dict:
         vals = getattr(t, key)
         vals = vals[vals == vals]
         out[key] = float(statistics.median(vals.tolist())) if len(vals) else None
-    a = r.analysis
-    traced = traced_steps(a)
+    traced = traced_steps(r.facts)
     ops = {}
-    for o in a.get("top_ops") or [] if traced else []:
+    for o in r.facts.top_ops if traced else []:
         calls, ms = (num(o.get("count")), num(o.get("time_ms"))) if isinstance(o, dict) else (None, None)
         if o.get("class") in ("compute", "memory") and isinstance(o.get("name"), str) and calls and ms is not None:
             ops[o["name"]] = (calls / traced, ms / traced)

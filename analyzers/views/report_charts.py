@@ -140,8 +140,7 @@ def wait_heatmap(doc, ranks: Ranks, limits, notes) -> dict | None:
     Collectives are matched across ranks by the cross-rank analyzer (process group and
     sequence number, falling back to order), the same matching the job verdict uses.
     """
-    per_rank = {r.rank: r.analysis["collectives"] for r in ranks.values()
-                if isinstance(r.analysis.get("collectives"), list) and r.analysis["collectives"]}
+    per_rank = {r.rank: r.facts.causes.collectives for r in ranks.values() if r.facts.causes.collectives}
     if len(per_rank) < 2:
         return None
     from diag.analyzers.job.cross_rank import match_collectives

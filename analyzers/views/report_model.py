@@ -31,6 +31,7 @@ from diag.analyzers.diagnosis.inputs import (
     concat,
     job_steps,
     mean,
+    measured_rates,
     merge_ranks,
     mode_bound,
     num,
@@ -157,7 +158,7 @@ def _rank_rows(ranks: Ranks, stragglers, limits, notes) -> list[dict]:
     for r in ranks.values():
         durs = r.step_table.dur[~np.isnan(r.step_table.dur)]
         sh = rank_shares(r)
-        if sh is not None and not (r.analysis.get("wait_split") or {}).get("measured"):
+        if sh is not None and not (r.facts.wait_split or {}).get("measured"):
             sh = {**sh, "wait": None}  # not measured (no peers matched), which is not zero
         bound = r.analysis.get("bound") if r.analysis.get("bound") in CLASSES else mode_bound(r.step_table.bound)
         rows.append({
@@ -169,7 +170,7 @@ def _rank_rows(ranks: Ranks, stragglers, limits, notes) -> list[dict]:
             "windows": len(r.windows), "samples": len(r.samples),
             "straggler": r.rank in late,
             "bound_via": r.analysis.get("bound_via"),
-            "mfu": num(r.analysis.get("mfu")),
+            "mfu": num(r.facts.mfu),
         })
     if len(rows) > limits.rank_rows:
         notes.append(f"Per-rank table: {len(rows)} ranks; the {limits.rank_rows} slowest are listed.")
@@ -213,7 +214,7 @@ def _run_meta(doc, run: RunRecords, ranks: Ranks, world, steps, missing: list[in
         "start_unix": num(man.get("started_unix")) or num(man.get("start_unix")),
         "end_unix": num(man.get("ended_unix")) or num(man.get("end_unix")),
         "steps": int(len(steps)),
-        "sources": sorted({str(r.analysis.get("source")) for r in ranks.values() if r.analysis.get("source")})[:8],
+        "sources": sorted({r.facts.source for r in ranks.values() if r.facts.source})[:8],
     }
 
 
@@ -237,7 +238,7 @@ def _name_from(path, ranks: Ranks) -> str:
     """The run's directory name, else the trace file or folder the analysis came from."""
     if path:
         return str(path).rstrip("/").split("/")[-1]
-    sources = sorted({str(r.analysis.get("source")) for r in ranks.values() if r.analysis.get("source")})
+    sources = sorted({r.facts.source for r in ranks.values() if r.facts.source})
     if len(sources) == 1:
         return sources[0].rstrip("/").split("/")[-1]
     if sources:
@@ -296,10 +297,9 @@ def _missing_measurements(run: RunRecords, ranks: Ranks, allt: Steps, world) -> 
     """Waits not split from transfer, no profiler window, no metric samples."""
     out = []
     path = run.path or "RUN_DIR"
-    unsplit = [r for r in ranks.values() if r.analysis.get("steps")
-               and not (r.analysis.get("wait_split") or {}).get("measured")]
+    unsplit = [r for r in ranks.values() if r.facts.steps and not (r.facts.wait_split or {}).get("measured")]
     if world > 1 and unsplit:
-        reason = (unsplit[0].analysis.get("wait_split") or {}).get("reason") or "no collective matched across ranks"
+        reason = (unsplit[0].facts.wait_split or {}).get("reason") or "no collective matched across ranks"
         out.append({
             "what": f"Waiting for other ranks is not measured on {len(unsplit)} of {world} rank(s) ({reason}).",
             "why": "Waiting for a late peer is told apart from transfer only by matching each collective across "
@@ -373,11 +373,9 @@ def _missing_rates(ranks: Ranks, allt: Steps) -> list[dict]:
             "why": "Throughput over time and scaling efficiency between runs need them.",
             "how": "Pass them each step: agent.step(samples=batch_size, tokens=tokens_in_batch).",
         })
-    if not any(num(r.analysis.get("mfu")) is not None for r in ranks.values()) and \
-            np.isnan(allt.mfu).all():
-        counted = any(num((r.analysis.get("rates") or {}).get("flops_per_step")) or
-                      any(num(s.get("flops")) for s in r.analysis.get("steps") or [] if isinstance(s, dict))
-                      for r in ranks.values())
+    if not any(num(r.facts.mfu) is not None for r in ranks.values()) and np.isnan(allt.mfu).all():
+        counted = any(num((measured_rates(r.facts) or {}).get("flops_per_step")) or
+                      any(num(s.get("flops")) for s in r.facts.steps) for r in ranks.values())
         out.append({
             "what": "No MFU (model FLOPs utilisation).",
             "why": "MFU says how far the job is from the device's peak; it needs FLOPs per step and the peak.",

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from diag.analyzers.diagnosis import action_models
 from diag.analyzers.diagnosis.causes import comm, compute, host, loader, memory
 from diag.analyzers.diagnosis.context import JobContext
+from diag.analyzers.diagnosis.inputs import device_events_missing
 from diag.analyzers.diagnosis.recommendations import cause_gain
 
 
@@ -109,7 +110,7 @@ def causes(ctx: JobContext) -> list[dict]:
 def _with_device_events(ctx: JobContext):
     """The context without the ranks whose traces lack their GPU's device events: their op
     times are the host's launches, on which no cause about the device's work may rest."""
-    ranks = {k: r for k, r in ctx.ranks.items() if not r.analysis.get("device_events_missing")}
+    ranks = {k: r for k, r in ctx.ranks.items() if not device_events_missing(r.facts)}
     return ctx if len(ranks) == len(ctx.ranks) else dataclasses.replace(ctx, ranks=ranks)
 
 

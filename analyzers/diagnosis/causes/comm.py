@@ -6,19 +6,18 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from diag.analyzers.analysis_types import ALL_REDUCE_RE
+from diag.analyzers.analysis_types import ALL_REDUCE_RE, RankFacts
 from diag.analyzers.diagnosis.causes.common import ranks_text, times_text, traced_step_ms
 from diag.analyzers.diagnosis.context import JobContext
-from diag.analyzers.diagnosis.inputs import traced_steps
-from diag.analyzers.numbers import dict_at
+from diag.analyzers.diagnosis.inputs import recorded_model, traced_steps
 
 
-def _collective_groups(analysis: dict) -> list[dict]:
+def _collective_groups(facts: RankFacts) -> list[dict]:
     """The rank's collectives by (name, process group): calls, median bytes, and the time not
     hidden behind computation, per traced step; most exposed first."""
-    traced = traced_steps(analysis)
+    traced = traced_steps(facts)
     groups: dict[tuple, dict] = {}
-    for c in analysis.get("collectives") or []:
+    for c in facts.causes.collectives:
         if not isinstance(c, dict) or not isinstance(c.get("name"), str):
             continue
         g = groups.setdefault((c["name"], c.get("pg")), {"name": c["name"], "pg": c.get("pg"), "calls": 0,
@@ -49,13 +48,13 @@ def exposed_collectives(ctx: JobContext) -> dict | None:
     th = ctx.tree.thresholds
     found = {}
     for rank, merged in ctx.ranks.items():
-        analysis = merged.analysis
-        groups, step_ms = _collective_groups(analysis), traced_step_ms(analysis)
+        facts = merged.facts
+        groups, step_ms = _collective_groups(facts), traced_step_ms(facts)
         if groups and step_ms and (groups[0]["exposed_ms_per_step"] or 0.0) >= th["collective_exposed_step_share"] * step_ms:
-            found[rank] = (groups[0], step_ms, analysis)
+            found[rank] = (groups[0], step_ms, facts)
     if not found:
         return None
-    g, step_ms, analysis = found[min(found)]
+    g, step_ms, facts = found[min(found)]
     size = _mb(g["median_bytes"])
     pg = f" on process group {g['pg']}" if g.get("pg") not in (None, "", "default_pg", "0") else ""
     hidden = g["hidden_fraction"]
@@ -68,7 +67,7 @@ def exposed_collectives(ctx: JobContext) -> dict | None:
     small = g["median_bytes"] is not None and g["median_bytes"] < th["small_collective_bytes"] and \
         g["calls_per_step"] >= th["small_collectives_per_step"]
     late = g["backward_known"] and g["after_backward"] >= th["collective_after_backward"] * g["backward_known"]
-    hook = _compression_hook(analysis)
+    hook = _compression_hook(facts)
     if late:
         text += (f" {g['after_backward']} of its {g['backward_known']} calls in steps with a backward pass start after "
                  "backward has ended, with no computation left to hide them.")
@@ -85,9 +84,9 @@ def exposed_collectives(ctx: JobContext) -> dict | None:
         action = (f"Move less, less often, and later: accumulate gradients over several micro-batches inside "
                   f"ddp.no_sync() so {g['name']} runs once per accumulation; {_compression(hook)}; a smaller "
                   "bucket_cap_mb starts the first buckets while backward still runs.")
-    model = dict_at(analysis, "model")
-    fsdp = analysis.get("fsdp") if isinstance(analysis.get("fsdp"), dict) else None
-    change, micro = None, _micro_batches(analysis, g, th)
+    model = recorded_model(facts) or {}
+    fsdp = facts.causes.fsdp
+    change, micro = None, _micro_batches(facts, g, th)
     if fsdp and re.search(r"all_?gather|reduce_?scatter|all_?reduce", g["name"], re.IGNORECASE):
         action = _fsdp_action(g["name"], fsdp)
     elif micro:
@@ -113,7 +112,7 @@ def exposed_collectives(ctx: JobContext) -> dict | None:
     out: dict[str, Any] = {"text": text, "action": action,
            "evidence": {"ranks": sorted(found), "step_ms": round(step_ms, 3), "busbw_gbps": busbw,
                         "dominant_param": one, "nccl_log_findings": [f["id"] for f in told], "fsdp": fsdp,
-                        "micro_batches": micro, "backend": analysis.get("backend"),
+                        "micro_batches": micro, "backend": facts.backend,
                         "compression_hook": None if fsdp else hook, **g}}
     if change:
         out["change"] = change
@@ -122,10 +121,10 @@ def exposed_collectives(ctx: JobContext) -> dict | None:
     return out
 
 
-def _micro_batches(analysis: dict, group: dict, th: dict) -> float | None:
+def _micro_batches(facts: RankFacts, group: dict, th: dict) -> float | None:
     """Forward passes per optimizer step where DDP all-reduces after each of them (the group
     is an all-reduce and the step runs `accumulation_min_micro_batches` or more); else None."""
-    acc = dict_at(analysis, "accumulation")
+    acc = facts.causes.accumulation or {}
     fwd, opt = acc.get("forwards_per_step"), acc.get("optimizer_steps_per_step")
     if not ALL_REDUCE_RE.search(group["name"]) or not fwd or not opt:
         return None
@@ -133,14 +132,14 @@ def _micro_batches(analysis: dict, group: dict, th: dict) -> float | None:
     return round(k, 2) if opt >= 0.5 and k >= th["accumulation_min_micro_batches"] else None
 
 
-def _compression_hook(analysis: dict) -> str | None:
+def _compression_hook(facts: RankFacts) -> str | None:
     """The DDP compression hook that halves a gradient all-reduce's bytes on this rank's
     backend: bf16 where NCCL runs it (DDP refuses bf16_compress_hook without NCCL 2.10+);
     none on gloo, whose reduction of fp16 runs in software on the CPU (fp16_compress_hook made
     a 2-rank gloo all-reduce of 8 MB slower, not faster, in bench/fix_bank.py)."""
-    backend = str(analysis.get("backend") or "").lower()
-    on_device = (analysis.get("device_info") or {}).get("type") == "gpu" or \
-        str(analysis.get("device") or "cpu").lower() not in ("cpu", "none")
+    backend = str(facts.backend or "").lower()
+    on_device = (facts.device_info or {}).get("type") == "gpu" or \
+        str(facts.device or "cpu").lower() not in ("cpu", "none")
     if backend == "nccl" or (not backend and on_device):
         return "bf16_compress_hook"
     return None

@@ -3,8 +3,9 @@ steps' durations, and the DataLoader settings the agents recorded."""
 
 from __future__ import annotations
 
+from diag.analyzers.analysis_types import RankFacts
 from diag.analyzers.diagnosis.context import JobContext
-from diag.analyzers.diagnosis.inputs import traced_durations
+from diag.analyzers.diagnosis.inputs import recorded_loader, traced_durations
 
 
 def ranks_text(ranks: list[int]) -> str:
@@ -19,15 +20,15 @@ def upper_median(vals: list[float]) -> float | None:
     return vals[len(vals) // 2] if vals else None
 
 
-def traced_step_ms(analysis: dict) -> float | None:
+def traced_step_ms(facts: RankFacts) -> float | None:
     """The median duration of the rank's traced steps."""
-    return upper_median(traced_durations(analysis))
+    return upper_median(traced_durations(facts))
 
 
-def traced_mean_ms(analysis: dict) -> float | None:
+def traced_mean_ms(facts: RankFacts) -> float | None:
     """The mean duration of the rank's traced steps: what per-step facts (totals over the
     traced steps, divided by their count) are shares of."""
-    vals = traced_durations(analysis)
+    vals = traced_durations(facts)
     return sum(vals) / len(vals) if vals else None
 
 
@@ -43,7 +44,7 @@ def recorded_loaders(ctx: JobContext) -> dict[int, dict]:
     """The DataLoader settings each rank's agent recorded (rank -> settings)."""
     out = {}
     for rank, merged in ctx.ranks.items():
-        loader = merged.analysis.get("loader")
+        loader = recorded_loader(merged.facts)
         if isinstance(loader, dict) and isinstance(loader.get("num_workers"), int):
             out[rank] = loader
     return out

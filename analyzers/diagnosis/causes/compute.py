@@ -7,7 +7,7 @@ import re
 
 from diag.analyzers.diagnosis.causes.common import ms_text, ranks_text, times_text
 from diag.analyzers.diagnosis.context import JobContext
-from diag.analyzers.diagnosis.inputs import MergedRank
+from diag.analyzers.diagnosis.inputs import MergedRank, device_timeline
 from diag.analyzers.numbers import dict_at
 
 
@@ -17,8 +17,8 @@ def fp32_math(ctx: JobContext) -> dict | None:
     minimum = ctx.tree.thresholds["fp32_math_share"]
     found = {}
     for rank, merged in ctx.ranks.items():
-        m = merged.analysis.get("math")
-        if not isinstance(m, dict) or not m.get("compute_ms_per_step"):
+        m = merged.facts.causes.math
+        if not m or not m.get("compute_ms_per_step"):
             continue
         peaks = m.get("peaks_tflops") or {}
         total = float(m["compute_ms_per_step"])
@@ -73,7 +73,7 @@ def _untiled_in_half(merged: MergedRank, kind: str) -> tuple[float, list[str]] |
     """Of the rank's matrix-op groups in `kind` (fp32, tf32), the time per step on dimensions
     that are not multiples of 8 (the half-precision tile), and those dimensions; None where
     none are, or under half the groups' time."""
-    m = merged.analysis.get("matrix_ops")
+    m = merged.facts.causes.matrix_ops
     groups = [g for g in (m or {}).get("groups") or [] if isinstance(g, dict) and g.get("dtype") in (kind, "fp32")]
     odd_ms, dims = 0.0, []
     for g in groups:
@@ -101,14 +101,14 @@ def matrix_ops(ctx: JobContext) -> dict | None:
     th = ctx.tree.thresholds
     found = {}
     for rank, merged in ctx.ranks.items():
-        m = merged.analysis.get("matrix_ops")
-        if isinstance(m, dict) and m.get("groups") and m.get("compute_ms_per_step") and \
+        m = merged.facts.causes.matrix_ops
+        if m and m.get("groups") and m.get("compute_ms_per_step") and \
                 float(m.get("ms_per_step") or 0.0) >= th["matrix_ops_compute_share"] * float(m["compute_ms_per_step"]):
             found[rank] = (m, merged)
     if not found:
         return None
     m, merged = found[min(found)]
-    groups, device = m["groups"][:3], merged.analysis.get("timeline") == "device"
+    groups, device = m["groups"][:3], device_timeline(merged.facts)
     text = (f"On {ranks_text(sorted(found))}, matrix ops run {m['ms_per_step']:.1f} ms per traced step (compute in all: "
             f"{m['compute_ms_per_step']:.1f} ms); the most: "
             + "; ".join(_matrix_group_text(g) for g in groups) + ".")

@@ -15,8 +15,7 @@ from diag.analyzers.diagnosis.causes.common import (
     traced_step_ms,
 )
 from diag.analyzers.diagnosis.context import JobContext
-from diag.analyzers.diagnosis.inputs import traced_steps
-from diag.analyzers.numbers import dict_at
+from diag.analyzers.diagnosis.inputs import step_iterations, traced_steps
 
 # The call in the job's code that makes each op that brings a value to the host.
 SYNC_OPS = dict(zip(SYNC_OP_NAMES, (".item()", "bool(tensor) or `if tensor:`", "nonzero() or boolean-mask indexing",
@@ -28,12 +27,12 @@ def host_sync_points(ctx: JobContext) -> dict | None:
     minimum = ctx.tree.thresholds["sync_points_per_step"]
     found = {}
     for rank, merged in ctx.ranks.items():
-        analysis = merged.analysis
-        traced = traced_steps(analysis)
-        ops = [o for o in analysis.get("top_ops") or [] if isinstance(o, dict) and o.get("name") in SYNC_OPS]
+        facts = merged.facts
+        traced = traced_steps(facts)
+        ops = [o for o in facts.top_ops if isinstance(o, dict) and o.get("name") in SYNC_OPS]
         calls = sum(int(o.get("count") or 0) for o in ops) / traced if traced else 0.0
         if calls >= minimum:
-            sites = [x for x in analysis.get("sync_sites") or [] if isinstance(x, dict) and x.get("function")]
+            sites = [x for x in facts.causes.sync_sites if isinstance(x, dict) and x.get("function")]
             found[rank] = (sorted(ops, key=lambda o: -int(o.get("count") or 0)), traced, calls, sites)
     if not found:
         return None
@@ -62,10 +61,10 @@ def pageable_copies(ctx: JobContext) -> dict | None:
     minimum = ctx.tree.thresholds["pageable_copy_step_share"]
     found = {}
     for rank, merged in ctx.ranks.items():
-        analysis = merged.analysis
-        copies = [c for c in analysis.get("copies") or [] if isinstance(c, dict) and PAGEABLE_HTOD_RE.search(str(c.get("name")))]
+        facts = merged.facts
+        copies = [c for c in facts.causes.copies if isinstance(c, dict) and PAGEABLE_HTOD_RE.search(str(c.get("name")))]
         host_ms = sum(float(c.get("host_ms_per_step") or 0.0) for c in copies)
-        step_ms = traced_step_ms(analysis)
+        step_ms = traced_step_ms(facts)
         if copies and step_ms and host_ms >= minimum * step_ms:
             found[rank] = (copies, host_ms, step_ms)
     if not found:
@@ -105,9 +104,8 @@ def launch_bound(ctx: JobContext) -> dict | None:
     th = ctx.tree.thresholds
     found = {}
     for rank, merged in ctx.ranks.items():
-        analysis = merged.analysis
-        lf, step_ms = analysis.get("launches"), traced_step_ms(analysis)
-        if not isinstance(lf, dict) or not step_ms:
+        lf, step_ms = merged.facts.causes.launches, traced_step_ms(merged.facts)
+        if not lf or not step_ms:
             continue
         launch_ms, kernel_ms = _typical_launch_ms(lf), float(lf.get("kernel_ms_per_step") or 0.0)
         if launch_ms >= th["launch_bound_ratio"] * kernel_ms and launch_ms >= th["launch_bound_step_share"] * step_ms:
@@ -141,18 +139,18 @@ def launch_bound(ctx: JobContext) -> dict | None:
 
 
 def _timed_items_over(ctx: JobContext, key: str, share: str) -> dict[int, tuple]:
-    """Per rank whose facts `key` (a list of {"name", "ms_per_step", ...}) add up to the
+    """Per rank whose cause facts `key` (a list of {"name", "ms_per_step", ...}) add up to the
     threshold `share` of its traced step or more: (items, their ms per step, the step's ms,
-    the rank's analysis)."""
+    the rank's facts)."""
     minimum = ctx.tree.thresholds[share]
     found = {}
     for rank, merged in ctx.ranks.items():
-        analysis = merged.analysis
-        items = [c for c in analysis.get(key) or [] if isinstance(c, dict) and c.get("ms_per_step")]
-        step_ms = traced_step_ms(analysis)
+        facts = merged.facts
+        items = [c for c in getattr(facts.causes, key) if isinstance(c, dict) and c.get("ms_per_step")]
+        step_ms = traced_step_ms(facts)
         total = sum(float(c["ms_per_step"]) for c in items)
         if items and step_ms and total >= minimum * step_ms:
-            found[rank] = (items, total, step_ms, analysis)
+            found[rank] = (items, total, step_ms, facts)
     return found
 
 
@@ -163,7 +161,7 @@ def allocator_calls(ctx: JobContext) -> dict | None:
     found = _timed_items_over(ctx, "allocator", "allocator_step_share")
     if not found:
         return None
-    calls, total, step_ms, analysis = found[min(found)]
+    calls, total, step_ms, facts = found[min(found)]
     listed = ", ".join(f"{c['name']} {times_text(c['calls_per_step'])} ({ms_text(c['ms_per_step'])}, the longest "
                        f"{ms_text(c['longest_ms'])})" for c in calls[:3])
     hip = any(str(c["name"]).startswith("hip") for c in calls)
@@ -171,7 +169,7 @@ def allocator_calls(ctx: JobContext) -> dict | None:
     frees = any(re.search(r"Free|Release|Unmap", str(c["name"])) for c in calls)
     text = (f"On {ranks_text(sorted(found))}, per traced step {listed}: the host spends {ms_text(total)} "
             f"({total / step_ms:.0%} of the step) allocating and freeing device memory in the driver.")
-    iters = dict_at(analysis, "iterations")
+    iters = step_iterations(facts)
     if iters and not iters.get("used"):
         text += (" The trace was judged whole, start-up included: its longest calls may be one-off start-up "
                  "(the first allocations, the CUDA context), not a loop's churn.")
@@ -197,8 +195,8 @@ def cpu_work(ctx: JobContext) -> dict | None:
     found = _timed_items_over(ctx, "cpu_work", "cpu_work_step_share")
     if not found:
         return None
-    ops, total, step_ms, analysis = found[min(found)]
-    share = total / (traced_mean_ms(analysis) or step_ms)
+    ops, total, step_ms, facts = found[min(found)]
+    share = total / (traced_mean_ms(facts) or step_ms)
     listed = ", ".join(f"{o['name']} ({ms_text(float(o['ms_per_step']))})" for o in ops[:4])
     after = sum(float(o.get("after_ms_per_step") or 0.0) for o in ops)
     if after >= 0.05 * total:
@@ -231,9 +229,8 @@ def python_gaps(ctx: JobContext) -> dict | None:
     minimum = ctx.tree.thresholds["python_work_step_share"]
     found = {}
     for rank, merged in ctx.ranks.items():
-        analysis = merged.analysis
-        gaps, step_ms = analysis.get("python_gaps"), traced_mean_ms(analysis)
-        if isinstance(gaps, dict) and step_ms and float(gaps.get("ms_per_step") or 0.0) >= minimum * step_ms:
+        gaps, step_ms = merged.facts.causes.python_gaps, traced_mean_ms(merged.facts)
+        if gaps and step_ms and float(gaps.get("ms_per_step") or 0.0) >= minimum * step_ms:
             found[rank] = (gaps, step_ms)
     if not found:
         return None

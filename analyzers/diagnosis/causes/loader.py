@@ -3,8 +3,10 @@ each with the worker count that would and the step predicted for it (loader_mode
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from diag.analyzers.analysis_types import RankFacts
 from diag.analyzers.diagnosis.causes.common import ranks_text, recorded_loaders, upper_median
 from diag.analyzers.diagnosis.context import JobContext
 from diag.analyzers.diagnosis.inputs import MergedRank
@@ -24,11 +26,11 @@ def _host_median(merged: MergedRank, key: str) -> float | None:
                     and isinstance(s["host"].get(key), (int, float)) and not isinstance(s["host"][key], bool)])
 
 
-def _collate_split(analysis: dict) -> tuple[float | None, float | None] | None:
+def _collate_split(facts: RankFacts) -> tuple[float | None, float | None] | None:
     """(median data wait, median collate time) in ms per step, over the steps that timed both."""
-    rows = [(float(s["data_wait_ms"]), float(s["collate_ms"])) for s in analysis.get("steps") or []
-            if isinstance(s, dict) and isinstance(s.get("data_wait_ms"), (int, float))
-            and isinstance(s.get("collate_ms"), (int, float))]
+    steps: list[Mapping[str, object]] = list(facts.steps)  # a trace's steps time neither
+    rows = [(float(w), float(c)) for s in steps
+            if isinstance(w := s.get("data_wait_ms"), (int, float)) and isinstance(c := s.get("collate_ms"), (int, float))]
     return (upper_median([w for w, _ in rows]), upper_median([c for _, c in rows])) if rows else None
 
 
@@ -72,7 +74,7 @@ def no_loader_workers(ctx: JobContext) -> dict | None:
                   "ranks, one left to the training process)" if start else "start at the number of CPU cores per rank")
         action = (f"Give the {where} worker processes: {sizing}, with persistent_workers=True so that they "
                   "outlive each epoch. (Too few steps were timed to size them from this run.)")
-    split = _collate_split(merged.analysis)
+    split = _collate_split(merged.facts)
     wait, collate = split or (None, None)
     if wait and collate is not None:
         text += (f" Of its median wait of {wait:.1f} ms per step, collate_fn takes {collate:.1f} ms and reading the "
@@ -100,7 +102,7 @@ def _worker_plan(ctx: JobContext, merged: MergedRank, ld: dict, cpu_bound: bool 
     the workers' sampled CPU says (the step records of a loader with workers can not: its
     batches are made in other processes)."""
     th = ctx.tree.thresholds
-    rates = loader_rates(merged.analysis.get("steps") or [], ld["num_workers"], th,
+    rates = loader_rates(merged.facts.steps, ld["num_workers"], th,
                          _workers_cpu(merged) if ld["num_workers"] > 0 else None)
     if rates is None or rates.wait_ms <= 0.0:
         return None

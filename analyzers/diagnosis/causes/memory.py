@@ -20,9 +20,8 @@ def optimizer_step(ctx: JobContext) -> dict | None:
     min_loop = ctx.tree.thresholds["optimizer_min_loop_ops"]
     found = {}
     for rank, merged in ctx.ranks.items():
-        analysis = merged.analysis
-        opt, step_ms = analysis.get("optimizer"), traced_step_ms(analysis)
-        if not isinstance(opt, dict) or opt.get("implementation") == "fused" or not step_ms:
+        opt, step_ms = merged.facts.causes.optimizer, traced_step_ms(merged.facts)
+        if not opt or opt.get("implementation") == "fused" or not step_ms:
             continue
         if opt.get("implementation") == "for-loop" and float(opt.get("ops_per_step") or 0.0) < min_loop:
             continue
@@ -59,10 +58,9 @@ def bandwidth_kernels(ctx: JobContext) -> dict | None:
     minimum = ctx.tree.thresholds["bandwidth_kernels_step_share"]
     found = {}
     for rank, merged in ctx.ranks.items():
-        analysis = merged.analysis
-        traffic = analysis.get("memory_traffic")
-        step_ms = traced_step_ms(analysis)
-        if not isinstance(traffic, dict) or not step_ms:
+        traffic = merged.facts.causes.memory_traffic
+        step_ms = traced_step_ms(merged.facts)
+        if not traffic or not step_ms:
             continue
         groups = [g for g in traffic.get("groups") or [] if isinstance(g, dict) and g.get("peak_frac") is not None]
         total = float(traffic.get("bandwidth_ms_per_step") or 0.0)
@@ -113,9 +111,8 @@ def elementwise_chain(ctx: JobContext) -> dict | None:
     minimum = ctx.tree.thresholds["fusion_chain_step_share"]
     found = {}
     for rank, merged in ctx.ranks.items():
-        analysis = merged.analysis
-        chains = [c for c in analysis.get("elementwise_chains") or [] if isinstance(c, dict)]
-        step_ms = traced_step_ms(analysis)
+        chains = [c for c in merged.facts.causes.elementwise_chains if isinstance(c, dict)]
+        step_ms = traced_step_ms(merged.facts)
         if chains and step_ms and float(chains[0].get("ms_per_step") or 0.0) >= minimum * step_ms:
             found[rank] = (chains[0], step_ms)
     if not found:
