@@ -3,15 +3,16 @@ declared: what the analysis measures (the facts) and what the diagnosis adds (th
 
 The facts are msgspec Structs: a rank's (`TraceRankFacts`, `RunRankFacts`, with their
 `CauseFacts`) and the job block's (`JobFacts`). The judged job block is a Struct too (`Job`);
-a judged rank is still a dict, its facts' keys (`facts_document`) followed by the keys
-`TraceRank` or `RunRank` declare, and steps are dicts declared by TypedDicts. Each stage
-returns a new value of the next type (`trace_facts` gives a `TraceRankFacts`,
-`diagnosis.rank.judge_trace` makes it a judged rank; `analyze_job` gives a `JobFacts`,
-`diagnosis.verdict.job_verdict` makes it a `Job`) and never rewrites its input. A window
-summary holds a `TraceRankFacts` in its document form, read back by
-`trace_facts_from_document`. `tests/test_analysis_types.py` checks real outputs against
-these declarations. Shares are fractions of the step's wall time; `_us` is microseconds on
-the trace's clock, `_ms` milliseconds.
+a judged rank is still a dict, its facts' keys (`facts_document`) followed by its
+`RankVerdict`'s, and steps are dicts declared by TypedDicts. Each stage returns a new value
+of the next type (`trace_facts` gives a `TraceRankFacts`, `diagnosis.rank.judge_trace` makes
+it a judged rank; `analyze_job` gives a `JobFacts`, `diagnosis.verdict.job_verdict` makes it
+a `Job`) and never rewrites its input. A window summary holds a `TraceRankFacts` in its
+document form, read back by `trace_facts_from_document`; the diagnosis reads a document's
+rank back through `rank_facts_from_document` and `rank_verdict_from_document`.
+`tests/test_analysis_types.py` checks real outputs against these declarations. Shares are
+fractions of the step's wall time; `_us` is microseconds on the trace's clock, `_ms`
+milliseconds.
 
 Imports nothing from diag but its typed-JSON reader: every layer may read it. (No `from __future__ import
 annotations`: TypedDict reads NotRequired from evaluated annotations.)
@@ -208,37 +209,23 @@ class WindowFacts(msgspec.Struct, kw_only=True, frozen=True):
     error: str | None = None
 
 
-class _RankVerdict(TypedDict):
-    bound: str | None
-    path: list[PathNode]
-    fixes: list[str]
-    findings: list[Finding]
+class RankVerdict(msgspec.Struct, kw_only=True):
+    """What the diagnosis adds to a rank (diagnosis.rank.judge_trace and judge_run_rank, then
+    diagnosis.peers): written after its facts' keys, whose steps then carry each step's verdict
+    (TraceStep, RunStep). The diagnosis reads it back from a document's rank
+    (`rank_verdict_from_document`)."""
+    bound: str | None = None  # decision_tree.BOUNDS, None where withheld
+    title: str | msgspec.UnsetType = msgspec.UNSET  # a trace's; a run's where its own work decides (diagnosis.peers)
+    summary: str | msgspec.UnsetType = msgspec.UNSET
+    path: list[dict] = []  # PathNode's keys
+    fixes: list[str] = []
+    sampled: bool | msgspec.UnsetType = msgspec.UNSET  # a trace's: too few of its host events for a firm verdict
+    findings: list[dict] = []  # Finding's keys
+    bound_via: int | msgspec.UnsetType = msgspec.UNSET  # bound through the rank it waits for (diagnosis.peers)
 
 
-class _Titled(TypedDict):
-    title: str
-    summary: str
-
-
-class TraceRank(_RankVerdict, _Titled):
-    """What the diagnosis adds to a trace's rank (diagnosis.rank.judge_trace): the rank is its
-    TraceRankFacts's keys, then these."""
-    steps: list[TraceStep]  # the facts' steps, each with its verdict
-    sampled: bool  # the trace holds too few of its host events for a firm verdict
-    bound_via: NotRequired[int]  # bound through the rank it waits for (diagnosis.peers)
-
-
-class RunRank(_RankVerdict):
-    """What the diagnosis adds to a run directory's rank (diagnosis.rank.judge_run_rank): the
-    rank is its RunRankFacts's keys, then these."""
-    steps: list[RunStep]  # the facts' steps, each with its verdict
-    title: NotRequired[str]  # given where its own work decides (diagnosis.peers)
-    summary: NotRequired[str]
-    bound_via: NotRequired[int]
-
-
-# A judged rank as the document holds it (TraceRank or RunRank over its facts' keys): a plain
-# dict, which the diagnosis's readers take as they take a saved document's.
+# A judged rank as the document holds it (its facts' keys, then RankVerdict's): a plain dict,
+# which the diagnosis's readers take as they take a saved document's.
 Rank = dict[str, Any]
 
 
@@ -311,6 +298,12 @@ def trace_facts_from_document(raw: dict) -> TraceRankFacts:
     as absent (diag.typed_json). Its steps are taken as they are (every reader of a step
     checks what it reads)."""
     return _facts_from_document(raw, TraceRankFacts, {})
+
+
+def rank_verdict_from_document(raw: dict) -> RankVerdict:
+    """What the diagnosis judged of a rank, from its dict in an analysis document (a value a
+    field cannot hold reads as absent)."""
+    return settled({k: raw[k] for k in RankVerdict.__struct_fields__ if k in raw}, RankVerdict)
 
 
 def rank_facts_from_document(raw: dict, rank: int) -> TraceRankFacts | RunRankFacts:

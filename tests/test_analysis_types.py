@@ -35,13 +35,20 @@ def _steps_conform(steps: list, declared, where: str) -> None:
         _conforms(s, declared, f"{where} step {s.get('step')}")
 
 
-def _judged_conforms(judged: dict, facts, declared, where: str) -> None:
-    """A judged rank: its facts' keys in their order, then what the diagnosis declares it adds."""
+# What the diagnosis adds to every rank of a trace, and to every rank of a run directory.
+TRACE_VERDICT = {"bound", "title", "summary", "path", "fixes", "sampled", "findings"}
+RUN_VERDICT = {"bound", "path", "fixes", "findings"}
+
+
+def _judged_conforms(judged: dict, facts, required: set, where: str) -> None:
+    """A judged rank: its facts' keys in their order, then its verdict's (RankVerdict), which
+    read back as written."""
     written = list(types.facts_document(facts))
     assert list(judged)[:len(written)] == written, where
     added = set(judged) - set(written)
-    assert declared.__required_keys__ - {"steps"} <= added <= set(typing.get_type_hints(declared)), \
-        f"{where}: {sorted(added)}"
+    assert required <= added <= set(types.RankVerdict.__struct_fields__), f"{where}: {sorted(added)}"
+    verdict = types.rank_verdict_from_document(judged)
+    assert {k: getattr(verdict, k) for k in added} == {k: judged[k] for k in added}, where
 
 
 def _reads_back(facts: types.TraceRankFacts) -> None:
@@ -61,7 +68,7 @@ def test_a_traces_facts_and_its_verdicts_are_as_declared(name):
     before = copy.deepcopy(facts)
     judged = judge_trace(facts, tree)
     assert facts == before  # a new value; the facts are left as they were
-    _judged_conforms(judged, facts, types.TraceRank, "judged")
+    _judged_conforms(judged, facts, TRACE_VERDICT, "judged")
     _steps_conform(judged["steps"], types.TraceStep, "judged")
 
 
@@ -82,7 +89,7 @@ def test_real_gpu_ranks_of_one_job_are_as_declared(real_traces):
     assert not hasattr(facts, "bound") and not hasattr(facts, "stragglers")  # no verdict among the facts
     split = split_waits([trace_facts(p, tree.facts) for p in paths])
     for r, f in zip(doc["ranks"], split):
-        _judged_conforms(r, f, types.TraceRank, f"rank {r['rank']}")
+        _judged_conforms(r, f, TRACE_VERDICT, f"rank {r['rank']}")
         _steps_conform(r["steps"], types.TraceStep, f"rank {r['rank']}")
         assert r["wait_split"]["measured"] and f.wait_split["measured"]
     # A saved document's job block reads back as the judged block it was written from.
@@ -104,13 +111,13 @@ def test_a_real_runs_ranks_are_as_declared(demo_run_dir):
     before = copy.deepcopy(facts)
     judged = judge_run_rank(facts, inputs.windows, inputs.sampled, tree)
     assert facts == before
-    _judged_conforms(judged, facts, types.RunRank, "judged")
+    _judged_conforms(judged, facts, RUN_VERDICT, "judged")
     _steps_conform(judged["steps"], types.RunStep, "judged")
     doc = analyze_run_dir(demo_run_dir)
     _document_conforms(doc, "demo run")
     for r in doc["ranks"]:
         facts, _ = analyze_rank(rd, r["rank"], tree.facts)
-        _judged_conforms(r, facts, types.RunRank, f"rank {r['rank']}")
+        _judged_conforms(r, facts, RUN_VERDICT, f"rank {r['rank']}")
 
 
 def test_the_schema_page_is_what_the_code_declares():
@@ -125,7 +132,7 @@ def test_the_schema_page_is_what_the_code_declares():
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     text = (REPO / "docs" / "schema.md").read_text()
-    for name in ("TraceRankFacts", "TraceRank", "RunRankFacts", "RunRank", "CauseFacts"):
+    for name in ("TraceRankFacts", "RunRankFacts", "CauseFacts", "RankVerdict"):
         assert f"### `{name}`" in text
         assert all(f"| `{key}` |" in text for key in getattr(types, name).__annotations__)
     assert "| `diag.analysis/1` |" in text and "| `diag.run/3` |" in text

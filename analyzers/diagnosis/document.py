@@ -178,8 +178,8 @@ def _decision_path(job: Job, ranks: Ranks, bound) -> dict | None:
         return {"source": mset["basis"], "nodes": _clean_path(jp), "bound": bound}
     # Without measurements the verdict is the ranks' vote: show an agreeing rank's own path.
     for r in sorted(ranks.values(), key=lambda r: r.rank):
-        p = r.analysis.get("path")
-        if bound and r.analysis.get("bound") == bound and isinstance(p, list) and p:
+        p = r.verdict.path
+        if bound and r.verdict.bound == bound and p:
             return {"source": f"rank {r.rank}'s measurements over its steps", "nodes": _clean_path(p),
                     "bound": bound}
     return None
@@ -275,7 +275,7 @@ def _headline(ctx: JobContext) -> dict:
     title = ctx.tree.verdicts[bound]["title"]
     title = title[:1].upper() + title[1:]
     measured = set(mset["ranks"]) if mset else set(ranks)
-    agree = [r for r in ranks.values() if r.analysis.get("bound") == bound]
+    agree = [r for r in ranks.values() if r.verdict.bound == bound]
     if not agree:
         agree = [r for r in ranks.values() if mode_bound(r.step_table.bound) == bound]
     n_agree, n_ranks = len(agree), len(ranks)

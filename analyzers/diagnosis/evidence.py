@@ -76,7 +76,7 @@ def merged_findings(job_findings: list, ranks: Ranks) -> list[dict]:
     merged: dict[str, dict] = {}
     sources: list[tuple[int | None, Any]] = [(None, f) for f in job_findings]
     for r in ranks.values():
-        sources += [(r.rank, f) for f in r.analysis.get("findings") or []]
+        sources += [(r.rank, f) for f in r.verdict.findings]
     for rank, f in sources:
         if not isinstance(f, dict):
             continue

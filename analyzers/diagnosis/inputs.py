@@ -18,9 +18,11 @@ import numpy as np
 from diag.analyzers.analysis_types import (
     Job,
     RankFacts,
+    RankVerdict,
     RunRankFacts,
     TraceRankFacts,
     rank_facts_from_document,
+    rank_verdict_from_document,
 )
 from diag.analyzers.diagnosis.decision_tree import CLASSES
 from diag.analyzers.model import step_seconds
@@ -214,12 +216,14 @@ def _covers_records(analysis: dict) -> bool:
 
 
 class MergedRank(msgspec.Struct, kw_only=True, frozen=True):
-    """One rank as the diagnosis and the report read it: its analysis (its facts typed, its
-    verdicts as the document holds them), its run-directory records, and its steps as columns."""
+    """One rank as the diagnosis and the report read it: its analysis (its facts and its
+    verdict, each read once into its Struct), its run-directory records, and its steps as
+    columns."""
 
     rank: int
     analysis: dict[str, Any] = {}  # its rank dict of the diag.analysis/1 document, {} without one
-    facts: RankFacts = msgspec.field(default_factory=TraceRankFacts)  # the facts of that dict, read once
+    facts: RankFacts = msgspec.field(default_factory=TraceRankFacts)  # the facts of that dict
+    verdict: RankVerdict = msgspec.field(default_factory=RankVerdict)  # what the diagnosis judged of it
     info: dict[str, Any] = {}  # rank.json, {} without one
     host: str | None = None
     device: str | None = None
@@ -247,7 +251,8 @@ def merge_ranks(doc: dict, run: RunRecords) -> Ranks:
         raw = run.ranks.get(rank) or RankRecords()
         info = raw.info
         out[rank] = MergedRank(
-            rank=rank, analysis=analysis, facts=rank_facts_from_document(analysis, rank), info=info,
+            rank=rank, analysis=analysis, facts=rank_facts_from_document(analysis, rank),
+            verdict=rank_verdict_from_document(analysis), info=info,
             host=first_str(info, "hostname", "host") or first_str(analysis, "host", "hostname"),
             device=_device_name(info, analysis),
             # The run analysis already carries every step record's timings in its steps; the raw

@@ -54,8 +54,8 @@ def step_measurements(step: Mapping[str, Any]) -> dict:
 
 
 def judge_trace(facts: TraceRankFacts, tree) -> Rank:
-    """A trace analysis's rank dict (analysis_types.TraceRank): its facts with their verdicts
-    and findings."""
+    """A trace analysis's rank dict: its facts' document form with its verdict and findings
+    (analysis_types.RankVerdict)."""
     coverage = facts.op_coverage
     # A trace with most of its host events missing was sampled or filtered after recording.
     sampled = isinstance(coverage, (int, float)) and coverage < tree.thresholds["sampled_trace_coverage"]

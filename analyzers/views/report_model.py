@@ -160,7 +160,7 @@ def _rank_rows(ranks: Ranks, stragglers, limits, notes) -> list[dict]:
         sh = rank_shares(r)
         if sh is not None and not (r.facts.wait_split or {}).get("measured"):
             sh = {**sh, "wait": None}  # not measured (no peers matched), which is not zero
-        bound = r.analysis.get("bound") if r.analysis.get("bound") in CLASSES else mode_bound(r.step_table.bound)
+        bound = r.verdict.bound if r.verdict.bound in CLASSES else mode_bound(r.step_table.bound)
         rows.append({
             "rank": r.rank, "host": r.host, "device": r.device, "bound": bound,
             "steps": len(r.step_table),
@@ -169,7 +169,7 @@ def _rank_rows(ranks: Ranks, stragglers, limits, notes) -> list[dict]:
             "trace_steps": int(r.step_table.traced.sum()),
             "windows": len(r.windows), "samples": len(r.samples),
             "straggler": r.rank in late,
-            "bound_via": r.analysis.get("bound_via"),
+            "bound_via": r.verdict.bound_via if isinstance(r.verdict.bound_via, int) else None,
             "mfu": num(r.facts.mfu),
         })
     if len(rows) > limits.rank_rows:
