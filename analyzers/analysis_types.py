@@ -14,8 +14,9 @@ rank back through `rank_facts_from_document` and `rank_verdict_from_document`.
 fractions of the step's wall time; `_us` is microseconds on the trace's clock, `_ms`
 milliseconds.
 
-Imports nothing from diag but its typed-JSON reader: every layer may read it. (No `from __future__ import
-annotations`: TypedDict reads NotRequired from evaluated annotations.)
+Imports nothing from diag but its typed-JSON reader: every layer may read it. (No
+`from __future__ import annotations`: TypedDict reads NotRequired from evaluated
+annotations.)
 """
 
 import re

@@ -4,8 +4,9 @@ allocation calls, and the CPU work and Python the training thread runs between i
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
-from diag.analyzers.analysis_types import PAGEABLE_HTOD_RE, SYNC_OP_NAMES
+from diag.analyzers.analysis_types import PAGEABLE_HTOD_RE, SYNC_OP_NAMES, CauseFacts
 from diag.analyzers.diagnosis.causes.common import (
     ms_text,
     ranks_text,
@@ -138,15 +139,16 @@ def launch_bound(ctx: JobContext) -> dict | None:
     }
 
 
-def _timed_items_over(ctx: JobContext, key: str, share: str) -> dict[int, tuple]:
-    """Per rank whose cause facts `key` (a list of {"name", "ms_per_step", ...}) add up to the
-    threshold `share` of its traced step or more: (items, their ms per step, the step's ms,
-    the rank's facts)."""
+def _timed_items_over(ctx: JobContext, items_of: Callable[[CauseFacts], list[dict]], share: str
+                      ) -> dict[int, tuple]:
+    """Per rank whose cause facts that `items_of` picks (a list of {"name", "ms_per_step", ...})
+    add up to the threshold `share` of its traced step or more: (items, their ms per step, the
+    step's ms, the rank's facts)."""
     minimum = ctx.tree.thresholds[share]
     found = {}
     for rank, merged in ctx.ranks.items():
         facts = merged.facts
-        items = [c for c in getattr(facts.causes, key) if isinstance(c, dict) and c.get("ms_per_step")]
+        items = [c for c in items_of(facts.causes) if isinstance(c, dict) and c.get("ms_per_step")]
         step_ms = traced_step_ms(facts)
         total = sum(float(c["ms_per_step"]) for c in items)
         if items and step_ms and total >= minimum * step_ms:
@@ -158,7 +160,7 @@ def allocator_calls(ctx: JobContext) -> dict | None:
     """Device-memory allocation and release calls (cudaMalloc, cudaFree, their HIP and driver
     forms) holding the host `allocator_step_share` of the step or more: PyTorch's caching
     allocator calls the driver only when its cache misses or is emptied."""
-    found = _timed_items_over(ctx, "allocator", "allocator_step_share")
+    found = _timed_items_over(ctx, lambda c: c.allocator, "allocator_step_share")
     if not found:
         return None
     calls, total, step_ms, facts = found[min(found)]
@@ -192,7 +194,7 @@ def cpu_work(ctx: JobContext) -> dict | None:
     """Ops of the training thread that run on the CPU (no runtime call while they run) holding
     the host `cpu_work_step_share` of the step or more: the device waits while the thread that
     feeds it computes."""
-    found = _timed_items_over(ctx, "cpu_work", "cpu_work_step_share")
+    found = _timed_items_over(ctx, lambda c: c.cpu_work, "cpu_work_step_share")
     if not found:
         return None
     ops, total, step_ms, facts = found[min(found)]
