@@ -8,6 +8,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from diag.analyzers.analysis_types import rank_document
 from diag.collectors.live_state import LiveState
 from diag.live_verdict import LiveVerdicts
 from diag.step_record import StepRecord, to_json_record
@@ -70,12 +71,12 @@ class LiveFeed:
     def window_done(self, first: int, last: int, facts: dict) -> None:
         """A window's summary (facts) has landed: the live verdict judges it for the live views."""
         judged = self.verdicts.window_done(facts)
-        bound = judged.get("bound") if judged is not None else None
+        bound = judged.verdict.bound if judged is not None else None
         self.windows_analysed.append({"first_step": first, "last_step": last, "bound": bound})
         self._event("profiler", f"window {first}-{last} analysed" + (f": {bound}-bound" if bound else ""))
         exporter = self._collectors.exporter
         if exporter is not None:
-            exporter.observe_window(judged or facts)
+            exporter.observe_window(rank_document(judged) if judged is not None else facts)
 
     def write(self, launch, steps_done: int, status: str = "running") -> None:
         """live.json: what `diag top` shows of this rank, within a second or two of the step."""

@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from diag.analyzers.analysis_types import Rank, trace_facts_from_document
+from diag.analyzers.analysis_types import JudgedRank, trace_facts_from_document
 from diag.analyzers.diagnosis.decision_tree import verdict_from
 from diag.analyzers.diagnosis.rank import judge_trace
 from diag.analyzers.job.sampled import step_measurements, window_composition
@@ -54,10 +54,10 @@ class LiveVerdicts:
             self.log(f"agent: live verdicts off ({type(exc).__name__}: {exc})")
             return rec, {}
 
-    def window_done(self, analysis: Mapping[str, Any]) -> Rank | None:
+    def window_done(self, analysis: Mapping[str, Any]) -> JudgedRank | None:
         """The steps after an analysed window take its composition; its facts (the window
-        summary's analysis) judged: the rank dict with its verdict and findings, or None with
-        live verdicts off."""
+        summary's analysis) judged: the rank with its verdict and findings, or None with live
+        verdicts off."""
         facts = trace_facts_from_document(dict(analysis))
         try:
             comp = window_composition(facts)

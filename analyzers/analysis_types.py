@@ -2,14 +2,14 @@
 declared: what the analysis measures (the facts) and what the diagnosis adds (the verdicts).
 
 The facts are msgspec Structs: a rank's (`TraceRankFacts`, `RunRankFacts`, with their
-`CauseFacts`) and the job block's (`JobFacts`). The judged job block is a Struct too (`Job`);
-a judged rank is still a dict, its facts' keys (`facts_document`) followed by its
-`RankVerdict`'s, and steps are dicts declared by TypedDicts. Each stage returns a new value
-of the next type (`trace_facts` gives a `TraceRankFacts`, `diagnosis.rank.judge_trace` makes
-it a judged rank; `analyze_job` gives a `JobFacts`, `diagnosis.verdict.job_verdict` makes it
-a `Job`) and never rewrites its input. A window summary holds a `TraceRankFacts` in its
-document form, read back by `trace_facts_from_document`; the diagnosis reads a document's
-rank back through `rank_facts_from_document` and `rank_verdict_from_document`.
+`CauseFacts`) and the job block's (`JobFacts`). The judged forms are Structs too: a rank's
+facts with its `RankVerdict` (`JudgedRank`), the job block with its verdict (`Job`). Steps are
+dicts declared by TypedDicts. Each stage returns a new value of the next type (`trace_facts`
+gives a `TraceRankFacts`, `diagnosis.rank.judge_trace` makes it a `JudgedRank`; `analyze_job`
+gives a `JobFacts`, `diagnosis.verdict.job_verdict` makes it a `Job`) and never rewrites its
+input. A window summary holds a `TraceRankFacts` in its document form, read back by
+`trace_facts_from_document`; a document's judged ranks, as built or as saved, are read by
+`document_ranks`, and written by `rank_document`.
 `tests/test_analysis_types.py` checks real outputs against these declarations. Shares are
 fractions of the step's wall time; `_us` is microseconds on the trace's clock, `_ms`
 milliseconds.
@@ -211,10 +211,9 @@ class WindowFacts(msgspec.Struct, kw_only=True, frozen=True):
 
 
 class RankVerdict(msgspec.Struct, kw_only=True):
-    """What the diagnosis adds to a rank (diagnosis.rank.judge_trace and judge_run_rank, then
-    diagnosis.peers): written after its facts' keys, whose steps then carry each step's verdict
-    (TraceStep, RunStep). The diagnosis reads it back from a document's rank
-    (`rank_verdict_from_document`)."""
+    """What the diagnosis judged of a rank (diagnosis.rank.judge_trace and judge_run_rank, then
+    diagnosis.peers): its own verdict, each of its steps' and, on a run's rank, each of its
+    profiler windows'. The document writes its keys after the facts' (`rank_document`)."""
     bound: str | None = None  # decision_tree.BOUNDS, None where withheld
     title: str | msgspec.UnsetType = msgspec.UNSET  # a trace's; a run's where its own work decides (diagnosis.peers)
     summary: str | msgspec.UnsetType = msgspec.UNSET
@@ -223,11 +222,103 @@ class RankVerdict(msgspec.Struct, kw_only=True):
     sampled: bool | msgspec.UnsetType = msgspec.UNSET  # a trace's: too few of its host events for a firm verdict
     findings: list[dict] = []  # Finding's keys
     bound_via: int | msgspec.UnsetType = msgspec.UNSET  # bound through the rank it waits for (diagnosis.peers)
+    steps: list[dict] = []  # Verdict's keys: each of the facts' steps', in their order (written into the steps)
+    window_bounds: list[str | None] | msgspec.UnsetType = msgspec.UNSET  # a run's: each profiler window's (written into evidence.windows)
 
 
-# A judged rank as the document holds it (its facts' keys, then RankVerdict's): a plain dict,
-# which the diagnosis's readers take as they take a saved document's.
-Rank = dict[str, Any]
+# The verdict's keys as the document writes them, after the facts' keys. A run's rank gets its
+# title and summary only where its own work decides for a peer (diagnosis.peers), so they follow.
+_TRACE_VERDICT_KEYS = ("bound", "title", "summary", "path", "fixes", "sampled", "findings", "bound_via")
+_RUN_VERDICT_KEYS = ("bound", "path", "fixes", "findings", "title", "summary", "bound_via")
+# What a judged step holds beyond its facts.
+_STEP_VERDICT_KEYS = ("bound", "path")
+
+
+class JudgedRank(msgspec.Struct, kw_only=True, frozen=True):
+    """One rank of the analysis document: its facts and what the diagnosis judged of them. The
+    document writes it as one object (`rank_document`); `document_ranks` reads it back."""
+    facts: RankFacts  # written first, as facts_document writes them
+    verdict: RankVerdict = msgspec.field(default_factory=RankVerdict)  # its keys after the facts'; its steps' in theirs
+
+    @property
+    def rank(self) -> int | None:
+        return self.facts.rank
+
+
+def judged_steps(r: JudgedRank) -> list[dict[str, Any]]:
+    """The rank's steps as the document writes them: each step's facts with its verdict (a
+    trace's steps say "sampled" where the trace was)."""
+    facts, verdict = r.facts, r.verdict
+    evidence = ("sampled" if verdict.sampled is True else "trace") if isinstance(facts, TraceRankFacts) else None
+    out: list[dict[str, Any]] = []
+    for s, v in zip(facts.steps, verdict.steps):
+        step = {**s, "bound": v.get("bound"), "path": v.get("path") or []}
+        if evidence is not None:
+            step["evidence"] = evidence
+        out.append(step)
+    return out
+
+
+def rank_document(r: JudgedRank) -> dict[str, Any]:
+    """A judged rank as the document writes it: its facts' keys (`facts_document`) with its
+    steps' and windows' verdicts written into them, then its verdict's keys, unset ones left out."""
+    out = facts_document(r.facts)
+    verdict = r.verdict
+    out["steps"] = judged_steps(r)
+    if isinstance(r.facts, RunRankFacts):
+        keys = _RUN_VERDICT_KEYS
+        if verdict.window_bounds is not msgspec.UNSET:
+            evidence = dict(r.facts.evidence)
+            evidence["windows"] = [{**row, "bound": b} for row, b in
+                                   zip(evidence.get("windows") or [], verdict.window_bounds)]
+            out["evidence"] = evidence
+    else:
+        keys = _TRACE_VERDICT_KEYS
+    for name in keys:
+        value = getattr(verdict, name)
+        if value is not msgspec.UNSET:
+            out[name] = value
+    return out
+
+
+def document_ranks(doc) -> list[JudgedRank]:
+    """The judged ranks of an analysis document: as built, or read back from its JSON (a rank
+    without an integer number is left out)."""
+    out: list[JudgedRank] = []
+    for r in (doc.get("ranks") if isinstance(doc, dict) else None) or []:
+        if isinstance(r, JudgedRank):
+            if isinstance(r.rank, int):
+                out.append(r)
+        elif type(r) is dict and isinstance(r.get("rank"), int) and not isinstance(r["rank"], bool):
+            out.append(judged_rank_from_document(r, r["rank"]))
+    return out
+
+
+def judged_rank_from_document(raw: dict, rank: int) -> JudgedRank:
+    """A judged rank from its dict in an analysis document: its facts (the verdicts written into
+    its steps and windows taken out) and its verdict."""
+    steps = raw.get("steps")
+    steps = [s for s in steps if isinstance(s, dict)] if isinstance(steps, list) else []
+    # A sampled trace's steps say so (judged_steps); as measured, each was traced.
+    measured_as = "trace" if raw.get("sampled") is True and not RUN_ONLY_FIELDS & raw.keys() else None
+    facts_raw = {**raw, "steps": [_step_facts(s, measured_as) for s in steps]}
+    verdict = {k: raw[k] for k in _TRACE_VERDICT_KEYS if k in raw}
+    verdict["steps"] = [{k: s.get(k) for k in _STEP_VERDICT_KEYS} for s in steps]
+    evidence = raw.get("evidence")
+    windows = evidence.get("windows") if isinstance(evidence, dict) else None
+    if isinstance(evidence, dict) and isinstance(windows, list) and any(isinstance(w, dict) and "bound" in w
+                                                                        for w in windows):
+        rows = [w for w in windows if isinstance(w, dict)]
+        verdict["window_bounds"] = [w.get("bound") if isinstance(w.get("bound"), str) else None for w in rows]
+        facts_raw["evidence"] = {**evidence, "windows": [{k: v for k, v in w.items() if k != "bound"} for w in rows]}
+    return JudgedRank(facts=rank_facts_from_document(facts_raw, rank), verdict=settled(verdict, RankVerdict))
+
+
+def _step_facts(step: dict, measured_as: str | None) -> dict:
+    out = {k: v for k, v in step.items() if k not in _STEP_VERDICT_KEYS}
+    if measured_as is not None and "evidence" in out:
+        out["evidence"] = measured_as
+    return out
 
 
 class _JobParts(msgspec.Struct, kw_only=True):
@@ -273,7 +364,7 @@ class AnalysisDocument(TypedDict):
     schema: str
     source: NotRequired[str]  # a run directory's analysis: the directory
     run: NotRequired[dict]  # a run directory's analysis: its manifest's id, status, times, hosts, versions, config
-    ranks: list[Rank]
+    ranks: list[JudgedRank]  # written by rank_document
     job: Job
     errors: list[dict]  # {"source", "error"}: inputs that could not be analysed
     warnings: NotRequired[list[dict]]  # {"source", "warning"}: what the traces disagree on (diag analyze)
@@ -294,17 +385,11 @@ def facts_document(facts: TraceRankFacts | RunRankFacts) -> dict[str, Any]:
 
 
 def trace_facts_from_document(raw: dict) -> TraceRankFacts:
-    """A trace rank's facts from their document form (a window summary's "analysis", a judged
-    rank's dict), their types settled where they are read: a value a field cannot hold reads
-    as absent (diag.typed_json). Its steps are taken as they are (every reader of a step
-    checks what it reads)."""
+    """A trace rank's facts from their document form (a window summary's "analysis"), their
+    types settled where they are read: a value a field cannot hold reads as absent
+    (diag.typed_json). Its steps are taken as they are (every reader of a step checks what it
+    reads)."""
     return _facts_from_document(raw, TraceRankFacts, {})
-
-
-def rank_verdict_from_document(raw: dict) -> RankVerdict:
-    """What the diagnosis judged of a rank, from its dict in an analysis document (a value a
-    field cannot hold reads as absent)."""
-    return settled({k: raw[k] for k in RankVerdict.__struct_fields__ if k in raw}, RankVerdict)
 
 
 def rank_facts_from_document(raw: dict, rank: int) -> TraceRankFacts | RunRankFacts:

@@ -27,7 +27,7 @@ from typing import TypeVar, cast
 import msgspec
 
 from diag import atomic_io, rundir
-from diag.analyzers.analysis_types import JobFacts, Rank, RankFacts, TraceRankFacts
+from diag.analyzers.analysis_types import JobFacts, JudgedRank, RankFacts, TraceRankFacts, rank_document
 from diag.analyzers.diagnosis import decision_tree as dt
 from diag.analyzers.diagnosis import peers
 from diag.analyzers.diagnosis.document import build_diagnosis
@@ -99,8 +99,8 @@ def analyze_paths(paths, tree: dt.Tree | None = None, jobs: int | None = None, p
     return with_diagnosis(doc, tree, records)
 
 
-def _in_rank_order(ranks: Sequence[Rank]) -> list[Rank]:
-    return sorted(ranks, key=lambda r: _rank_key(r["rank"]))
+def _in_rank_order(ranks: Sequence[JudgedRank]) -> list[JudgedRank]:
+    return sorted(ranks, key=lambda r: _rank_key(r.rank))
 
 
 def _rank_key(rank: int | None) -> tuple[bool, int]:
@@ -109,8 +109,8 @@ def _rank_key(rank: int | None) -> tuple[bool, int]:
 
 
 def analyze_trace(path, tree: dt.Tree | None = None, rank: int | None = None, workers: int | None = 1,
-                  host_peaks: dict | None = None, step_range: tuple[int, int] | None = None) -> Rank:
-    """One trace file's rank dict of the diag.analysis/1 document, facts and verdicts."""
+                  host_peaks: dict | None = None, step_range: tuple[int, int] | None = None) -> JudgedRank:
+    """One trace file's rank of the diag.analysis/1 document: its facts and verdicts."""
     tree = tree or dt.load_tree()
     return judge_trace(trace_facts(path, tree.facts, rank=rank, workers=workers, host_peaks=host_peaks,
                                    step_range=step_range), tree)
@@ -127,10 +127,10 @@ def split_waits(trace_ranks: Sequence[TraceRankFacts]) -> list[TraceRankFacts]:
     return [r for docs in split.values() for r in docs]
 
 
-def judged_ranks(trace_ranks: Sequence[TraceRankFacts], tree, runs: Sequence[RunFacts] = ()) -> list[Rank]:
+def judged_ranks(trace_ranks: Sequence[TraceRankFacts], tree, runs: Sequence[RunFacts] = ()) -> list[JudgedRank]:
     """The ranks of one job with their verdicts: the traces' facts (their waits split) and the
     run directories' ranks, each judged on its own, then every rank bound by its peer resolved."""
-    judged: list[Rank] = [judge_trace(r, tree) for r in trace_ranks]
+    judged = [judge_trace(r, tree) for r in trace_ranks]
     for run in runs:
         judged += run.judged(tree)
     return peers.resolve(judged, tree)
@@ -194,7 +194,7 @@ class RunFacts:
     inputs: dict
     records: RunRecords
 
-    def judged(self, tree) -> list[Rank]:
+    def judged(self, tree) -> list[JudgedRank]:
         """The run's ranks, each judged on its own. A bug in judging the run analysis costs the
         precise verdict, not the report: the ranks of the window summaries are judged instead."""
         if not self.inputs:  # the ranks of the window summaries
@@ -396,6 +396,8 @@ def json_safe(obj):
         return {k if type(k) is str else str(k): json_safe(v) for k, v in obj.items()}
     if t is list:
         return [json_safe(v) for v in obj]
+    if t is JudgedRank:  # its facts and verdict, one object
+        return json_safe(rank_document(obj))
     if isinstance(obj, msgspec.Struct):  # a typed document: its JSON object, unset fields left out
         return {name: json_safe(v) for name in obj.__struct_fields__ if (v := getattr(obj, name)) is not msgspec.UNSET}
     if isinstance(obj, dict):

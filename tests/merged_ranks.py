@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from diag.analyzers.analysis_types import rank_facts_from_document, rank_verdict_from_document
-from diag.analyzers.diagnosis.inputs import MergedRank
+from diag.analyzers.analysis_types import judged_rank_from_document
+from diag.analyzers.diagnosis.inputs import MergedRank, weighed_facts
 
 
 def merged_rank(parts: dict, rank: int = 0) -> MergedRank:
     """A rank of the given parts ({"analysis": ..., "samples": ..., "info": ..., "host": ...}),
-    its analysis's facts and verdict read as `inputs.merge_ranks` reads them."""
-    analysis = parts.get("analysis") or {}
-    return MergedRank(rank=rank, facts=rank_facts_from_document(analysis, rank),
-                      verdict=rank_verdict_from_document(analysis), **parts)
+    its analysis (a judged rank's document form) read as `inputs.merge_ranks` reads a document's."""
+    parts = dict(parts)
+    judged = judged_rank_from_document(parts.pop("analysis", None) or {}, rank)
+    return MergedRank(rank=rank, facts=weighed_facts(judged), verdict=judged.verdict, **parts)
 
 
 def merged(ranks: dict) -> dict[int, MergedRank]:

@@ -18,7 +18,7 @@ import torch
 
 import diag
 from diag import atomic_io, rundir, segments
-from diag.analyzers.analysis_types import trace_facts_from_document
+from diag.analyzers.analysis_types import judged_steps, trace_facts_from_document
 from diag.analyzers.diagnosis.decision_tree import load_tree, verdict_from
 from diag.analyzers.diagnosis.rank import judge_run_rank
 from diag.analyzers.job.run_analysis import analyze_rank
@@ -313,7 +313,7 @@ def test_batched_sampled_verdicts_equal_the_per_step_ones(tmp_path, seed):
     rd = rundir.RunDir(tmp_path)
     facts, inputs = analyze_rank(rd, 0, tree.facts)
     got = judge_run_rank(facts, inputs.windows, inputs.sampled, tree)
-    sampled = [(s["step"], s["bound"], s["shares"], s["path"]) for s in got["steps"] if s["evidence"] == "sampled"]
+    sampled = [(s["step"], s["bound"], s["shares"], s["path"]) for s in judged_steps(got) if s["evidence"] == "sampled"]
     expected = _reference_steps(rd, 0, tree)
     assert len(sampled) == 594
     assert json.dumps(sampled) == json.dumps(expected)

@@ -13,6 +13,7 @@ import pynvml
 import pytest
 import torch
 from fake_gpu_libs import FakeNvidiaGpu, FakeNvml
+from rank_documents import ranks_of
 
 import diag
 from diag import rundir
@@ -75,7 +76,7 @@ def test_records_windows_and_verdicts(tmp_path):
     assert rd.rank_info(0)["status"] == "completed" and rd.manifest()["status"] == "completed"
 
     doc = analyze_run(agent.run_dir)
-    rank = doc["ranks"][0]
+    rank = ranks_of(doc)[0]
     by_step = {s["step"]: s for s in rank["steps"]}
     if windows[0].analysis is not None:  # the trace analyzer is present
         assert {n for n, s in by_step.items() if s["evidence"] == "trace"} == {3, 4, 9, 10}
@@ -111,7 +112,7 @@ def test_data_wait_is_measured(tmp_path):
             agent.step()
     steps = rundir.RunDir(agent.run_dir).steps(0)
     assert all(s.data_wait_s >= 0.025 and s.evidence == "sampled" for s in steps)
-    judged = analyze_run(agent.run_dir)["ranks"][0]["steps"]
+    judged = ranks_of(analyze_run(agent.run_dir))[0]["steps"]
     assert [s["bound"] for s in judged] == ["data"] * len(steps)
 
 
@@ -148,7 +149,7 @@ def test_keyboard_interrupt_leaves_a_reportable_run(tmp_path):
     rd = rundir.RunDir(agent.run_dir)
     assert rd.rank_info(0)["status"] == "interrupted" and rd.manifest()["status"] == "interrupted"
     doc = analyze_run(agent.run_dir)
-    assert [s["step"] for s in doc["ranks"][0]["steps"]] == list(range(6))
+    assert [s["step"] for s in ranks_of(doc)[0]["steps"]] == list(range(6))
     assert doc["errors"] == []
     from diag.report import write_report
 
@@ -288,10 +289,10 @@ def test_window_left_unanalysed_at_exit_is_analysed_offline(tmp_path):
     rd = rundir.RunDir(agent.run_dir)
     assert rd.traces(0) and rd.windows(0) == []
     doc = analyze_run(agent.run_dir)
-    steps = {s["step"]: s for s in doc["ranks"][0]["steps"]}
+    steps = {s["step"]: s for s in ranks_of(doc)[0]["steps"]}
     assert {n for n, s in steps.items() if s["evidence"] == "trace"} == {3, 4}
     assert steps[7]["evidence"] == "sampled" and steps[7]["bound"] in BOUNDS
-    assert doc["ranks"][0]["evidence"]["windows"][0]["first_step"] == 3
+    assert ranks_of(doc)[0]["evidence"]["windows"][0]["first_step"] == 3
 
 
 class _Writes:

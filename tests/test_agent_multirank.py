@@ -12,6 +12,7 @@ import textwrap
 import uuid
 
 import pytest
+from rank_documents import ranks_of
 
 from diag import rundir
 from diag.analyzers.analyze import analyze_run_dir as analyze_run
@@ -84,8 +85,8 @@ def test_killed_rank_is_named_by_the_survivors(tmp_path):
     assert doc["job"].missing_ranks == []
     assert {r["rank"]: (r["status"], r["closed"]) for r in doc["job"].reports["ranks"]} == {
         0: ("failed", True), 1: ("running", False)}
-    assert {r["rank"]: r["status"] for r in doc["ranks"]} == {0: "failed", 1: "running"}
-    assert len(doc["ranks"][1]["steps"]) == 8
+    assert {r["rank"]: r["status"] for r in ranks_of(doc)} == {0: "failed", 1: "running"}
+    assert len(ranks_of(doc)[1]["steps"]) == 8
 
     # Rank 0 wrote the job report at exit; the diagnosis names the rank that was killed.
     summary = json.loads((run_dir / "summary.json").read_text())

@@ -40,15 +40,18 @@ TRACE_VERDICT = {"bound", "title", "summary", "path", "fixes", "sampled", "findi
 RUN_VERDICT = {"bound", "path", "fixes", "findings"}
 
 
-def _judged_conforms(judged: dict, facts, required: set, where: str) -> None:
-    """A judged rank: its facts' keys in their order, then its verdict's (RankVerdict), which
-    read back as written."""
+def _judged_conforms(judged: types.JudgedRank, facts, required: set, where: str) -> None:
+    """A judged rank holds its facts as they were measured; its document form is its facts'
+    keys in their order, then its verdict's (RankVerdict), and reads back as it was."""
+    assert judged.facts == facts, where
+    doc = types.rank_document(judged)
     written = list(types.facts_document(facts))
-    assert list(judged)[:len(written)] == written, where
-    added = set(judged) - set(written)
+    assert list(doc)[:len(written)] == written, where
+    added = set(doc) - set(written)
     assert required <= added <= set(types.RankVerdict.__struct_fields__), f"{where}: {sorted(added)}"
-    verdict = types.rank_verdict_from_document(judged)
-    assert {k: getattr(verdict, k) for k in added} == {k: judged[k] for k in added}, where
+    assert len(judged.verdict.steps) == len(facts.steps), where
+    saved = json.loads(json.dumps(json_safe(doc)))
+    assert types.document_ranks({"ranks": [saved]}) == [judged], where
 
 
 def _reads_back(facts: types.TraceRankFacts) -> None:
@@ -69,7 +72,7 @@ def test_a_traces_facts_and_its_verdicts_are_as_declared(name):
     judged = judge_trace(facts, tree)
     assert facts == before  # a new value; the facts are left as they were
     _judged_conforms(judged, facts, TRACE_VERDICT, "judged")
-    _steps_conform(judged["steps"], types.TraceStep, "judged")
+    _steps_conform(types.judged_steps(judged), types.TraceStep, "judged")
 
 
 def _document_conforms(doc: dict, where: str) -> None:
@@ -89,9 +92,9 @@ def test_real_gpu_ranks_of_one_job_are_as_declared(real_traces):
     assert not hasattr(facts, "bound") and not hasattr(facts, "stragglers")  # no verdict among the facts
     split = split_waits([trace_facts(p, tree.facts) for p in paths])
     for r, f in zip(doc["ranks"], split):
-        _judged_conforms(r, f, TRACE_VERDICT, f"rank {r['rank']}")
-        _steps_conform(r["steps"], types.TraceStep, f"rank {r['rank']}")
-        assert r["wait_split"]["measured"] and f.wait_split["measured"]
+        _judged_conforms(r, f, TRACE_VERDICT, f"rank {r.rank}")
+        _steps_conform(types.judged_steps(r), types.TraceStep, f"rank {r.rank}")
+        assert r.facts.wait_split["measured"] and f.wait_split["measured"]
     # A saved document's job block reads back as the judged block it was written from.
     saved = json.loads(json.dumps(json_safe(doc)))["job"]
     assert "collective_facts" not in saved and "reports" not in saved  # in memory only; a run directory's
@@ -112,12 +115,14 @@ def test_a_real_runs_ranks_are_as_declared(demo_run_dir):
     judged = judge_run_rank(facts, inputs.windows, inputs.sampled, tree)
     assert facts == before
     _judged_conforms(judged, facts, RUN_VERDICT, "judged")
-    _steps_conform(judged["steps"], types.RunStep, "judged")
+    _steps_conform(types.judged_steps(judged), types.RunStep, "judged")
+    assert len(judged.verdict.window_bounds) == len(inputs.windows)
     doc = analyze_run_dir(demo_run_dir)
     _document_conforms(doc, "demo run")
     for r in doc["ranks"]:
-        facts, _ = analyze_rank(rd, r["rank"], tree.facts)
-        _judged_conforms(r, facts, RUN_VERDICT, f"rank {r['rank']}")
+        facts, _ = analyze_rank(rd, r.rank, tree.facts)  # the job's ranks then have their waits split
+        assert list(types.facts_document(r.facts)) == list(types.facts_document(facts))
+        _judged_conforms(r, r.facts, RUN_VERDICT, f"rank {r.rank}")
 
 
 def test_the_schema_page_is_what_the_code_declares():

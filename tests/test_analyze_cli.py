@@ -9,8 +9,8 @@ import sys
 import time
 
 import pytest
+from rank_documents import ranks_of, trace_rank
 
-from diag.analyzers.analyze import analyze_trace
 from diag.analyzers.diagnosis.decision_tree import BOUNDS
 
 RANK_KEYS = {"rank", "source", "device", "world_size", "bound", "steps", "gpu_time", "findings", "top_kernels",
@@ -61,7 +61,7 @@ def calibrated() -> dict:
 
 
 def test_cpu_profiler_run_end_to_end(cpu_trace, calibrated):
-    r = analyze_trace(cpu_trace, host_peaks=calibrated)
+    r = trace_rank(cpu_trace, host_peaks=calibrated)
     assert set(r) >= RANK_KEYS
     assert r["timeline"] == "cpu" and r["device_info"]["type"] == "cpu" and r["device_info"]["peaks"]
     assert len(r["steps"]) == ACTIVE
@@ -215,10 +215,10 @@ def test_real_traces_directory(real_traces):
             "(job128_rank0_sampled.json.gz, job128_rank1_sampled.json.gz)") in proc.stderr, proc.stderr
     pair = analyze_paths([real_traces / "job128_rank0_sampled.json.gz", real_traces / "job128_rank1_sampled.json.gz"],
                          jobs=2)
-    assert pair["errors"] == [] and [r["rank"] for r in pair["ranks"]] == [0, 1]
+    assert pair["errors"] == [] and [r["rank"] for r in ranks_of(pair)] == [0, 1]
     for name, bound in (("v100_1rank_compute.json.gz", "compute"), ("v100_resnet50_workers0_oldschema.json.gz", "data"),
                         ("a100_2rank_nccl.json.gz", None), ("mi250_rocm62_tiny.json.gz", None)):
-        (r,) = analyze_paths([real_traces / name], jobs=1)["ranks"]
+        (r,) = ranks_of(analyze_paths([real_traces / name], jobs=1))
         assert set(r) >= RANK_KEYS and r["gpu_time"]["idle_pct"] is not None
         assert all(set(s) >= STEP_KEYS for s in r["steps"])
         assert bound is None or r["bound"] == bound

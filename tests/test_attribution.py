@@ -6,8 +6,8 @@ import json
 
 import numpy as np
 import pytest
+from rank_documents import trace_rank
 
-from diag.analyzers.analyze import analyze_trace
 from diag.analyzers.intervals import normalize
 from diag.analyzers.trace.attribution import BOUNDS, CLASSES, attribute, normalize_shares
 
@@ -39,7 +39,7 @@ def test_gpu_priority_compute_memory_comm_data_host(tmp_path):
          "args": {"Device Type": 1, "Device Id": 0, "Total Allocated": 10 * 2**30, "Bytes": 2**30}},
     ]
     props = [{"id": 0, "name": "NVIDIA A100-SXM4-40GB", "totalGlobalMem": 40 * 2**30}]
-    r = analyze_trace(_write(tmp_path, events, deviceProperties=props))
+    r = trace_rank(_write(tmp_path, events, deviceProperties=props))
     (step,) = r["steps"]
     # compute 30; memory 20; comm only where no kernel runs: [40, 50) = 10;
     # data only while the device idles: [0, 10) + [75, 90) = 25; host the rest = 15.
@@ -67,7 +67,7 @@ def test_cpu_only_priority_data_compute_memory_comm_host(tmp_path):
         _x("cpu_op", "aten::add", 60, 2),  # shorter than the dispatch overhead: host
         _x("user_annotation", "gloo:all_reduce", 40, 40, tid=2),  # gloo thread
     ]
-    r = analyze_trace(_write(tmp_path, events, distributedInfo={"backend": "gloo", "rank": 1, "world_size": 2}))
+    r = trace_rank(_write(tmp_path, events, distributedInfo={"backend": "gloo", "rank": 1, "world_size": 2}))
     assert r["rank"] == 1 and r["world_size"] == 2 and r["timeline"] == "cpu"
     (step,) = r["steps"]
     assert step["step"] == 3
@@ -105,7 +105,7 @@ def real(real_traces):
 
     def get(name):
         if name not in cache:
-            cache[name] = analyze_trace(real_traces / f"{name}.json.gz")
+            cache[name] = trace_rank(real_traces / f"{name}.json.gz")
         return cache[name]
 
     return get

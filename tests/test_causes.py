@@ -7,6 +7,7 @@ import types
 import pytest
 from device_steps import host_steps, launch_steps
 from merged_ranks import merged
+from rank_documents import ranks_of
 
 from diag.analyzers.analysis_types import Job
 from diag.analyzers.diagnosis import causes as cs
@@ -129,7 +130,7 @@ def test_pageable_copies_are_named_on_a_real_data_bound_trace(real_data):
 def test_tiny_pageable_copies_are_no_cause_on_a_real_trace(real_data):
     """job128 copies 8 KB per step from pageable memory in a 600 ms host-bound step."""
     doc = _analyse(real_data, "job128_rank0_sampled.json.gz")
-    assert any("Pageable" in c["name"] for c in doc["ranks"][0]["copies"])
+    assert any("Pageable" in c["name"] for c in ranks_of(doc)[0]["copies"])
     assert "pageable_copies" not in {c["id"] for c in doc["diagnosis"].causes}
 
 
@@ -145,7 +146,7 @@ def test_a_cold_first_launch_on_a_real_rocm_trace_is_no_launch_bound_cause(real_
     events = _trace_events(real_data, name)
     kernels, n = _in_steps(events, lambda e: e.get("cat") == "kernel")
     launches, _ = _in_steps(events, lambda e: e.get("name") in ("hipLaunchKernel", "hipExtModuleLaunchKernel"))
-    lf = doc["ranks"][0]["launches"]
+    lf = ranks_of(doc)[0]["launches"]
     assert lf["kernels_per_step"] == pytest.approx(len(kernels) / n)
     assert lf["launch_ms_per_step"] == pytest.approx(sum(e["dur"] for e in launches) / 1e3 / n, rel=1e-3)
     assert lf["median_launch_us"] == pytest.approx(statistics.median(e["dur"] for e in launches), rel=1e-3)
@@ -266,7 +267,7 @@ def test_tf32_math_on_a_real_a100_trace_asks_for_bf16(real_data):
     bound it takes bf16 autocast, and as it is (host-bound) it names no compute cause."""
     doc = _analyse(real_data, "a100_2rank_nccl.json.gz")
     assert "fp32_math" not in {c["id"] for c in doc["diagnosis"].causes}
-    ranks = {0: {"analysis": doc["ranks"][0]}}
+    ranks = {0: {"analysis": ranks_of(doc)[0]}}
     (cause,) = cs.causes(_ctx(ranks, bound="compute", shares={"compute": 0.6}))
     assert cause["evidence"]["precision"] == "tf32" and "bfloat16" in cause["action"]
 
@@ -312,7 +313,7 @@ def test_an_elementwise_chain_is_named_on_a_real_v100_trace(real_data):
 
 def test_no_chain_is_named_where_elementwise_time_is_small(real_data):
     doc = _analyse(real_data, "job128_rank0_sampled.json.gz")
-    chains = doc["ranks"][0]["elementwise_chains"]
+    chains = ranks_of(doc)[0]["elementwise_chains"]
     assert chains and chains[0]["ms_per_step"] < 0.01 * 600
     assert "elementwise_chain" not in {c["id"] for c in doc["diagnosis"].causes}
 
@@ -466,7 +467,7 @@ def test_allocator_calls_are_named_on_a_real_a100_trace():
 
 def test_a_trace_without_allocator_calls_names_none(real_data):
     doc = _analyse(real_data, "v100_1rank_compute.json.gz")
-    assert doc["ranks"][0]["allocator"] == []
+    assert ranks_of(doc)[0]["allocator"] == []
     assert "allocator_calls" not in {c["id"] for c in doc["diagnosis"].causes}
 
 
@@ -506,9 +507,9 @@ def test_a_cold_first_launch_makes_no_launch_bound_cause(real_data, tmp_path):
     from diag.analyzers.analyze import analyze_paths
 
     doc = analyze_paths([str(path)], jobs=1)
-    lf = doc["ranks"][0]["launches"]
+    lf = ranks_of(doc)[0]["launches"]
     th = dt.load_tree().thresholds
-    step_ms = max(s["duration_ms"] for s in doc["ranks"][0]["steps"] if s.get("evidence") == "trace")
+    step_ms = max(s["duration_ms"] for s in ranks_of(doc)[0]["steps"] if s.get("evidence") == "trace")
     # Summed, the one slow call would pass both thresholds.
     assert lf["launch_ms_per_step"] >= th["launch_bound_ratio"] * lf["kernel_ms_per_step"]
     assert lf["launch_ms_per_step"] >= th["launch_bound_step_share"] * step_ms

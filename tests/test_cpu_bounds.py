@@ -13,8 +13,8 @@ import sys
 
 import pytest
 from conftest import FIXTURES
+from rank_documents import trace_rank
 
-from diag.analyzers.analyze import analyze_trace
 from diag.analyzers.diagnosis.decision_tree import CLASSES
 
 CASES = [
@@ -50,7 +50,7 @@ def _check_rank(rank: dict, bound: str) -> None:
 def test_fixture_gives_intended_bound(bound, rank):
     path = _fixture(bound, rank)
     assert path.stat().st_size < 200_000
-    result = analyze_trace(str(path))
+    result = trace_rank(str(path))
     assert result["rank"] == rank
     _check_rank(result, bound)
 
@@ -91,6 +91,6 @@ def test_live_compute_run_matches_fixture_verdict(tmp_path):
         sys.path.insert(0, str(FIXTURES))
     gen = importlib.import_module("make_cpu_traces")
     (path,) = gen.profile_compute(tmp_path)
-    result = analyze_trace(str(path))
+    result = trace_rank(str(path))
     assert len(result["steps"]) == gen.ACTIVE
     _check_rank(result, "compute")

@@ -10,10 +10,11 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+import msgspec
 import pytest
 from conftest import FIXTURES
 
-from diag.analyzers.analysis_types import trace_facts_from_document
+from diag.analyzers.analysis_types import rank_document
 from diag.analyzers.analyze import analyze_trace, job_facts, judged_ranks, split_waits
 from diag.analyzers.diagnosis.decision_tree import load_tree
 from diag.analyzers.diagnosis.document import build_diagnosis
@@ -69,8 +70,12 @@ def _ranks(paths):
 def _job(ranks):
     """The job block as the facade gives it: cross-rank facts, then the diagnosis's verdict."""
     tree = load_tree()
-    # The facts are those the judged ranks were made from (their document form read back).
-    return job_verdict(ranks, job_facts([trace_facts_from_document(r) for r in ranks], tree), tree)
+    return job_verdict(ranks, job_facts([r.facts for r in ranks], tree), tree)
+
+
+def _with_facts(r, **changes):
+    """A judged rank whose facts differ as given."""
+    return msgspec.structs.replace(r, facts=msgspec.structs.replace(r.facts, **changes))
 
 
 def _finding(job, fid):
@@ -86,7 +91,7 @@ def _judged_finding(ranks, job, fid):
 @pytest.mark.slow
 def test_sleeping_rank_is_named_straggler_with_evidence(gloo_job):
     ranks = _ranks(gloo_job["straggler"])
-    assert [r["rank"] for r in ranks] == [0, 1]
+    assert [r.rank for r in ranks] == [0, 1]
     job = _job(ranks)
 
     assert [s["rank"] for s in job.stragglers] == [1], job.stragglers
@@ -110,7 +115,7 @@ def test_sleeping_rank_is_named_straggler_with_evidence(gloo_job):
 
     # Waiting is not communication: rank 0's wait for rank 1 is its own class, and no rank is
     # comm-bound for it. The job follows the critical path: the straggler's own bound.
-    r0, r1 = ranks
+    r0, r1 = (rank_document(r) for r in ranks)
     assert r0["waits_for"] == 1 and r0["wait_split"]["measured"] is True
     assert r0["shares"]["wait"] >= 0.5 * DELAY_S * 1000 / statistics.median(s["duration_ms"] for s in r0["steps"])
     assert r0["shares"]["wait"] > 5 * r1["shares"]["wait"]
@@ -207,8 +212,8 @@ def test_job128_two_real_ranks(real_traces):
     ranks = _ranks(
         [real_traces / "job128_rank0_sampled.json.gz", real_traces / "job128_rank1_sampled.json.gz"]
     )
-    assert {r["rank"] for r in ranks} == {0, 1}
-    assert all(r["collectives"] for r in ranks), "the analyzer found no collectives in the job128 traces"
+    assert {r.rank for r in ranks} == {0, 1}
+    assert all(r.facts.causes.collectives for r in ranks), "the analyzer found no collectives in the job128 traces"
     job = _job(ranks)
     assert job.world_size == 128
     assert job.missing_ranks == list(range(2, 128))
@@ -219,13 +224,13 @@ def test_job128_two_real_ranks(real_traces):
     assert missing is not None and "126 of 128" in missing["message"] and missing["severity"] == "warning"
     assert job.collectives["source"] == "device"
     if job.collectives["matched_by"] == "order":
-        matched, total = _waits_by_order(ranks)
+        matched, total = _waits_by_order([rank_document(r) for r in ranks])
         assert job.collectives["matched"] == matched
         for row in job.rank_waits:
             assert row["wait_ms"] == pytest.approx(total[row["rank"]] / 1000, abs=0.002)
     # The wait split moves time from comm to wait, step by step, and nothing else; no rank's
     # exposed wait exceeds the time it spent waiting in matched collectives.
-    groups = match_collectives({r["rank"]: r["collectives"] for r in ranks})["groups"]
+    groups = match_collectives({r.rank: r.facts.causes.collectives for r in ranks})["groups"]
     assert groups
     raw_wait_ms = defaultdict(float)
     for g in groups:
@@ -234,23 +239,23 @@ def test_job128_two_real_ranks(real_traces):
             raw_wait_ms[rk] += (d - lo) / 1000
     single = [trace_facts(str(real_traces / f"job128_rank{r}_sampled.json.gz"), FACTS) for r in (0, 1)]
     for before, after in zip(single, ranks):
-        for sb, sa in zip(before.steps, after["steps"]):
+        for sb, sa in zip(before.steps, after.facts.steps):
             assert sb["shares"]["wait"] == 0.0
             assert sa["shares"]["comm"] + sa["shares"]["wait"] == pytest.approx(sb["shares"]["comm"], abs=1e-6)
             for c in ("data", "host", "memory", "compute"):
                 assert sa["shares"][c] == pytest.approx(sb["shares"][c], abs=1e-6)
-        exposed_wait_ms = sum(s["shares"]["wait"] * s["duration_ms"] for s in after["steps"])
-        assert 0 < exposed_wait_ms <= raw_wait_ms[after["rank"]] + 1e-6
+        exposed_wait_ms = sum(s["shares"]["wait"] * s["duration_ms"] for s in after.facts.steps)
+        assert 0 < exposed_wait_ms <= raw_wait_ms[after.rank] + 1e-6
     # The job verdict is the critical-path rank's own, on its own numbers.
     (pace,) = job.measurements["ranks"]
-    assert job.bound == next(r["bound"] for r in ranks if r["rank"] == pace)
+    assert job.bound == next(r.verdict.bound for r in ranks if r.rank == pace)
     for s in job.stragglers:
         assert s["evidence"]["blame_share"] >= 0.75
 
 
 def test_missing_duplicate_and_unknown_ranks():
     r0 = analyze_trace(str(FIXTURES / "cpu_comm_rank0.pt.trace.json.gz"))
-    assert r0["world_size"] == 2
+    assert r0.facts.world_size == 2
     job = _job([r0])
     assert job.missing_ranks == [1]
     assert "(rank 1)" in _judged_finding([r0], job, "missing_ranks")["message"]
@@ -260,11 +265,11 @@ def test_missing_duplicate_and_unknown_ranks():
     assert _finding(job, "comm_cause_undetermined") is not None
 
     # The analysis gives the facts; the findings are the diagnosis's.
-    twice = [r0, dict(r0, source="copy.json")]
+    twice = [r0, _with_facts(r0, source="copy.json")]
     job = _job(twice)
     assert job.duplicate_ranks == [{"rank": 0, "source": "copy.json"}] and _finding(job, "duplicate_ranks") is None
     assert "claim the same rank: rank 0 (copy.json)" in _judged_finding(twice, job, "duplicate_ranks")["message"]
-    unnamed = [r0, dict(r0, rank=None, source="anon.json")]
+    unnamed = [r0, _with_facts(r0, rank=None, source="anon.json")]
     job = _job(unnamed)
     assert job.unnamed_traces == ["anon.json"]
     assert _judged_finding(unnamed, job, "unknown_rank")["message"].startswith("1 trace(s) name no rank")
@@ -331,13 +336,13 @@ def test_scaling_efficiency_takes_the_slowest_rank_of_each_step(gloo_job):
     step time is that of its slower rank in each step."""
     ranks = _ranks(gloo_job["balanced"])
     two = {"ranks": ranks, "job": _job(ranks)}
-    one = {"ranks": [dict(ranks[0], world_size=1)], "job": {"world_size": 1}}
+    one = {"ranks": [_with_facts(ranks[0], world_size=1)], "job": {"world_size": 1}}
     res = scaling_efficiency(one, two, load_tree())
     step = statistics.median(
-        max(s["duration_ms"] for r in ranks for s in r["steps"] if s["step"] == k)
-        for k in {s["step"] for s in ranks[0]["steps"]}
+        max(s["duration_ms"] for r in ranks for s in r.facts.steps if s["step"] == k)
+        for k in {s["step"] for s in ranks[0].facts.steps}
     )
-    own = statistics.median(s["duration_ms"] for s in ranks[0]["steps"])
+    own = statistics.median(s["duration_ms"] for s in ranks[0].facts.steps)
     assert res["efficiency"] == pytest.approx(own / step, rel=1e-3)
 
 
@@ -355,7 +360,7 @@ def test_the_straggler_finding_names_the_likely_cause(gloo_job):
     assert 0.5 * DELAY_S * 1000 <= excess <= 1.5 * DELAY_S * 1000
     finding = next(f for f in doc["job"].findings if f["id"] == "straggler")
     assert "Likely cause on rank 1: host-side work" in finding["message"]
-    assert doc["job"].bound == next(r["bound"] for r in doc["ranks"] if r["rank"] == 1)
+    assert doc["job"].bound == next(r.verdict.bound for r in doc["ranks"] if r.rank == 1)
 
 
 def test_lateness_by_chance_is_the_binomial_tail():

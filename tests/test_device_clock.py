@@ -10,10 +10,10 @@ import time
 import numpy as np
 import pytest
 from fake_device import FakeDevice, VirtualClock
+from rank_documents import trace_rank
 
 from diag import Agent, rundir, segments
 from diag.analyzers import intervals as iv
-from diag.analyzers.analyze import analyze_trace
 from diag.analyzers.job.sampled import sampled_shares, step_measurements
 from diag.analyzers.trace.event_classes import is_data_annotation
 from diag.analyzers.trace.load import load_trace, step_windows
@@ -186,7 +186,7 @@ def test_on_a_recorded_gpu_trace_the_events_measure_the_trace_paths_data_share(r
     work beside it), fed to the sampled path, gives each step the trace path's data share;
     the utilisation alone gives at least it. Steps are the trace path's own windows."""
     path = real_data / "traces" / "v100_resnet50_workers0_oldschema.json.gz"
-    trace, doc = load_trace(path), analyze_trace(path)
+    trace, doc = load_trace(path), trace_rank(path)
     wanted = np.array([is_data_annotation(trace.names[i]) for i in trace.cpu_name], dtype=bool)
     waits = iv.normalize(np.column_stack([trace.cpu_ts[wanted], trace.cpu_ts[wanted] + trace.cpu_dur[wanted]]))
     device = iv.normalize(np.column_stack([trace.dev_ts, trace.dev_ts + trace.dev_dur]))
@@ -330,7 +330,7 @@ def test_a_gpu_trace_without_device_events_is_marked_and_never_confident(real_da
     import sys
 
     path = _stripped(real_data, tmp_path)
-    rank = analyze_trace(path)
+    rank = trace_rank(path)
     assert rank["device_events_missing"] and rank["timeline"] == "cpu"
     assert "device_events_missing" in {f["id"] for f in rank["findings"]}
     from diag.analyzers.analysis_types import trace_facts_from_document
@@ -345,10 +345,10 @@ def test_a_gpu_trace_without_device_events_is_marked_and_never_confident(real_da
     assert doc["diagnosis"]["bound"] is None and doc["diagnosis"]["confidence"]["level"] == "none"
     assert any("hold no device events" in r for r in doc["diagnosis"]["confidence"]["reasons"])
     # The untouched trace, and a CPU job's, are not marked.
-    assert not analyze_trace(real_data / "traces" / "a100_2rank_nccl.json.gz")["device_events_missing"]
+    assert not trace_rank(real_data / "traces" / "a100_2rank_nccl.json.gz")["device_events_missing"]
     from conftest import FIXTURES
 
-    assert not analyze_trace(FIXTURES / "cpu_compute_rank0.pt.trace.json.gz")["device_events_missing"]
+    assert not trace_rank(FIXTURES / "cpu_compute_rank0.pt.trace.json.gz")["device_events_missing"]
 
 
 def test_the_gpu_acceptance_run_is_one_line_where_there_is_no_gpu():

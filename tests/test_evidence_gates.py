@@ -9,6 +9,7 @@ import gzip
 import json
 
 import pytest
+from rank_documents import ranks_of
 
 from diag.analyzers.analyze import analyze_paths
 
@@ -32,8 +33,8 @@ def _stripped(real_data, tmp_path, name: str, keep, drop_keys=()) -> tuple[str, 
 
 def _assert_cant_tell(doc: dict) -> None:
     d = doc["diagnosis"]
-    assert d.bound is None and doc["ranks"][0]["bound"] is None
-    assert all(s.get("bound") is None for s in doc["ranks"][0]["steps"])
+    assert d.bound is None and ranks_of(doc)[0]["bound"] is None
+    assert all(s.get("bound") is None for s in ranks_of(doc)[0]["steps"])
     assert d.headline["text"].startswith("Can't tell: the trace holds no device events")
     assert not DEVICE_CAUSES & {c["id"] for c in d.causes}
     assert not [r for r in d.recommendations if r["id"].startswith("phase-")]
@@ -60,5 +61,20 @@ def test_a_host_only_trace_with_nccl_collectives_is_a_gpu_process(real_data, tmp
     assert any(str(e.get("name", "")).startswith("nccl:") for e in events)
     assert not any(e.get("cat") in ("cuda_runtime", "kernel") for e in events)
     doc = analyze_paths([path], jobs=1)
-    assert doc["ranks"][0]["device_events_missing"] is True
+    assert ranks_of(doc)[0]["device_events_missing"] is True
     _assert_cant_tell(doc)
+
+
+def test_a_sampled_trace_names_no_cause_from_its_ops(real_traces):
+    """job128's traces hold a small share of the host events the profiler numbered (filtered
+    after recording): its steps count as sampled, not traced, so no rule reads their ops as a
+    step's whole work. Its facts are kept as measured; only the diagnosis weighs them."""
+    from diag.analyzers.diagnosis.inputs import traced_steps, weighed_facts
+
+    doc = analyze_paths([str(real_traces / f"job128_rank{r}_sampled.json.gz") for r in (0, 1)], jobs=1)
+    for r in doc["ranks"]:
+        assert r.verdict.sampled is True
+        assert {s["evidence"] for s in r.facts.steps} == {"trace"}  # as measured
+        assert traced_steps(r.facts) > 0 and traced_steps(weighed_facts(r)) == 0
+    assert doc["diagnosis"].causes == []
+    assert "sampled_trace" in {f["id"] for f in doc["diagnosis"].findings}

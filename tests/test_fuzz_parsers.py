@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES
 from fuzz_mutations import fuzz, live_seeds, run_one, run_seeds, seeds
+from rank_documents import trace_rank
 
-from diag.analyzers.analyze import analyze_paths, analyze_trace
+from diag.analyzers.analyze import analyze_paths
 from diag.analyzers.trace.load import load_trace
 
 
@@ -60,7 +61,7 @@ def test_null_list_and_object_fields_are_ignored_for_that_event_alone(a100, tmp_
     evs[kernels[2]]["ts"] = [1, 2]           # no timestamp: the event is skipped
     evs[kernels[3]]["tid"] = {"odd": 1}      # any thread id tells threads apart
     evs.insert(3, "not an event")
-    doc = analyze_trace(str(_write(a100, tmp_path / "odd.json.gz")))
+    doc = trace_rank(str(_write(a100, tmp_path / "odd.json.gz")))
     rep = doc["repairs"]
     assert rep["events"] == 2 and rep["fields"] == 2, rep
     assert any(f"event {kernels[2] + 1}: unreadable timestamp" in x for x in rep["examples"]), rep
@@ -72,8 +73,8 @@ def test_a_flipped_byte_inside_a_key_skips_one_event_and_ends(real_traces, tmp_p
     raw = gzip.decompress((real_traces / "v100_resnet50_workers0_oldschema.json.gz").read_bytes())
     i = raw.find(b'"name"', len(raw) // 10)
     (tmp_path / "flip.json").write_bytes(raw[:i + 2] + b'"' + raw[i + 3:])
-    doc = analyze_trace(str(tmp_path / "flip.json"))
-    clean = analyze_trace(str(real_traces / "v100_resnet50_workers0_oldschema.json.gz"))
+    doc = trace_rank(str(tmp_path / "flip.json"))
+    clean = trace_rank(str(real_traces / "v100_resnet50_workers0_oldschema.json.gz"))
     assert doc["n_events"] == clean["n_events"] - 1
     assert doc["repairs"]["events"] == 1 and "corrupt JSON" in doc["repairs"]["examples"][0]
     assert doc["bound"] == clean["bound"] == "data"
@@ -83,12 +84,12 @@ def test_invalid_utf8_inside_a_gzipped_trace_is_skipped(real_traces, tmp_path):
     raw = gzip.decompress((real_traces / "mi250_rocm62_tiny.json.gz").read_bytes())
     i = raw.find(b'"name": "', raw.find(b'"traceEvents"')) + 9  # in an event's name
     (tmp_path / "utf8.json.gz").write_bytes(gzip.compress(raw[:i] + b"\xff\xfe" + raw[i:]))
-    doc = analyze_trace(str(tmp_path / "utf8.json.gz"))
+    doc = trace_rank(str(tmp_path / "utf8.json.gz"))
     assert doc["repairs"]["events"] == 1 and "invalid UTF-8" in doc["repairs"]["examples"][0]
     # In the metadata (the device's name), the device details survive with a replaced character.
     j = raw.find(b'"name": "') + 9
     (tmp_path / "meta.json.gz").write_bytes(gzip.compress(raw[:j] + b"\xff" + raw[j:]))
-    doc = analyze_trace(str(tmp_path / "meta.json.gz"))
+    doc = trace_rank(str(tmp_path / "meta.json.gz"))
     assert doc["repairs"]["fields"] == 1 and doc["repairs"]["examples"][0].startswith("metadata: invalid UTF-8")
     assert doc["device_info"]["name"].startswith("\ufffdAMD")
 

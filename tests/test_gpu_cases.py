@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from device_steps import device_step_windows, host_steps, launch_steps
 from merged_ranks import merged
+from rank_documents import ranks_of
 
 from diag.analyzers.analysis_types import Job
 from diag.analyzers.analyze import analyze_paths
@@ -44,7 +45,7 @@ def test_a_loop_that_runs_ahead_of_the_device_is_judged_on_the_device_time_of_ea
     and starts where the one before ended."""
     events = _events("matmul_bf16")
     steps, windows = host_steps(events), device_step_windows(events)
-    rank = _doc("matmul_bf16")["ranks"][0]
+    rank = ranks_of(_doc("matmul_bf16"))[0]
     got = [s["duration_ms"] for s in rank["steps"]]
     assert got == pytest.approx([(b - a) / 1e3 for a, b in windows], rel=1e-9)
     for k in range(len(steps)):
@@ -57,7 +58,7 @@ def test_a_loop_that_runs_ahead_of_the_device_is_judged_on_the_device_time_of_ea
 
 @pytest.mark.parametrize("case", sorted(c for c in CASES))
 def test_every_step_graph_explains_its_step(case):
-    assert _doc(case)["ranks"][0]["critical_path"]["max_error"] < 1e-6
+    assert ranks_of(_doc(case))[0]["critical_path"]["max_error"] < 1e-6
 
 
 def test_cpu_work_on_the_training_thread_is_named_with_its_ops():
@@ -91,7 +92,7 @@ def test_no_cpu_work_is_named_on_ddp_view_ops_or_a_sampled_trace(real_data):
     host events (a dropped launch would make any op look like CPU work) name none."""
     for name in ("a100_2rank_nccl.json.gz", "job128_rank0_sampled.json.gz"):
         doc = analyze_paths([str(real_data / "traces" / name)], jobs=1)
-        named = [o for r in doc["ranks"] for o in r.get("cpu_work") or []]
+        named = [o for r in ranks_of(doc) for o in r.get("cpu_work") or []]
         assert not any("unflatten" in o["name"] for o in named), name
         assert "cpu_work_on_training_thread" not in {c["id"] for c in doc["diagnosis"].causes}
 

@@ -10,6 +10,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+from rank_documents import ranks_of
 
 from diag.analyzers.analyze import analyze_run_dir
 from diag.analyzers.job.sampled import device_busy_floor
@@ -30,7 +31,7 @@ def test_a_step_the_host_ran_ahead_of_is_the_devices(case):
     ahead = [r for r in recs if r["device_s"] and r["duration_s"] < 0.5 * r["device_s"] and not r["profiled"]]
     assert len(ahead) >= 10 or case == "pageable_copy"  # the pageable copy holds the host: it cannot run ahead
     doc = analyze_run_dir(RUNS / case)
-    steps = {s["step"]: s for s in doc["ranks"][0]["steps"]}
+    steps = {s["step"]: s for s in ranks_of(doc)[0]["steps"]}
     for r in ahead:
         assert steps[r["step"]]["duration_ms"] == pytest.approx(1000 * r["device_s"])
         assert steps[r["step"]]["host_ms"] == pytest.approx(1000 * r["duration_s"])

@@ -17,9 +17,9 @@ import zlib
 
 import pytest
 from conftest import FIXTURES
+from rank_documents import trace_rank
 
 from diag import atomic_io, inflate, rundir, segments
-from diag.analyzers.analyze import analyze_trace
 
 CPU_TRACE = FIXTURES / "cpu_compute_rank0.pt.trace.json.gz"
 
@@ -65,9 +65,9 @@ def test_an_event_nested_too_deep_is_skipped_and_counted(tmp_path, where, depth)
                                           f'"pid": 1, "tid": 1, "args": {{"a": {deep}}}}}'
     path = tmp_path / "deep.json"
     path.write_text(_with_event(_trace_text(), event))
-    clean = analyze_trace(CPU_TRACE)
+    clean = trace_rank(CPU_TRACE)
     t0 = time.monotonic()
-    doc = analyze_trace(path)
+    doc = trace_rank(path)
     assert time.monotonic() - t0 < 30
     assert doc["repairs"]["events"] == 1 and "nested too deep" in doc["repairs"]["examples"][0]
     assert doc["n_events"] == clean["n_events"] and doc["bound"] == clean["bound"]
@@ -85,7 +85,7 @@ def test_integers_beyond_int64_are_ignored_field_by_field(tmp_path, field, value
         e.setdefault("args", {})[field] = value
     path = tmp_path / "big.json"
     path.write_text(json.dumps(doc))
-    rank = analyze_trace(path)
+    rank = trace_rank(path)
     assert rank["repairs"]["fields"] == len(ops) and rank["repairs"]["events"] == 0
     assert f"args.{field} = {value!r}"[:40] in " ".join(rank["repairs"]["examples"])
 
@@ -99,7 +99,7 @@ def test_numbers_beyond_float_range_are_ignored(tmp_path):
     text = json.dumps(doc).replace('"dur": 123456.0', '"dur": 1e400')
     path = tmp_path / "inf.json"
     path.write_text(text)
-    rank = analyze_trace(path)
+    rank = trace_rank(path)
     assert rank["repairs"]["fields"] >= len(ops)
     assert any("beyond the float range" in x for x in rank["repairs"]["examples"])
 
@@ -297,7 +297,7 @@ def test_a_name_of_megabytes_is_cut_once_and_noted(tmp_path):
             e["name"] = long_name
     path = tmp_path / "long.json"
     path.write_text(json.dumps(doc))
-    rank = analyze_trace(path)
+    rank = trace_rank(path)
     assert rank["repairs"]["fields"] == 1
     assert f"of {len(long_name):,} characters cut to {MAX_NAME_CHARS:,}" in rank["repairs"]["examples"][0]
     names = [k["name"] for k in rank["top_kernels"]]

@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 from conftest import FIXTURES
+from rank_documents import ranks_of
 
 from diag.analyzers.analyze import analyze_paths
 from diag.analyzers.diagnosis import decision_tree as dt
@@ -63,7 +64,7 @@ def _marker_starts(path, prefix):
 
 def test_a_trace_of_the_older_profiler_is_judged_on_its_steady_iterations(old_api_trace):
     doc = analyze_paths([str(old_api_trace)])
-    rank = doc["ranks"][0]
+    rank = ranks_of(doc)[0]
     it = rank["iterations"]
     assert it["marker"] == "Optimizer.step#SGD.step" and it["marker_kind"] == "the optimizer's step"
     # Iterations run from one optimizer step to the next: STEPS - 1 of them, the first two
@@ -82,7 +83,7 @@ def test_taken_whole_the_same_trace_gets_the_start_ups_verdict(old_api_trace, tm
     config = tmp_path / "whole.toml"
     config.write_text("[thresholds]\niteration_min_count = 1000\n")
     doc = analyze_paths([str(old_api_trace)], tree=dt.load_tree(config))
-    rank = doc["ranks"][0]
+    rank = ranks_of(doc)[0]
     assert len(rank["steps"]) == 1 and rank["iterations"]["marker"] is None
     assert doc["diagnosis"].bound == "host"
     assert any(f["id"] == "no_iterations" for f in doc["diagnosis"].findings)
@@ -91,8 +92,8 @@ def test_taken_whole_the_same_trace_gets_the_start_ups_verdict(old_api_trace, tm
 
 def test_a_trace_with_profiler_steps_keeps_them():
     doc = analyze_paths([str(FIXTURES / "cpu_compute_rank0.pt.trace.json.gz")])
-    assert doc["ranks"][0]["iterations"] is None
-    assert all(isinstance(s["step"], int) for s in doc["ranks"][0]["steps"])
+    assert ranks_of(doc)[0]["iterations"] is None
+    assert all(isinstance(s["step"], int) for s in ranks_of(doc)[0]["steps"])
 
 
 def _annotated(tmp_path, gaps_us: list[float], name="train_step"):

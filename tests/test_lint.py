@@ -43,7 +43,7 @@ LAYERS = {
                             f"{_ANALYZERS}.diagnosis", f"{_ANALYZERS}.plan.memory", *RUN_DOCUMENTS),
     "analyzers/plan": ("diag.errors", f"{_ANALYZERS}.numbers", f"{_ANALYZERS}.plan", f"{_ANALYZERS}.trace.devices",
                        f"{_ANALYZERS}.nccl.expected"),
-    "analyzers/views": ("diag.errors", f"{_ANALYZERS}.diagnosis", f"{_ANALYZERS}.views",
+    "analyzers/views": ("diag.errors", f"{_ANALYZERS}.diagnosis", f"{_ANALYZERS}.views", f"{_ANALYZERS}.analysis_types",
                         f"{_ANALYZERS}.job.cross_rank", f"{_ANALYZERS}.numbers", *RUN_DOCUMENTS),
     "analyzers/analyze.py": ("diag.errors", *RUN_DIR, _ANALYZERS),
     "analyzers/run_records.py": ("diag.errors", *RUN_DIR, f"{_ANALYZERS}.nccl", f"{_ANALYZERS}.analysis_types"),
@@ -76,7 +76,7 @@ LAYERS = {
                             "diag.window_analysis", f"{_ANALYZERS}.trace.devices"),
     "agent/background.py": ("diag.collectors", "diag.step_record"),
     "agent/live_feed.py": ("diag.collectors", "diag.live_verdict", "diag.step_record",
-                           f"{_ANALYZERS}.diagnosis.decision_tree"),
+                           f"{_ANALYZERS}.diagnosis.decision_tree", f"{_ANALYZERS}.analysis_types"),
     "agent/job_finish.py": (*RUN_DIR, "diag.report"),
     "agent/job_inputs.py": ("diag.batches", "diag.collectors", *RUN_DIR),
     "agent/on_demand.py": ("diag.exporter",),
@@ -238,7 +238,7 @@ def test_the_diagnosis_calls_nothing_of_the_analysis_at_run_time(real_traces, de
     assert not calls, calls
     # The trace was live: the judgement ran (stragglers over matched collectives, sampled steps).
     assert docs[0]["job"].rank_waits and docs[1]["diagnosis"].bound
-    assert any(s.get("evidence") == "sampled" for r in docs[1]["ranks"] for s in r["steps"])
+    assert any(s.get("evidence") == "sampled" for r in docs[1]["ranks"] for s in r.facts.steps)
 
 
 MAX_FUNCTION_LINES = 80

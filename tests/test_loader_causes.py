@@ -9,6 +9,7 @@ import time
 
 import pytest
 import torch
+from rank_documents import ranks_of
 
 import diag
 from diag.analyzers.analyze import analyze_run_dir
@@ -124,7 +125,7 @@ def test_collating_in_the_training_process_is_told_from_reading(tmp_path):
     assert 60.0 <= ev["collate_ms"] <= ev["data_wait_ms"] and ev["collate_ms"] >= 0.5 * ev["data_wait_ms"]
     assert "collate_fn takes" in cause["text"] and "Collating is the larger part" in cause["action"]
     assert torch.equal(seen[0], torch.stack([torch.full((8,), float(i)) for i in range(4)]))
-    steps = [s for s in doc["ranks"][0]["steps"] if s.get("collate_ms") is not None]
+    steps = [s for s in ranks_of(doc)[0]["steps"] if s.get("collate_ms") is not None]
     assert len(steps) >= 15
 
 

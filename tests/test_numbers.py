@@ -40,6 +40,8 @@ def test_a_rank_with_no_compute_keeps_its_infinite_memory_to_compute():
 
     shares = {"data_share": 0.0, "host_share": 0.04, "comm_share": 0.006, "wait_share": 0.04,
               "memory_share": 0.914, "compute_share": 0.0}
-    m = rank_measurements({"measurements": {**shares, "memory_to_compute": math.inf}})
+    from diag.analyzers.analysis_types import TraceRankFacts
+
+    m = rank_measurements(TraceRankFacts(measurements={**shares, "memory_to_compute": math.inf}))
     assert m["memory_to_compute"] == math.inf
     assert dt.verdict_from(m, dt.load_tree())["bound"] == "memory"

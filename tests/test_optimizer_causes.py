@@ -9,6 +9,7 @@ import json
 
 import pytest
 import torch
+from rank_documents import ranks_of
 from torch.profiler import profile, schedule
 
 from diag.analyzers.analyze import analyze_paths
@@ -58,7 +59,7 @@ def test_a_foreach_sgd_on_a_real_a100_trace_is_told_to_fuse(real_data):
 
 def test_a_cheap_optimizer_is_no_cause_on_a_real_v100_trace(real_data):
     doc = analyze_paths([str(real_data / "traces" / "v100_1rank_compute.json.gz")], jobs=1)
-    opt = doc["ranks"][0]["optimizer"]
+    opt = ranks_of(doc)[0]["optimizer"]
     assert opt["name"] == "SGD" and opt["implementation"] == "foreach"
     assert "optimizer_step" not in {c["id"] for c in doc["diagnosis"].causes}
 

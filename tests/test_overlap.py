@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from rank_documents import ranks_of
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from diag.analyzers.diagnosis.decision_tree import load_tree
@@ -108,7 +109,7 @@ def test_fsdp_collectives_are_told_fsdps_own_levers(tmp_path, mode):
     synced) prefetching, said to be missing in forward only where the trace has no forward
     prefetch. The prefetches per step are the trace's own labels."""
     out, doc = _fsdp_job(tmp_path, mode)
-    fsdp = doc["ranks"][0]["fsdp"]
+    fsdp = ranks_of(doc)[0]["fsdp"]
     backward, steps = _labels(out / "rank-0.json", "FSDP::backward_prefetch for ")
     forward, _ = _labels(out / "rank-0.json", "FSDP::forward_prefetch for ")
     assert fsdp["version"] == 2 and fsdp["units"] == 4

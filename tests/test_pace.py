@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from diag.analyzers.analysis_types import Job
+from diag.analyzers.analysis_types import Job, document_ranks
 from diag.analyzers.diagnosis import decision_tree as dt
 from diag.analyzers.diagnosis.pace import pace_setter
 from diag.analyzers.diagnosis.verdict import job_verdict
@@ -45,7 +45,7 @@ def test_the_job_verdict_is_measured_on_the_pace_setting_rank(wait_0, paced):
     nothing: both ranks count."""
     steps = [100.0, 100.5, 99.5, 100.2, 99.8, 100.1]
     ranks = [_rank(0, steps, wait_0 if wait_0 else 0.1, "compute"), _rank(1, steps, 0.1, "compute")]
-    job = job_verdict(ranks, Job(rank_waits=_waits(0, 1)), dt.load_tree())
+    job = job_verdict(document_ranks({"ranks": ranks}), Job(rank_waits=_waits(0, 1)), dt.load_tree())
     assert job.measurements["ranks"] == paced
     assert ("pace" in job.measurements) == (len(paced) == 1)
 
@@ -53,5 +53,5 @@ def test_the_job_verdict_is_measured_on_the_pace_setting_rank(wait_0, paced):
 def test_without_measured_waits_every_rank_counts():
     steps = [100.0, 100.5, 99.5, 100.2]
     ranks = [_rank(0, steps, 0.02, "compute"), _rank(1, steps, 0.1, "compute")]
-    job = job_verdict(ranks, Job(), dt.load_tree())
+    job = job_verdict(document_ranks({"ranks": ranks}), Job(), dt.load_tree())
     assert job.measurements["ranks"] == [0, 1]

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from rank_documents import ranks_of
 
 from diag.analyzers.analyze import analyze_run_dir as analyze_run
 
@@ -35,7 +36,7 @@ def demo_run(demo_run_dir):
 
 def test_the_agent_records_the_model_and_the_profiled_flops(demo_run):
     doc = analyze_run(demo_run)
-    for r in doc["ranks"]:
+    for r in ranks_of(doc):
         m = r["model"]
         assert m["params"] == PARAMS and m["param_bytes"] == m["grad_bytes"] == 4 * PARAMS
         assert m["optimizer"] == "SGD" and m["optimizer_state_bytes"] == 0
@@ -47,7 +48,7 @@ def test_the_agent_records_the_model_and_the_profiled_flops(demo_run):
 def test_plan_run_uses_the_measured_rates_and_checks_itself(demo_run):
     doc = json.loads(_diag("plan", "--run", str(demo_run), "--json").stdout)
     facts = analyze_run(demo_run)
-    achieved = sorted(r["rates"]["achieved_flops_per_s"] for r in facts["ranks"])
+    achieved = sorted(r["rates"]["achieved_flops_per_s"] for r in ranks_of(facts))
     assert doc["measured"]["achieved_flops_per_s"] == pytest.approx(sum(achieved) / 2)  # the median of two
     assert doc["rates"]["flops"].startswith("measured:") and doc["rates"]["intra_busbw"].startswith("measured:")
     assert doc["layout"]["gpus"] == 2 and doc["layout"]["micro_batch"] == BATCH

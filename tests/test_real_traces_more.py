@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from conftest import FIXTURES
 from device_steps import device_step_windows
+from rank_documents import ranks_of
 
 from diag.analyzers.analyze import analyze_paths
 from diag.analyzers.trace import event_classes as ec
@@ -84,7 +85,7 @@ def test_fixture_facts(name):
 def test_loaded_and_analysed(name):
     doc = _doc(name)
     assert doc["errors"] == []
-    (rank,) = doc["ranks"]
+    (rank,) = ranks_of(doc)
     assert rank["n_events"] == len(_raw(name))
     steps = _steps(name)
     if steps:
@@ -113,7 +114,7 @@ def test_kernels_and_communication_match_the_raw_json(name):
     assert int(comm.sum()) == len(raw)
     assert math.fsum(trace.dev_dur[comm].tolist()) == pytest.approx(math.fsum(e["dur"] for e in raw), abs=1e-6)
     # Every communication kernel becomes one device collective record.
-    device_records = [c for c in _doc(name)["ranks"][0]["collectives"] if c["on"] == "device"]
+    device_records = [c for c in ranks_of(_doc(name))[0]["collectives"] if c["on"] == "device"]
     assert len(device_records) == len(raw)
 
 
@@ -164,7 +165,7 @@ def test_expert_parallel_comm_on_its_own_stream_is_overlapped_not_memory():
     gemm_streams = {e["args"]["stream"] for e in _kernels(name) if "gemm" in e["name"].lower()}
     assert comm_streams and gemm_streams and not comm_streams & gemm_streams
 
-    rank = _doc(name)["ranks"][0]
+    rank = ranks_of(_doc(name))[0]
     assert rank["shares"]["comm"] == pytest.approx(exposed / (hi - lo), rel=1e-6)
     assert rank["shares"]["comm"] > 0
     assert {c["name"] for c in rank["collectives"]} == {"all_to_all"}
@@ -189,7 +190,7 @@ def test_hip_graph_replay_with_triton_kernels():
 
 
 def test_symmetric_memory_all_reduce_is_named():
-    records = _doc("b200_vllm_tp8_symm_mem")["ranks"][0]["collectives"]
+    records = ranks_of(_doc("b200_vllm_tp8_symm_mem"))[0]["collectives"]
     multimem = [c for c in records if "multimem_all_reduce_kernel" in c["kernel"]]
     assert len(multimem) == len([e for e in _kernels("b200_vllm_tp8_symm_mem")
                                  if "multimem_all_reduce_kernel" in e["name"]])

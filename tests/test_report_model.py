@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from rank_documents import ranks_of
 from report_helpers import CLASSES, analysis_rank, shares_for, write_run
 
 from diag import atomic_io, rundir
@@ -393,7 +394,7 @@ def test_real_gpu_trace_through_the_real_analyzer(real_traces, tmp_path):
 
     doc = analyze_paths([str(real_traces / "a100_2rank_nccl.json.gz")])
     m = build_model(doc)
-    rank = doc["ranks"][0]
+    rank = ranks_of(doc)[0]
     assert m["bound"] == doc["job"].bound
     top = max(rank["top_kernels"], key=lambda k: k["time_ms"])
     assert m["top_kernels"][0]["name"] == top["name"] and m["top_kernels"][0]["class"] == top["class"]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from device_steps import device_step_windows
+from rank_documents import ranks_of
 
 from diag.analyzers.analyze import analyze_paths, json_safe
 
@@ -34,9 +35,9 @@ def test_a_bare_array_is_read_with_or_without_its_closing_bracket(tmp_path, even
     path = tmp_path / "trace.json"
     path.write_text(text)
     doc = analyze_paths([str(path)], jobs=1)
-    got = [s["duration_ms"] for s in doc["ranks"][0]["steps"]]
+    got = [s["duration_ms"] for s in ranks_of(doc)[0]["steps"]]
     assert got == pytest.approx([(b - a) / 1e3 for a, b in device_step_windows(events)], rel=1e-9)
-    assert not any("writer stopped" in n for n in doc["ranks"][0].get("notes") or [])
+    assert not any("writer stopped" in n for n in ranks_of(doc)[0].get("notes") or [])
 
 
 def test_an_array_cut_inside_its_last_event_keeps_the_events_before_it(tmp_path, events):
@@ -46,7 +47,7 @@ def test_an_array_cut_inside_its_last_event_keeps_the_events_before_it(tmp_path,
     path.write_text(text[: len(text) - len(last) // 2])
     doc = analyze_paths([str(path)], jobs=1)
     assert "the event array ends inside an event" in json.dumps(json_safe(doc))
-    assert len(doc["ranks"][0]["steps"]) == len(device_step_windows(events[:-1]))
+    assert len(ranks_of(doc)[0]["steps"]) == len(device_step_windows(events[:-1]))
 
 
 @pytest.mark.parametrize("text,message", [("[{\"ph\": \"X\"}] trailing", "data after the trace's event array"),

@@ -6,8 +6,9 @@ import copy
 
 import msgspec
 import pytest
+from rank_documents import ranks_of
 
-from diag.analyzers.analysis_types import CauseFacts, JobFacts, TraceRankFacts
+from diag.analyzers.analysis_types import CauseFacts, JobFacts, TraceRankFacts, document_ranks, rank_document
 from diag.analyzers.diagnosis import decision_tree as dt
 from diag.analyzers.diagnosis import peers
 from diag.analyzers.diagnosis.borderline import borderline
@@ -47,7 +48,8 @@ def test_the_early_rank_waits_at_the_head_of_the_collective(tree):
     split, facts = waits.split_waits({0: [r0], 1: [r1]})
     assert [r0, r1] == before  # new values: the inputs are left as they were
     assert facts == {"matched": 1, "waits_for": {0: 1}}
-    r0, r1 = judge_trace(split[0][0], tree), judge_trace(split[1][0], tree)
+    j0, j1 = judge_trace(split[0][0], tree), judge_trace(split[1][0], tree)
+    r0, r1 = rank_document(j0), rank_document(j1)
     s0 = r0["steps"][0]["shares"]
     assert s0["wait"] == pytest.approx(0.30) and s0["comm"] == pytest.approx(0.10)
     assert sum(s0.values()) == 1.0
@@ -56,7 +58,7 @@ def test_the_early_rank_waits_at_the_head_of_the_collective(tree):
     assert r0["wait_split"] == {"measured": True, "matched_collectives": 1}
     # 30% waiting: rank 0 is handed to rank 1, which is compute-bound; nobody is comm-bound.
     assert r0["bound"] == dt.PEER and r1["bound"] == "compute"
-    r0, r1 = peers.resolve([r0, r1], tree)
+    r0, r1 = (rank_document(r) for r in peers.resolve([j0, j1], tree))
     assert r0["bound"] == "compute" and r0["bound_via"] == 1
     node = next(n for n in r0["path"] if n["node"] == "peer_wait")
     assert node["peer"] == 1 and "rank 1, which is compute-bound" in node["question"]
@@ -89,7 +91,7 @@ def test_ranks_that_wait_for_each_other_in_turn_keep_their_own_verdict(tree):
          "measurements": {"data_share": 0.0, "host_share": 0.05, "comm_share": 0.05, "wait_share": 0.3,
                           "memory_share": 0.5, "compute_share": 0.1, "memory_to_compute": 5.0}}
     b = {**copy.deepcopy(a), "rank": 1, "waits_for": 0}
-    a, b = peers.resolve([a, b], tree)
+    a, b = (rank_document(r) for r in peers.resolve(document_ranks({"ranks": [a, b]}), tree))
     assert a["bound"] == b["bound"] == "memory"
     node = next(n for n in a["path"] if n["node"] == "peer_wait")
     assert node["answer"] == "no" and "in turn" in node["forced"]
@@ -99,7 +101,7 @@ def test_job_verdict_on_ranks_that_all_wait_is_their_own_work(tree):
     m = {"data_share": 0.0, "host_share": 0.05, "comm_share": 0.05, "wait_share": 0.3,
          "memory_share": 0.1, "compute_share": 0.5, "memory_to_compute": 0.2}
     ranks = [{"rank": 0, "bound": "compute", "measurements": m, "steps": []}]
-    job = job_verdict(ranks, JobFacts(), tree)
+    job = job_verdict(document_ranks({"ranks": ranks}), JobFacts(), tree)
     assert job.bound == "compute"
     assert next(n for n in job.path if n["node"] == "peer_wait")["forced"]
 
@@ -121,7 +123,7 @@ def _noisy_rank(values):
 def test_borderline_when_the_deciding_share_is_within_the_steps_scatter(tree):
     # Exposed comm scatters 0.12-0.28 around 0.19: the 20% threshold is well inside the noise.
     noisy = [0.12, 0.28, 0.15, 0.25, 0.19, 0.13, 0.26, 0.18]
-    job = job_verdict([_noisy_rank(noisy)], JobFacts(), tree)
+    job = job_verdict(document_ranks({"ranks": [_noisy_rank(noisy)]}), JobFacts(), tree)
     assert job.bound == "compute"
     edge = job.borderline
     assert edge["candidates"] == ["compute", "comm"] and edge["node"] == "exposed_comm"
@@ -129,7 +131,7 @@ def test_borderline_when_the_deciding_share_is_within_the_steps_scatter(tree):
     assert abs(edge["value"] - 0.20) <= edge["noise"]
     # The same mean with steady steps is a clear verdict.
     steady = [0.19 + 0.001 * (i % 2) for i in range(8)]
-    clear = job_verdict([_noisy_rank(steady)], JobFacts(), tree)
+    clear = job_verdict(document_ranks({"ranks": [_noisy_rank(steady)]}), JobFacts(), tree)
     assert clear.bound == "compute" and clear.borderline is None
 
 
@@ -178,7 +180,7 @@ def test_a_single_rank_of_a_job_says_its_waiting_is_not_measured(real_traces, tm
     from diag.report import write_report_from_analysis
 
     doc = analyze_paths([real_traces / "job128_rank0_sampled.json.gz"])
-    (rank,) = doc["ranks"]
+    (rank,) = ranks_of(doc)
     assert rank["wait_split"] == {"measured": False, "reason": "a single rank: no peer to match collectives with"}
     assert rank["waits_for"] is None and "wait_share" not in rank["measurements"]
     write_report_from_analysis(doc, tmp_path)
@@ -187,4 +189,4 @@ def test_a_single_rank_of_a_job_says_its_waiting_is_not_measured(real_traces, tm
            "collectives with)." in missing
     # The pair is split: neither rank is left unmeasured.
     pair = analyze_paths([real_traces / "job128_rank0_sampled.json.gz", real_traces / "job128_rank1_sampled.json.gz"])
-    assert all(r["wait_split"]["measured"] for r in pair["ranks"])
+    assert all(r["wait_split"]["measured"] for r in ranks_of(pair))

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from conftest import FIXTURES
 from device_steps import device_step_windows, host_steps
+from rank_documents import trace_rank
 
 from diag.analyzers.analysis_types import TraceRankFacts
-from diag.analyzers.analyze import analyze_trace
 from diag.analyzers.diagnosis import decision_tree as dt
 from diag.analyzers.diagnosis.stragglers import straggler_what_if
 from diag.analyzers.whatif.job import job_what_if
@@ -51,14 +51,14 @@ def _check_paths(rank: dict) -> int:
 
 @pytest.mark.parametrize("name", SHARED_TRACES)
 def test_critical_path_reproduces_each_step_of_real_gpu_traces(real_traces, name):
-    rank = analyze_trace(real_traces / name)
+    rank = trace_rank(real_traces / name)
     assert _check_paths(rank) == len(rank["steps"])  # these traces have few steps: all are replayed
     assert rank["critical_path"]["max_error"] < 0.05
 
 
 @pytest.mark.parametrize("path", REAL_FIXTURES, ids=[p.name for p in REAL_FIXTURES])
 def test_critical_path_reproduces_each_step_of_trimmed_real_traces(path):
-    rank = analyze_trace(path)
+    rank = trace_rank(path)
     assert _check_paths(rank) >= 1
 
 
@@ -79,7 +79,7 @@ def test_no_data_wait_on_a_real_input_bound_trace(real_traces):
     first ~12 ms, which the device spends finishing the step before. Removing it saves at most
     that wait, and less where device work it hid comes to light."""
     path = real_traces / "v100_resnet50_workers0_oldschema.json.gz"
-    rank = analyze_trace(path)
+    rank = trace_rank(path)
     cp = rank["critical_path"]
     pred = next(e for e in rank["what_if"] if e["change"] == "no_data_wait")
     assert cp["by_class_ms"]["data"] == pytest.approx(_exposed_loader_ms(path), rel=0.05)
@@ -121,7 +121,7 @@ def _hand_trace(path):
 
 
 def test_replay_surfaces_hidden_communication(tmp_path):
-    rank = analyze_trace(_hand_trace(tmp_path / "hand.json.gz"))
+    rank = trace_rank(_hand_trace(tmp_path / "hand.json.gz"))
     step = rank["steps"][0]
     assert step["duration_ms"] == pytest.approx(1.0)
     path = step["critical_path"]["by_class_ms"]
@@ -137,12 +137,12 @@ def test_replay_surfaces_hidden_communication(tmp_path):
 
 
 def test_cpu_traces_replay_their_chain_of_classes():
-    data = analyze_trace(FIXTURES / "cpu_data_rank0.pt.trace.json.gz")
+    data = trace_rank(FIXTURES / "cpu_data_rank0.pt.trace.json.gz")
     e = {x["change"]: x for x in data["what_if"]}
     waited = data["critical_path"]["by_class_ms"]["data"]
     assert e["no_data_wait"]["predicted_step_ms"] == pytest.approx(e["no_data_wait"]["baseline_step_ms"] - waited,
                                                                   rel=0.05)
-    compute = analyze_trace(FIXTURES / "cpu_compute_rank0.pt.trace.json.gz")
+    compute = trace_rank(FIXTURES / "cpu_compute_rank0.pt.trace.json.gz")
     e = {x["change"]: x for x in compute["what_if"]}
     work = compute["critical_path"]["by_class_ms"]["compute"]
     assert e["compute_2x"]["predicted_step_ms"] == pytest.approx(e["compute_2x"]["baseline_step_ms"] - work / 2,
@@ -191,7 +191,7 @@ def test_config_file_adds_a_change_and_rejects_a_bad_one(tmp_path):
     good.write_text('[[what_if]]\nid = "data_half"\ndescription = "Half the data wait"\nscale = { data = 0.5 }\n')
     tree = dt.load_tree(good)
     assert [c["id"] for c in tree.what_if][-1] == "data_half"
-    rank = analyze_trace(FIXTURES / "cpu_data_rank0.pt.trace.json.gz", tree=tree)
+    rank = trace_rank(FIXTURES / "cpu_data_rank0.pt.trace.json.gz", tree=tree)
     e = {x["change"]: x for x in rank["what_if"]}
     half = e["data_half"]["baseline_step_ms"] - e["data_half"]["predicted_step_ms"]
     full = e["no_data_wait"]["baseline_step_ms"] - e["no_data_wait"]["predicted_step_ms"]
@@ -283,7 +283,7 @@ def test_removing_the_sync_ops_takes_exactly_their_time_off_each_step():
     durations in it, read from the file (all of it host time: item and the
     _local_scalar_dense inside it are host ops)."""
     path = FIXTURES / "cpu_host_rank0.pt.trace.json.gz"
-    rank = analyze_trace(path)
+    rank = trace_rank(path)
     with gzip.open(path) as f:
         events = json.load(f)["traceEvents"]
     items = [e for e in events if e.get("name") == "aten::item" and e.get("ph") == "X"]
@@ -296,7 +296,7 @@ def test_removing_the_sync_ops_takes_exactly_their_time_off_each_step():
         checked += 1
     assert checked == len(rank["steps"]) >= 3
     # A trace with no .item() calls has nothing to remove: no prediction, said so.
-    compute = analyze_trace(FIXTURES / "cpu_compute_rank0.pt.trace.json.gz")
+    compute = trace_rank(FIXTURES / "cpu_compute_rank0.pt.trace.json.gz")
     entry = next(e for e in compute["what_if"] if e["change"] == "no_sync_points")
     assert entry["predicted_step_ms"] is None
 
@@ -319,7 +319,7 @@ def test_a_removal_change_is_checked_and_survives_being_recorded(tmp_path):
 def test_a_change_with_steps_is_replayed_on_that_many_device_steps(real_traces, tmp_path):
     """The cause changes set steps = 4 (each replay of a device step costs milliseconds): on a
     V100 trace of 5 steps they are replayed on 4, evenly spaced, and the others on all 5."""
-    rank = analyze_trace(real_traces / "v100_1rank_compute.json.gz")
+    rank = trace_rank(real_traces / "v100_1rank_compute.json.gz")
     replayed = [s for s in rank["steps"] if "what_if_ms" in s]
     assert len(replayed) == 5
     assert sum("tensor_core_math" in s["what_if_ms"] for s in replayed) == 4

@@ -15,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 
+from diag.analyzers.analysis_types import rank_document
 from diag.analyzers.diagnosis.decision_tree import Tree, load_tree
 from diag.atomic_io import read_json
 from diag.diagnosis_document import diagnosis_in_summary
@@ -99,7 +100,7 @@ class RunDirExport:
             facts = summary.analysis if summary is not None else None
             if facts is not None:
                 judged = live.window_done(facts)
-                h.observe_window(judged or facts)
+                h.observe_window(rank_document(judged) if judged is not None else facts)
         for seg in self._new_files(rank, "samples", "samples-*.jsonl"):
             for rec in read_segment(seg, self.run.problems):
                 h.observe_sample(rec)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 
+from diag.analyzers.analysis_types import RankFacts
 from diag.analyzers.diagnosis.decision_tree import (
     BOUNDS,
     CLASSES,
@@ -28,15 +29,14 @@ from diag.analyzers.diagnosis.decision_tree import (
 from diag.analyzers.diagnosis.steady import robust_sigma
 
 
-def step_values(rank: dict, skip: int) -> list[dict]:
+def step_values(facts: RankFacts, skip: int) -> list[dict]:
     """The tree measurements of each counted step of a rank (warm-up steps left out): the
     step's own measurements where its analysis gave them, else those of its shares."""
-    steps = sorted((s for s in rank.get("steps") or [] if isinstance(s, dict) and isinstance(s.get("step"), int)),
-                   key=lambda s: s["step"])
+    steps = sorted((s for s in facts.steps if isinstance(s.get("step"), int)), key=lambda s: s["step"])
     out = []
     for s in steps[skip:] or steps:
-        m = s.get("measurements") if isinstance(s.get("measurements"), dict) else None
-        sh = s.get("shares") if isinstance(s.get("shares"), dict) else None
+        m = measurements if isinstance(measurements := s.get("measurements"), dict) else None
+        sh = shares if isinstance(shares := s.get("shares"), dict) else None
         if m is None and sh is not None and all(isinstance(sh.get(c), (int, float)) for c in BOUNDS):
             m = {f"{c}_share": float(sh.get(c) or 0.0) for c in CLASSES}
             m.update(share_ratios(sh))

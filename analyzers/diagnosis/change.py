@@ -10,8 +10,10 @@ it is a "fragile" win or loss; otherwise "no clear change".
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
+from diag.analyzers.analysis_types import document_ranks
+from diag.analyzers.diagnosis.inputs import recorded_loader
 from diag.analyzers.diagnosis.loader_model import batch_is_cpu_work, cpus_per_rank, expectation, loader_rates
 from diag.analyzers.diagnosis.steady import interval_level, level, levels_ratio_interval
 
@@ -141,14 +143,12 @@ def prediction_check(changes_before: list[dict], changes_after: list[dict], appl
 
 def _loaders(doc: dict) -> dict[int, dict]:
     """Each rank's recorded DataLoader settings (rank -> settings)."""
-    return {r["rank"]: r["loader"] for r in doc.get("ranks") or [] if isinstance(r, dict)
-            and isinstance(r.get("rank"), int) and isinstance(r.get("loader"), dict)
-            and isinstance(r["loader"].get("num_workers"), int)}
+    return {cast(int, r.rank): loader for r in document_ranks(doc)
+            if (loader := recorded_loader(r.facts)) is not None and isinstance(loader.get("num_workers"), int)}
 
 
 def _rank_steps(doc: dict) -> dict[int, list]:
-    return {r["rank"]: r.get("steps") or [] for r in doc.get("ranks") or [] if isinstance(r, dict)
-            and isinstance(r.get("rank"), int)}
+    return {cast(int, r.rank): list(r.facts.steps) for r in document_ranks(doc)}
 
 
 def loader_check(doc_a: dict, doc_b: dict, tree) -> dict | None:

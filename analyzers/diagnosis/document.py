@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import math
 
+import msgspec
 import numpy as np
 
-from diag.analyzers.analysis_types import Job, JobFacts, RunRankFacts
+from diag.analyzers.analysis_types import Job, JobFacts, JudgedRank, RunRankFacts
 from diag.analyzers.diagnosis import decision_tree, reporting
 from diag.analyzers.diagnosis.causes import causes
 from diag.analyzers.diagnosis.context import JobContext, LostRanks
@@ -102,13 +103,13 @@ def diagnose_job(doc: dict, ranks: Ranks, tree) -> Job:
     job = job_block(raw)
     if isinstance(job, Job) and (type(raw) is not dict or "verdict_source" in raw):
         return job
-    rank_docs = []
+    judged = []
     for r in ranks.values():
-        a = r.analysis
-        if not has_all_shares(rank_measurements(a)) and (tw := tw_shares(r.step_table)) is not None:
-            a = {**a, "rank": r.rank, "shares": tw}  # the shares of its step records
-        rank_docs.append(a if a else {"rank": r.rank})
-    return job_verdict(rank_docs, job, tree)
+        facts = r.facts
+        if not has_all_shares(rank_measurements(facts)) and (tw := tw_shares(r.step_table)) is not None:
+            facts = msgspec.structs.replace(facts, shares=tw)  # the shares of its step records
+        judged.append(JudgedRank(facts=facts, verdict=r.verdict))
+    return job_verdict(judged, job, tree)
 
 
 def _judge(job: Job, ranks: Ranks, run: RunRecords, lost: LostRanks, tree) -> tuple[Job, Diagnosis]:

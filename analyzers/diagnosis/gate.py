@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import statistics
 
+from diag.analyzers.analysis_types import document_ranks
 from diag.analyzers.diagnosis import change
 from diag.analyzers.diagnosis.inputs import CLASSES
 from diag.analyzers.diagnosis.run_figures import IDENTITY_KEYS, as_level
@@ -142,8 +143,8 @@ def _worse_text(f: dict) -> str:
 def _phase_ms(doc: dict) -> dict[str, list[float]]:
     """Per phase, its milliseconds in each analysed rank-step."""
     out: dict[str, list[float]] = {p: [] for p in CLASSES}
-    for r in doc.get("ranks") or []:
-        for s in (r.get("steps") or []) if isinstance(r, dict) else []:
+    for r in document_ranks(doc):
+        for s in r.facts.steps:
             shares, dur = s.get("shares"), s.get("duration_ms")
             if isinstance(shares, dict) and isinstance(dur, (int, float)) and dur > 0:
                 for p in CLASSES:

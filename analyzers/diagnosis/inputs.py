@@ -10,19 +10,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import numpy as np
 
 from diag.analyzers.analysis_types import (
     Job,
+    JudgedRank,
     RankFacts,
     RankVerdict,
     RunRankFacts,
     TraceRankFacts,
-    rank_facts_from_document,
-    rank_verdict_from_document,
+    document_ranks,
+    judged_steps,
 )
 from diag.analyzers.diagnosis.decision_tree import CLASSES
 from diag.analyzers.model import step_seconds
@@ -209,21 +210,18 @@ def _rank_steps(records: Sequence[StepRecord], doc_steps: list) -> Steps:
     return t
 
 
-def _covers_records(analysis: dict) -> bool:
-    """True when the rank dict came from the run analysis, whose steps hold the records' timings."""
-    ev = analysis.get("evidence")
-    return isinstance(ev, dict) and "sampled_steps" in ev and bool(analysis.get("steps"))
+def _covers_records(facts: RankFacts) -> bool:
+    """True when the rank came from the run analysis, whose steps hold the records' timings."""
+    return isinstance(facts, RunRankFacts) and "sampled_steps" in facts.evidence and bool(facts.steps)
 
 
 class MergedRank(msgspec.Struct, kw_only=True, frozen=True):
     """One rank as the diagnosis and the report read it: its analysis (its facts and its
-    verdict, each read once into its Struct), its run-directory records, and its steps as
-    columns."""
+    verdict), its run-directory records, and its steps as columns."""
 
     rank: int
-    analysis: dict[str, Any] = {}  # its rank dict of the diag.analysis/1 document, {} without one
-    facts: RankFacts = msgspec.field(default_factory=TraceRankFacts)  # the facts of that dict
-    verdict: RankVerdict = msgspec.field(default_factory=RankVerdict)  # what the diagnosis judged of it
+    facts: RankFacts = msgspec.field(default_factory=TraceRankFacts)  # its analysis's facts (none: no field set)
+    verdict: RankVerdict = msgspec.field(default_factory=RankVerdict)  # what the diagnosis judged of them
     info: dict[str, Any] = {}  # rank.json, {} without one
     host: str | None = None
     device: str | None = None
@@ -240,27 +238,34 @@ Ranks = dict[int, MergedRank]
 
 
 def merge_ranks(doc: dict, run: RunRecords) -> Ranks:
-    """Per rank: its analysis dict, facts, and step records merged with analysed steps."""
+    """Per rank: its facts and verdict, and its step records merged with its analysed steps."""
     out: dict[int, MergedRank] = {}
-    doc_ranks: dict[int, dict] = {}
-    for r in doc.get("ranks") or []:
-        if isinstance(r, dict) and isinstance(r.get("rank"), int):
-            doc_ranks.setdefault(r["rank"], r)
+    doc_ranks: dict[int, JudgedRank] = {}
+    for r in document_ranks(doc):
+        doc_ranks.setdefault(cast(int, r.rank), r)  # document_ranks gives numbered ranks only
     for rank in sorted(set(doc_ranks) | set(run.ranks)):
-        analysis = doc_ranks.get(rank, {})
+        judged = doc_ranks.get(rank) or JudgedRank(facts=TraceRankFacts(rank=rank))
+        facts = weighed_facts(judged)
         raw = run.ranks.get(rank) or RankRecords()
         info = raw.info
         out[rank] = MergedRank(
-            rank=rank, analysis=analysis, facts=rank_facts_from_document(analysis, rank),
-            verdict=rank_verdict_from_document(analysis), info=info,
-            host=first_str(info, "hostname", "host") or first_str(analysis, "host", "hostname"),
-            device=_device_name(info, analysis),
+            rank=rank, facts=facts, verdict=judged.verdict, info=info,
+            host=first_str(info, "hostname", "host") or (facts.host if isinstance(facts, RunRankFacts) else None),
+            device=_device_name(info, facts),
             # The run analysis already carries every step record's timings in its steps; the raw
             # records are only read for ranks it does not cover (halves the work on big runs).
-            step_table=_rank_steps([] if _covers_records(analysis) else raw.steps, analysis.get("steps") or []),
+            step_table=_rank_steps([] if _covers_records(facts) else raw.steps, judged_steps(judged)),
             samples=raw.samples, windows=raw.windows, traces=raw.traces, nccl_logs=raw.nccl_logs, events=raw.events,
         )
     return out
+
+
+def weighed_facts(r: JudgedRank) -> RankFacts:
+    """The facts as the diagnosis weighs them: a sampled trace's steps (most of its host events
+    left out) count as sampled, not traced, so no rule reads their ops as a step's whole work."""
+    if r.verdict.sampled is not True:
+        return r.facts
+    return msgspec.structs.replace(r.facts, steps=[{**s, "evidence": "sampled"} for s in r.facts.steps])
 
 
 def traced_steps(facts: RankFacts) -> int:
@@ -314,8 +319,8 @@ def first_str(d, *keys) -> str | None:
     return None
 
 
-def _device_name(info: dict, analysis: dict) -> str | None:
-    for src in (analysis.get("device"), info.get("device")):
+def _device_name(info: dict, facts: RankFacts) -> str | None:
+    for src in (facts.device, info.get("device")):
         if isinstance(src, str) and src:
             return src
         if isinstance(src, dict):

@@ -7,8 +7,8 @@
   are judged; its sampled steps all at once (`sampled_verdicts`); the rank's verdict over
   its counted steps; its findings with its windows'.
 
-Each returns a new rank dict. A rank bound by its peer is resolved afterwards, across the
-job (`peers.resolve`).
+Each returns a new `JudgedRank`: the rank's facts with its `RankVerdict`. A rank bound by its
+peer is resolved afterwards, across the job (`peers.resolve`).
 """
 
 from __future__ import annotations
@@ -17,29 +17,31 @@ import math
 from collections.abc import Mapping
 from typing import Any, cast
 
+import msgspec
+
 from diag.analyzers.analysis_types import (
     Finding,
-    Rank,
+    JudgedRank,
+    RankVerdict,
     RunRankFacts,
-    RunStep,
     TraceRankFacts,
-    TraceStep,
+    Verdict,
     WindowFacts,
-    facts_document,
 )
 from diag.analyzers.diagnosis.decision_tree import advise, evaluate, verdict_from
 from diag.analyzers.model import derive_columns
 
 
-def with_verdict(doc: Mapping[str, Any], v: dict, tree) -> dict:
-    """The rank dict with verdict `v`, and the tree's advisories given again for it."""
-    rules = {r["id"] for r in tree.advisories}
-    kept = [f for f in doc.get("findings") or [] if not (isinstance(f, dict) and f.get("id") in rules)]
-    # A trace's rank (it has a timeline) tags its advisories; a run directory's rank does not.
-    advice = advise(doc.get("measurements") or {}, tree, bound=v["bound"],
-                    source="trace" if "timeline" in doc else None)
-    return {**doc, "bound": v["bound"], "title": v["title"], "summary": v["summary"], "path": v["path"],
-            "fixes": v["fixes"], "findings": kept + advice}
+def with_verdict(r: JudgedRank, v: dict, tree) -> JudgedRank:
+    """The judged rank with verdict `v`, and the tree's advisories given again for it."""
+    rules = {a["id"] for a in tree.advisories}
+    kept = [f for f in r.verdict.findings if not (isinstance(f, dict) and f.get("id") in rules)]
+    # A trace's rank tags its advisories; a run directory's rank does not.
+    advice = advise(r.facts.measurements, tree, bound=v["bound"],
+                    source="trace" if isinstance(r.facts, TraceRankFacts) else None)
+    verdict = msgspec.structs.replace(r.verdict, bound=v["bound"], title=v["title"], summary=v["summary"],
+                                      path=v["path"], fixes=v["fixes"], findings=kept + advice)
+    return msgspec.structs.replace(r, verdict=verdict)
 
 
 def step_measurements(step: Mapping[str, Any]) -> dict:
@@ -53,17 +55,15 @@ def step_measurements(step: Mapping[str, Any]) -> dict:
 # -- a trace's rank ----------------------------------------------------------------------
 
 
-def judge_trace(facts: TraceRankFacts, tree) -> Rank:
-    """A trace analysis's rank dict: its facts' document form with its verdict and findings
-    (analysis_types.RankVerdict)."""
+def judge_trace(facts: TraceRankFacts, tree) -> JudgedRank:
+    """A trace analysis's rank: its facts with its own and its steps' verdicts and its findings."""
     coverage = facts.op_coverage
     # A trace with most of its host events missing was sampled or filtered after recording.
     sampled = isinstance(coverage, (int, float)) and coverage < tree.thresholds["sampled_trace_coverage"]
-    steps: list[TraceStep] = []
+    steps: list[Verdict] = []
     for s in facts.steps:
-        if isinstance(s, dict):
-            v = evaluate(step_measurements(s), tree)
-            steps.append({**s, "bound": v["bound"], "path": v["path"], "evidence": "sampled" if sampled else "trace"})
+        v = evaluate(step_measurements(s), tree)
+        steps.append({"bound": v["bound"], "path": v["path"]})
     m = facts.measurements
     v = evaluate(m, tree)
     if facts.device_events_missing:
@@ -71,11 +71,12 @@ def judge_trace(facts: TraceRankFacts, tree) -> Rank:
         # the device, so no class is given ("can't tell"), for the rank or any of its steps.
         v = {**v, "bound": None, "title": "unknown", "fixes": [],
              "summary": "No device events in the trace of a GPU process: what bounds it can't be told."}
-        steps = [{**s, "bound": None} if isinstance(s, dict) else s for s in steps]
+        steps = [{**s, "bound": None} for s in steps]
     findings = (_trace_notes(facts, sampled) + advise(m, tree, bound=v["bound"], source="trace")
                 + _replay_notes(facts, tree))
-    return {**facts_document(facts), "bound": v["bound"], "title": v["title"], "summary": v["summary"],
-            "path": v["path"], "fixes": v["fixes"], "steps": steps, "sampled": sampled, "findings": findings}
+    verdict = RankVerdict(bound=v["bound"], title=v["title"], summary=v["summary"], path=v["path"],
+                          fixes=v["fixes"], sampled=sampled, findings=cast(list, findings), steps=cast(list, steps))
+    return JudgedRank(facts=facts, verdict=verdict)
 
 
 def _trace_notes(facts: TraceRankFacts, sampled: bool) -> list[Finding]:
@@ -206,35 +207,36 @@ def sampled_verdicts(sampled, tree) -> list[tuple[str | None, list]]:
     return out
 
 
-def judge_run_rank(rank: RunRankFacts, windows: list[WindowFacts], sampled, tree) -> Rank:
-    """A run directory's rank dict with its steps' and its own verdicts and findings.
+def judge_run_rank(rank: RunRankFacts, windows: list[WindowFacts], sampled, tree) -> JudgedRank:
+    """A run directory's rank: its facts with its steps', its windows' and its own verdicts and
+    its findings.
 
     windows: the rank's profiler windows, their analyses' waits split; sampled: its
     sampled steps' facts (`job.sampled.SampledSteps`).
     """
     judged = [judge_trace(w.facts, tree) if w.facts is not None else None for w in windows]
     analysed = [a for a in judged if a is not None]
-    profiled = {s["step"]: s for a in analysed for s in a.get("steps") or []
-                if isinstance(s, dict) and isinstance(s.get("step"), int)}
+    profiled = {s["step"]: v for a in analysed for s, v in zip(a.facts.steps, a.verdict.steps)
+                if isinstance(s.get("step"), int)}
     by_sample = iter(sampled_verdicts(sampled, tree))
-    steps: list[RunStep] = []
+    steps: list[Verdict] = []
     for s in rank.steps:
         if s.get("evidence") == "trace":
             t = profiled.get(s["step"])
             bound, path = (t["bound"], t["path"] or []) if t is not None else (None, [])
         else:
             bound, path = next(by_sample)
-        steps.append({**s, "bound": bound, "path": path})
+        steps.append({"bound": bound, "path": path})
     m = rank.measurements
     v = verdict_from(m, tree) if m else {"bound": None, "path": [], "fixes": []}
     findings = advise(m, tree, bound=v["bound"]) if m else []
     findings = _first_of_each(findings + [cast(Finding, f) for a in analysed
-                                          for f in a.get("findings") or [] if isinstance(f, dict)])
-    evidence = dict(rank.evidence)
-    evidence["windows"] = [{**row, "bound": a["bound"] if a is not None else None}
-                           for row, a in zip(evidence.get("windows") or [], judged)]
-    return {**facts_document(rank), "bound": v["bound"], "path": v["path"], "fixes": v["fixes"], "steps": steps,
-            "findings": findings + _window_notes(windows, len(steps)), "evidence": evidence}
+                                          for f in a.verdict.findings if isinstance(f, dict)])
+    verdict = RankVerdict(bound=v["bound"], path=v["path"], fixes=v["fixes"],
+                          findings=cast(list, findings + _window_notes(windows, len(steps))),
+                          steps=cast(list, steps),
+                          window_bounds=[a.verdict.bound if a is not None else None for a in judged])
+    return JudgedRank(facts=rank, verdict=verdict)
 
 
 def _first_of_each(findings: list[Finding]) -> list[Finding]:

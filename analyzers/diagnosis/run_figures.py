@@ -26,7 +26,7 @@ def run_figures(ranks: Ranks, job: Steps, world: int | None) -> dict:
 def steady_durations(ranks: Ranks, job: Steps) -> list[float]:
     """The job's step times (s) from the first step every rank's measurements count: the one
     warm-up cut, the verdict's own (verdict.measured_steps)."""
-    firsts = [f for f in (measured_steps(r.analysis)["first"] for r in ranks.values()) if f is not None]
+    firsts = [f for f in (measured_steps(r.facts)["first"] for r in ranks.values()) if f is not None]
     keep = ~np.isnan(job.dur) & (job.dur > 0)
     if firsts:
         keep &= job.step >= max(firsts)

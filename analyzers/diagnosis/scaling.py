@@ -9,32 +9,35 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from typing import cast
 
+from diag.analyzers.analysis_types import document_ranks
 from diag.analyzers.diagnosis.decision_tree import advise, load_tree
 from diag.analyzers.diagnosis.document import job_block
 from diag.errors import DiagInputError
 
 
 def _job_throughput(doc: dict) -> dict:
-    ranks = [r for r in doc.get("ranks") or [] if isinstance(r, dict)]
-    sizes = [size for r in ranks if isinstance(size := r.get("world_size"), int)]
+    ranks = [r.facts for r in document_ranks(doc)]
+    sizes = [size for r in ranks if isinstance(size := r.world_size, int)]
     world = job_block(doc.get("job")).world_size or (max(sizes) if sizes else None) or len(ranks) or None
     # The job moves at its slowest rank: per step number, the longest duration of any rank.
     per_step: dict = defaultdict(float)
     units: dict = defaultdict(float)
     unit = None
     for r in ranks:
-        for s in r.get("steps") or []:
+        for s in r.steps:
             d = s.get("duration_ms")
             if not isinstance(d, (int, float)) or d <= 0:
                 continue
             key = s.get("step")
             per_step[key] = max(per_step[key], float(d))
-            for u in ("tokens", "samples"):
-                if isinstance(s.get(u), (int, float)) and s[u] > 0:
+            for u in ("tokens", "samples"):  # a run's steps count them; a trace's count neither
+                n = cast(dict, s).get(u)
+                if isinstance(n, (int, float)) and n > 0:
                     unit = unit or u
                     if u == unit:
-                        units[key] += float(s[u])
+                        units[key] += float(n)
                     break
     if not per_step:
         raise DiagInputError("analysis document has no step durations to compute throughput from")

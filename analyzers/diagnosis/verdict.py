@@ -7,8 +7,8 @@ are the ranks; otherwise every rank is. The decision tree is walked on that set,
 decision path and every share quoted beside it are the same numbers over the same
 steps. `measurement_set` says which ranks and steps those are.
 
-Inputs are plain data: the rank dicts of an analysis document (schema diag.analysis/1)
-and the cross-rank facts of `diag.analyzers.job.cross_rank.analyze_job`.
+Inputs are the judged ranks of an analysis document (schema diag.analysis/1: each rank's
+facts and verdict) and the cross-rank facts of `diag.analyzers.job.cross_rank.analyze_job`.
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ import math
 import statistics
 from collections import Counter
 
-from diag.analyzers.analysis_types import JOB_FACT_FIELDS, Job, JobFacts
+from diag.analyzers.analysis_types import JOB_FACT_FIELDS, Job, JobFacts, JudgedRank, RankFacts, RunRankFacts
 from diag.analyzers.diagnosis import stragglers
 from diag.analyzers.diagnosis.borderline import borderline, step_values
 from diag.analyzers.diagnosis.decision_tree import BOUNDS, CLASSES, PEER, share_ratios, verdict_from
+from diag.analyzers.diagnosis.inputs import device_events_missing
 from diag.analyzers.diagnosis.pace import band, pace_setter
 from diag.analyzers.numbers import dict_at
 from diag.analyzers.numbers import number as _number
@@ -33,14 +34,13 @@ VERDICT_FINDINGS = frozenset({
 })
 
 
-def rank_measurements(rank: dict) -> dict | None:
+def rank_measurements(facts: RankFacts) -> dict | None:
     """A rank's tree measurements as its analysis gives them; where those lack any of the
     five shares, the shares come from its "shares" (when complete) and the rest is kept."""
-    m = rank.get("measurements")
-    out = {str(k): v for k, v in ((k, _number(v)) for k, v in m.items()) if v is not None} \
-        if isinstance(m, dict) else {}
+    m = facts.measurements
+    out = {str(k): v for k, v in ((k, _number(v)) for k, v in m.items()) if v is not None}
     if not has_all_shares(out):
-        sh = rank.get("shares")
+        sh = facts.shares
         vals = {b: _number(sh.get(b)) for b in CLASSES} if isinstance(sh, dict) else {}
         if vals.get("wait") is None:
             vals["wait"] = 0.0
@@ -48,7 +48,7 @@ def rank_measurements(rank: dict) -> dict | None:
         if len(known) == len(CLASSES) and sum(known.values()) > 0:
             total = sum(known.values())
             shares = {b: v / total for b, v in known.items()}
-            measured = bool((rank.get("wait_split") or {}).get("measured"))
+            measured = isinstance(facts.wait_split, dict) and bool(facts.wait_split.get("measured"))
             out = {k: v for k, v in out.items() if not k.endswith("_share") and k != "memory_to_compute"}
             out.update({f"{b}_share": v for b, v in shares.items() if b != "wait" or measured},
                        **share_ratios(shares))
@@ -59,12 +59,12 @@ def has_all_shares(measurements: dict | None) -> bool:
     return bool(measurements and all(f"{b}_share" in measurements for b in BOUNDS))
 
 
-def measured_steps(rank: dict) -> dict:
+def measured_steps(facts: RankFacts) -> dict:
     """Which of a rank's steps its measurements cover: all but the warm-up steps its
     analysis left out (the run analysis marks them; a trace's profiled steps all count)."""
-    steps = [s for s in rank.get("steps") or [] if isinstance(s, dict) and isinstance(s.get("step"), int)]
+    steps = [s for s in facts.steps if isinstance(s.get("step"), int)]
     steps.sort(key=lambda s: s["step"])
-    ev = dict_at(rank, "evidence")
+    ev = facts.evidence if isinstance(facts, RunRankFacts) else {}
     skip = ev.get("warmup_steps_excluded") if isinstance(ev.get("warmup_steps_excluded"), int) else 0
     counted = steps[skip:] or steps
     # Only a run analysis mixes profiled and sampled steps; a trace's steps are all profiled
@@ -80,10 +80,10 @@ def measured_steps(rank: dict) -> dict:
     }
 
 
-def measurement_set(ranks: list[dict]) -> dict | None:
+def measurement_set(ranks: list[RankFacts]) -> dict | None:
     """The job's measurements: each measurement's mean over the ranks that have it (a trace
     without the device events of its GPU process measures nothing of the device: left out)."""
-    per = [(r, m) for r in ranks if not r.get("device_events_missing") and (m := rank_measurements(r))]
+    per = [(r, m) for r in ranks if not device_events_missing(r) and (m := rank_measurements(r))]
     if not per:
         return None
     values: dict[str, float] = {}
@@ -95,7 +95,7 @@ def measurement_set(ranks: list[dict]) -> dict | None:
         total = sum(values.get(f"{b}_share", 0.0) for b in CLASSES)
         if total > 0:
             shares = {b: values.get(f"{b}_share", 0.0) / total for b in CLASSES}
-    cover = {r["rank"]: measured_steps(r) for r, _ in per if isinstance(r.get("rank"), int)}
+    cover = {r.rank: measured_steps(r) for r, _ in per if isinstance(r.rank, int)}
     firsts = [c["first"] for c in cover.values() if c["first"] is not None]
     lasts = [c["last"] for c in cover.values() if c["last"] is not None]
     steps = {
@@ -132,21 +132,22 @@ def _basis(steps: dict, n_ranks: int) -> str:
     return f"{kind} of {who}, {span}: {steps['count']} rank-steps{warm}"
 
 
-def _vote(ranks: list[dict]) -> tuple[str | None, dict]:
+def _vote(ranks: list[JudgedRank]) -> tuple[str | None, dict]:
     """Without measurements: the most common rank verdict, ties to the larger mean share."""
-    counts = Counter(r.get("bound") for r in ranks if r.get("bound") in BOUNDS)
+    counts = Counter(r.verdict.bound for r in ranks if r.verdict.bound in BOUNDS)
     if not counts:
         return None, {}
     top = max(counts.values())
     tied = [b for b, n in counts.items() if n == top]
     if len(tied) == 1:
         return tied[0], dict(counts)
-    shares = [rank_measurements(r) or {} for r in ranks]
+    shares = [rank_measurements(r.facts) or {} for r in ranks]
     mean = {b: statistics.fmean(s.get(f"{b}_share", 0.0) for s in shares) for b in tied}
     return max(tied, key=lambda b: (mean[b], -BOUNDS.index(b))), dict(counts)
 
 
-def _pace_setters(present: list[dict], late: set, rank_waits, z: float) -> tuple[list[dict], str | None]:
+def _pace_setters(present: list[JudgedRank], late: set, rank_waits, z: float
+                  ) -> tuple[list[JudgedRank], str | None]:
     """The ranks on the critical path, and why. In a synchronous job the slowest rank sets
     the pace and its peers' extra time is waiting for it, which their shares count as
     communication: the named stragglers, else the pace-setting rank (`pace.pace_setter`)
@@ -154,10 +155,10 @@ def _pace_setters(present: list[dict], late: set, rank_waits, z: float) -> tuple
     if len(present) < 2:
         return present, None
     if late:
-        names = ", ".join(str(r["rank"]) for r in present if r["rank"] in late)
-        return [r for r in present if r["rank"] in late], f"the straggler(s) the others wait for: rank {names}"
+        names = ", ".join(str(r.rank) for r in present if r.rank in late)
+        return [r for r in present if r.rank in late], f"the straggler(s) the others wait for: rank {names}"
     measured = {w.get("rank") for w in rank_waits or [] if isinstance(w, dict) and w.get("collectives")}
-    per_step = {r["rank"]: _step_paces(r) for r in present if r["rank"] in measured}
+    per_step: dict = {r.rank: _step_paces(r.facts) for r in present if r.rank in measured}
     per_step = {k: v for k, v in per_step.items() if v}
     if len(per_step) < 2:
         return present, None  # no collective matched across ranks: nothing tells who waits
@@ -165,17 +166,16 @@ def _pace_setters(present: list[dict], late: set, rank_waits, z: float) -> tuple
                        {k: band(v, z) for k, v in per_step.items()})
     if lead is None:
         return present, None
-    return [r for r in present if r["rank"] == lead], (
+    return [r for r in present if r.rank == lead], (
         f"rank {lead}, whose own work per step (its step less its waiting for peers) is the longest "
         "(the critical path)")
 
 
-def _step_paces(rank: dict) -> list[float]:
+def _step_paces(facts: RankFacts) -> list[float]:
     """A rank's pace in each counted step (ms): its duration less its waiting for peers."""
-    steps = sorted((s for s in rank.get("steps") or [] if isinstance(s, dict) and isinstance(s.get("step"), int)),
-                   key=lambda s: s["step"])
+    steps = sorted((s for s in facts.steps if isinstance(s.get("step"), int)), key=lambda s: s["step"])
     out = []
-    for s in steps[measured_steps(rank)["warmup_excluded"]:]:
+    for s in steps[measured_steps(facts)["warmup_excluded"]:]:
         dur = _number(s.get("duration_ms"))
         sh = dict_at(s, "shares")
         if dur is not None and dur > 0:
@@ -183,18 +183,18 @@ def _step_paces(rank: dict) -> list[float]:
     return out
 
 
-def _unique_ranks(ranks: list[dict]) -> list[dict]:
-    seen: dict[int, dict] = {}
+def _unique_ranks(ranks: list[JudgedRank]) -> list[JudgedRank]:
+    seen: dict[int, JudgedRank] = {}
     for r in ranks:
-        if isinstance(r, dict) and isinstance(r.get("rank"), int):
-            seen.setdefault(r["rank"], r)
+        if isinstance(r.rank, int):
+            seen.setdefault(r.rank, r)
     return [seen[k] for k in sorted(seen)]
 
 
-def job_verdict(ranks: list[dict], facts: JobFacts | Job, tree) -> Job:
+def job_verdict(ranks: list[JudgedRank], facts: JobFacts | Job, tree) -> Job:
     """The job block of the analysis document: the cross-rank facts plus the verdict.
 
-    ranks: the rank dicts; facts: `analyze_job`'s result, or a job block already holding a
+    ranks: the judged ranks; facts: `analyze_job`'s result, or a job block already holding a
     verdict (its stragglers and rank waits are kept, the rest judged again). Returns bound,
     path, measurements, cause, bound_counts and the findings the verdict explains itself with.
     """
@@ -203,11 +203,11 @@ def job_verdict(ranks: list[dict], facts: JobFacts | Job, tree) -> Job:
     if isinstance(facts, Job):
         judged.update(stragglers=facts.stragglers, rank_waits=facts.rank_waits)
     elif facts.collective_facts is not None:  # the cross-rank facts, judged here
-        judged = stragglers.judge(facts.collective_facts, {r["rank"]: r.get("bound") for r in present}, tree)
+        judged = stragglers.judge(facts.collective_facts, {r.rank: r.verdict.bound for r in present}, tree)
     findings = [f for f in facts.findings if isinstance(f, dict) and f.get("id") not in VERDICT_FINDINGS]
     late = {s.get("rank") for s in judged["stragglers"] if isinstance(s, dict)}
     base, pace = _pace_setters(present, late, judged["rank_waits"], float(tree.thresholds["noise_interval_z"]))
-    mset = measurement_set(base or [r for r in ranks if isinstance(r, dict)])
+    mset = measurement_set([r.facts for r in base or ranks])
     if mset is not None and pace:
         mset["pace"] = pace
         mset["basis"] += f"; {pace}"
@@ -222,12 +222,12 @@ def job_verdict(ranks: list[dict], facts: JobFacts | Job, tree) -> Job:
                                          "their own work decides")}
             v = verdict_from(mset["values"], tree, force)
         bound, path, fixes, source = v["bound"], v["path"], v["fixes"], "measurements"
-        steps = [m for r in (base or []) for m in step_values(r, measured_steps(r)["warmup_excluded"])]
+        steps = [m for r in base for m in step_values(r.facts, measured_steps(r.facts)["warmup_excluded"])]
         edge = borderline(mset["values"], path, steps, tree, bound, force)
     else:
         bound, _ = _vote(base)
         source = "rank verdicts" if bound else "none"
-    counts = Counter(r.get("bound") for r in present if r.get("bound") in BOUNDS)
+    counts = Counter(r.verdict.bound for r in present if r.verdict.bound in BOUNDS)
     if len(counts) > 1:
         findings.append({
             "id": "rank_verdicts_differ",
@@ -235,7 +235,7 @@ def job_verdict(ranks: list[dict], facts: JobFacts | Job, tree) -> Job:
             "message": "Ranks disagree on what bounds them: "
             + ", ".join(f"{n} {b}-bound" for b, n in counts.most_common()) + ".",
             "advice": "Look at the odd ranks first: in a synchronous job the slowest rank sets the pace.",
-            "evidence": {"bounds": {str(r["rank"]): r.get("bound") for r in present}},
+            "evidence": {"bounds": {str(r.rank): r.verdict.bound for r in present}},
         })
     cause = None
     explanation = judged["comm_explanation"] if isinstance(judged["comm_explanation"], dict) else None

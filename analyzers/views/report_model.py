@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from diag.analyzers.analysis_types import document_ranks
 from diag.analyzers.diagnosis.inputs import (
     CLASSES,
     Ranks,
@@ -100,8 +101,8 @@ def build_model(doc: dict, run: RunRecords | None = None, limits: Limits | None 
         "ranks": _rank_rows(ranks, diagnosis.stragglers, limits, notes),
         "step_stats": _step_stats(steps),
         "throughput": diagnosis.run_figures["throughput"],
-        "top_kernels": _top_table(doc, "top_kernels", limits),
-        "top_ops": _top_table(doc, "top_ops", limits),
+        "top_kernels": _top_table([r.facts.top_kernels for r in document_ranks(doc)], limits),
+        "top_ops": _top_table([r.facts.top_ops for r in document_ranks(doc)], limits),
         "nccl": nccl,
         "charts": charts,
         "missing": _missing(run, diagnosis, ranks, allt, nccl, busbw),
@@ -119,13 +120,13 @@ _FROM_DIAGNOSIS = ("bound", "headline", "confidence", "decision_path", "phase_sh
 # ---------------------------------------------------------------------------- tables, summary
 
 
-def _top_table(doc: dict, key: str, limits: Limits) -> list[dict]:
-    """Kernels or ops merged across ranks: mean time per rank that ran them."""
+def _top_table(per_rank: list[list[dict]], limits: Limits) -> list[dict]:
+    """Kernels or ops (each rank's table of them) merged across ranks: mean time per rank that
+    ran them."""
     acc: dict[str, dict] = {}
     n_ranks = 0
-    for r in doc.get("ranks") or []:
-        rows = r.get(key) if isinstance(r, dict) else None
-        if not isinstance(rows, list) or not rows:
+    for rows in per_rank:
+        if not rows:
             continue
         n_ranks += 1
         for row in rows:
