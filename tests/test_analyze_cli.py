@@ -328,3 +328,21 @@ def test_the_rank_line_shows_every_class_waiting_included():
         shares = dict(re.findall(r"(data|host|comm|wait|mem|comp)\s+([0-9.]+)%", line))
         assert list(shares) == ["data", "host", "comm", "wait", "mem", "comp"], line
         assert sum(map(float, shares.values())) == pytest.approx(100.0, abs=0.6)
+
+
+def test_the_json_text_reads_back_as_the_standard_librarys(real_traces):
+    """`--json` prints through msgspec's encoder: ASCII only, escaped as the standard library
+    escapes, and the same values once read; what msgspec refuses falls back to the standard
+    library."""
+    from diag.analyzers.analyze import analyze_paths, json_safe
+    from diag.commands.analyze import json_text
+
+    doc = json_safe(analyze_paths([real_traces / "a100_2rank_nccl.json.gz"], jobs=1))
+    text = json_text(doc)
+    assert text.isascii() and text.endswith("}\n")
+    assert json.loads(text) == json.loads(json.dumps(doc))
+    odd = {"name": "add → mul 😀\u2028\x01\"", "tiny": 1e-7, "big": 10**30, "list": [[], {}, -0.0]}
+    assert json_text(odd).isascii() and json.loads(json_text(odd)) == odd
+    assert "\\u2192" in json_text(odd) and "\\ud83d\\ude00" in json_text(odd)
+    lone = {"name": "\ud800"}  # a damaged trace's lone surrogate: msgspec refuses it
+    assert json_text(lone) == json.dumps(lone, indent=1) + "\n"
