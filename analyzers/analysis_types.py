@@ -285,7 +285,8 @@ def document_ranks(doc) -> list[JudgedRank]:
     """The judged ranks of an analysis document: as built, or read back from its JSON (a rank
     without an integer number is left out)."""
     out: list[JudgedRank] = []
-    for r in (doc.get("ranks") if isinstance(doc, dict) else None) or []:
+    ranks = doc.get("ranks") if isinstance(doc, dict) else None
+    for r in ranks if isinstance(ranks, list) else []:
         if isinstance(r, JudgedRank):
             if isinstance(r.rank, int):
                 out.append(r)
@@ -408,8 +409,32 @@ RUN_ONLY_FIELDS = frozenset(RunRankFacts.__struct_fields__) - frozenset(TraceRan
 F = TypeVar("F", TraceRankFacts, RunRankFacts)
 
 
+class _CollectiveShape(msgspec.Struct, forbid_unknown_fields=False):
+    """What a collective record read back from a document must hold for the ranks' records to
+    be matched (job.cross_rank.match_collectives): its keys hashable, its times numbers."""
+    name: str
+    ts_us: float
+    dur_us: float | None = None
+    pg: str | int | None = None
+    seq: int | None = None
+    step: int | None = None
+    bytes: float | None = None
+    on: str | None = None
+    exposed: list[tuple[float, float]] | None = None
+
+
+def _sound_collective(record: dict) -> bool:
+    try:
+        msgspec.convert(record, _CollectiveShape)
+    except msgspec.ValidationError:
+        return False
+    return True
+
+
 def _facts_from_document(raw: dict, kind: type[F], base: dict[str, Any]) -> F:
     causes = settled({k: raw[k] for k in CauseFacts.__struct_fields__ if k in raw}, CauseFacts)
+    # A damaged record is left out: matched across ranks, its odd keys would stop the others'.
+    causes.collectives = [c for c in causes.collectives if _sound_collective(c)]
     own = {k: v for k, v in raw.items() if k in kind.__struct_fields__ and k not in ("causes", "steps", *base)}
     facts = settled({**own, **base, "causes": causes}, kind, base)
     steps = raw.get("steps")

@@ -53,8 +53,11 @@ def main() -> int:
         fm.TRACE_EVENTS_KEEP = 10**9
     import tempfile
 
-    seeds = fm.seeds(data, REPO / "tests" / "fixtures") + fm.run_seeds(Path(tempfile.mkdtemp(prefix="diag-fuzz-run-")))
-    kinds = {k: sum(1 for s in seeds if s.kind == k) for k in ("trace", "nccl_tests", "nccl_log", "run")}
+    work = Path(tempfile.mkdtemp(prefix="diag-fuzz-run-"))
+    seeds = (fm.seeds(data, REPO / "tests" / "fixtures") + fm.run_seeds(work) + fm.live_seeds()
+             + fm.analysis_seeds(work, REPO / "tests" / "fixtures"))
+    kinds = {k: sum(1 for s in seeds if s.kind == k) for k in ("trace", "nccl_tests", "nccl_log", "run", "live",
+                                                             "metrics", "analysis")}
     print(f"{len(seeds)} seed files ({', '.join(f'{n} {k}' for k, n in kinds.items())}), "
           f"{args.inputs} mutants, seed {args.seed}, {args.workers} workers, {args.timeout:.0f} s per input")
 

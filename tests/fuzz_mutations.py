@@ -27,7 +27,8 @@ TIMEOUT_S = 20.0
 
 @dataclass
 class Seed:
-    kind: str  # "trace", "nccl_tests", "nccl_log", "run" (a segment of a run directory), or what
+    kind: str  # "trace", "nccl_tests", "nccl_log", "run" (a segment of a run directory), "analysis" (a
+    # saved `diag analyze --json` document), or what
     # `diag top` reads: "live" (a rank's live.json) and "metrics" (a scrape of its endpoint)
     name: str
     data: bytes  # uncompressed
@@ -46,6 +47,20 @@ def run_seeds(root: Path) -> list[Seed]:
         rel = str(seg.relative_to(run))
         out.append(Seed("run", rel, seg.read_bytes(), template=str(run), segment=rel))
     return out
+
+
+def analysis_seeds(root: Path, fixtures: Path) -> list[Seed]:
+    """Seeds of kind "analysis": saved `diag analyze --json` documents, of two traces of a job and
+    of a 2-rank run directory, for the report's reader of a saved analysis."""
+    from report_helpers import write_run
+
+    from diag.analyzers.analyze import analyze_paths, analyze_run_dir, json_safe
+
+    traces = [str(fixtures / f"cpu_comm_rank{r}.pt.trace.json.gz") for r in (0, 1)]
+    run = write_run(root / "analysed", ranks=2, steps=40, bound="data", gpu=True, seed=5)
+    return [Seed("analysis", name, json.dumps(json_safe(doc)).encode())
+            for name, doc in (("traces.analysis.json", analyze_paths(traces, jobs=1)),
+                              ("run.analysis.json", analyze_run_dir(run)))]
 
 
 def live_seeds() -> list[Seed]:
@@ -397,6 +412,10 @@ def run_one(kind: str, path: str, template: str | None = None, segment: str | No
             nccl_tests.parse_file(path)
         elif kind == "run":
             _run_inputs(template, segment, path)
+        elif kind == "analysis":
+            from diag.report import analyse_and_model
+
+            analyse_and_model(path)
         elif kind in ("live", "metrics"):
             found = _top_screen(kind, path)
             if found:
@@ -461,7 +480,7 @@ def fuzz(seed_list: list[Seed], n_inputs: int, seed: int, workers: int = 2, time
         for i in range(n_inputs):
             s = rng.choice(seed_list)
             desc, data, gz = mutate(s, rng)
-            suffix = ".json" if s.kind == "trace" else ".jsonl" if s.kind == "run" else ".txt"
+            suffix = ".json" if s.kind in ("trace", "analysis") else ".jsonl" if s.kind == "run" else ".txt"
             path = os.path.join(tmp, f"in{i}" + suffix + (".gz" if gz else ""))
             Path(path).write_bytes(data)
             pending.append((i, s, desc, path))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import FIXTURES
-from fuzz_mutations import fuzz, live_seeds, run_one, run_seeds, seeds
+from fuzz_mutations import analysis_seeds, fuzz, live_seeds, run_one, run_seeds, seeds
 from rank_documents import trace_rank
 
 from diag.analyzers.analyze import analyze_paths
@@ -103,12 +103,13 @@ def test_unrepairable_input_is_a_one_line_error(tmp_path):
 
 @pytest.mark.slow
 def test_fuzzing_finds_no_traceback_and_no_hang(real_data, tmp_path):
-    """400 mutations (`python bench/bench_fuzz.py` runs thousands) of every real seed and of a run directory's segments: truncation, bit flips,
+    """400 mutations (`python bench/bench_fuzz.py` runs thousands) of every real seed, of a run directory's segments and
+    of saved analysis documents: truncation, bit flips,
     garbage, invalid UTF-8, repeated and deleted spans, shuffled lines, retyped values, empty
     documents, nesting, integers beyond 64 bits, odd times, markup and terminal escapes in
     names, long strings, odd step numbers, gzip bombs and damaged gzip."""
-    found = seeds(real_data, FIXTURES) + run_seeds(tmp_path) + live_seeds()
-    assert {s.kind for s in found} == {"trace", "nccl_tests", "nccl_log", "run", "live", "metrics"}
+    found = seeds(real_data, FIXTURES) + run_seeds(tmp_path) + live_seeds() + analysis_seeds(tmp_path, FIXTURES)
+    assert {s.kind for s in found} == {"trace", "nccl_tests", "nccl_log", "run", "live", "metrics", "analysis"}
     assert len(found) >= 40
     result = fuzz(found, n_inputs=400, seed=20261124, workers=2, timeout_s=20.0, check_every=25)
     assert result["inputs"] == 400

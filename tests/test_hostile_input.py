@@ -418,3 +418,43 @@ def test_a_megabyte_of_one_character_in_an_nccl_line_costs_no_time(real_nccl, tm
     for key in ("flight_recorder", "inspector"):
         assert (doc[key] or {}).get("entries") == (clean[key] or {}).get("entries"), key
         assert (doc[key] or {}).get("records") == (clean[key] or {}).get("records"), key
+
+
+@pytest.fixture(scope="module")
+def saved_analysis() -> dict:
+    """`diag analyze --json` of a 2-rank gloo job's traces, as saved."""
+    from diag.analyzers.analyze import analyze_paths, json_safe
+
+    paths = [str(FIXTURES / f"cpu_comm_rank{r}.pt.trace.json.gz") for r in (0, 1)]
+    return json.loads(json.dumps(json_safe(analyze_paths(paths, jobs=1))))
+
+
+def _damaged(doc: dict, how: str) -> dict:
+    doc = json.loads(json.dumps(doc))
+    r0 = doc["ranks"][0]
+    if how == "errors":
+        doc["errors"], doc["warnings"], doc["source"] = 7, {"a": 1}, ["x"]
+    elif how == "ranks":
+        doc["ranks"] = True
+    elif how == "step_number":
+        r0["steps"][0]["step"] = 10**30  # beyond the step column's int64
+    elif how == "collective":
+        r0["collectives"][0]["name"] = {"all_reduce": 1}  # unhashable, where ranks are matched
+        r0["collectives"][1]["ts_us"] = "soon"
+    return doc
+
+
+@pytest.mark.parametrize("how", ["errors", "ranks", "step_number", "collective"])
+def test_a_damaged_saved_analysis_is_reported_from_what_is_sound(saved_analysis, tmp_path, how):
+    """The report's reader of a saved analysis document settles what it reads: damaged entries
+    are left out, the rest is reported (found by fuzzing saved documents)."""
+    from diag.report import analyse_and_model
+
+    path = tmp_path / "analysis.json"
+    path.write_text(json.dumps(_damaged(saved_analysis, how)))
+    doc, model = analyse_and_model(path)
+    assert model["diagnosis"].bound == saved_analysis["diagnosis"]["bound"]
+    assert len(model["ranks"]) == (0 if how == "ranks" else 2)
+    if how == "collective":
+        sound = len(saved_analysis["ranks"][0]["collectives"]) - 2
+        assert sound > 0 and model["charts"]["heatmap_wait"] is not None

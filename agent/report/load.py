@@ -26,4 +26,15 @@ def load_analysis_json(path) -> dict:
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         raise DiagInputError(f"not a {SCHEMA} document (expected the output of diag analyze --json)",
                              source=str(path))
-    return doc
+    return settled_lists(doc)
+
+
+def settled_lists(doc: dict) -> dict:
+    """A saved document with its lists of entries as the facade writes them: "errors" and
+    "warnings" keep their objects only, "source" is a string or absent. Its ranks, job block
+    and diagnosis have readers of their own (`document_ranks`, `job_block`, `diagnosis_from_json`)."""
+    out = {k: v for k, v in doc.items() if k != "source" or isinstance(v, str)}
+    for key in ("errors", "warnings"):
+        entries = doc.get(key)
+        out[key] = [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+    return out

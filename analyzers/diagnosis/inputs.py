@@ -143,6 +143,7 @@ class Steps:
         return ~np.isnan(self.shares[:, 0])
 
 
+_STEP_MIN, _STEP_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
 # A step's row while it is merged: Steps.FIELDS, then its shares, verdict and evidence.
 _SHARES, _BOUND, _EVIDENCE = len(Steps.FIELDS), len(Steps.FIELDS) + 1, len(Steps.FIELDS) + 2
 
@@ -159,7 +160,8 @@ def _rank_steps(records: Sequence[StepRecord], doc_steps: list) -> Steps:
                           _or_nan(rec.peak_mem_bytes), _or_nan(rec.mfu), _or_nan(rec.device_s),
                           share_row(rec.shares), -1, EVIDENCE_CODE[rec.evidence]]
     for st in doc_steps:
-        if type(st) is not dict or type(st.get("step")) is not int:
+        # A step number the step column cannot hold (a damaged saved document) is no step.
+        if type(st) is not dict or type(st.get("step")) is not int or not _STEP_MIN <= st["step"] <= _STEP_MAX:
             continue
         row = rows.get(st["step"])
         if row is None:
