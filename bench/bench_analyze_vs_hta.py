@@ -1,6 +1,7 @@
 """diag analyze against HolisticTraceAnalysis 0.5.0 on a ~2 million event trace, side by side.
 
     python bench/bench_analyze_vs_hta.py [--events 2000000] [--trace FILE] [--keep]
+    python bench/bench_analyze_vs_hta.py --scaling 2000000,10000000   (diag alone, per event)
 
 1. Builds the trace by tiling the ProfilerSteps of a real trace (default
    a100_2rank_nccl.json.gz from $DIAG_REAL_DATA/traces or ../shared/data/traces): every
@@ -312,6 +313,53 @@ def breakdown(path: Path, cli_wall_s: float) -> dict:
             "load_as_run_s": loaded, "command_overhead_s": max(0.0, cli_wall_s - loaded - analysis)}
 
 
+# The growth per event allowed from the smallest size to the largest (issue: linear time and
+# memory, at most twice the smaller trace's figures per event).
+SCALING_LIMIT = 2.0
+
+
+def scaling(src: Path, sizes: list[int], repeat: int) -> int:
+    """diag analyze --json alone on a tiled trace of each size: wall and CPU seconds per million
+    events, and peak RSS beyond the interpreter's own per million events, each against the
+    smallest size's. 0 when every size stays within SCALING_LIMIT of the smallest."""
+    compile_diag()
+    base = measure([sys.executable, "-c", "import diag.analyzers.analyze"])["peak_rss_mb"] or 0.0
+    rows = []
+    tmp = Path(tempfile.mkdtemp(prefix="diag-scaling-"))
+    try:
+        for n in sizes:
+            tiled = tmp / f"rank-0-{n}.pt.trace.json.gz"
+            info = tile_trace(src, tiled, n)
+            run = _median_run([measure([sys.executable, "-m", "diag", "analyze", "--json", str(tiled)])
+                               for _ in range(repeat)])
+            if run["rc"] != 0:
+                print(f"bench: diag failed at {n:,} events (exit {run['rc']}):\n{run['stderr'][-3000:]}",
+                      file=sys.stderr)
+                return 1
+            rss = max(run["peak_rss_mb"] or 0.0, run["peak_tree_rss_mb"])
+            m = info["events"] / 1e6
+            rows.append({"events": info["events"], "gz_mib": info["bytes"] / 2**20, "wall_s": run["wall_s"],
+                         "cpu_s": run["cpu_s"], "rss_mb": rss, "wall_per_m": run["wall_s"] / m,
+                         "cpu_per_m": run["cpu_s"] / m, "rss_per_m": (rss - base) / m})
+            tiled.unlink()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"diag analyze --json alone, median of {repeat}; RSS per million events is beyond the "
+          f"{base:.0f} MiB of the interpreter with diag imported")
+    print(f"{'events':>12}{'gz MiB':>8}{'wall s':>8}{'CPU s':>8}{'RSS MiB':>9}"
+          f"{'wall s/M':>10}{'CPU s/M':>9}{'RSS MiB/M':>11}")
+    for r in rows:
+        print(f"{r['events']:>12,}{r['gz_mib']:>8.1f}{r['wall_s']:>8.2f}{r['cpu_s']:>8.2f}{r['rss_mb']:>9.0f}"
+              f"{r['wall_per_m']:>10.2f}{r['cpu_per_m']:>9.2f}{r['rss_per_m']:>11.1f}")
+    first, last = rows[0], rows[-1]
+    growth = {k: last[k] / first[k] for k in ("wall_per_m", "cpu_per_m", "rss_per_m") if first[k] > 0}
+    ok = all(g <= SCALING_LIMIT for g in growth.values())
+    print(f"per event, {last['events']:,} against {first['events']:,}: "
+          + ", ".join(f"{k.split('_')[0]} {g:.2f}x" for k, g in growth.items())
+          + f"   limit {SCALING_LIMIT:.0f}x   {'MET' if ok else 'MISSED'}")
+    return 0 if ok else 1
+
+
 def compile_diag() -> None:
     """Byte-compile diag's modules once, as pip does when it installs the wheel (HTA's venv was
     compiled by its own install). Without it, a shell that sets PYTHONDONTWRITEBYTECODE makes
@@ -335,9 +383,18 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--keep", action="store_true", help="keep the tiled trace and print its path")
     ap.add_argument("--repeat", type=int, default=3, help="diag runs; the median is reported (default 3)")
+    ap.add_argument("--scaling", metavar="N,N,...",
+                    help="diag alone on tiled traces of these event counts (e.g. 2000000,10000000): its time and "
+                         "memory per event at each size against the smallest's (HTA is not run)")
     args = ap.parse_args(argv)
     if args.repeat < 1:
         ap.error("--repeat must be at least 1")
+    if args.scaling:
+        try:
+            sizes = sorted({int(n) for n in args.scaling.split(",")})
+        except ValueError:
+            ap.error("--scaling takes event counts separated by commas")
+        return scaling(args.trace or real_trace(), sizes, args.repeat)
 
     src = args.trace or real_trace()
     py_hta = hta_python()

@@ -252,7 +252,7 @@ def merge_ranks(doc: dict, run: RunRecords) -> Ranks:
         info = raw.info
         out[rank] = MergedRank(
             rank=rank, facts=facts, verdict=judged.verdict, info=info,
-            host=first_str(info, "hostname", "host") or (facts.host if isinstance(facts, RunRankFacts) else None),
+            host=first_str(info, "hostname", "host") or (facts.host or None if isinstance(facts, RunRankFacts) else None),
             device=_device_name(info, facts),
             # The run analysis already carries every step record's timings in its steps; the raw
             # records are only read for ranks it does not cover (halves the work on big runs).
