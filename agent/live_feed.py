@@ -8,9 +8,8 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from diag.analyzers.analysis_types import rank_document
 from diag.collectors.live_state import LiveState
-from diag.live_verdict import LiveVerdicts
+from diag.live_verdict import LiveVerdicts, window_record
 from diag.step_record import StepRecord, to_json_record
 
 if TYPE_CHECKING:
@@ -76,7 +75,7 @@ class LiveFeed:
         self._event("profiler", f"window {first}-{last} analysed" + (f": {bound}-bound" if bound else ""))
         exporter = self._collectors.exporter
         if exporter is not None:
-            exporter.observe_window(rank_document(judged) if judged is not None else facts)
+            exporter.observe_window(window_record(judged, facts))
 
     def write(self, launch, steps_done: int, status: str = "running") -> None:
         """live.json: what `diag top` shows of this rank, within a second or two of the step."""

@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from diag.analyzers.analysis_types import JudgedRank, trace_facts_from_document
+from diag.analyzers.analysis_types import JudgedRank, rank_document, trace_facts_from_document
 from diag.analyzers.diagnosis.decision_tree import verdict_from
 from diag.analyzers.diagnosis.rank import judge_trace
 from diag.analyzers.job.sampled import step_measurements, window_composition
@@ -72,3 +72,9 @@ class LiveVerdicts:
         except Exception as exc:
             self.log(f"agent: window verdict failed ({type(exc).__name__}: {exc})")
             return None
+
+
+def window_record(judged: JudgedRank | None, facts: Mapping[str, Any]) -> Mapping[str, Any]:
+    """What the exporter reads of an analysed window: its judged rank as the document writes
+    it, or its facts alone with live verdicts off."""
+    return rank_document(judged) if judged is not None else facts

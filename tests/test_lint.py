@@ -76,7 +76,7 @@ LAYERS = {
                             "diag.window_analysis", f"{_ANALYZERS}.trace.devices"),
     "agent/background.py": ("diag.collectors", "diag.step_record"),
     "agent/live_feed.py": ("diag.collectors", "diag.live_verdict", "diag.step_record",
-                           f"{_ANALYZERS}.diagnosis.decision_tree", f"{_ANALYZERS}.analysis_types"),
+                           f"{_ANALYZERS}.diagnosis.decision_tree"),
     "agent/job_finish.py": (*RUN_DIR, "diag.report"),
     "agent/job_inputs.py": ("diag.batches", "diag.collectors", *RUN_DIR),
     "agent/on_demand.py": ("diag.exporter",),

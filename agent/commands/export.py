@@ -15,7 +15,6 @@ import threading
 import time
 from pathlib import Path
 
-from diag.analyzers.analysis_types import rank_document
 from diag.analyzers.diagnosis.decision_tree import Tree, load_tree
 from diag.atomic_io import read_json
 from diag.diagnosis_document import diagnosis_in_summary
@@ -23,7 +22,7 @@ from diag.errors import DiagInputError
 from diag.exporter.registry import render_text
 from diag.exporter.runtime import DEFAULT_PORT_BASE, Handle
 from diag.exporter.server import MetricsServer
-from diag.live_verdict import LiveVerdicts
+from diag.live_verdict import LiveVerdicts, window_record
 from diag.report import SUMMARY_JSON
 from diag.run_documents import window_summary
 from diag.rundir import NCCL_BENCH, RunDir, is_run_dir
@@ -100,7 +99,7 @@ class RunDirExport:
             facts = summary.analysis if summary is not None else None
             if facts is not None:
                 judged = live.window_done(facts)
-                h.observe_window(rank_document(judged) if judged is not None else facts)
+                h.observe_window(window_record(judged, facts))
         for seg in self._new_files(rank, "samples", "samples-*.jsonl"):
             for rec in read_segment(seg, self.run.problems):
                 h.observe_sample(rec)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 
-from diag.analyzers.analysis_types import RankFacts
 from diag.analyzers.diagnosis.decision_tree import (
     BOUNDS,
     CLASSES,
@@ -29,12 +28,11 @@ from diag.analyzers.diagnosis.decision_tree import (
 from diag.analyzers.diagnosis.steady import robust_sigma
 
 
-def step_values(facts: RankFacts, skip: int) -> list[dict]:
-    """The tree measurements of each counted step of a rank (warm-up steps left out): the
+def step_values(steps: list[dict]) -> list[dict]:
+    """The tree measurements of each of a rank's counted steps (`verdict.counted_steps`): the
     step's own measurements where its analysis gave them, else those of its shares."""
-    steps = sorted((s for s in facts.steps if isinstance(s.get("step"), int)), key=lambda s: s["step"])
     out = []
-    for s in steps[skip:] or steps:
+    for s in steps:
         m = measurements if isinstance(measurements := s.get("measurements"), dict) else None
         sh = shares if isinstance(shares := s.get("shares"), dict) else None
         if m is None and sh is not None and all(isinstance(sh.get(c), (int, float)) for c in BOUNDS):

@@ -37,8 +37,8 @@ def resolve(ranks: Sequence[JudgedRank], tree) -> list[JudgedRank]:
         now[rid] = _resolve_steps(r, now.get(peer) if peer is not None else None, tree)
     for rid, r in by_id.items():
         if r.verdict.bound != PEER:
-            peer = r.facts.waits_for
-            now[rid] = _resolve_steps(r, now.get(peer) if isinstance(peer, int) else None, tree)
+            peer = _waits_for(r)
+            now[rid] = _resolve_steps(r, now.get(peer) if peer is not None else None, tree)
     # A resolved rank is its rank with its bound, title, path and steps replaced.
     return [now[r.rank] if isinstance(r.rank, int) and by_id.get(r.rank) is r else r for r in ranks]
 

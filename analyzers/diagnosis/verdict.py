@@ -59,14 +59,24 @@ def has_all_shares(measurements: dict | None) -> bool:
     return bool(measurements and all(f"{b}_share" in measurements for b in BOUNDS))
 
 
-def measured_steps(facts: RankFacts) -> dict:
-    """Which of a rank's steps its measurements cover: all but the warm-up steps its
+def counted_steps(facts: RankFacts) -> list:
+    """The steps a rank's measurements cover, in step order: all but the warm-up steps its
     analysis left out (the run analysis marks them; a trace's profiled steps all count)."""
-    steps = [s for s in facts.steps if isinstance(s.get("step"), int)]
-    steps.sort(key=lambda s: s["step"])
+    return _counted(facts)[0]
+
+
+def _counted(facts: RankFacts) -> tuple[list, int]:
+    """(the counted steps, how many steps have a number)."""
+    steps = sorted((s for s in facts.steps if isinstance(s.get("step"), int)), key=lambda s: s["step"])
     ev = facts.evidence if isinstance(facts, RunRankFacts) else {}
     skip = ev.get("warmup_steps_excluded") if isinstance(ev.get("warmup_steps_excluded"), int) else 0
-    counted = steps[skip:] or steps
+    return steps[skip:] or steps, len(steps)
+
+
+def measured_steps(facts: RankFacts) -> dict:
+    """Which of a rank's steps its measurements cover (`counted_steps`), counted."""
+    counted, numbered = _counted(facts)
+    ev = facts.evidence if isinstance(facts, RunRankFacts) else {}
     # Only a run analysis mixes profiled and sampled steps; a trace's steps are all profiled
     # (its "sampled" label means a filtered trace, which its own finding says).
     sampled = sum(1 for s in counted if s.get("evidence") == "sampled") if ev else 0
@@ -76,7 +86,7 @@ def measured_steps(facts: RankFacts) -> dict:
         "count": len(counted),
         "trace": len(counted) - sampled,
         "sampled": sampled,
-        "warmup_excluded": len(steps) - len(counted),
+        "warmup_excluded": numbered - len(counted),
     }
 
 
@@ -173,9 +183,8 @@ def _pace_setters(present: list[JudgedRank], late: set, rank_waits, z: float
 
 def _step_paces(facts: RankFacts) -> list[float]:
     """A rank's pace in each counted step (ms): its duration less its waiting for peers."""
-    steps = sorted((s for s in facts.steps if isinstance(s.get("step"), int)), key=lambda s: s["step"])
     out = []
-    for s in steps[measured_steps(facts)["warmup_excluded"]:]:
+    for s in counted_steps(facts):
         dur = _number(s.get("duration_ms"))
         sh = dict_at(s, "shares")
         if dur is not None and dur > 0:
@@ -222,7 +231,7 @@ def job_verdict(ranks: list[JudgedRank], facts: JobFacts | Job, tree) -> Job:
                                          "their own work decides")}
             v = verdict_from(mset["values"], tree, force)
         bound, path, fixes, source = v["bound"], v["path"], v["fixes"], "measurements"
-        steps = [m for r in base for m in step_values(r.facts, measured_steps(r.facts)["warmup_excluded"])]
+        steps = [m for r in base for m in step_values(counted_steps(r.facts))]
         edge = borderline(mset["values"], path, steps, tree, bound, force)
     else:
         bound, _ = _vote(base)

@@ -93,6 +93,7 @@ def build_model(doc: dict, run: RunRecords | None = None, limits: Limits | None 
         nccl["bench_tests"] = [{"collective": s["collective"], "name": s["name"], "status": s["status"],
                                 "max_busbw_gbps": max(s["y"])} for s in busbw["series"]]
     judged = {k: getattr(diagnosis, k) for k in _FROM_DIAGNOSIS}
+    analysed = document_ranks(doc)  # every analysed rank, a rank two traces claim twice
     return {
         "schema": MODEL_SCHEMA,
         "diagnosis": diagnosis,
@@ -101,8 +102,8 @@ def build_model(doc: dict, run: RunRecords | None = None, limits: Limits | None 
         "ranks": _rank_rows(ranks, diagnosis.stragglers, limits, notes),
         "step_stats": _step_stats(steps),
         "throughput": diagnosis.run_figures["throughput"],
-        "top_kernels": _top_table([r.facts.top_kernels for r in document_ranks(doc)], limits),
-        "top_ops": _top_table([r.facts.top_ops for r in document_ranks(doc)], limits),
+        "top_kernels": _top_table([r.facts.top_kernels for r in analysed], limits),
+        "top_ops": _top_table([r.facts.top_ops for r in analysed], limits),
         "nccl": nccl,
         "charts": charts,
         "missing": _missing(run, diagnosis, ranks, allt, nccl, busbw),
