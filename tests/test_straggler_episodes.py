@@ -86,6 +86,23 @@ def test_one_rank_for_half_the_run_is_persistent_for_less_transient(burst, kind)
     assert (e["kind"], e["rank"], e["first_step"], e["last_step"]) == (kind, 0, 10, 9 + burst)
 
 
+@pytest.mark.parametrize("lead_ms, dominant", [(8.0, True), (30.0, False)])
+def test_the_median_lateness_is_the_named_ranks(lead_ms, dominant):
+    """Rank 0 is 40 ms late in steps 10-21, except that rank 1 leads by `lead_ms` in every second
+    of them. By 8 ms, rank 0 carries most of the lost time and names the episode: its lateness is
+    rank 0's (40 ms, where every late step's median is 24 ms). By 30 ms the episode rotates, and
+    its lateness is every late step's."""
+    def late(i, r):
+        if not 10 <= i < 22:
+            return 0.0
+        return (lead_ms if r == 1 else 0.0) if i % 2 else (40.0 if r == 0 else 0.0)
+
+    e = _one(straggler_episodes(_ranks(60, 3, late), TREE))
+    assert (e["first_step"], e["last_step"], e["rank"] == 0) == (10, 21, dominant)
+    expected = 40.0 if dominant else float(np.median([40.0] * 6 + [lead_ms] * 6))
+    assert e["median_lateness_ms"] == pytest.approx(expected, abs=0.8)
+
+
 @pytest.mark.parametrize("gap, episodes", [(2, 1), (3, 2)])
 def test_gaps_up_to_the_limit_are_bridged(gap, episodes):
     late = set(range(10, 20)) | set(range(20 + gap, 30 + gap))
@@ -170,7 +187,7 @@ def _induced_cost_s(run_dir: Path, first: int, last: int) -> float:
 @pytest.mark.parametrize("kind", KINDS)
 def test_an_induced_straggler_is_told_apart(runs, kind):
     doc = _analysed(runs[kind])
-    result = doc["diagnosis"].straggler_episodes
+    result = doc.diagnosis.straggler_episodes
     costly = max(result["episodes"], key=lambda e: e["cost_ms"])
     assert result["pattern"] == kind == costly["kind"], result["episodes"]
     if kind == "persistent":
@@ -185,10 +202,10 @@ def test_an_induced_straggler_is_told_apart(runs, kind):
         assert costly["steps"] < TH["straggler_persistent_fraction"] * worker.STEPS
     # Every late batch cost its delay; the loss equals what the records show, not only the sleep.
     straggled = costly["straggled_steps"]
-    assert costly["median_lateness_ms"] == pytest.approx(worker.DELAY_S * 1000.0, rel=0.3)
+    assert costly["median_lateness_ms"] == pytest.approx(worker.DELAY_S * 1000.0, rel=0.3), result["episodes"]
     induced = _induced_cost_s(runs[kind], costly["first_step"], costly["last_step"])
     assert costly["cost_ms"] / 1000.0 == pytest.approx(induced, rel=0.15, abs=straggled * 0.002)
-    finding = next(f for f in doc["diagnosis"].findings if f["id"] == f"straggler_{kind}")
+    finding = next(f for f in doc.diagnosis.findings if f["id"] == f"straggler_{kind}")
     assert finding["message"].startswith("Rotating" if kind == "rotating" else kind.capitalize())
 
 
