@@ -2,21 +2,24 @@
 declared: what the analysis measures (the facts) and what the diagnosis adds (the verdicts).
 
 The facts are msgspec Structs: a rank's (`TraceRankFacts`, `RunRankFacts`, with their
-`CauseFacts`) and the job block's (`JobFacts`). The judged forms are Structs too: a rank's
-facts with its `RankVerdict` (`JudgedRank`), the job block with its verdict (`Job`). Steps are
-dicts declared by TypedDicts. Each stage returns a new value of the next type (`trace_facts`
-gives a `TraceRankFacts`, `diagnosis.rank.judge_trace` makes it a `JudgedRank`; `analyze_job`
-gives a `JobFacts`, `diagnosis.verdict.job_verdict` makes it a `Job`) and never rewrites its
-input. A window summary holds a `TraceRankFacts` in its document form, read back by
-`trace_facts_from_document`; a document's judged ranks, as built or as saved, are read by
-`document_ranks`, and written by `rank_document`.
+`CauseFacts`), the job block's (`JobFacts`) and the whole job's (`AnalysisFacts`). The judged
+forms are Structs too: a rank's facts with its `RankVerdict` (`JudgedRank`), the job block with
+its verdict (`Job`), and the document with its diagnosis (`Analysis`). Steps are dicts
+declared by TypedDicts. Each stage returns a new value of the next type (`trace_facts` gives a
+`TraceRankFacts`, `diagnosis.rank.judge_trace` makes it a `JudgedRank`; `analyze_job` gives a
+`JobFacts`, `diagnosis.verdict.job_verdict` makes it a `Job`; `analyze.with_diagnosis` makes an
+`AnalysisFacts` and its judged ranks an `Analysis`) and never rewrites its input. JSON is read
+and written only at the edges: a window summary holds a `TraceRankFacts` in its document form,
+read back by `trace_facts_from_document`; a saved analysis is read back by
+`analysis_from_json`, its ranks by `document_ranks`, and a judged rank written by
+`rank_document`.
 `tests/test_analysis_types.py` checks real outputs against these declarations. Shares are
 fractions of the step's wall time; `_us` is microseconds on the trace's clock, `_ms`
 milliseconds.
 
-Imports nothing from diag but its typed-JSON reader: every layer may read it. (No
-`from __future__ import annotations`: TypedDict reads NotRequired from evaluated
-annotations.)
+Imports nothing from diag but its typed-JSON reader and the diagnosis document's types: every
+layer may read it. (No `from __future__ import annotations`: TypedDict reads NotRequired from
+evaluated annotations.)
 """
 
 import re
@@ -24,6 +27,7 @@ from typing import Any, NotRequired, TypedDict, TypeVar, cast
 
 import msgspec
 
+from diag.diagnosis_document import Diagnosis, diagnosis_from_json
 from diag.typed_json import settled
 
 # Ops that bring a tensor's value to the host (on a GPU each waits for the device to reach it):
@@ -359,17 +363,63 @@ class Job(_JobParts, kw_only=True):
     bound_counts: dict[str, int] = {}  # ranks by their own bound
 
 
-class AnalysisDocument(TypedDict):
+ANALYSIS_SCHEMA = "diag.analysis/1"
+
+
+class AnalysisFacts(msgspec.Struct, kw_only=True):
+    """What the fact stages measured of one job, before any judgement (held in memory only): a
+    run directory's (job.run_analysis.analyze_run), or the facade's over traces and run
+    directories. Its job block is `analyze_job`'s, or a hand-made one already holding
+    stragglers and rank waits."""
+    schema: str = ANALYSIS_SCHEMA
+    source: str | msgspec.UnsetType = msgspec.UNSET  # as Analysis's
+    run: dict | msgspec.UnsetType = msgspec.UNSET  # as Analysis's
+    ranks: list[RankFacts] = []
+    job: JobFacts | Job = msgspec.field(default_factory=JobFacts)
+    errors: list[dict] = []  # as Analysis's
+    warnings: list[dict] | msgspec.UnsetType = msgspec.UNSET  # as Analysis's
+
+
+class Analysis(msgspec.Struct, kw_only=True):
     """diag.analysis/1: what `diag analyze --json` prints (traces, run directories, or both), and
-    a run directory's own analysis (job.run_analysis.analyze_run) with its diagnosis."""
-    schema: str
-    source: NotRequired[str]  # a run directory's analysis: the directory
-    run: NotRequired[dict]  # a run directory's analysis: its manifest's id, status, times, hosts, versions, config
-    ranks: list[JudgedRank]  # written by rank_document
-    job: Job
-    errors: list[dict]  # {"source", "error"}: inputs that could not be analysed
-    warnings: NotRequired[list[dict]]  # {"source", "warning"}: what the traces disagree on (diag analyze)
-    diagnosis: object  # a diag.diagnosis_document.Diagnosis (its JSON object once written)
+    a run directory's own analysis, with its diagnosis; its fields in the order the document
+    writes them. Built by the facade (analyze.with_diagnosis), or read back from its JSON by
+    `analysis_from_json`."""
+    schema: str = ANALYSIS_SCHEMA
+    source: str | msgspec.UnsetType = msgspec.UNSET  # a run directory's analysis: the directory
+    run: dict | msgspec.UnsetType = msgspec.UNSET  # a run directory's: its manifest's id, status, times, hosts, versions, config
+    ranks: list[JudgedRank] = []  # each written by rank_document
+    job: Job = msgspec.field(default_factory=Job)
+    errors: list[dict] = []  # {"source", "error"}: inputs that could not be analysed
+    warnings: list[dict] | msgspec.UnsetType = msgspec.UNSET  # {"source", "warning"}: what the traces disagree on (diag analyze)
+    diagnosis: Diagnosis | None = None  # None only in a saved document without one
+
+    @property
+    def source_path(self) -> str | None:
+        return self.source if isinstance(self.source, str) else None
+
+
+def analysis_from_json(raw: dict) -> Analysis:
+    """An analysis document read back from its JSON object (a saved `diag analyze --json`, or a
+    hand-made one): each part by its own reader, what a part cannot hold left out. Its ranks
+    without an integer number are left out (`document_ranks`); its job block is read as a `Job`
+    (a value a field cannot hold reads as absent); its lists of errors and warnings keep their
+    objects only."""
+    job = raw.get("job")
+    source, run = raw.get("source"), raw.get("run")
+    return Analysis(
+        source=source if isinstance(source, str) else msgspec.UNSET,
+        run=run if type(run) is dict else msgspec.UNSET,
+        ranks=document_ranks(raw),
+        job=settled(job, Job) if type(job) is dict else Job(),
+        errors=_objects(raw.get("errors")),
+        warnings=_objects(raw.get("warnings")) if "warnings" in raw else msgspec.UNSET,
+        diagnosis=diagnosis_from_json(raw.get("diagnosis")),
+    )
+
+
+def _objects(entries) -> list[dict]:
+    return [e for e in entries if type(e) is dict] if isinstance(entries, list) else []
 
 
 def facts_document(facts: TraceRankFacts | RunRankFacts) -> dict[str, Any]:

@@ -27,14 +27,24 @@ from typing import TypeVar, cast
 import msgspec
 
 from diag import atomic_io, rundir
-from diag.analyzers.analysis_types import JobFacts, JudgedRank, RankFacts, TraceRankFacts, rank_document
+from diag.analyzers.analysis_types import (
+    Analysis,
+    AnalysisFacts,
+    Job,
+    JobFacts,
+    JudgedRank,
+    RankFacts,
+    RunRankFacts,
+    TraceRankFacts,
+    rank_document,
+)
 from diag.analyzers.diagnosis import decision_tree as dt
 from diag.analyzers.diagnosis import peers
 from diag.analyzers.diagnosis.document import build_diagnosis
 from diag.analyzers.diagnosis.rank import judge_run_rank, judge_trace
 from diag.analyzers.job import waits
 from diag.analyzers.job.cross_rank import analyze_job
-from diag.analyzers.job.run_analysis import SCHEMA, analyze_run
+from diag.analyzers.job.run_analysis import analyze_run
 from diag.analyzers.run_records import ranks_from_windows, read_records, with_steps_and_nccl
 from diag.analyzers.trace.analysis import trace_facts
 from diag.errors import DiagInputError
@@ -50,7 +60,7 @@ _PER_JSON_BYTE = 0.6
 
 
 def analyze_paths(paths, tree: dt.Tree | None = None, jobs: int | None = None, progress=None, pool=None,
-                  host_peaks: dict | None = None) -> dict:
+                  host_peaks: dict | None = None) -> Analysis:
     """Analyse traces and run directories; returns the diag.analysis/1 document.
 
     progress: optional callable(done, total, source) called as each trace finishes.
@@ -85,18 +95,17 @@ def analyze_paths(paths, tree: dt.Tree | None = None, jobs: int | None = None, p
     trace_ranks = _analyze_files(files, tree, jobs, progress, errors, pool, host_peaks)
     refuse_mixed_jobs(trace_ranks)
     for run in runs:
-        errors.extend(run.doc.get("errors") or [])
-        warnings.extend(run.doc.get("warnings") or [])
-    trace_ranks = _settled_ranks(trace_ranks, [r for run in runs for r in run.doc["ranks"]], warnings)
+        errors.extend(run.doc.errors)
+        warnings.extend(run.doc.warnings or [])
+    trace_ranks = _settled_ranks(trace_ranks, [r for run in runs for r in run.doc.ranks], warnings)
     trace_ranks = split_waits(trace_ranks)
-    run_job = runs[0].doc.get("job") if len(runs) == 1 and not files else None
-    all_facts: list[RankFacts] = [*trace_ranks, *(r for run in runs for r in run.doc["ranks"])]
-    job = job_facts(sorted(all_facts, key=lambda r: _rank_key(r.rank)), tree, run_job)
-    ranks = _in_rank_order(judged_ranks(trace_ranks, tree, runs))
+    one_run = len(runs) == 1 and not files
+    all_facts = sorted([*trace_ranks, *(r for run in runs for r in run.doc.ranks)], key=lambda r: _rank_key(r.rank))
+    job = job_facts(all_facts, tree, runs[0].doc.job if one_run else None)
+    facts = AnalysisFacts(ranks=all_facts, job=job, errors=errors, warnings=warnings)
     # One run directory: its records for the diagnosis.
-    records = runs[0].records if len(runs) == 1 and not files else None
-    doc = {"schema": SCHEMA, "ranks": ranks, "job": job, "errors": errors, "warnings": warnings}
-    return with_diagnosis(doc, tree, records)
+    return with_diagnosis(facts, _in_rank_order(judged_ranks(trace_ranks, tree, runs)), tree,
+                          runs[0].records if one_run else None)
 
 
 def _in_rank_order(ranks: Sequence[JudgedRank]) -> list[JudgedRank]:
@@ -136,7 +145,7 @@ def judged_ranks(trace_ranks: Sequence[TraceRankFacts], tree, runs: Sequence[Run
     return peers.resolve(judged, tree)
 
 
-def job_facts(ranks: Sequence[RankFacts], tree, run_job: JobFacts | None = None) -> JobFacts:
+def job_facts(ranks: Sequence[RankFacts], tree, run_job: JobFacts | Job | None = None) -> JobFacts:
     """The cross-rank facts of the ranks (the diagnosis adds the verdict), with a run
     directory's own: the ranks missing from it, its ranks' last reports and its world size."""
     job = analyze_job(ranks, tree.what_if) if ranks else JobFacts()
@@ -147,20 +156,19 @@ def job_facts(ranks: Sequence[RankFacts], tree, run_job: JobFacts | None = None)
                                    world_size=run_job.world_size or job.world_size)
 
 
-def analyze_run_dir(path, tree: dt.Tree | None = None, progress=None) -> dict:
+def analyze_run_dir(path, tree: dt.Tree | None = None, progress=None) -> Analysis:
     """The analysis document of one run directory, with its diagnosis."""
     return analyze_run_with_records(path, tree, progress)[0]
 
 
-def analyze_run_with_records(path, tree: dt.Tree | None = None, progress=None) -> tuple[dict, RunRecords]:
+def analyze_run_with_records(path, tree: dt.Tree | None = None, progress=None) -> tuple[Analysis, RunRecords]:
     """(analysis document with its diagnosis, the run's records) of one run directory: the
     report draws its charts from the same records the diagnosis was built on. Without a
     tree, the run's own recorded settings decide."""
     tree = tree or tree_for_run(path)
     run = run_facts(path, tree, progress)
-    job = job_facts(run.doc["ranks"], tree, run.doc.get("job"))
-    ranks = peers.resolve(run.judged(tree), tree)
-    return with_diagnosis({**run.doc, "ranks": ranks, "job": job}, tree, run.records), run.records
+    facts = msgspec.structs.replace(run.doc, job=job_facts(run.doc.ranks, tree, run.doc.job))
+    return with_diagnosis(facts, peers.resolve(run.judged(tree), tree), tree, run.records), run.records
 
 
 def tree_for_run(path, config=None, overrides: dict | None = None) -> dt.Tree:
@@ -190,7 +198,7 @@ class RunFacts:
     """A run directory's facts: its analysis document (ranks and job block, no verdicts), what
     each rank is judged by besides (`RankInputs`; none where its ranks came from the window
     summaries alone), and its records."""
-    doc: dict
+    doc: AnalysisFacts
     inputs: dict
     records: RunRecords
 
@@ -198,10 +206,10 @@ class RunFacts:
         """The run's ranks, each judged on its own. A bug in judging the run analysis costs the
         precise verdict, not the report: the ranks of the window summaries are judged instead."""
         if not self.inputs:  # the ranks of the window summaries
-            return [judge_trace(cast(TraceRankFacts, r), tree) for r in self.doc["ranks"]]
-        try:
-            return [judge_run_rank(r, self.inputs[r.rank].windows, self.inputs[r.rank].sampled, tree)
-                    for r in self.doc["ranks"]]
+            return [judge_trace(cast(TraceRankFacts, r), tree) for r in self.doc.ranks]
+        try:  # the run analysis's ranks, each with what it is judged by
+            return [judge_run_rank(cast(RunRankFacts, r), self.inputs[r.rank].windows, self.inputs[r.rank].sampled,
+                                   tree) for r in self.doc.ranks]
         except Exception as exc:  # noqa: BLE001
             self.records.problems.append(f"{self.records.path or 'run'}: judging the run analysis failed "
                                          f"({type(exc).__name__}: {exc})")
@@ -224,20 +232,22 @@ def run_facts(path, tree, progress=None, host_peaks: dict | None = None) -> RunF
         doc, inputs = analyze_run(rd, records, tree.facts, host_peaks=host_peaks)
     except Exception as exc:  # noqa: BLE001 - a bug in the run analysis costs the precise verdict, not the report
         problems.append(f"{path}: run analysis failed ({type(exc).__name__}: {exc})")
-        doc, inputs = {"schema": SCHEMA, "ranks": [], "job": JobFacts(reports=None), "errors": []}, {}
+        doc, inputs = AnalysisFacts(job=JobFacts(reports=None)), {}
     records = with_steps_and_nccl(rd, records, doc)
-    if not doc["ranks"]:
-        doc, inputs = {**doc, "ranks": ranks_from_windows(records.ranks)}, {}
+    if not doc.ranks:
+        doc, inputs = msgspec.structs.replace(doc, ranks=ranks_from_windows(records.ranks)), {}
     problems = list(dict.fromkeys(problems + records.problems))
     return RunFacts(doc, inputs, msgspec.structs.replace(records, problems=problems))
 
 
-def with_diagnosis(doc: dict, tree, records: RunRecords | None = None) -> dict:
-    """A new document: `doc` with the job block's verdict and the diagnosis under
-    "diagnosis", built once on the analysis and the run's records when there are any.
+def with_diagnosis(facts: AnalysisFacts, ranks: list[JudgedRank], tree, records: RunRecords | None = None
+                   ) -> Analysis:
+    """The analysis document of `facts`, with `ranks` (its ranks judged), the job block's
+    verdict and the diagnosis, built once on them and the run's records when there are any.
     The diagnosis is JSON-safe as built, so every view serialises the same bytes."""
-    job, diagnosis = build_diagnosis(doc, records, tree)
-    return {**doc, "job": _json_safe_fields(job), "diagnosis": _json_safe_fields(diagnosis)}
+    job, diagnosis = build_diagnosis(ranks, facts.job, records, tree)
+    return Analysis(source=facts.source, run=facts.run, ranks=ranks, job=_json_safe_fields(job),
+                    errors=facts.errors, warnings=facts.warnings, diagnosis=_json_safe_fields(diagnosis))
 
 
 def _json_safe_fields(document: S) -> S:

@@ -13,7 +13,12 @@ import os
 import msgspec
 
 from diag import atomic_io, rundir
-from diag.analyzers.analysis_types import RunRankFacts, TraceRankFacts, trace_facts_from_document
+from diag.analyzers.analysis_types import (
+    AnalysisFacts,
+    RunRankFacts,
+    TraceRankFacts,
+    trace_facts_from_document,
+)
 from diag.analyzers.nccl import expected as nccl_expected
 from diag.analyzers.nccl import log as nccl_log
 from diag.errors import DiagInputError
@@ -30,10 +35,10 @@ def read_records(rd: rundir.RunDir, progress=None) -> RunRecords:
                       missing_ranks=rundir.missing_ranks(world, list(ranks)))
 
 
-def with_steps_and_nccl(rd: rundir.RunDir, run: RunRecords, doc: dict) -> RunRecords:
-    """`run` with the step records of the ranks whose steps the analysis `doc` does not
+def with_steps_and_nccl(rd: rundir.RunDir, run: RunRecords, facts: AnalysisFacts) -> RunRecords:
+    """`run` with the step records of the ranks whose steps the run analysis `facts` do not
     already hold, the problems met reading them all, and the NCCL results."""
-    covered = {r.rank for r in doc.get("ranks") or [] if isinstance(r, RunRankFacts) and r.steps}
+    covered = {r.rank for r in facts.ranks if isinstance(r, RunRankFacts) and r.steps}
     ranks = {rank: rec if rank in covered else msgspec.structs.replace(rec, steps=rd.steps(rank))
              for rank, rec in run.ranks.items()}
     return _with_nccl(rd, msgspec.structs.replace(run, ranks=ranks, problems=list(dict.fromkeys(rd.problems))))

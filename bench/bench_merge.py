@@ -77,15 +77,15 @@ def simulate(template, n: int, stragglers: set[int], delay: float, rng: random.R
     return ranks
 
 
-def merge(ranks: list) -> dict:
+def merge(ranks: list):
+    from diag.analyzers.analysis_types import AnalysisFacts
     from diag.analyzers.analyze import job_facts, judged_ranks, split_waits, with_diagnosis
     from diag.analyzers.diagnosis import decision_tree as dt
 
     tree = dt.load_tree()
     ranks = split_waits(ranks)
-    job = job_facts(ranks, tree)
-    return with_diagnosis({"schema": "diag.analysis/1", "ranks": judged_ranks(ranks, tree), "job": job, "errors": []},
-                          tree)
+    facts = AnalysisFacts(ranks=ranks, job=job_facts(ranks, tree))
+    return with_diagnosis(facts, judged_ranks(ranks, tree), tree)
 
 
 def main() -> int:
@@ -113,14 +113,14 @@ def main() -> int:
         doc = merge(kept)
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
-        found = {s["rank"] for s in doc["job"].stragglers}
+        found = {s["rank"] for s in doc.job.stragglers}
         hit = found == injected
         ok &= hit
-        per_rank = sum(len(r["collectives"]) for r in kept) / n
+        per_rank = sum(len(r.causes.collectives) for r in kept) / n
         print(f"{n:6d} ranks x {per_rank:.0f} collectives: merge {wall:6.2f} s "
               f"({wall / n * 1e3:.2f} ms per rank), peak {peak / 2**20:7.1f} MiB allocated; "
               f"stragglers injected {sorted(injected)}, found {sorted(found)}: {'ok' if hit else 'MISSED'}")
-        print(f"        verdict: {doc['diagnosis']['headline']['text'][:160]}")
+        print(f"        verdict: {doc.diagnosis.headline['text'][:160]}")
         del doc, kept
         gc.collect()
     return 0 if ok else 1

@@ -142,11 +142,11 @@ def with_cause(step: int) -> bool:
     return (step // SCHEDULE["every"]) % 2 == 0
 
 
-def side_steps(doc: dict, cause: bool) -> list[float]:
+def side_steps(doc, cause: bool) -> list[float]:
     """The job's profiled steps on one side (the slowest rank's duration of each step)."""
     by_step: dict[int, float] = {}
-    for r in doc["ranks"]:
-        for s in r["steps"]:
+    for r in doc.ranks:
+        for s in r.facts.steps:
             if s.get("evidence") == "trace" and with_cause(s["step"]) == cause:
                 by_step[s["step"]] = max(by_step.get(s["step"], 0.0), s["duration_ms"])
     return list(by_step.values())
@@ -163,12 +163,15 @@ def noise_band(jobs: list[list[float]]) -> float:
     return 1.96 * (sum(se2) ** 0.5) / len(jobs)
 
 
-def half(doc: dict, change: str, cause: bool) -> dict:
+def half(doc, change: str, cause: bool) -> dict:
     """The job's what-if entry for `change` over the profiled steps with (or without) the cause."""
+    import msgspec
+
     from diag.analyzers.diagnosis.decision_tree import load_tree
     from diag.analyzers.whatif.job import job_what_if
 
-    ranks = [{**r, "steps": [s for s in r["steps"] if with_cause(s["step"]) == cause]} for r in doc["ranks"]]
+    ranks = [msgspec.structs.replace(r.facts, steps=[s for s in r.facts.steps if with_cause(s["step"]) == cause])
+             for r in doc.ranks]
     _, entries = job_what_if(ranks, load_tree().what_if)
     return next(e for e in entries if e["change"] == change)
 

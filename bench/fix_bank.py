@@ -261,11 +261,11 @@ def diagnose(case: str, steps: int, scratch: Path) -> dict:
     doc = analyze_run_dir(run_dir)
     wanted = CASES[case].cause
     # A straggler is a recommendation, not a cause: its prediction is the step with it at its peers' pace.
-    found = doc["diagnosis"].causes + [{"id": r["id"], "expected": r.get("prediction")}
-                                          for r in doc["diagnosis"].recommendations if r["id"].startswith("straggler-")]
+    found = doc.diagnosis.causes + [{"id": r["id"], "expected": r.get("prediction")}
+                                          for r in doc.diagnosis.recommendations if r["id"].startswith("straggler-")]
     cause = next((c for c in found if c["id"].startswith(wanted)), None)
     if cause is None:
-        raise SystemExit(f"{case}: diag named no {wanted} cause ({doc['diagnosis']['headline']['text']})")
+        raise SystemExit(f"{case}: diag named no {wanted} cause ({doc.diagnosis.headline['text']})")
     return cause
 
 

@@ -92,10 +92,10 @@ def diagnose(script: Path, case: str, steps: int, run_dir: Path) -> dict:
     _child(script, case, "slow", str(run_dir), str(steps))
     doc = analyze_run_dir(run_dir)
     cause_id, _ = EXPECTED[case]
-    cause = next((c for c in doc["diagnosis"].causes if c["id"] == cause_id), None)
+    cause = next((c for c in doc.diagnosis.causes if c["id"] == cause_id), None)
     if cause is None:
-        named = ", ".join(c["id"] for c in doc["diagnosis"].causes) or "none"
-        raise RuntimeError(f"diag named no {cause_id} cause (causes: {named}; bound {doc['diagnosis'].get('bound')})")
+        named = ", ".join(c["id"] for c in doc.diagnosis.causes) or "none"
+        raise RuntimeError(f"diag named no {cause_id} cause (causes: {named}; bound {doc.diagnosis.bound})")
     return cause
 
 

@@ -40,7 +40,7 @@ def grade(folder: Path) -> list[dict]:
         if not c or not c.get("fixed_wall_step_ms") or not (folder / f"{case}.json.gz").exists():
             continue
         doc = analyze_paths([str(folder / f"{case}.json.gz")], jobs=1)
-        cause = next((x for x in doc["diagnosis"].causes if x["id"] == cause_id), None)
+        cause = next((x for x in doc.diagnosis.causes if x["id"] == cause_id), None)
         e = (cause or {}).get("expected")
         if not e:
             rows.append({"folder": str(folder), "case": case, "cause": cause_id, "error": None})

@@ -400,8 +400,8 @@ def run_one(kind: str, path: str, template: str | None = None, segment: str | No
             from diag.analyzers.analyze import analyze_paths
 
             doc = analyze_paths([path], jobs=1)
-            if doc["errors"] and not doc["ranks"]:
-                return "error", doc["errors"][0]["error"]
+            if doc.errors and not doc.ranks:
+                return "error", doc.errors[0]["error"]
             if check_charts:
                 found = _chart_markup(doc)
                 if found:

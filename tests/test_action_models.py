@@ -22,7 +22,7 @@ CASES = {c["case"]: c for c in json.loads((H200 / "cases.json").read_text())["ca
 
 def _cause(case: str, cause_id: str) -> dict:
     doc = analyze_paths([str(H200 / f"{case}.json.gz")], jobs=1)
-    return next(c for c in doc["diagnosis"].causes if c["id"] == cause_id)
+    return next(c for c in doc.diagnosis.causes if c["id"] == cause_id)
 
 
 def _measured_step(case: str, expected: dict) -> float:

@@ -90,7 +90,7 @@ def test_records_windows_and_verdicts(tmp_path):
         assert not any("bound" in s or "path" in s for s in rd.records(0, "steps"))
         assert not any("bound" in w.analysis or "path" in w.analysis or "findings" in w.analysis
                        for w in windows)
-    assert doc["job"].missing_ranks == []
+    assert doc.job.missing_ranks == []
 
 
 def test_without_loader_steps_are_timed(tmp_path):
@@ -150,7 +150,7 @@ def test_keyboard_interrupt_leaves_a_reportable_run(tmp_path):
     assert rd.rank_info(0)["status"] == "interrupted" and rd.manifest()["status"] == "interrupted"
     doc = analyze_run(agent.run_dir)
     assert [s["step"] for s in ranks_of(doc)[0]["steps"]] == list(range(6))
-    assert doc["errors"] == []
+    assert doc.errors == []
     from diag.report import write_report
 
     paths = write_report(agent.run_dir, tmp_path / "report")

@@ -82,8 +82,8 @@ def test_killed_rank_is_named_by_the_survivors(tmp_path):
 
     # The analysis holds facts: no rank is absent, and rank 1 never closed.
     doc = analyze_run(run_dir)
-    assert doc["job"].missing_ranks == []
-    assert {r["rank"]: (r["status"], r["closed"]) for r in doc["job"].reports["ranks"]} == {
+    assert doc.job.missing_ranks == []
+    assert {r["rank"]: (r["status"], r["closed"]) for r in doc.job.reports["ranks"]} == {
         0: ("failed", True), 1: ("running", False)}
     assert {r["rank"]: r["status"] for r in ranks_of(doc)} == {0: "failed", 1: "running"}
     assert len(ranks_of(doc)[1]["steps"]) == 8

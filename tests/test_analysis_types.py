@@ -8,6 +8,7 @@ import copy
 import json
 import typing
 
+import msgspec
 import pytest
 from conftest import FIXTURES
 
@@ -15,7 +16,6 @@ from diag import rundir
 from diag.analyzers import analysis_types as types
 from diag.analyzers.analyze import analyze_paths, analyze_run_dir, job_facts, json_safe, split_waits
 from diag.analyzers.diagnosis.decision_tree import load_tree
-from diag.analyzers.diagnosis.document import job_block
 from diag.analyzers.diagnosis.rank import judge_run_rank, judge_trace
 from diag.analyzers.job.run_analysis import analyze_rank
 from diag.analyzers.trace.analysis import trace_facts
@@ -75,11 +75,15 @@ def test_a_traces_facts_and_its_verdicts_are_as_declared(name):
     _steps_conform(types.judged_steps(judged), types.TraceStep, "judged")
 
 
-def _document_conforms(doc: dict, where: str) -> None:
-    _conforms(doc, types.AnalysisDocument, where)
-    assert isinstance(doc["job"], types.Job) and isinstance(doc["diagnosis"], Diagnosis), where
-    for f in doc["job"].findings:
+def _document_conforms(doc: types.Analysis, where: str) -> None:
+    """The document is typed throughout, and its JSON reads back as it was built."""
+    assert isinstance(doc, types.Analysis) and isinstance(doc.job, types.Job), where
+    assert isinstance(doc.diagnosis, Diagnosis) and all(isinstance(r, types.JudgedRank) for r in doc.ranks), where
+    for f in doc.job.findings:
         _conforms(f, types.Finding, f"{where}: job finding {f.get('id')}")
+    saved = json.loads(json.dumps(json_safe(doc)))
+    assert list(saved) == [k for k in types.Analysis.__struct_fields__ if getattr(doc, k) is not msgspec.UNSET]
+    assert types.analysis_from_json(saved) == doc, where
 
 
 def test_real_gpu_ranks_of_one_job_are_as_declared(real_traces):
@@ -91,15 +95,17 @@ def test_real_gpu_ranks_of_one_job_are_as_declared(real_traces):
     assert isinstance(facts, types.JobFacts) and facts.collective_facts is not None
     assert not hasattr(facts, "bound") and not hasattr(facts, "stragglers")  # no verdict among the facts
     split = split_waits([trace_facts(p, tree.facts) for p in paths])
-    for r, f in zip(doc["ranks"], split):
+    for r, f in zip(doc.ranks, split):
         _judged_conforms(r, f, TRACE_VERDICT, f"rank {r.rank}")
         _steps_conform(types.judged_steps(r), types.TraceStep, f"rank {r.rank}")
         assert r.facts.wait_split["measured"] and f.wait_split["measured"]
-    # A saved document's job block reads back as the judged block it was written from.
-    saved = json.loads(json.dumps(json_safe(doc)))["job"]
-    assert "collective_facts" not in saved and "reports" not in saved  # in memory only; a run directory's
-    assert job_block(saved) == doc["job"] and job_block(doc["job"]) is doc["job"]
-    assert job_block(None) == types.JobFacts() and job_block({"bound": 7, "stragglers": "x"}) == types.Job()
+    saved = json.loads(json.dumps(json_safe(doc)))
+    assert "collective_facts" not in saved["job"] and "reports" not in saved["job"]  # in memory only; a run directory's
+    # What a saved document's parts cannot hold reads as absent.
+    damaged = types.analysis_from_json({**saved, "job": {"bound": 7, "stragglers": "x"}, "errors": ["x", {"e": 1}],
+                                        "source": 3, "diagnosis": {"schema": "other"}})
+    assert damaged.job == types.Job() and damaged.errors == [{"e": 1}] and damaged.source is msgspec.UNSET
+    assert damaged.diagnosis is None and damaged.ranks == doc.ranks and damaged.warnings == doc.warnings
 
 
 def test_a_real_runs_ranks_are_as_declared(demo_run_dir):
@@ -119,7 +125,7 @@ def test_a_real_runs_ranks_are_as_declared(demo_run_dir):
     assert len(judged.verdict.window_bounds) == len(inputs.windows)
     doc = analyze_run_dir(demo_run_dir)
     _document_conforms(doc, "demo run")
-    for r in doc["ranks"]:
+    for r in doc.ranks:
         facts, _ = analyze_rank(rd, r.rank, tree.facts)  # the job's ranks then have their waits split
         assert list(types.facts_document(r.facts)) == list(types.facts_document(facts))
         _judged_conforms(r, r.facts, RUN_VERDICT, f"rank {r.rank}")

@@ -215,7 +215,7 @@ def test_real_traces_directory(real_traces):
             "(job128_rank0_sampled.json.gz, job128_rank1_sampled.json.gz)") in proc.stderr, proc.stderr
     pair = analyze_paths([real_traces / "job128_rank0_sampled.json.gz", real_traces / "job128_rank1_sampled.json.gz"],
                          jobs=2)
-    assert pair["errors"] == [] and [r["rank"] for r in ranks_of(pair)] == [0, 1]
+    assert pair.errors == [] and [r["rank"] for r in ranks_of(pair)] == [0, 1]
     for name, bound in (("v100_1rank_compute.json.gz", "compute"), ("v100_resnet50_workers0_oldschema.json.gz", "data"),
                         ("a100_2rank_nccl.json.gz", None), ("mi250_rocm62_tiny.json.gz", None)):
         (r,) = ranks_of(analyze_paths([real_traces / name], jobs=1))

@@ -112,7 +112,7 @@ def test_pageable_copies_are_named_on_a_real_data_bound_trace(real_data):
     from pageable memory. Counts, bytes and the issuing calls' host time are the file's own."""
     name = "v100_resnet50_workers0_oldschema.json.gz"
     doc = _analyse(real_data, name)
-    (cause,) = [c for c in doc["diagnosis"].causes if c["id"] == "pageable_copies"]
+    (cause,) = [c for c in doc.diagnosis.causes if c["id"] == "pageable_copies"]
     events = _trace_events(real_data, name)
     copies, n = _in_steps(events, lambda e: e.get("name") == "Memcpy HtoD (Pageable -> Device)")
     corr = {e["args"]["correlation"] for e in copies}
@@ -121,9 +121,9 @@ def test_pageable_copies_are_named_on_a_real_data_bound_trace(real_data):
     assert ev["calls_per_step"] == pytest.approx(len(copies) / n)
     assert ev["mb_per_step"] == pytest.approx(sum(e["args"]["bytes"] for e in copies) / 1e6 / n, rel=1e-3)
     assert ev["host_ms_per_step"] == pytest.approx(sum(e["dur"] for e in calls) / 1e3 / n, rel=1e-3)
-    assert cause["phase"] == doc["diagnosis"].bound == "data"
+    assert cause["phase"] == doc.diagnosis.bound == "data"
     assert "pin_memory=True" in cause["action"] and "non_blocking=True" in cause["action"]
-    rec = next(r for r in doc["diagnosis"].recommendations if r["id"] == "phase-data")
+    rec = next(r for r in doc.diagnosis.recommendations if r["id"] == "phase-data")
     assert rec["actions"][0] == cause["action"] and not any(a.startswith("Set pin_memory=True") for a in rec["actions"])
 
 
@@ -131,7 +131,7 @@ def test_tiny_pageable_copies_are_no_cause_on_a_real_trace(real_data):
     """job128 copies 8 KB per step from pageable memory in a 600 ms host-bound step."""
     doc = _analyse(real_data, "job128_rank0_sampled.json.gz")
     assert any("Pageable" in c["name"] for c in ranks_of(doc)[0]["copies"])
-    assert "pageable_copies" not in {c["id"] for c in doc["diagnosis"].causes}
+    assert "pageable_copies" not in {c["id"] for c in doc.diagnosis.causes}
 
 
 def test_a_cold_first_launch_on_a_real_rocm_trace_is_no_launch_bound_cause(real_data):
@@ -152,14 +152,14 @@ def test_a_cold_first_launch_on_a_real_rocm_trace_is_no_launch_bound_cause(real_
     assert lf["median_launch_us"] == pytest.approx(statistics.median(e["dur"] for e in launches), rel=1e-3)
     assert lf["max_launch_us"] == pytest.approx(max(e["dur"] for e in launches), rel=1e-3)
     assert lf["max_launch_us"] > 500 * lf["median_launch_us"]
-    assert "launch_bound" not in {c["id"] for c in doc["diagnosis"].causes}
+    assert "launch_bound" not in {c["id"] for c in doc.diagnosis.causes}
 
 
 def test_a_host_bound_trace_with_cheap_launches_is_not_launch_bound(real_data):
     """An A100 step: 900 launches hold the host 8.5 ms of a 220 ms host-bound step."""
     doc = _analyse(real_data, "a100_2rank_nccl.json.gz")
-    assert doc["diagnosis"].bound == "host"
-    assert "launch_bound" not in {c["id"] for c in doc["diagnosis"].causes}
+    assert doc.diagnosis.bound == "host"
+    assert "launch_bound" not in {c["id"] for c in doc.diagnosis.causes}
 
 
 def _launch_rank(launch_ms, kernel_ms=10.0, step_ms=100.0, launchers=()):
@@ -250,15 +250,15 @@ def test_fp32_math_is_named_on_a_real_compute_bound_v100_trace(real_data):
 
     name = "v100_1rank_compute.json.gz"
     doc = _analyse(real_data, name)
-    assert doc["diagnosis"].bound == "compute"
-    (cause,) = [c for c in doc["diagnosis"].causes if c["id"] == "fp32_math"]
+    assert doc.diagnosis.bound == "compute"
+    (cause,) = [c for c in doc.diagnosis.causes if c["id"] == "fp32_math"]
     fp32 = re.compile(r"sgemm|scudnn|engine<float")
     kernels, n = _launched_in_steps(_trace_events(real_data, name),
                                     lambda e: e.get("cat") == "kernel" and fp32.search(e.get("name", "")))
     assert cause["evidence"]["ms_per_step"] == pytest.approx(sum(e["dur"] for e in kernels) / 1e3 / n, rel=1e-3)
     assert cause["evidence"]["precision"] == "fp32" and cause["evidence"]["peak_ratio"] == pytest.approx(125 / 15.7, rel=0.01)
     assert "torch.float16" in cause["action"] and "GradScaler" in cause["action"]  # V100: no bf16, no TF32
-    rec = next(r for r in doc["diagnosis"].recommendations if r["id"] == "phase-compute")
+    rec = next(r for r in doc.diagnosis.recommendations if r["id"] == "phase-compute")
     assert rec["actions"][0] == cause["action"] and not any(a.startswith("Use lower precision") for a in rec["actions"])
 
 
@@ -266,7 +266,7 @@ def test_tf32_math_on_a_real_a100_trace_asks_for_bf16(real_data):
     """The A100 trace's GEMMs are cutlass tensorop_s1688 (TF32) kernels; judged as if compute
     bound it takes bf16 autocast, and as it is (host-bound) it names no compute cause."""
     doc = _analyse(real_data, "a100_2rank_nccl.json.gz")
-    assert "fp32_math" not in {c["id"] for c in doc["diagnosis"].causes}
+    assert "fp32_math" not in {c["id"] for c in doc.diagnosis.causes}
     ranks = {0: {"analysis": ranks_of(doc)[0]}}
     (cause,) = cs.causes(_ctx(ranks, bound="compute", shares={"compute": 0.6}))
     assert cause["evidence"]["precision"] == "tf32" and "bfloat16" in cause["action"]
@@ -300,7 +300,7 @@ def test_an_elementwise_chain_is_named_on_a_real_v100_trace(real_data):
     file's own: the kernels in the steps whose External id is that of an op of those names."""
     name = "v100_1rank_compute.json.gz"
     doc = _analyse(real_data, name)
-    (cause,) = [c for c in doc["diagnosis"].causes if c["id"] == "elementwise_chain"]
+    (cause,) = [c for c in doc.diagnosis.causes if c["id"] == "elementwise_chain"]
     ev = cause["evidence"]
     assert cause["phase"] == "memory" and ev["ops"][0] == "aten::add_" and "aten::cudnn_batch_norm_backward" in ev["ops"]
     assert ev["ms_per_step"] >= 0.10 * ev["step_ms"]
@@ -315,7 +315,7 @@ def test_no_chain_is_named_where_elementwise_time_is_small(real_data):
     doc = _analyse(real_data, "job128_rank0_sampled.json.gz")
     chains = ranks_of(doc)[0]["elementwise_chains"]
     assert chains and chains[0]["ms_per_step"] < 0.01 * 600
-    assert "elementwise_chain" not in {c["id"] for c in doc["diagnosis"].causes}
+    assert "elementwise_chain" not in {c["id"] for c in doc.diagnosis.causes}
 
 
 @pytest.mark.parametrize("chain_ms,named", [(9.9, False), (10.1, True)])
@@ -448,7 +448,7 @@ def test_allocator_calls_are_named_on_a_real_a100_trace():
 
     path = Path(__file__).parent / "fixtures" / "real" / ALEXNET
     doc = analyze_paths([str(path)], jobs=1)
-    (cause,) = [c for c in doc["diagnosis"].causes if c["id"] == "allocator_calls"]
+    (cause,) = [c for c in doc.diagnosis.causes if c["id"] == "allocator_calls"]
     with gzip.open(path) as f:
         runtime = [e for e in json.load(f)["traceEvents"] if e.get("cat") == "cuda_runtime"]
     calls = {c["name"]: c for c in cause["evidence"]["calls"]}
@@ -468,7 +468,7 @@ def test_allocator_calls_are_named_on_a_real_a100_trace():
 def test_a_trace_without_allocator_calls_names_none(real_data):
     doc = _analyse(real_data, "v100_1rank_compute.json.gz")
     assert ranks_of(doc)[0]["allocator"] == []
-    assert "allocator_calls" not in {c["id"] for c in doc["diagnosis"].causes}
+    assert "allocator_calls" not in {c["id"] for c in doc.diagnosis.causes}
 
 
 def _alloc_rank(ms, names=("cudaFree",), step_ms=100.0):
@@ -516,7 +516,7 @@ def test_a_cold_first_launch_makes_no_launch_bound_cause(real_data, tmp_path):
     assert lf["max_launch_us"] == 300_000
     others = sorted(e["dur"] for e in launches if e is not first)
     assert lf["median_launch_us"] <= others[len(others) // 2 + 1]
-    assert "launch_bound" not in {c["id"] for c in doc["diagnosis"].causes}
+    assert "launch_bound" not in {c["id"] for c in doc.diagnosis.causes}
 
 
 @pytest.mark.parametrize("forwards,micro", [(2.9, None), (3.0, 1.5)])  # 2 optimizer steps per traced step

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from merged_ranks import merged
 
+from diag.analyzers.analysis_types import Analysis, analysis_from_json, rank_document
 from diag.analyzers.diagnosis import change, run_figures
 from diag.analyzers.diagnosis import decision_tree as dt
 from diag.analyzers.diagnosis.gate import graded_prediction
@@ -16,11 +17,11 @@ TREE = dt.load_tree()
 LOADER = {"class": "DataLoader", "dataset": "Shards", "num_workers": 0, "batch_size": 8, "cpus": 8, "local_ranks": 1}
 
 
-def _doc(workers: int, wait: float, rest: float = 10.0, n: int = 30, model_params: int = 1000) -> dict:
+def _doc(workers: int, wait: float, rest: float = 10.0, n: int = 30, model_params: int = 1000) -> Analysis:
     steps = [{"step": k, "duration_ms": wait + rest, "data_wait_ms": wait, "cpu_ms": rest + 0.5, "data_cpu_ms": 0.5,
               "evidence": "sampled", "samples": 8} for k in range(n)]
-    return {"ranks": [{"rank": 0, "steps": steps, "loader": {**LOADER, "num_workers": workers},
-                       "model": {"class": "Net", "params": model_params}}]}
+    return analysis_from_json({"ranks": [{"rank": 0, "steps": steps, "loader": {**LOADER, "num_workers": workers},
+                                          "model": {"class": "Net", "params": model_params}}]})
 
 
 def test_the_worker_count_after_ran_is_graded_against_the_range():
@@ -46,9 +47,9 @@ def test_no_change_is_inferred_without_a_record():
     assert named["change"] == "no_data_wait" and named["kind"] == "ceiling"
 
 
-def _diagnosis(doc: dict) -> Diagnosis:
+def _diagnosis(doc: Analysis) -> Diagnosis:
     """The diagnosis's run figures of a document: what identifies the run."""
-    ranks = merged({r["rank"]: {"analysis": r} for r in doc["ranks"]})
+    ranks = merged({r.rank: {"analysis": rank_document(r)} for r in doc.ranks})
     return Diagnosis(run_figures={"identity": run_figures.identity(ranks, len(ranks))})
 
 

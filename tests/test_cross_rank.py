@@ -14,7 +14,7 @@ import msgspec
 import pytest
 from conftest import FIXTURES
 
-from diag.analyzers.analysis_types import rank_document
+from diag.analyzers.analysis_types import Analysis, Job, analysis_from_json, rank_document
 from diag.analyzers.analyze import analyze_trace, job_facts, judged_ranks, split_waits
 from diag.analyzers.diagnosis.decision_tree import load_tree
 from diag.analyzers.diagnosis.document import build_diagnosis
@@ -84,7 +84,7 @@ def _finding(job, fid):
 
 def _judged_finding(ranks, job, fid):
     """A finding of the diagnosis of these ranks and job facts (missing ranks are its call)."""
-    _, diagnosis = build_diagnosis({"ranks": ranks, "job": job})
+    _, diagnosis = build_diagnosis(ranks, job)
     return next((f for f in diagnosis.findings if f["id"] == fid), None)
 
 
@@ -304,10 +304,10 @@ def _doc(world, step_ms, samples=None):
         {"step": i, "duration_ms": step_ms * (1 + 0.01 * i), **({"samples": samples} if samples else {})}
         for i in range(4)
     ]
-    return {
+    return analysis_from_json({
         "ranks": [{"rank": r, "world_size": world, "steps": steps} for r in range(world)],
         "job": {"world_size": world},
-    }
+    })
 
 
 def test_scaling_efficiency_advisory():
@@ -335,8 +335,8 @@ def test_scaling_efficiency_takes_the_slowest_rank_of_each_step(gloo_job):
     """On real analyses: rank 0's steps alone (as world 1) against the 2-rank job, whose
     step time is that of its slower rank in each step."""
     ranks = _ranks(gloo_job["balanced"])
-    two = {"ranks": ranks, "job": _job(ranks)}
-    one = {"ranks": [_with_facts(ranks[0], world_size=1)], "job": {"world_size": 1}}
+    two = Analysis(ranks=ranks, job=_job(ranks))
+    one = Analysis(ranks=[_with_facts(ranks[0], world_size=1)], job=Job(world_size=1))
     res = scaling_efficiency(one, two, load_tree())
     step = statistics.median(
         max(s["duration_ms"] for r in ranks for s in r.facts.steps if s["step"] == k)
@@ -353,14 +353,14 @@ def test_the_straggler_finding_names_the_likely_cause(gloo_job):
     from diag.analyzers.analyze import analyze_paths
 
     doc = analyze_paths([str(p) for p in gloo_job["straggler"]], jobs=1)
-    (late,) = doc["job"].stragglers
+    (late,) = doc.job.stragglers
     cause = late["likely_cause"]
     assert late["rank"] == 1 and cause["cause"] == "host_work", cause
     excess = cause["evidence"]["host_ms_per_step"] - cause["evidence"]["peers_host_ms_per_step"]
     assert 0.5 * DELAY_S * 1000 <= excess <= 1.5 * DELAY_S * 1000
-    finding = next(f for f in doc["job"].findings if f["id"] == "straggler")
+    finding = next(f for f in doc.job.findings if f["id"] == "straggler")
     assert "Likely cause on rank 1: host-side work" in finding["message"]
-    assert doc["job"].bound == next(r.verdict.bound for r in doc["ranks"] if r.rank == 1)
+    assert doc.job.bound == next(r.verdict.bound for r in doc.ranks if r.rank == 1)
 
 
 def test_lateness_by_chance_is_the_binomial_tail():

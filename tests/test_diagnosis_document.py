@@ -21,7 +21,7 @@ from diag.diagnosis_document import (
 @pytest.fixture(scope="module")
 def diagnosis(real_traces) -> Diagnosis:
     doc = analyze_paths([str(real_traces / f"job128_rank{r}_sampled.json.gz") for r in (0, 1)], jobs=1)
-    return doc["diagnosis"]
+    return doc.diagnosis
 
 
 def test_the_diagnosis_reads_back_as_it_was_written(diagnosis):

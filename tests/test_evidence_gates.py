@@ -31,8 +31,8 @@ def _stripped(real_data, tmp_path, name: str, keep, drop_keys=()) -> tuple[str, 
     return str(path), events
 
 
-def _assert_cant_tell(doc: dict) -> None:
-    d = doc["diagnosis"]
+def _assert_cant_tell(doc) -> None:
+    d = doc.diagnosis
     assert d.bound is None and ranks_of(doc)[0]["bound"] is None
     assert all(s.get("bound") is None for s in ranks_of(doc)[0]["steps"])
     assert d.headline["text"].startswith("Can't tell: the trace holds no device events")
@@ -48,7 +48,7 @@ def test_runtime_calls_without_device_events_cant_be_told(real_data, tmp_path, n
     assert any(e.get("cat") == "cuda_runtime" and e.get("name") == "cudaLaunchKernel" for e in events)
     assert not any(e.get("cat") == "kernel" for e in events)
     full = analyze_paths([str(real_data / "traces" / name)], jobs=1)
-    assert full["diagnosis"].bound is not None  # with its device events, the trace has a class
+    assert full.diagnosis.bound is not None  # with its device events, the trace has a class
     _assert_cant_tell(analyze_paths([path], jobs=1))
 
 
@@ -72,9 +72,9 @@ def test_a_sampled_trace_names_no_cause_from_its_ops(real_traces):
     from diag.analyzers.diagnosis.inputs import traced_steps, weighed_facts
 
     doc = analyze_paths([str(real_traces / f"job128_rank{r}_sampled.json.gz") for r in (0, 1)], jobs=1)
-    for r in doc["ranks"]:
+    for r in doc.ranks:
         assert r.verdict.sampled is True
         assert {s["evidence"] for s in r.facts.steps} == {"trace"}  # as measured
         assert traced_steps(r.facts) > 0 and traced_steps(weighed_facts(r)) == 0
-    assert doc["diagnosis"].causes == []
-    assert "sampled_trace" in {f["id"] for f in doc["diagnosis"].findings}
+    assert doc.diagnosis.causes == []
+    assert "sampled_trace" in {f["id"] for f in doc.diagnosis.findings}

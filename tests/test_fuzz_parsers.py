@@ -97,7 +97,7 @@ def test_invalid_utf8_inside_a_gzipped_trace_is_skipped(real_traces, tmp_path):
 def test_unrepairable_input_is_a_one_line_error(tmp_path):
     (tmp_path / "t.json.gz").write_bytes(gzip.compress(b'{"traceEvents": [{"ph": "X", "cat": "kernel"')[:-6])
     doc = analyze_paths([tmp_path / "t.json.gz"])
-    (err,) = doc["errors"]
+    (err,) = doc.errors
     assert "\n" not in err["error"] and "gzip" in err["error"]
 
 

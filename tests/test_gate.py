@@ -13,6 +13,7 @@ import xml.etree.ElementTree as ET
 import pytest
 from merged_ranks import merged
 
+from diag.analyzers.analysis_types import analysis_from_json
 from diag.analyzers.diagnosis import decision_tree as dt
 from diag.analyzers.diagnosis import gate as gt
 from diag.analyzers.diagnosis import run_figures as rf
@@ -36,7 +37,7 @@ def _run(step_ms: float, n: int = 40, world: int = 2, device: str = "CPU", param
     ranks = merged({r: {"analysis": a, "device": device} for r, a in enumerate(doc["ranks"])})
     figures = {"identity": rf.identity(ranks, world), "step_time": rf.step_time(times),
                "throughput": {"samples_per_s": samples * world / (step_ms / 1e3)}}
-    return doc, Diagnosis(run_figures=figures)
+    return analysis_from_json(doc), Diagnosis(run_figures=figures)
 
 
 def _model(run) -> dict:

@@ -36,7 +36,7 @@ def _events(case: str) -> list[dict]:
 
 
 def _causes(case: str) -> dict[str, dict]:
-    return {c["id"]: c for c in _doc(case)["diagnosis"].causes}
+    return {c["id"]: c for c in _doc(case).diagnosis.causes}
 
 
 def test_a_loop_that_runs_ahead_of_the_device_is_judged_on_the_device_time_of_each_step():
@@ -50,7 +50,7 @@ def test_a_loop_that_runs_ahead_of_the_device_is_judged_on_the_device_time_of_ea
     assert got == pytest.approx([(b - a) / 1e3 for a, b in windows], rel=1e-9)
     for k in range(len(steps)):
         assert got[k] > 3 * (steps[k][1] - steps[k][0]) / 1e3  # the host spans alone would miss most of it
-    assert _doc("matmul_bf16")["diagnosis"].bound == "compute"
+    assert _doc("matmul_bf16").diagnosis.bound == "compute"
     assert 0.3 < rank["mfu"] < 1.0
     # The replayed graph explains each stretched step: its critical path is the step.
     assert rank["critical_path"]["max_error"] < 1e-6
@@ -94,7 +94,7 @@ def test_no_cpu_work_is_named_on_ddp_view_ops_or_a_sampled_trace(real_data):
         doc = analyze_paths([str(real_data / "traces" / name)], jobs=1)
         named = [o for r in ranks_of(doc) for o in r.get("cpu_work") or []]
         assert not any("unflatten" in o["name"] for o in named), name
-        assert "cpu_work_on_training_thread" not in {c["id"] for c in doc["diagnosis"].causes}
+        assert "cpu_work_on_training_thread" not in {c["id"] for c in doc.diagnosis.causes}
 
 
 def _cpu_rank(work_ms: float, step_ms: float = 100.0) -> dict:
@@ -213,7 +213,7 @@ def test_a_pageable_copy_that_makes_the_step_memory_bound_is_named():
     pageable = [e for e in events if e.get("cat") == "gpu_memcpy" and "Pageable" in e["name"]
                 and e["args"].get("correlation") in launched]
     cause = _causes("pageable_copy")["pageable_copies"]
-    assert _doc("pageable_copy")["diagnosis"].bound == "memory" and cause["phase"] == "memory"
+    assert _doc("pageable_copy").diagnosis.bound == "memory" and cause["phase"] == "memory"
     assert cause["evidence"]["mb_per_step"] == pytest.approx(sum(e["args"]["bytes"] for e in pageable) / 1e6
                                                              / len(steps), rel=1e-3)
 

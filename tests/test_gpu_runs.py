@@ -46,8 +46,8 @@ def test_the_action_predicted_meets_the_fix_measured(case, bound, cause_id, acti
     the verdict is the windows' and the device clock's, and the action's predicted step lies
     within 35% of the fixed variant's measured step, inside its range."""
     doc = analyze_run_dir(RUNS / case)
-    assert doc["diagnosis"].bound == bound
-    cause = next(c for c in doc["diagnosis"].causes if c["id"] == cause_id)
+    assert doc.diagnosis.bound == bound
+    cause = next(c for c in doc.diagnosis.causes if c["id"] == cause_id)
     e = cause["expected"]
     assert e["action"].startswith(action)
     device_ms = 1000 * statistics.median(r["device_s"] for r in _records(case)[5:] if r["device_s"])

@@ -75,8 +75,8 @@ def test_a_trace_of_the_older_profiler_is_judged_on_its_steady_iterations(old_ap
     assert [s["duration_ms"] for s in rank["steps"]] == pytest.approx(
         [(b - a) / 1e3 for a, b in zip(starts[2:-1], starts[3:])])
     # The steady loop is matmuls; the trace taken whole is dominated by the first-call path.
-    assert doc["diagnosis"].bound == "compute"
-    assert any(f["id"] == "iterations_from_markers" for f in doc["diagnosis"].findings)
+    assert doc.diagnosis.bound == "compute"
+    assert any(f["id"] == "iterations_from_markers" for f in doc.diagnosis.findings)
 
 
 def test_taken_whole_the_same_trace_gets_the_start_ups_verdict(old_api_trace, tmp_path):
@@ -85,9 +85,9 @@ def test_taken_whole_the_same_trace_gets_the_start_ups_verdict(old_api_trace, tm
     doc = analyze_paths([str(old_api_trace)], tree=dt.load_tree(config))
     rank = ranks_of(doc)[0]
     assert len(rank["steps"]) == 1 and rank["iterations"]["marker"] is None
-    assert doc["diagnosis"].bound == "host"
-    assert any(f["id"] == "no_iterations" for f in doc["diagnosis"].findings)
-    assert any("judged whole, start-up included" in r for r in doc["diagnosis"].confidence["reasons"])
+    assert doc.diagnosis.bound == "host"
+    assert any(f["id"] == "no_iterations" for f in doc.diagnosis.findings)
+    assert any("judged whole, start-up included" in r for r in doc.diagnosis.confidence["reasons"])
 
 
 def test_a_trace_with_profiler_steps_keeps_them():

@@ -24,7 +24,7 @@ RUN_DIR = ("diag.rundir", "diag.atomic_io", "diag.segments", "diag.step_record",
 RUN_DOCUMENTS = ("diag.step_record", "diag.run_documents", "diag.diagnosis_document", "diag.typed_json")
 LAYERS = {
     "analyzers/intervals.py": (),
-    "analyzers/analysis_types.py": ("diag.typed_json",),
+    "analyzers/analysis_types.py": ("diag.typed_json", "diag.diagnosis_document"),
     # The core every layer reads numbers through.
     "analyzers/numbers.py": (),
     # The names every stage shares (classes, measurements, the analysis's settings).
@@ -62,7 +62,7 @@ LAYERS = {
     "agent/__init__.py": (),
     # The views render the diagnosis: they read the facade's document, never a trace or a log.
     "agent/report": ("diag.__version__", "diag.errors", *RUN_DIR, "diag.report", f"{_ANALYZERS}.analyze",
-                     f"{_ANALYZERS}.views", f"{_ANALYZERS}.diagnosis"),
+                     f"{_ANALYZERS}.analysis_types", f"{_ANALYZERS}.views", f"{_ANALYZERS}.diagnosis"),
     "agent/exporter": ("diag.__version__", f"{_ANALYZERS}.numbers", "diag.exporter", f"{_ANALYZERS}.diagnosis",
                        "diag.step_record", "diag.diagnosis_document"),
     # diag top: reads live.json or the endpoints into the live facts, draws the live judgement.
@@ -237,8 +237,8 @@ def test_the_diagnosis_calls_nothing_of_the_analysis_at_run_time(real_traces, de
     calls |= _diagnosis_calls_into_the_analysis(lambda: docs.append(analyze_run_dir(demo_run_dir)))
     assert not calls, calls
     # The trace was live: the judgement ran (stragglers over matched collectives, sampled steps).
-    assert docs[0]["job"].rank_waits and docs[1]["diagnosis"].bound
-    assert any(s.get("evidence") == "sampled" for r in docs[1]["ranks"] for s in r.facts.steps)
+    assert docs[0].job.rank_waits and docs[1].diagnosis.bound
+    assert any(s.get("evidence") == "sampled" for r in docs[1].ranks for s in r.facts.steps)
 
 
 MAX_FUNCTION_LINES = 80

@@ -51,7 +51,7 @@ def _run(tmp_path, dataset) -> dict:
             model(x).sum().backward()
             agent.step(samples=4)
     doc = analyze_run_dir(tmp_path / "run")
-    assert doc["diagnosis"].bound == "data", doc["diagnosis"].headline
+    assert doc.diagnosis.bound == "data", doc.diagnosis.headline
     return doc
 
 
@@ -61,7 +61,7 @@ pytestmark = [pytest.mark.slow,
 
 def test_workers_that_decode_on_the_cpu_are_busy(tmp_path):
     doc = _run(tmp_path, Decoding())
-    (cause,) = [c for c in doc["diagnosis"].causes if c["id"] == "data_loader_workers"]
+    (cause,) = [c for c in doc.diagnosis.causes if c["id"] == "data_loader_workers"]
     ev = cause["evidence"]
     # Two workers spinning on the CPU for every sample: about two CPUs, read by psutil; on a
     # machine whose CPUs something else takes, less, with the host's CPUs saturated.
@@ -77,7 +77,7 @@ def test_workers_that_decode_on_the_cpu_are_busy(tmp_path):
 
 def test_workers_that_wait_on_reads_are_idle(tmp_path):
     doc = _run(tmp_path, Remote())
-    (cause,) = [c for c in doc["diagnosis"].causes if c["id"] == "data_loader_workers"]
+    (cause,) = [c for c in doc.diagnosis.causes if c["id"] == "data_loader_workers"]
     assert cause["evidence"]["kind"] == "idle" and cause["evidence"]["workers_cpu"] < 0.3 * WORKERS
     assert "wait on reads" in cause["text"] and "prefetch_factor (now 2)" in cause["action"]
 
@@ -120,7 +120,7 @@ def test_collating_in_the_training_process_is_told_from_reading(tmp_path):
     """num_workers=0: the agent times the loader's collate_fn, so the data wait splits into
     collating (60 ms per batch here) and reading the samples; the batches are the function's own."""
     doc, seen = _run_in_process(tmp_path, Samples(0.0), heavy_collate)
-    (cause,) = [c for c in doc["diagnosis"].causes if c["id"] == "data_loader_no_workers"]
+    (cause,) = [c for c in doc.diagnosis.causes if c["id"] == "data_loader_no_workers"]
     ev = cause["evidence"]
     assert 60.0 <= ev["collate_ms"] <= ev["data_wait_ms"] and ev["collate_ms"] >= 0.5 * ev["data_wait_ms"]
     assert "collate_fn takes" in cause["text"] and "Collating is the larger part" in cause["action"]
@@ -131,7 +131,7 @@ def test_collating_in_the_training_process_is_told_from_reading(tmp_path):
 
 def test_reading_in_the_training_process_is_not_called_collating(tmp_path):
     doc, _ = _run_in_process(tmp_path / "read", Samples(0.02), None)
-    (cause,) = [c for c in doc["diagnosis"].causes if c["id"] == "data_loader_no_workers"]
+    (cause,) = [c for c in doc.diagnosis.causes if c["id"] == "data_loader_no_workers"]
     ev = cause["evidence"]
     # Four 20 ms reads per batch; the default collate stacks four small tensors.
     assert ev["data_wait_ms"] >= 80.0 and ev["collate_ms"] < 0.1 * ev["data_wait_ms"]

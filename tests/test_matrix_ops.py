@@ -63,8 +63,8 @@ def test_the_real_resnet_trace_names_no_compute_cause_while_data_bounds_it(real_
     from diag.analyzers.analyze import analyze_paths
 
     doc = analyze_paths([str(real_data / "traces" / RESNET)], jobs=1)
-    assert doc["diagnosis"].bound != "compute"
-    assert "matrix_ops" not in {c["id"] for c in doc["diagnosis"].causes}
+    assert doc.diagnosis.bound != "compute"
+    assert "matrix_ops" not in {c["id"] for c in doc.diagnosis.causes}
 
 
 STEPS = 3

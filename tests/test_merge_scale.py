@@ -23,7 +23,7 @@ def test_stragglers_among_512_ranks_are_found():
     injected = {17, 300, 511}
     ranks = bench.simulate(template, 512, injected, 0.25, rng)
     doc = bench.merge(ranks)
-    job = doc["job"]
+    job = doc.job
     assert {s["rank"] for s in job.stragglers} == injected
     assert job.world_size == 512 and not job.missing_ranks
     for s in job.stragglers:
@@ -34,4 +34,4 @@ def test_no_straggler_without_one():
     bench = _bench()
     template = bench.template_facts(FIXTURES / "cpu_comm_rank0.pt.trace.json.gz")
     doc = bench.merge(bench.simulate(template, 256, set(), 0.25, random.Random(3)))
-    assert doc["job"].stragglers == []
+    assert doc.job.stragglers == []

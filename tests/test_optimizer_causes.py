@@ -35,7 +35,7 @@ def test_a_for_loop_sgd_is_named_on_a_real_v100_resnet_trace(real_data):
     inside the Optimizer.step spans are the file's own."""
     path = real_data / "traces" / RESNET
     doc = analyze_paths([str(path)], jobs=1)
-    (cause,) = [c for c in doc["diagnosis"].causes if c["id"] == "optimizer_step"]
+    (cause,) = [c for c in doc.diagnosis.causes if c["id"] == "optimizer_step"]
     events = _events(path)
     steps = [(e["ts"], e["ts"] + e["dur"]) for e in events if e["name"].startswith("ProfilerStep#")]
     spans = [e for e in events if e["name"] == "Optimizer.step#SGD.step" and any(lo <= e["ts"] < hi for lo, hi in steps)]
@@ -53,7 +53,7 @@ def test_a_for_loop_sgd_is_named_on_a_real_v100_resnet_trace(real_data):
 
 def test_a_foreach_sgd_on_a_real_a100_trace_is_told_to_fuse(real_data):
     doc = analyze_paths([str(real_data / "traces" / "a100_2rank_nccl.json.gz")], jobs=1)
-    (cause,) = [c for c in doc["diagnosis"].causes if c["id"] == "optimizer_step"]
+    (cause,) = [c for c in doc.diagnosis.causes if c["id"] == "optimizer_step"]
     assert cause["evidence"]["implementation"] == "foreach" and "foreach=True" not in cause["action"]
 
 
@@ -61,7 +61,7 @@ def test_a_cheap_optimizer_is_no_cause_on_a_real_v100_trace(real_data):
     doc = analyze_paths([str(real_data / "traces" / "v100_1rank_compute.json.gz")], jobs=1)
     opt = ranks_of(doc)[0]["optimizer"]
     assert opt["name"] == "SGD" and opt["implementation"] == "foreach"
-    assert "optimizer_step" not in {c["id"] for c in doc["diagnosis"].causes}
+    assert "optimizer_step" not in {c["id"] for c in doc.diagnosis.causes}
 
 
 def _opt_rank(ms, name="AdamW", impl="for-loop", ops=400.0):
@@ -127,6 +127,6 @@ def test_a_hand_written_softmax_chain_is_told_its_fused_op(tmp_path):
             y.sum()
             prof.step()
     doc = analyze_paths([str(path)], jobs=1)
-    (cause,) = [c for c in doc["diagnosis"].causes if c["id"] == "elementwise_chain"]
+    (cause,) = [c for c in doc.diagnosis.causes if c["id"] == "elementwise_chain"]
     assert {"aten::exp", "aten::sum", "aten::div"} <= set(cause["evidence"]["ops"])
     assert "compute a softmax by hand: torch.softmax(x, dim) does it in one kernel" in cause["action"]

@@ -116,7 +116,7 @@ def test_fsdp_collectives_are_told_fsdps_own_levers(tmp_path, mode):
     assert fsdp["backward_prefetches_per_step"] == backward / steps > 0
     assert fsdp["forward_prefetches_per_step"] == forward / steps
     assert (forward > 0) is ("forward" in mode)
-    (cause,) = [c for c in doc["diagnosis"].causes if c["id"] == "exposed_collectives"]
+    (cause,) = [c for c in doc.diagnosis.causes if c["id"] == "exposed_collectives"]
     assert "ddp" not in cause["action"].lower() and cause["evidence"]["fsdp"] == fsdp
     if "nosync" in mode:
         assert cause["evidence"]["name"] == "all_gather"

@@ -74,13 +74,13 @@ def _analysed(tmp_path, events: list[dict]) -> dict:
 def test_python_between_ops_is_named_with_its_time(tmp_path):
     events, main, _ = _without_augment_ops(_events("cpu_ops_on_thread"))
     doc = _analysed(tmp_path, events)
-    cause = next(c for c in doc["diagnosis"].causes if c["id"] == "python_on_training_thread")
+    cause = next(c for c in doc.diagnosis.causes if c["id"] == "python_on_training_thread")
     assert cause["evidence"]["ms_per_step"] == pytest.approx(_gap_ms_per_step(events, main), rel=1e-3)
     assert cause["phase"] == "host" and "off the training thread" in cause["action"]
     assert "with_stack=True" in cause["text"]  # no stacks recorded: where to look is said
-    assert "cpu_work_on_training_thread" not in {c["id"] for c in doc["diagnosis"].causes}
+    assert "cpu_work_on_training_thread" not in {c["id"] for c in doc.diagnosis.causes}
     # CUDA graphs would not shorten Python: the host verdict's advice to capture them is replaced.
-    host = next(r for r in doc["diagnosis"].recommendations if r["id"] == "phase-host")
+    host = next(r for r in doc.diagnosis.recommendations if r["id"] == "phase-host")
     assert not any(a.startswith("Capture the step with CUDA graphs") for a in host["actions"])
     assert cause["expected"]["expected_step_ms"] == pytest.approx(cause["what_if"]["predicted_step_ms"])
 
@@ -94,7 +94,7 @@ def test_the_frame_that_holds_the_python_is_named_from_the_stacks(tmp_path):
     frames += [{"ph": "X", "cat": "python_function", "name": "augment.py(42): augment", "pid": pid, "tid": main,
                 "ts": a - 1.0, "dur": b - a + 2.0} for a, b in spans]
     doc = _analysed(tmp_path, events + frames)
-    cause = next(c for c in doc["diagnosis"].causes if c["id"] == "python_on_training_thread")
+    cause = next(c for c in doc.diagnosis.causes if c["id"] == "python_on_training_thread")
     top = cause["evidence"]["frames"][0]
     assert (top["function"], top["file"], top["line"]) == ("augment", "augment.py", 42)
     assert "augment (augment.py:42" in cause["text"]
@@ -104,7 +104,7 @@ def test_the_frame_that_holds_the_python_is_named_from_the_stacks(tmp_path):
                                   "pageable_copy"])
 def test_no_python_is_named_where_the_thread_runs_ops_or_waits_on_the_backward(case):
     doc = analyze_paths([str(H200 / f"{case}.json.gz")], jobs=1)
-    assert "python_on_training_thread" not in {c["id"] for c in doc["diagnosis"].causes}
+    assert "python_on_training_thread" not in {c["id"] for c in doc.diagnosis.causes}
 
 
 @pytest.mark.parametrize("ms,named", [(9.9, False), (10.0, True)])

@@ -61,7 +61,7 @@ def _steps(name) -> list[dict]:
 
 
 @cache
-def _doc(name) -> dict:
+def _doc(name):
     return analyze_paths([str(_path(name))], jobs=1)
 
 
@@ -84,7 +84,7 @@ def test_fixture_facts(name):
 @pytest.mark.parametrize("name", EVERY)
 def test_loaded_and_analysed(name):
     doc = _doc(name)
-    assert doc["errors"] == []
+    assert doc.errors == []
     (rank,) = ranks_of(doc)
     assert rank["n_events"] == len(_raw(name))
     steps = _steps(name)

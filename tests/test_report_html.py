@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from rank_documents import diagnosed
 from report_helpers import analysis_rank, write_run
 
-from diag.analyzers.analyze import with_diagnosis
 from diag.analyzers.diagnosis.decision_tree import load_tree
 from diag.report import html as report_html
 from diag.report import write_report, write_report_from_analysis
@@ -28,7 +28,7 @@ def hostile_doc() -> dict:
                              "advice": KERNEL, "evidence": {"line": HOST}}]
     doc = {"schema": "diag.analysis/1", "ranks": ranks,
            "job": {"bound": "compute", "stragglers": [], "findings": [], "world_size": 2}, "errors": []}
-    return with_diagnosis(doc, load_tree())
+    return diagnosed(doc, load_tree())
 
 
 def test_script_json_cannot_end_the_script_block():
@@ -144,9 +144,9 @@ def test_a_cause_quoting_hostile_op_names_stays_text(tmp_path):
     for r in ranks:
         r["elementwise_chains"] = [{"name": f"{KERNEL} → {HOST} → aten::mul", "ops": [KERNEL, HOST, "aten::mul"],
                                     "length": 3, "per_step": 1.0, "ms_per_step": 30.0}]
-    doc = with_diagnosis({"schema": "diag.analysis/1", "ranks": ranks, "errors": [],
+    doc = diagnosed({"schema": "diag.analysis/1", "ranks": ranks, "errors": [],
                           "job": {"bound": "memory", "stragglers": [], "findings": [], "world_size": 2}}, load_tree())
-    (cause,) = [c for c in doc["diagnosis"].causes if c["id"] == "elementwise_chain"]
+    (cause,) = [c for c in doc.diagnosis.causes if c["id"] == "elementwise_chain"]
     assert KERNEL in cause["text"] and HOST in cause["text"]  # the diagnosis keeps the real names
     paths = write_report_from_analysis(doc, tmp_path)
     page = Path(paths["html"]).read_text(encoding="utf-8")

@@ -11,11 +11,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-from rank_documents import ranks_of
+from rank_documents import diagnosed, ranks_of
 from report_helpers import CLASSES, analysis_rank, shares_for, write_run
 
 from diag import atomic_io, rundir
-from diag.analyzers.analyze import with_diagnosis
 from diag.analyzers.diagnosis.decision_tree import load_tree
 from diag.analyzers.views.report_model import Limits, build_model
 from diag.report import build_run_model, write_report
@@ -33,7 +32,7 @@ def _summary(paths: dict) -> dict:
 
 def _model(doc: dict, run: RunRecords | None = None, **kw) -> dict:
     """The page model of a hand-made analysis document, diagnosed as the facade does."""
-    return build_model(with_diagnosis(doc, load_tree(), run), run, **kw)
+    return build_model(diagnosed(doc, load_tree(), run), run, **kw)
 
 def test_data_bound_run_headline_numbers_and_first_recommendation(tmp_path):
     run = write_run(tmp_path / "run", ranks=2, steps=30, bound="data", strength=0.45)
@@ -395,7 +394,7 @@ def test_real_gpu_trace_through_the_real_analyzer(real_traces, tmp_path):
     doc = analyze_paths([str(real_traces / "a100_2rank_nccl.json.gz")])
     m = build_model(doc)
     rank = ranks_of(doc)[0]
-    assert m["bound"] == doc["job"].bound
+    assert m["bound"] == doc.job.bound
     top = max(rank["top_kernels"], key=lambda k: k["time_ms"])
     assert m["top_kernels"][0]["name"] == top["name"] and m["top_kernels"][0]["class"] == top["class"]
     assert m["top_kernels"][0]["time_ms"] == pytest.approx(top["time_ms"])

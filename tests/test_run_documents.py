@@ -102,7 +102,7 @@ def test_an_analysis_reads_each_file_of_the_run_once(demo_run_dir, monkeypatch):
     monkeypatch.setattr(rundir, "read_json", counted_json)
     monkeypatch.setattr(rundir, "read_records", counted_records)
     doc = analyze_run_dir(demo_run_dir)
-    assert doc["ranks"] and doc["diagnosis"].bound is not None
+    assert doc.ranks and doc.diagnosis.bound is not None
     ranks = sorted(p.name for p in demo_run_dir.glob("rank-*"))
     expected = {"manifest.json"} | {f"{r}/{name}" for r in ranks for name in ("rank.json", "samples", "events", "steps")}
     expected |= {p.relative_to(demo_run_dir).as_posix() for p in demo_run_dir.glob("rank-*/windows/window-*.json")}

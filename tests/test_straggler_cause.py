@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from diag.analyzers.analysis_types import document_ranks
 from diag.analyzers.diagnosis.decision_tree import load_tree
 from diag.analyzers.diagnosis.inputs import merge_ranks
 from diag.analyzers.diagnosis.straggler_cause import likely_cause
@@ -27,7 +28,7 @@ def _gpu_samples(clock_mhz, events=()):
 
 def _merged(ranks, samples=None):
     run = RunRecords(ranks={r["rank"]: RankRecords(samples=(samples or {}).get(r["rank"], [])) for r in ranks})
-    return merge_ranks({"ranks": ranks}, run)
+    return merge_ranks(document_ranks({"ranks": ranks}), run)
 
 
 def test_longer_kernels_at_lower_clocks_are_throttling():

@@ -40,8 +40,8 @@ def _late(paths):
     from diag.analyzers.analyze import analyze_paths
 
     doc = analyze_paths([str(p) for p in paths], jobs=1)
-    (late,) = doc["job"].stragglers
-    assert late["rank"] == 1, doc["job"].stragglers
+    (late,) = doc.job.stragglers
+    assert late["rank"] == 1, doc.job.stragglers
     return late["likely_cause"], doc
 
 
@@ -69,7 +69,7 @@ def test_the_same_ops_slower_on_a_shared_cpu_are_contention(job):
     assert ev["op_calls_per_step"] == ev["peers_op_calls_per_step"] >= 2 * MATMULS
     assert ev["op_work_at_peers_speed_ms_per_step"] == pytest.approx(ev["peers_op_ms_per_step"], rel=0.01)
     assert cause["text"].startswith("CPU contention: the same work as its peers'")
-    finding = next(f for f in doc["job"].findings if f["id"] in ("straggler", "straggler_induced_comm"))
+    finding = next(f for f in doc.job.findings if f["id"] in ("straggler", "straggler_induced_comm"))
     assert "Likely cause on rank 1: CPU contention" in finding["message"]
 
 

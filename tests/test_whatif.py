@@ -397,7 +397,7 @@ def test_a_synchronous_copy_seen_ending_after_its_call_still_holds_it():
             for c in copies]
     assert len(copies) == 3 and all(0 < x < 25 for x in late)  # the premise: each copy ends after its call
     doc = analyze_paths([str(path)], jobs=1)
-    cause = next(c for c in doc["diagnosis"].causes if c["id"] == "pageable_copies")
+    cause = next(c for c in doc.diagnosis.causes if c["id"] == "pageable_copies")
     w = cause["what_if"]
     copy_ms = float(np.median([c["dur"] for c in copies])) / 1e3
     assert w["baseline_step_ms"] - w["predicted_step_ms"] >= 0.8 * copy_ms
@@ -435,7 +435,7 @@ def test_keeping_the_values_on_the_device_removes_the_whole_loop_over_them():
         calls = sum(e["dur"] for e in events if e.get("cat") == "cuda_runtime" and lo <= e["ts"] < hi)
         loops.append((hi - lo, calls))
     doc = analyze_paths([str(path)], jobs=1)
-    w = next(c for c in doc["diagnosis"].causes if c["id"] == "host_sync_points")["what_if"]
+    w = next(c for c in doc.diagnosis.causes if c["id"] == "host_sync_points")["what_if"]
     saved_us = 1000 * (w["baseline_step_ms"] - w["predicted_step_ms"])
     span_us = sorted(span for span, _ in loops)[len(loops) // 2]
     body_us = sorted(span - calls for span, calls in loops)[len(loops) // 2]

@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 import re
 import sys
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from diag.analyzers.diagnosis.decision_tree import metric_text
 from diag.errors import DiagInputError
+
+if TYPE_CHECKING:
+    from diag.analyzers.analysis_types import Analysis
 
 HELP = "classify every step of torch.profiler traces or a run directory"
 
@@ -58,21 +62,18 @@ def run(args) -> int:
     else:
         doc = analyze_paths(args.paths, tree=tree, jobs=args.jobs, progress=_progress(len(args.paths)),
                             host_peaks=host_peaks)
-    for e in doc["errors"]:
+    for e in doc.errors:
         print(f"diag: error: {e['source']}: {e['error']}" if e.get("source") else f"diag: error: {e['error']}",
               file=sys.stderr)
-    for w in doc.get("warnings", []):
+    for w in doc.warnings or []:
         print(f"diag: warning: {w['source']}: {w['warning']}" if w.get("source") else f"diag: warning: {w['warning']}",
               file=sys.stderr)
-    if not doc["ranks"]:
-        if not doc["errors"]:
+    if not doc.ranks:
+        if not doc.errors:
             print("diag: error: nothing to analyse", file=sys.stderr)
         return 2
-    doc = json_safe(doc)
-    if args.json:
-        sys.stdout.write(json_text(doc))
-    else:
-        sys.stdout.write(format_summary(doc))
+    written = json_safe(doc)
+    sys.stdout.write(json_text(written) if args.json else format_summary(written))
     if args.report:
         _write_report(doc, args.report)
     return 0
@@ -102,7 +103,7 @@ def _escaped(match: re.Match) -> str:
     return f"\\u{code:04x}"
 
 
-def _write_report(doc: dict, out_dir: str) -> None:
+def _write_report(doc: Analysis, out_dir: str) -> None:
     """Write the report and say where it went (on stderr: stdout may be the JSON)."""
     from diag.report import write_report_from_analysis
 
@@ -146,7 +147,7 @@ def _fmt_threshold(node: dict) -> str:
 
 
 def format_summary(doc: dict) -> str:
-    """The readable terminal summary of an analysis document."""
+    """The readable terminal summary of an analysis document, as its JSON holds it."""
     out = []
     for r in doc["ranks"]:
         dev = r.get("device_info") or {"name": r.get("device")}

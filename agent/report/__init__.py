@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 from diag import atomic_io, rundir
+from diag.analyzers.analysis_types import Analysis
 from diag.diagnosis_document import Diagnosis, diagnosis_in_summary, diagnosis_json
 from diag.run_documents import RunRecords
 
@@ -31,7 +32,7 @@ def build_run_model(run_dir, tree=None, progress=None) -> dict:
     return analyse_and_model(run_dir, tree=tree, progress=progress)[1]
 
 
-def analyse_and_model(source, tree=None, progress=None) -> tuple[dict, dict]:
+def analyse_and_model(source, tree=None, progress=None) -> tuple[Analysis, dict]:
     """(analysis document, report model) of a run directory or of a saved analysis JSON file."""
     from diag.analyzers.views.report_model import build_model
     from diag.report.load import load_analysis_json, load_run
@@ -52,7 +53,7 @@ def write_report(run_dir, out_dir=None, progress=None, tree=None) -> dict:
     return paths
 
 
-def write_report_from_analysis(doc: dict, out_dir) -> dict:
+def write_report_from_analysis(doc: Analysis, out_dir) -> dict:
     """Write the report of an analysis document (traces analysed without a run directory)."""
     from diag.analyzers.views.report_model import build_model
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from diag.analyzers.analysis_types import document_ranks
+from diag.analyzers.analysis_types import Analysis
 from diag.analyzers.diagnosis.inputs import recorded_loader
 from diag.analyzers.diagnosis.loader_model import batch_is_cpu_work, cpus_per_rank, expectation, loader_rates
 from diag.analyzers.diagnosis.steady import interval_level, level, levels_ratio_interval
@@ -141,17 +141,17 @@ def prediction_check(changes_before: list[dict], changes_after: list[dict], appl
     return out
 
 
-def _loaders(doc: dict) -> dict[int, dict]:
+def _loaders(doc: Analysis) -> dict[int, dict]:
     """Each rank's recorded DataLoader settings (rank -> settings)."""
-    return {cast(int, r.rank): loader for r in document_ranks(doc)
+    return {cast(int, r.rank): loader for r in doc.ranks
             if (loader := recorded_loader(r.facts)) is not None and isinstance(loader.get("num_workers"), int)}
 
 
-def _rank_steps(doc: dict) -> dict[int, list]:
-    return {cast(int, r.rank): list(r.facts.steps) for r in document_ranks(doc)}
+def _rank_steps(doc: Analysis) -> dict[int, list]:
+    return {cast(int, r.rank): list(r.facts.steps) for r in doc.ranks}
 
 
-def loader_check(doc_a: dict, doc_b: dict, tree) -> dict | None:
+def loader_check(doc_a: Analysis, doc_b: Analysis, tree) -> dict | None:
     """The step the loader model expected for the worker count AFTER ran, from BEFORE's rates,
     graded against AFTER's measured step; None where the two runs' recorded DataLoader settings
     do not differ in num_workers (no change is inferred without that record)."""

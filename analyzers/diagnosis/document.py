@@ -1,7 +1,7 @@
 """The diagnosis document: one judgement of a job, which every view reads.
 
-`build_diagnosis(doc, run)` turns the per-rank analyses and cross-rank facts of an
-analysis document (schema diag.analysis/1), the run directory's records (`run`, a
+`build_diagnosis(ranks, job, run)` turns the judged ranks and cross-rank facts of an
+analysis (schema diag.analysis/1), the run directory's records (`run`, a
 `diag.run_documents.RunRecords`) and the NCCL results into the job block with its
 verdict (cross-rank facts, verdict, decision path, findings) and one
 `diag.diagnosis_document.Diagnosis` (schema diag.diagnosis/1):
@@ -63,21 +63,20 @@ from diag.analyzers.diagnosis.straggler_episodes import episode_finding, straggl
 from diag.analyzers.diagnosis.verdict import has_all_shares, job_verdict, rank_measurements
 from diag.diagnosis_document import Diagnosis
 from diag.run_documents import RunRecords
-from diag.typed_json import settled
 
 
-def build_diagnosis(doc: dict | None, run: RunRecords | None = None, tree=None) -> tuple[Job, Diagnosis]:
-    """(the job block with its verdict, the diagnosis) of one job, from its analysis document
-    and (optionally) its run records."""
-    doc = doc if isinstance(doc, dict) else {}
+def build_diagnosis(ranks: list[JudgedRank], job: JobFacts | Job, run: RunRecords | None = None, tree=None
+                    ) -> tuple[Job, Diagnosis]:
+    """(the job block with its verdict, the diagnosis) of one job, from its judged ranks, its
+    cross-rank facts and (optionally) its run records."""
     run = run or RunRecords()
     tree = tree or decision_tree.load_tree()
-    return diagnose_ranks(doc, merge_ranks(doc, run), run, tree)
+    return diagnose_ranks(job, merge_ranks(ranks, run), run, tree)
 
 
-def diagnose_ranks(doc: dict, ranks: Ranks, run: RunRecords, tree) -> tuple[Job, Diagnosis]:
-    """`build_diagnosis` on ranks already merged with `inputs.merge_ranks` (the report merges them once)."""
-    job = with_likely_causes(diagnose_job(doc, ranks, tree), ranks, tree)
+def diagnose_ranks(facts: JobFacts | Job, ranks: Ranks, run: RunRecords, tree) -> tuple[Job, Diagnosis]:
+    """`build_diagnosis` on ranks already merged with `inputs.merge_ranks`."""
+    job = with_likely_causes(diagnose_job(facts, ranks, tree), ranks, tree)
     job_missing = {r for r in job.missing_ranks if isinstance(r, int)}
     reports = job.reports if isinstance(job.reports, dict) else None  # a run directory's only
     lost = LostRanks(missing=sorted((set(run.missing_ranks) | job_missing) - set(ranks)),
@@ -85,31 +84,17 @@ def diagnose_ranks(doc: dict, ranks: Ranks, run: RunRecords, tree) -> tuple[Job,
     return _judge(job, ranks, run, lost, tree)
 
 
-def job_block(raw) -> JobFacts | Job:
-    """The job block of an analysis document: as the facade made it, or a saved or hand-made
-    document's JSON object, read as a `Job` (a field it cannot hold reads as absent)."""
-    if isinstance(raw, Job):
-        return raw
-    if isinstance(raw, JobFacts):
-        return raw
-    return settled(raw, Job) if type(raw) is dict else JobFacts()
-
-
-def diagnose_job(doc: dict, ranks: Ranks, tree) -> Job:
-    """The job block with its verdict: as the document holds it when it has one already,
-    else computed from the ranks (analysed, or else their step records) and the cross-rank
-    facts (a JSON object's stragglers and rank waits kept, as `job_verdict` keeps a `Job`'s)."""
-    raw = doc.get("job")
-    job = job_block(raw)
-    if isinstance(job, Job) and (type(raw) is not dict or "verdict_source" in raw):
-        return job
+def diagnose_job(facts: JobFacts | Job, ranks: Ranks, tree) -> Job:
+    """The job block with its verdict, from the ranks (analysed, or else their step records)
+    and the cross-rank facts (a hand-made block's stragglers and rank waits kept, as
+    `job_verdict` keeps a `Job`'s)."""
     judged = []
     for r in ranks.values():
-        facts = r.facts
-        if not has_all_shares(rank_measurements(facts)) and (tw := tw_shares(r.step_table)) is not None:
-            facts = msgspec.structs.replace(facts, shares=tw)  # the shares of its step records
-        judged.append(JudgedRank(facts=facts, verdict=r.verdict))
-    return job_verdict(judged, job, tree)
+        rank_facts = r.facts
+        if not has_all_shares(rank_measurements(rank_facts)) and (tw := tw_shares(r.step_table)) is not None:
+            rank_facts = msgspec.structs.replace(rank_facts, shares=tw)  # the shares of its step records
+        judged.append(JudgedRank(facts=rank_facts, verdict=r.verdict))
+    return job_verdict(judged, facts, tree)
 
 
 def _judge(job: Job, ranks: Ranks, run: RunRecords, lost: LostRanks, tree) -> tuple[Job, Diagnosis]:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import statistics
 
-from diag.analyzers.analysis_types import document_ranks
+from diag.analyzers.analysis_types import Analysis
 from diag.analyzers.diagnosis import change
 from diag.analyzers.diagnosis.inputs import CLASSES
 from diag.analyzers.diagnosis.run_figures import IDENTITY_KEYS, as_level
@@ -93,7 +93,7 @@ def _per_rank(batch: float | None, world: int | None) -> float | None:
     return batch / world if isinstance(batch, (int, float)) and isinstance(world, int) and world > 0 else None
 
 
-def gate(doc_a: dict, diag_a: Diagnosis, doc_b: dict, diag_b: Diagnosis, tree,
+def gate(doc_a: Analysis, diag_a: Diagnosis, doc_b: Analysis, diag_b: Diagnosis, tree,
          max_slowdown: float | None = None) -> dict:
     """The gate's result ("pass", "regression", "not_comparable"), its exit status, the reasons,
     the figures with their bands, and notes on what could not be checked: the two runs'
@@ -140,10 +140,10 @@ def _worse_text(f: dict) -> str:
             f"limit {f['limit']:+.0%})")
 
 
-def _phase_ms(doc: dict) -> dict[str, list[float]]:
+def _phase_ms(doc: Analysis) -> dict[str, list[float]]:
     """Per phase, its milliseconds in each analysed rank-step."""
     out: dict[str, list[float]] = {p: [] for p in CLASSES}
-    for r in document_ranks(doc):
+    for r in doc.ranks:
         for s in r.facts.steps:
             shares, dur = s.get("shares"), s.get("duration_ms")
             if isinstance(shares, dict) and isinstance(dur, (int, float)) and dur > 0:
@@ -171,7 +171,7 @@ def _phase_figures(doc_a, doc_b, base_ms: float, limit: float, z: float) -> list
     return out
 
 
-def graded_prediction(doc_a: dict | None, diag_a: Diagnosis | None, doc_b: dict | None, diag_b: Diagnosis | None,
+def graded_prediction(doc_a: Analysis | None, diag_a: Diagnosis | None, doc_b: Analysis | None, diag_b: Diagnosis | None,
                       applied: str | None, tree) -> dict | None:
     """The prediction made on A, graded against B: refused between runs that train different
     jobs; else the DataLoader change both runs recorded, where there is one; else the what-if

@@ -1,6 +1,6 @@
 """What the diagnosis reads: each rank's analysis merged with its run-directory records.
 
-`merge_ranks(doc, run)` joins the analysis document (schema diag.analysis/1) with the
+`merge_ranks(ranks, run)` joins the judged ranks of an analysis (schema diag.analysis/1) with the
 records of a run directory already read into memory (`diag.run_documents.RunRecords`)
 into one `MergedRank` per rank, whose steps are columns (`Steps`). The diagnosis and the
 report views both read these; nothing here judges.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -22,7 +22,6 @@ from diag.analyzers.analysis_types import (
     RankVerdict,
     RunRankFacts,
     TraceRankFacts,
-    document_ranks,
     judged_steps,
 )
 from diag.analyzers.diagnosis.decision_tree import CLASSES
@@ -239,12 +238,14 @@ class MergedRank(msgspec.Struct, kw_only=True, frozen=True):
 Ranks = dict[int, MergedRank]
 
 
-def merge_ranks(doc: dict, run: RunRecords) -> Ranks:
-    """Per rank: its facts and verdict, and its step records merged with its analysed steps."""
+def merge_ranks(judged_ranks: Sequence[JudgedRank], run: RunRecords) -> Ranks:
+    """Per rank: its facts and verdict, and its step records merged with its analysed steps
+    (of a rank two traces claim, the first)."""
     out: dict[int, MergedRank] = {}
     doc_ranks: dict[int, JudgedRank] = {}
-    for r in document_ranks(doc):
-        doc_ranks.setdefault(cast(int, r.rank), r)  # document_ranks gives numbered ranks only
+    for r in judged_ranks:
+        if isinstance(r.rank, int):
+            doc_ranks.setdefault(r.rank, r)
     for rank in sorted(set(doc_ranks) | set(run.ranks)):
         judged = doc_ranks.get(rank) or JudgedRank(facts=TraceRankFacts(rank=rank))
         facts = weighed_facts(judged)

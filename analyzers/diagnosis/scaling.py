@@ -11,16 +11,15 @@ import statistics
 from collections import defaultdict
 from typing import cast
 
-from diag.analyzers.analysis_types import document_ranks
+from diag.analyzers.analysis_types import Analysis
 from diag.analyzers.diagnosis.decision_tree import advise, load_tree
-from diag.analyzers.diagnosis.document import job_block
 from diag.errors import DiagInputError
 
 
-def _job_throughput(doc: dict) -> dict:
-    ranks = [r.facts for r in document_ranks(doc)]
+def _job_throughput(doc: Analysis) -> dict:
+    ranks = [r.facts for r in doc.ranks]
     sizes = [size for r in ranks if isinstance(size := r.world_size, int)]
-    world = job_block(doc.get("job")).world_size or (max(sizes) if sizes else None) or len(ranks) or None
+    world = doc.job.world_size or (max(sizes) if sizes else None) or len(ranks) or None
     # The job moves at its slowest rank: per step number, the longest duration of any rank.
     per_step: dict = defaultdict(float)
     units: dict = defaultdict(float)
@@ -54,7 +53,7 @@ def _job_throughput(doc: dict) -> dict:
     return {"world_size": world, "step_ms": round(step_ms, 3), "throughput_per_rank": per_rank, "unit": unit}
 
 
-def scaling_efficiency(run_a_doc: dict, run_b_doc: dict, tree=None) -> dict:
+def scaling_efficiency(run_a_doc: Analysis, run_b_doc: Analysis, tree=None) -> dict:
     """Per-rank throughput at the larger world size over that at the smaller one.
 
     With samples or tokens per step in both documents, throughput counts them; else it

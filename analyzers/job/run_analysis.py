@@ -26,8 +26,10 @@ import numpy as np
 
 from diag import rundir
 from diag.analyzers.analysis_types import (
+    AnalysisFacts,
     CauseFacts,
     JobFacts,
+    RankFacts,
     RunRankFacts,
     RunStepFacts,
     TraceRankFacts,
@@ -53,7 +55,6 @@ from diag.analyzers.whatif import rank as what_if
 from diag.run_documents import RankRecords, RunRecords, WindowSummary
 from diag.step_record import StepRecord
 
-SCHEMA = "diag.analysis/1"
 FINAL_STATUSES = rundir.FINAL_STATUSES
 _STEP_EXTRAS = ("start_unix", "samples", "tokens", "peak_mem_bytes", "mfu")  # step record fields kept as they are
 TOP_N = 20
@@ -487,7 +488,7 @@ def rank_reports(run: RunRecords) -> dict:
 
 
 def analyze_run(rd: rundir.RunDir, run: RunRecords, settings: FactSettings,
-                host_peaks: dict | None = None) -> tuple[dict, dict[int, RankInputs]]:
+                host_peaks: dict | None = None) -> tuple[AnalysisFacts, dict[int, RankInputs]]:
     """(the facts of the analysis document (diag.analysis/1) of run directory `rd`, what the
     diagnosis judges each rank by besides); `run`: its records as `run_records.read_records`
     read them. `host_peaks` calibrates the CPU traces of ranks whose agent recorded no
@@ -497,7 +498,8 @@ def analyze_run(rd: rundir.RunDir, run: RunRecords, settings: FactSettings,
     trace_errors: list[dict] = []
     windows = {r: rank_windows(rd, r, records, settings, trace_errors, host_peaks) for r, records in run.ranks.items()}
     windows = _split_window_waits(windows)
-    ranks, inputs = [], {}
+    ranks: list[RankFacts] = []
+    inputs = {}
     for r, records in run.ranks.items():
         doc, inputs[r] = analyze_rank(rd, r, settings, errors=trace_errors, windows=windows[r], rank_records=records)
         ranks.append(doc)
@@ -506,22 +508,9 @@ def analyze_run(rd: rundir.RunDir, run: RunRecords, settings: FactSettings,
     errors = [{"source": p.split(": ", 1)[0], "error": p.split(": ", 1)[-1]} for p in rd.problems] + trace_errors
     if not ranks:
         errors.append({"source": str(rd.path), "error": "no rank data in this run directory"})
-    return {
-        "schema": SCHEMA,
-        "source": str(rd.path),
-        "run": {
-            "run_id": manifest.get("run_id"),
-            "status": manifest.get("status"),
-            "started_unix": manifest.get("started_unix"),
-            "ended_unix": manifest.get("ended_unix"),
-            "hosts": manifest.get("hosts"),
-            "versions": manifest.get("versions"),
-            "config": manifest.get("config"),
-        },
-        "ranks": ranks,
-        "job": job,
-        "errors": errors,
-    }, inputs
+    run_keys = ("run_id", "status", "started_unix", "ended_unix", "hosts", "versions", "config")
+    return AnalysisFacts(source=str(rd.path), run={k: manifest.get(k) for k in run_keys}, ranks=ranks, job=job,
+                         errors=errors), inputs
 
 
 def _split_window_waits(windows: dict[int, list[WindowFacts]]) -> dict[int, list[WindowFacts]]:

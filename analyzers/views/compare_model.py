@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from diag.analyzers.analysis_types import Analysis
 from diag.analyzers.diagnosis import change, gate
 from diag.analyzers.diagnosis.decision_tree import load_tree
 from diag.analyzers.diagnosis.inputs import CLASSES
@@ -20,7 +21,7 @@ from diag.errors import DiagInputError
 COMPARE_SCHEMA = "diag.compare/1"
 
 
-def compare(model_a: dict, model_b: dict, doc_a: dict | None = None, doc_b: dict | None = None,
+def compare(model_a: dict, model_b: dict, doc_a: Analysis | None = None, doc_b: Analysis | None = None,
             tree=None, applied: str | None = None) -> dict:
     """The comparison model of run A (before) and run B (after)."""
     tree = tree or load_tree()

@@ -134,7 +134,7 @@ def bucket_cols(grid: np.ndarray, starts: np.ndarray) -> list:
     return [json_list(row, 3) for row in bucket_mean(grid.T, starts).T]
 
 
-def wait_heatmap(doc, ranks: Ranks, limits, notes) -> dict | None:
+def wait_heatmap(ranks: Ranks, limits, notes) -> dict | None:
     """Waiting time per collective per rank: its duration minus the fastest rank's duration.
 
     Collectives are matched across ranks by the cross-rank analyzer (process group and

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from diag.analyzers.analysis_types import document_ranks
+from diag.analyzers.analysis_types import Analysis
 from diag.analyzers.diagnosis.inputs import (
     CLASSES,
     Ranks,
@@ -48,7 +48,7 @@ from diag.analyzers.views.report_charts import (
     wait_heatmap,
 )
 from diag.diagnosis_document import SCHEMA as DIAGNOSIS_SCHEMA
-from diag.diagnosis_document import Diagnosis, diagnosis_from_json
+from diag.diagnosis_document import Diagnosis
 from diag.errors import DiagInputError
 from diag.run_documents import RunRecords
 
@@ -63,10 +63,10 @@ class Limits:
     rank_rows: int = 256  # per-rank table rows
 
 
-def build_model(doc: dict, run: RunRecords | None = None, limits: Limits | None = None) -> dict:
+def build_model(doc: Analysis, run: RunRecords | None = None, limits: Limits | None = None) -> dict:
     """The report model from an analysis document with its diagnosis (the facade's, built on
     the same run records) and a run directory's records."""
-    diagnosis = diagnosis_from_json(doc.get("diagnosis")) if isinstance(doc, dict) else None
+    diagnosis = doc.diagnosis
     if diagnosis is None:
         raise DiagInputError(f"the analysis document has no {DIAGNOSIS_SCHEMA} diagnosis; "
                              "analyse the traces or run directory again with this diag")
@@ -74,7 +74,7 @@ def build_model(doc: dict, run: RunRecords | None = None, limits: Limits | None 
     limits = limits or Limits()
     notes: list[str] = []
 
-    ranks = merge_ranks(doc, run)
+    ranks = merge_ranks(doc.ranks, run)
     world = diagnosis.world_size
     allt = concat(ranks)
     steps = job_steps(ranks)
@@ -83,7 +83,7 @@ def build_model(doc: dict, run: RunRecords | None = None, limits: Limits | None 
         "phases": phase_series(steps, limits, notes),
         "throughput": throughput_series(ranks, steps, limits, notes),
         "heatmap_step": step_heatmap(ranks, limits, notes),
-        "heatmap_wait": wait_heatmap(doc, ranks, limits, notes),
+        "heatmap_wait": wait_heatmap(ranks, limits, notes),
         "heatmap_lateness": lateness_heatmap(diagnosis.straggler_episodes),
         "timelines": timelines(ranks, limits, notes),
         "nccl_busbw": busbw,
@@ -93,7 +93,7 @@ def build_model(doc: dict, run: RunRecords | None = None, limits: Limits | None 
         nccl["bench_tests"] = [{"collective": s["collective"], "name": s["name"], "status": s["status"],
                                 "max_busbw_gbps": max(s["y"])} for s in busbw["series"]]
     judged = {k: getattr(diagnosis, k) for k in _FROM_DIAGNOSIS}
-    analysed = document_ranks(doc)  # every analysed rank, a rank two traces claim twice
+    analysed = doc.ranks  # every analysed rank, a rank two traces claim twice
     return {
         "schema": MODEL_SCHEMA,
         "diagnosis": diagnosis,
@@ -195,7 +195,7 @@ def _step_stats(steps: Steps) -> dict | None:
             "device_steps": int(len(dev))}
 
 
-def _run_meta(doc, run: RunRecords, ranks: Ranks, world, steps, missing: list[int]) -> dict:
+def _run_meta(doc: Analysis, run: RunRecords, ranks: Ranks, world, steps, missing: list[int]) -> dict:
     man = run.manifest
     hosts = sorted({r.host for r in ranks.values() if r.host})
     if not hosts and isinstance(man.get("hosts"), list):
@@ -204,7 +204,7 @@ def _run_meta(doc, run: RunRecords, ranks: Ranks, world, steps, missing: list[in
     devices = Counter(r.device for r in ranks.values() if r.device)
     return {
         "path": run.path,
-        "name": man.get("run") or man.get("name") or _name_from(run.path or doc.get("source"), ranks),
+        "name": man.get("run") or man.get("name") or _name_from(run.path or doc.source_path, ranks),
         "world_size": world,
         "ranks_present": sorted(ranks),
         "missing_ranks": list(missing),
@@ -249,11 +249,10 @@ def _name_from(path, ranks: Ranks) -> str:
     return "analysis"
 
 
-def _problems(doc, run: RunRecords) -> list[str]:
+def _problems(doc: Analysis, run: RunRecords) -> list[str]:
     out = list(run.problems)
-    for e in doc.get("errors") or []:
-        if isinstance(e, dict):
-            out.append(f"{e.get('source', '?')}: {e.get('error', '?')}")
+    for e in doc.errors:
+        out.append(f"{e.get('source', '?')}: {e.get('error', '?')}")
     return list(dict.fromkeys(out))
 
 
