@@ -73,9 +73,10 @@ def run(args) -> int:
             print("diag: error: nothing to analyse", file=sys.stderr)
         return 2
     written = json_safe(doc)
-    sys.stdout.write(json_text(written) if args.json else format_summary(written))
     if args.report:
         _write_report(doc, args.report)
+    del doc  # a large trace's document: only its JSON form is printed
+    sys.stdout.write(json_text(written) if args.json else format_summary(written))
     return 0
 
 
