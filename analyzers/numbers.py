@@ -1,5 +1,6 @@
 """The small core every layer reads documents through: a value as a finite float or nothing,
-the median of what is finite, and a section as a dict or an empty one. Documents come from
+the median of what is finite, a share written as a percentage, and a section as a dict or an
+empty one. Documents come from
 files a user may have damaged, so a bool, a string, NaN or an infinity is never a value, and a
 section that is not a mapping is empty.
 
@@ -52,6 +53,14 @@ def median(values: Iterable) -> float | None:
     None when there is none."""
     vals = finite_values(values)
     return float(statistics.median(vals)) if vals else None
+
+
+def percent(x: float | None, digits: int = 0, signed: bool = False) -> str:
+    """A share as the pages and sentences write it: 0.123 is "12%" (digits=0), "+12.3%" signed
+    with digits=1; "n/a" for an unknown one."""
+    if x is None:
+        return "n/a"
+    return f"{x * 100:+.{digits}f}%" if signed else f"{x * 100:.{digits}f}%"
 
 
 def dict_at(doc: Mapping[str, Any], key: str) -> dict:

@@ -27,18 +27,21 @@ LAYERS = {
     "analyzers/analysis_types.py": ("diag.typed_json", "diag.diagnosis_document"),
     # The core every layer reads numbers through.
     "analyzers/numbers.py": (),
+    # Bytes per element of every dtype spelling the inputs use.
+    "analyzers/dtypes.py": (),
     # The names every stage shares (classes, measurements, the analysis's settings).
     "analyzers/model.py": (),
     # The analysis (facts) never imports the diagnosis (judgement).
     "analyzers/trace": ("diag.errors", "diag.inflate", *RUN_DIR, f"{_ANALYZERS}.analysis_types", f"{_ANALYZERS}.numbers",
+                        f"{_ANALYZERS}.dtypes",
                         f"{_ANALYZERS}.intervals", f"{_ANALYZERS}.model", f"{_ANALYZERS}.trace",
                         f"{_ANALYZERS}.whatif.rank"),
     "analyzers/whatif": ("diag.errors", f"{_ANALYZERS}.intervals", f"{_ANALYZERS}.trace.event_classes", f"{_ANALYZERS}.analysis_types",
                          f"{_ANALYZERS}.whatif", f"{_ANALYZERS}.numbers"),
-    "analyzers/nccl": ("diag.errors", "diag.inflate", f"{_ANALYZERS}.nccl"),
+    "analyzers/nccl": ("diag.errors", "diag.inflate", f"{_ANALYZERS}.nccl", f"{_ANALYZERS}.dtypes"),
     "analyzers/job": ("diag.errors", f"{_ANALYZERS}.numbers", *RUN_DIR, f"{_ANALYZERS}.analysis_types",
                       f"{_ANALYZERS}.intervals", f"{_ANALYZERS}.model", f"{_ANALYZERS}.trace", f"{_ANALYZERS}.job",
-                      f"{_ANALYZERS}.whatif"),
+                      f"{_ANALYZERS}.whatif", "diag.collectors.nccl_sizes"),
     "analyzers/diagnosis": ("diag.errors", f"{_ANALYZERS}.numbers", f"{_ANALYZERS}.model", f"{_ANALYZERS}.analysis_types",
                             f"{_ANALYZERS}.diagnosis", f"{_ANALYZERS}.plan.memory", *RUN_DOCUMENTS),
     "analyzers/plan": ("diag.errors", f"{_ANALYZERS}.numbers", f"{_ANALYZERS}.plan", f"{_ANALYZERS}.trace.devices",
@@ -62,7 +65,8 @@ LAYERS = {
     "agent/__init__.py": (),
     # The views render the diagnosis: they read the facade's document, never a trace or a log.
     "agent/report": ("diag.__version__", "diag.errors", *RUN_DIR, "diag.report", f"{_ANALYZERS}.analyze",
-                     f"{_ANALYZERS}.analysis_types", f"{_ANALYZERS}.views", f"{_ANALYZERS}.diagnosis"),
+                     f"{_ANALYZERS}.analysis_types", f"{_ANALYZERS}.views", f"{_ANALYZERS}.diagnosis",
+                     f"{_ANALYZERS}.numbers"),
     "agent/exporter": ("diag.__version__", f"{_ANALYZERS}.numbers", "diag.exporter", f"{_ANALYZERS}.diagnosis",
                        "diag.step_record", "diag.diagnosis_document"),
     # diag top: reads live.json or the endpoints into the live facts, draws the live judgement.

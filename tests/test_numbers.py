@@ -1,13 +1,15 @@
-"""The core every layer reads numbers through (analyzers/numbers.py): damaged documents give
-no value, never a wrong one."""
+"""The core every layer reads numbers through (analyzers/numbers.py, analyzers/dtypes.py):
+damaged documents give no value, never a wrong one."""
 
 from __future__ import annotations
 
 import math
 
 import numpy as np
+import pytest
 
-from diag.analyzers.numbers import finite, finite_values, median, number
+from diag.analyzers.dtypes import element_bytes
+from diag.analyzers.numbers import finite, finite_values, median, number, percent
 
 
 def test_only_finite_reals_are_values():
@@ -45,3 +47,20 @@ def test_a_rank_with_no_compute_keeps_its_infinite_memory_to_compute():
     m = rank_measurements(TraceRankFacts(measurements={**shares, "memory_to_compute": math.inf}))
     assert m["memory_to_compute"] == math.inf
     assert dt.verdict_from(m, dt.load_tree())["bound"] == "memory"
+
+
+@pytest.mark.parametrize("x, digits, signed, text", [(0.1234, 0, False, "12%"), (0.1234, 1, False, "12.3%"),
+                                                      (-0.05, 1, True, "-5.0%"), (0.05, 1, True, "+5.0%"),
+                                                      (None, 1, True, "n/a")])
+def test_a_share_is_written_as_a_percentage(x, digits, signed, text):
+    assert percent(x, digits, signed) == text
+
+
+@pytest.mark.parametrize("name, size", [
+    ("float", 4), ("c10::BFloat16", 2), ("long int", 8), ("c10::Float8_e4m3fn", 1),  # Kineto's c10 names
+    ("Float", 4), ("BFloat16", 2), ("Long", 8),  # the process group's records
+    ("float32", 4), ("int64", 8), ("bf16", 2), ("f8e5m2", 1),  # torch's and nccl-tests'
+    ("Scalar", None), ("TensorList", None), ("", None), (None, None), (4, None),
+])
+def test_every_spelling_of_a_dtype_has_its_element_size(name, size):
+    assert element_bytes(name) == size

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from diag.analyzers.diagnosis.decision_tree import metric_text
+from diag.analyzers.numbers import percent
 from diag.errors import DiagInputError
 
 if TYPE_CHECKING:
@@ -136,7 +137,7 @@ def _progress(n_paths: int):
 
 
 def _pct(x) -> str:
-    return "  n/a" if x is None else f"{100 * x:5.1f}%"
+    return "  n/a" if x is None else percent(x, 1).rjust(6)
 
 
 def _fmt_value(node: dict) -> str:

@@ -77,6 +77,7 @@ def read_diagnosis(summary_path) -> Diagnosis | None:
 
 
 def write_model(model: dict, out_dir) -> dict:
+    from diag.analyzers.analyze import json_safe
     from diag.report import html, markdown
 
     out = Path(out_dir)
@@ -84,16 +85,5 @@ def write_model(model: dict, out_dir) -> dict:
     paths = {"html": out / REPORT_HTML, "markdown": out / REPORT_MD, "summary": out / SUMMARY_JSON}
     atomic_io.atomic_write_text(paths["html"], html.render(model))
     atomic_io.atomic_write_text(paths["markdown"], markdown.render(model))
-    atomic_io.atomic_write_json(paths["summary"], _finite(summary(model)))
+    atomic_io.atomic_write_json(paths["summary"], json_safe(summary(model)))
     return {k: os.fspath(v) for k, v in paths.items()}
-
-
-def _finite(obj):
-    """JSON has no NaN or infinity: write them as null."""
-    if isinstance(obj, float) and (obj != obj or obj in (float("inf"), float("-inf"))):
-        return None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from diag import atomic_io
 from diag.analyzers.diagnosis.inputs import CLASSES, PHASE_LABELS
+from diag.analyzers.numbers import percent
 from diag.report.html import COLORS, _asset, esc, plot_safe, plotly_js, script_json
 from diag.report.markdown import md_text
 
@@ -24,10 +25,9 @@ def _ms(x) -> str:
     return "n/a" if x is None else f"{x:.1f}"
 
 
-def _pct(x, signed=False) -> str:
-    if x is None:
-        return "n/a"
-    return f"{x * 100:+.1f}" if signed else f"{x * 100:.1f}"
+def _points(x) -> str:
+    """A change of share in percentage points."""
+    return "n/a" if x is None else f"{x * 100:+.1f} pts"
 
 
 def figures(c: dict) -> list[dict]:
@@ -80,8 +80,8 @@ def render_html(c: dict) -> str:
                  f"{table}</table><p>{esc(c['verdict_change']['text'])}</p></section>")
     if c.get("phases"):
         prow = "".join(
-            f"<tr><td>{esc(PHASE_LABELS[r['phase']])}</td><td class=\"num\">{_pct(r['before'])}%</td>"
-            f"<td class=\"num\">{_pct(r['after'])}%</td><td class=\"num\">{_pct(r['delta'], True)} pts</td>"
+            f"<tr><td>{esc(PHASE_LABELS[r['phase']])}</td><td class=\"num\">{percent(r['before'], 1)}</td>"
+            f"<td class=\"num\">{percent(r['after'], 1)}</td><td class=\"num\">{_points(r['delta'])}</td>"
             + (f"<td class=\"num\">{r['delta_ms']:+.1f}</td>" if "delta_ms" in r else "<td></td>") + "</tr>"
             for r in c["phases"])
         parts.append("<section><h2>Phase shares</h2><div id=\"fig-compare-phases\" class=\"chart small\" "
@@ -142,8 +142,8 @@ def render_markdown(c: dict) -> str:
     out.append("")
     if c.get("phases"):
         out += ["| phase | before | after | change |", "|---|---:|---:|---:|"]
-        out += [f"| {PHASE_LABELS[r['phase']]} | {_pct(r['before'])}% | {_pct(r['after'])}% | "
-                f"{_pct(r['delta'], True)} pts |" for r in c["phases"]]
+        out += [f"| {PHASE_LABELS[r['phase']]} | {percent(r['before'], 1)} | {percent(r['after'], 1)} | "
+                f"{_points(r['delta'])} |" for r in c["phases"]]
         out.append("")
     if c.get("scaling"):
         out += [md_text(c["scaling"]["text"]), ""]
@@ -158,14 +158,14 @@ def render_markdown(c: dict) -> str:
 
 
 def write_compare(c: dict, out_dir) -> dict:
-    from diag.report import _finite
+    from diag.analyzers.analyze import json_safe
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"html": out / COMPARE_HTML, "markdown": out / COMPARE_MD, "json": out / COMPARE_JSON}
     atomic_io.atomic_write_text(paths["html"], render_html(c))
     atomic_io.atomic_write_text(paths["markdown"], render_markdown(c))
-    atomic_io.atomic_write_json(paths["json"], _finite(c))
+    atomic_io.atomic_write_json(paths["json"], json_safe(c))
     return {k: os.fspath(v) for k, v in paths.items()}
 
 

@@ -22,6 +22,7 @@ from importlib import resources
 
 from diag import __version__
 from diag.analyzers.diagnosis.inputs import CLASSES, PHASE_LABELS
+from diag.analyzers.numbers import percent as pct
 from diag.diagnosis_document import diagnosis_json
 from diag.report.charts import COLORS, figures
 from diag.report.markdown import MEMORY_ROWS, signed_size, size_cell
@@ -73,8 +74,6 @@ def _asset(name: str) -> str:
     return resources.files("diag.report").joinpath(name).read_text(encoding="utf-8")
 
 
-def pct(x, digits: int = 0) -> str:
-    return "n/a" if x is None else f"{x * 100:.{digits}f}%"
 
 
 def num(x, fmt: str = "{:.3g}") -> str:

@@ -7,6 +7,7 @@ neither break the table layout nor inject HTML when a forge renders the Markdown
 from __future__ import annotations
 
 from diag.analyzers.diagnosis.inputs import CLASSES, PHASE_LABELS, size
+from diag.analyzers.numbers import percent as pct
 
 
 def md_text(value) -> str:
@@ -37,8 +38,6 @@ def md_code(value) -> str:
 OPS = {">=": "≥", "<=": "≤", ">": ">", "<": "<"}
 
 
-def pct(x, digits: int = 0) -> str:
-    return "n/a" if x is None else f"{x * 100:.{digits}f}%"
 
 
 def render(model: dict) -> str:

@@ -16,6 +16,7 @@ from diag.analyzers.analysis_types import Analysis
 from diag.analyzers.diagnosis.inputs import recorded_loader
 from diag.analyzers.diagnosis.loader_model import batch_is_cpu_work, cpus_per_rank, expectation, loader_rates
 from diag.analyzers.diagnosis.steady import interval_level, level, levels_ratio_interval
+from diag.analyzers.numbers import percent
 
 RESULTS = ("helped", "hurt", "fragile_win", "fragile_loss", "no_change")
 MIN_STEPS = 3  # after warm-up, in each run
@@ -73,28 +74,25 @@ def verdict_of_change(ratio: float, lo: float, hi: float, min_effect: float) -> 
     return "no_change"
 
 
-def _pct(x: float, signed: bool = False) -> str:
-    return f"{x * 100:+.1f}%" if signed else f"{x * 100:.1f}%"
-
-
 def statement(kind: str, ratio: float, lo: float, hi: float, n_a: int, n_b: int, level: float = 0.95) -> str:
     """The plain sentence a reader takes away; `level` is the interval's (0.95: 95%)."""
     change = ratio - 1
-    band = f"{level:.0%} interval of the step-time change: {_pct(lo - 1, True)} to {_pct(hi - 1, True)}"
+    band = (f"{level:.0%} interval of the step-time change: {percent(lo - 1, 1, signed=True)} to "
+            f"{percent(hi - 1, 1, signed=True)}")
     basis = f"median of {n_b} steps after against {n_a} before, warm-up steps left out"
     if kind == "helped":
-        return (f"The change helped: steps are {_pct(-change)} faster ({1 / ratio:.2f}x), "
+        return (f"The change helped: steps are {percent(-change, 1)} faster ({1 / ratio:.2f}x), "
                 f"well outside the noise ({band}; {basis}).")
     if kind == "hurt":
-        return (f"The change made training slower: steps are {_pct(change)} slower, "
+        return (f"The change made training slower: steps are {percent(change, 1)} slower, "
                 f"outside the noise ({band}; {basis}).")
     if kind == "fragile_win":
-        return (f"Steps look {_pct(-change)} faster, but the gain is within the noise ({band}; {basis}): "
+        return (f"Steps look {percent(-change, 1)} faster, but the gain is within the noise ({band}; {basis}): "
                 "treat it as fragile and measure longer runs before relying on it.")
     if kind == "fragile_loss":
-        return (f"Steps look {_pct(change)} slower, but the difference is within the noise ({band}; {basis}): "
+        return (f"Steps look {percent(change, 1)} slower, but the difference is within the noise ({band}; {basis}): "
                 "it may not be real; measure longer runs.")
-    return f"No clear change: step time moved {_pct(change, True)} ({band}; {basis})."
+    return f"No clear change: step time moved {percent(change, 1, signed=True)} ({band}; {basis})."
 
 
 def scaling_rating(efficiency: float, small: int, large: int, basis: str, tree) -> dict:

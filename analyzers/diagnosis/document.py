@@ -48,7 +48,6 @@ from diag.analyzers.diagnosis.inputs import (
     merge_ranks,
     mode_bound,
     num,
-    pct,
     rank_shares,
     step_iterations,
     tw_shares,
@@ -61,6 +60,7 @@ from diag.analyzers.diagnosis.run_figures import run_figures
 from diag.analyzers.diagnosis.straggler_cause import with_likely_causes
 from diag.analyzers.diagnosis.straggler_episodes import episode_finding, straggler_episodes
 from diag.analyzers.diagnosis.verdict import has_all_shares, job_verdict, rank_measurements
+from diag.analyzers.numbers import percent as pct
 from diag.diagnosis_document import Diagnosis
 from diag.run_documents import RunRecords
 

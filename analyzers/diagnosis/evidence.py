@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 
 from diag.analyzers.diagnosis import bandwidth, nccl_log
-from diag.analyzers.diagnosis.inputs import CLASSES, PHASE_LABELS, Ranks, Steps, describe, mean, num, pct
+from diag.analyzers.diagnosis.inputs import CLASSES, PHASE_LABELS, Ranks, Steps, describe, mean, num
+from diag.analyzers.numbers import percent as pct
 from diag.run_documents import RunRecords
 
 

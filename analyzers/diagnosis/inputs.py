@@ -455,5 +455,3 @@ def size(b: float | None) -> str:
     return f"{b / div:.2f} {unit}"
 
 
-def pct(x: float | None, digits: int = 0) -> str:
-    return "n/a" if x is None else f"{x * 100:.{digits}f}%"

@@ -21,8 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from diag.analyzers.diagnosis.inputs import MergedRank, Ranks, num, pct, recorded_model, size
+from diag.analyzers.diagnosis.inputs import MergedRank, Ranks, num, recorded_model, size
 from diag.analyzers.numbers import dict_at
+from diag.analyzers.numbers import percent as pct
 from diag.analyzers.plan.memory import activations_per_layer
 
 

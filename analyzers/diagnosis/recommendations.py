@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from diag.analyzers.diagnosis import action_models
 from diag.analyzers.diagnosis.context import JobContext
-from diag.analyzers.diagnosis.inputs import CLASSES, PHASE_LABELS, num, pct
+from diag.analyzers.diagnosis.inputs import CLASSES, PHASE_LABELS, num
+from diag.analyzers.numbers import percent as pct
 
 
 def recommendations(ctx: JobContext, findings: list[dict], memory: dict, evidence: list[dict],

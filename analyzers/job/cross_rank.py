@@ -29,18 +29,14 @@ from diag.analyzers.analysis_types import JobFacts, RankFacts
 from diag.analyzers.numbers import dict_at
 from diag.analyzers.numbers import median as _median
 from diag.analyzers.whatif.job import job_what_if
+from diag.collectors.nccl_sizes import bus_factor
 from diag.rundir import rank_number, world_size_number
 
+# A trace's collective names that nccl-tests spells otherwise.
+_NCCL_TESTS_NAME = {"all_to_all": "alltoall"}
 # Collectives whose message size is the same on every rank of the call.
 SYMMETRIC = {"all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "barrier"}
 
-# Bus bandwidth correction factors of nccl-tests (busbw = algbw * factor).
-_BUSBW_FACTOR = {
-    "all_reduce": lambda n: 2 * (n - 1) / n,
-    "all_gather": lambda n: (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "all_to_all": lambda n: (n - 1) / n,
-}
 
 
 def _ms(us: float) -> float:
@@ -385,7 +381,7 @@ def achieved_busbw(groups: list[dict], world: int | None) -> dict | None:
         if g.get("bytes") and fastest > 0:
             # nccl-tests sizes an all-gather by its output: every rank's input.
             size = g["bytes"] * (max(n, 2) if g["name"] == "all_gather" else 1)
-            bw.append(size / (fastest * 1e-6) / 1e9 * _BUSBW_FACTOR.get(g["name"], lambda _n: 1.0)(max(n, 2)))
+            bw.append(size / (fastest * 1e-6) / 1e9 * bus_factor(_NCCL_TESTS_NAME.get(g["name"], g["name"]), max(n, 2)))
             sizes.append(size)
     if not bw:
         return None

@@ -6,12 +6,8 @@ from __future__ import annotations
 
 import math
 
-# nccl-tests type names -> bytes per element (rccl-tests spellings included).
-DTYPE_BYTES = {
-    "int8": 1, "uint8": 1, "char": 1, "int32": 4, "uint32": 4, "int": 4, "int64": 8, "uint64": 8,
-    "half": 2, "float16": 2, "float": 4, "float32": 4, "double": 8, "float64": 8,
-    "bfloat16": 2, "bf16": 2, "f8e4m3": 1, "f8e5m2": 1, "fp8_e4m3": 1, "fp8_e5m2": 1,
-}
+from diag.analyzers.dtypes import element_bytes
+
 REDUCTIONS = {"sum", "prod", "max", "min", "avg", "mulsum", "premulsum"}
 
 # Binary stem -> collective name used in diag.nccl_bench/1 (the runner uses the same names).
@@ -44,7 +40,7 @@ def infer(rows: list[dict], out: dict) -> None:
     if not rows:
         return
     big = max(rows, key=lambda r: (r["out_of_place"]["algbw_gbps"] or 0, r["size_bytes"]))
-    esize = DTYPE_BYTES.get(str(big["dtype"]).lower())
+    esize = element_bytes(str(big["dtype"]))
     inferred = []
     redop, root = big["redop"], big["root"]
     ratio = big["size_bytes"] / (big["count"] * esize) if esize else None

@@ -18,6 +18,7 @@ import numpy as np
 
 from diag.analyzers import intervals as iv
 from diag.analyzers.analysis_types import SYNC_OP_NAMES, CauseFacts, TraceRankFacts, TraceStepFacts
+from diag.analyzers.dtypes import element_bytes
 from diag.analyzers.model import FactSettings
 from diag.analyzers.numbers import dict_at
 from diag.analyzers.trace import (
@@ -53,9 +54,6 @@ from diag.errors import DiagInputError
 from diag.rundir import rank_number, world_size_number
 
 TOP_N = 10
-_DTYPE_SIZE = {"float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "double": 8, "float64": 8,
-               "int": 4, "int32": 4, "long": 8, "int64": 8, "byte": 1, "uint8": 1, "char": 1, "int8": 1,
-               "bool": 1, "short": 2, "int16": 2}
 
 
 def trace_facts(path, settings: FactSettings, rank: int | None = None, workers: int | None = 1,
@@ -324,7 +322,7 @@ def _top_ops(trace: Trace) -> list[dict]:
 
 def _bytes_of(args: dict) -> int | None:
     n = args.get("in_nelems")
-    size = _DTYPE_SIZE.get(str(args.get("dtype") or "").lower())
+    size = element_bytes(str(args.get("dtype") or ""))
     if isinstance(n, int) and size:
         return n * size
     dims_raw = args.get("input_dims")
@@ -333,8 +331,8 @@ def _bytes_of(args: dict) -> int | None:
         total = 0
         for i, d in enumerate(dims):
             t = types[i] if i < len(types) else None
-            if isinstance(d, list) and d and all(isinstance(x, int) for x in d) and t in roofline.DTYPE_BYTES:
-                total += int(np.prod(d)) * roofline.DTYPE_BYTES[t]
+            if isinstance(d, list) and d and all(isinstance(x, int) for x in d) and (elt := element_bytes(t)):
+                total += int(np.prod(d)) * elt
             elif isinstance(d, list) and d and all(isinstance(x, list) for x in d) and t == "TensorList":
                 pass
         return total or None

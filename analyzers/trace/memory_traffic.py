@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from diag.analyzers import intervals as iv
+from diag.analyzers.dtypes import element_bytes
 from diag.analyzers.trace import event_classes as ec
 from diag.analyzers.trace import roofline
 from diag.analyzers.trace.columns import Trace
@@ -37,7 +38,7 @@ def op_traffic(name: str, dims: list, types: list) -> float | None:
     """Bytes an elementwise, copy or reduction op moves at least (None: its shapes do not say)."""
     if name in IRREGULAR:
         return None
-    sizes = [(roofline.numel(d), roofline.DTYPE_BYTES.get(t)) for d, t in zip(dims, types)]
+    sizes = [(roofline.numel(d), element_bytes(t)) for d, t in zip(dims, types)]
     tensors = [(n, b) for n, b in sizes if n is not None and b]
     if not tensors:
         return None

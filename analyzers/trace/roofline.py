@@ -15,13 +15,8 @@ import re
 
 import msgspec
 
-# Kineto's dtype strings (c10 scalar type names) -> bytes per element.
-DTYPE_BYTES = {
-    "float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "half": 2, "bfloat16": 2,
-    "int": 4, "long int": 8, "long": 8, "short": 2, "signed char": 1, "unsigned char": 1,
-    "bool": 1, "c10::complex<float>": 8, "c10::complex<double>": 16,
-    "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1, "c10::Float8_e4m3fnuz": 1, "c10::Float8_e5m2fnuz": 1,
-}
+from diag.analyzers.dtypes import element_bytes
+
 _PEAK_DTYPE = {"c10::Half": "fp16", "half": "fp16", "c10::BFloat16": "bf16", "bfloat16": "bf16",
                "float": "fp32", "double": "fp32"}
 
@@ -161,8 +156,8 @@ def op_bytes(name: str, dims: list, types: list, out_numel: int | None = None) -
     for i, d in enumerate(dims):
         n = numel(d)
         t = types[i] if i < len(types) else None
-        if n is not None and t in DTYPE_BYTES:
-            tensors.append((d, n, DTYPE_BYTES[t]))
+        if n is not None and (size := element_bytes(t)) is not None:
+            tensors.append((d, n, size))
     if not tensors:
         return None
     read = sum(n * b for _, n, b in tensors)
