@@ -5,23 +5,11 @@ and the NCCL bus bandwidth.
 
 from __future__ import annotations
 
-import math
-
+from diag.analyzers.analyze import json_safe
 from diag.analyzers.diagnosis.inputs import CLASSES, PHASE_LABELS
 
 COLORS = {"data": "#e4a11b", "host": "#9467bd", "comm": "#d62728", "wait": "#ff9896", "memory": "#1f77b4",
           "compute": "#2ca02c"}
-
-
-def _clean(v):
-    """Chart arrays: NaN/inf become null (JSON has neither)."""
-    if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
-        return None
-    if isinstance(v, list):
-        return [_clean(x) for x in v]
-    if isinstance(v, dict):
-        return {k: _clean(x) for k, x in v.items()}
-    return v
 
 
 def _layout(title: str, **kw) -> dict:
@@ -224,4 +212,4 @@ def figures(model: dict) -> list[dict]:
     out = []
     for part in (_phase_figures, _what_if_figures, _throughput_figures, _heatmap_figures, _timeline_figures, _busbw_figures):
         out.extend(part(model, ch))
-    return [_clean(f) for f in out]
+    return [json_safe(f) for f in out]  # chart arrays: JSON has no NaN or infinity
