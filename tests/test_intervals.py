@@ -160,3 +160,13 @@ def test_span_holding_looks_only_at_spans_of_the_points_own_group():
     on = np.array([1, 1, 1, 1, 1, 2, 3])
     # Closed spans: their ends hold; a gap holds nothing; a group without spans gets none.
     assert iv.span_holding(ts, on, start, end, groups).tolist() == [1, 1, -1, 0, -1, 2, -1]
+
+
+@pytest.mark.parametrize("spread", [1, 10**9])  # dense ids (a table by id), sparse ones (binary search)
+def test_each_wanted_id_is_found_at_its_row(spread):
+    from diag.analyzers.trace.columns import index_of
+
+    keys = np.array([5, -1, 7, 3, -1, 11], dtype=np.int64) * spread
+    want = np.array([7, 3, 4, -1, 11, 12, 5], dtype=np.int64) * spread
+    assert index_of(keys, want).tolist() == [2, 3, -1, -1, 5, -1, 0]
+    assert index_of(np.array([-1, -2]), want).tolist() == [-1] * len(want)

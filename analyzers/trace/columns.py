@@ -130,7 +130,8 @@ class Trace:
         -1: none), found once. Read-only."""
         cache = self.__dict__.setdefault("_derived", {})
         if "launchers" not in cache:
-            found = index_of(self.cpu_ext, self.dev_ext).astype(np.int32 if len(self.cpu_ext) < 2**31 else np.int64)
+            found = index_of(self.cpu_ext, self.dev_ext).astype(np.int32 if len(self.cpu_ext) < 2**31 else np.int64,
+                                                                copy=False)
             found.flags.writeable = False
             cache["launchers"] = found
         return cache["launchers"]
@@ -147,15 +148,23 @@ def index_of(keys: np.ndarray, want: np.ndarray) -> np.ndarray:
     """Where each wanted id sits in `keys` (ids such as External ids; negative ones mean none),
     -1 where absent: through one table indexed by id where the ids are dense, else by binary
     search."""
+    small = len(keys) < 2**31  # row numbers in 32 bits: a large trace's temporaries halve
     pos = np.flatnonzero(keys >= 0)
     if not len(pos) or not len(want):
         return np.full(len(want), -1, dtype=np.int64)
+    if small:
+        pos = pos.astype(np.int32)
     keys = keys[pos]
     top = int(keys.max())
     if top < 8 * len(keys) + (1 << 20):
-        table = np.full(top + 1, -1, dtype=np.int32 if pos[-1] < 2**31 else np.int64)
+        if top < 2**31:
+            keys = keys.astype(np.int32)
+        table = np.full(top + 1, -1, dtype=np.int32 if small else np.int64)
         table[keys] = pos
-        return np.where((want >= 0) & (want <= top), table[np.clip(want, 0, top)], -1)
+        del keys, pos  # a large trace's columns: the table is all that is needed now
+        found = table[np.clip(want, 0, top)]
+        found[(want < 0) | (want > top)] = -1
+        return found
     ids, first = np.unique(keys, return_index=True)
     at = np.clip(np.searchsorted(ids, want), 0, len(ids) - 1)
     return np.where((ids[at] == want) & (want >= 0), pos[first[at]], -1)
