@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
-from diag.typed_json import holds, note, settled
+from diag.typed_json import REFUSED, holds, note, settled
 
 # No training counts this many steps; a larger step number is damage (it would not fit the
 # analysis's 64-bit columns either).
@@ -116,7 +116,7 @@ def _typed(raw, kind: type[R], problems: list | None, where: str) -> R | None:
         return None
     try:
         return msgspec.convert(raw, kind)
-    except msgspec.ValidationError:
+    except REFUSED:
         pass  # damaged somewhere: its step number first, then field by field
     n = raw.get("step")
     if not (type(n) is int and holds(kind, "step", n, {})):

@@ -13,13 +13,16 @@ from typing import Any, TypeVar
 import msgspec
 
 S = TypeVar("S", bound=msgspec.Struct)
+# What msgspec.convert raises on a damaged object: a value the type refuses, or a key holding a
+# lone surrogate (a damaged file's \ud800 escape), which no field name can match.
+REFUSED = (msgspec.ValidationError, UnicodeEncodeError)
 
 
 def holds(kind: type[msgspec.Struct], field: str, value, base: dict[str, Any]) -> bool:
     """Whether a `kind` (its required fields given by `base`) can hold `value` as its `field`."""
     try:
         msgspec.convert({**base, field: value}, kind)
-    except msgspec.ValidationError:
+    except REFUSED:
         return False
     return True
 
@@ -30,7 +33,7 @@ def settled(raw: dict, kind: type[S], base: dict[str, Any] | None = None, refuse
     base = base or {}
     try:
         return msgspec.convert(raw, kind)
-    except msgspec.ValidationError:
+    except REFUSED:
         pass  # damaged somewhere: field by field below
     kept = dict(base)
     for name in kind.__struct_fields__:

@@ -28,7 +28,7 @@ from typing import Any, NotRequired, TypedDict, TypeVar, cast
 import msgspec
 
 from diag.diagnosis_document import Diagnosis, diagnosis_from_json
-from diag.typed_json import settled
+from diag.typed_json import REFUSED, settled
 
 # Ops that bring a tensor's value to the host (on a GPU each waits for the device to reach it):
 # the trace layer measures their time, the diagnosis names them with the calls that make them.
@@ -476,7 +476,7 @@ class _CollectiveShape(msgspec.Struct, forbid_unknown_fields=False):
 def _sound_collective(record: dict) -> bool:
     try:
         msgspec.convert(record, _CollectiveShape)
-    except msgspec.ValidationError:
+    except REFUSED:
         return False
     return True
 

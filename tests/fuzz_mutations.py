@@ -171,6 +171,34 @@ def _retype(r, d):
     return out if out is not None else _flip(r, d)
 
 
+_ODD_VALUES = (None, "x", -1, 0, 1e308, -1e308, [], {}, True, [1, "a"], {"a": 1}, 2**70)
+
+
+def _revalue(r, d):
+    """A value anywhere in a JSON document (an object, a list, a string, a number) becomes one
+    of another type or range: the damage a reader that settles only the top level misses."""
+    if len(d) > (4 << 20):
+        return _retype(r, d)
+    try:
+        doc = json.loads(d)
+    except (ValueError, RecursionError):
+        return _retype(r, d)
+    slots = []  # (container, key) of the first values met, breadth first
+    queue = [doc]
+    while queue and len(slots) < 20_000:
+        node = queue.pop(0)
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for k, v in items:
+            slots.append((node, k))
+            queue.append(v)
+    if not slots:
+        return _retype(r, d)
+    for _ in range(r.randint(1, 3)):
+        node, k = r.choice(slots)
+        node[k] = r.choice(_ODD_VALUES)
+    return json.dumps(doc).encode()
+
+
 def _delete_span(r, d):
     if not d:
         return d
@@ -284,7 +312,7 @@ MUTATIONS = {
     "truncate": _truncate, "flip": _flip, "garbage": _insert_garbage, "invalid_utf8": _invalid_utf8,
     "repeat": _repeat, "shuffle_lines": _shuffle_lines, "retype": _retype, "delete": _delete_span,
     "empty": _empty, "nest": _nest, "bigint": _bigint, "timing": _timing, "markup": _markup,
-    "long_string": _long_string, "long_run": _long_run, "steps": _steps,
+    "long_string": _long_string, "long_run": _long_run, "steps": _steps, "revalue": _revalue,
 }
 
 
@@ -389,6 +417,21 @@ def _run_inputs(seed_template: str, segment: str, path: str) -> None:
         shutil.rmtree(run, ignore_errors=True)
 
 
+def _compared(path: str) -> None:
+    """A saved analysis as `diag compare` and `--gate` read it: its report model, compared with
+    itself, the comparison written, and gated."""
+    from diag.analyzers.diagnosis.decision_tree import load_tree
+    from diag.analyzers.diagnosis.gate import gate
+    from diag.analyzers.views.compare_model import compare
+    from diag.report import analyse_and_model
+    from diag.report.compare import write_compare
+
+    doc, model = analyse_and_model(path)
+    with tempfile.TemporaryDirectory() as out:
+        write_compare(compare(model, model, doc, doc), out)
+    gate(doc, model["diagnosis"], doc, model["diagnosis"], load_tree())
+
+
 def run_one(kind: str, path: str, template: str | None = None, segment: str | None = None,
             check_charts: bool = False) -> tuple[str, str]:
     """("ok" | "error" | "traceback" | "over_memory" | "escaping", detail) for one input file,
@@ -413,9 +456,7 @@ def run_one(kind: str, path: str, template: str | None = None, segment: str | No
         elif kind == "run":
             _run_inputs(template, segment, path)
         elif kind == "analysis":
-            from diag.report import analyse_and_model
-
-            analyse_and_model(path)
+            _compared(path)
         elif kind in ("live", "metrics"):
             found = _top_screen(kind, path)
             if found:

@@ -458,3 +458,33 @@ def test_a_damaged_saved_analysis_is_reported_from_what_is_sound(saved_analysis,
     if how == "collective":
         sound = len(saved_analysis["ranks"][0]["collectives"]) - 2
         assert sound > 0 and model["charts"]["heatmap_wait"] is not None
+
+
+_DAMAGED_PARTS = {
+    "step_time": ("run_figures", lambda d: d["run_figures"]["step_time"].update(median_ms=0.0, steps="many")),
+    "throughput": ("run_figures", lambda d: d["run_figures"]["throughput"].update(samples_per_s=[1.0])),
+    "identity": ("run_figures", lambda d: d["run_figures"].update(identity=3)),
+    "what_if": ("what_if", lambda d: d["what_if"].update(changes=7)),
+    "episodes": ("straggler_episodes", lambda d: d.update(straggler_episodes={"chart": {"first_steps": 1}})),
+}
+
+
+@pytest.mark.parametrize("how", sorted(_DAMAGED_PARTS))
+def test_compare_and_the_gate_read_a_damaged_saved_diagnosis_as_far_as_it_is_sound(saved_analysis, tmp_path, how):
+    """A saved diagnosis whose parts compare and the gate compute with hold the wrong shapes (a
+    zero median step, a list for a rate, a number for a list; found by fuzzing saved documents):
+    that part reads as absent, and both commands still answer, without a traceback."""
+    from diag.analyzers.analysis_types import analysis_from_json
+
+    part, damage = _DAMAGED_PARTS[how]
+    doc = json.loads(json.dumps(saved_analysis))
+    damage(doc["diagnosis"])
+    assert getattr(analysis_from_json(doc).diagnosis, part) in ({}, None)
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(saved_analysis))
+    b.write_text(json.dumps(doc))
+    plain = _diag("compare", a, b, "--out", tmp_path / "plain")
+    assert plain.returncode == 0 and "Traceback" not in plain.stderr, plain.stderr
+    gated = _diag("compare", "--gate", a, b, "--out", tmp_path / "gate")
+    assert gated.returncode in (0, 1, 2, 3) and "Traceback" not in gated.stderr, gated.stderr
+    assert json.loads((tmp_path / "gate" / "gate.json").read_text())["exit_status"] == gated.returncode

@@ -51,8 +51,11 @@ def plot_safe(obj):
 
 
 def script_json(obj) -> str:
-    """JSON safe to embed inside a <script> element."""
-    text = json.dumps(obj, separators=(",", ":"), allow_nan=False, default=_default)
+    """JSON safe to embed inside a <script> element (a non-finite number, which a damaged saved
+    analysis can lead to, is written as null)."""
+    from diag.analyzers.analyze import json_safe
+
+    text = json.dumps(json_safe(obj), separators=(",", ":"), allow_nan=False, default=_default)
     return (text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
             .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
 

@@ -90,12 +90,17 @@ def level(values) -> dict | None:
             "drift": level_drift(vals) or 0.0}
 
 
+_MAX_LOG_SPREAD = 700.0  # math.exp overflows past about 709.8
+
+
 def levels_ratio_interval(before: dict, after: dict, z: float = Z_95) -> tuple[float, float, float]:
     """(after's median over before's, low, high): median_ratio_interval widened by each run's
     drift, the interval of two runs' levels rather than of two samples of one level."""
     ratio = after["median"] / before["median"]
     rel = math.hypot(before["relative_se"], after["relative_se"], before["drift"], after["drift"])
-    return ratio, ratio * math.exp(-z * rel), ratio * math.exp(z * rel)
+    # A spread past what a float holds (a damaged saved level) is an unbounded interval.
+    spread = min(z * rel, _MAX_LOG_SPREAD)
+    return ratio, ratio * math.exp(-spread), ratio * math.exp(spread)
 
 
 

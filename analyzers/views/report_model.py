@@ -75,7 +75,7 @@ def build_model(doc: Analysis, run: RunRecords | None = None, limits: Limits | N
     notes: list[str] = []
 
     ranks = merge_ranks(doc.ranks, run)
-    world = diagnosis.world_size
+    world = _world_size(diagnosis, ranks)
     allt = concat(ranks)
     steps = job_steps(ranks)
     busbw = busbw_chart(run)
@@ -101,7 +101,7 @@ def build_model(doc: Analysis, run: RunRecords | None = None, limits: Limits | N
         **judged,
         "ranks": _rank_rows(ranks, diagnosis.stragglers, limits, notes),
         "step_stats": _step_stats(steps),
-        "throughput": diagnosis.run_figures["throughput"],
+        "throughput": diagnosis.run_figures.get("throughput") or {},  # absent only from a damaged saved one
         "top_kernels": _top_table([r.facts.top_kernels for r in analysed], limits),
         "top_ops": _top_table([r.facts.top_ops for r in analysed], limits),
         "nccl": nccl,
@@ -261,7 +261,7 @@ def _problems(doc: Analysis, run: RunRecords) -> list[str]:
 
 def _missing(run: RunRecords, diagnosis: Diagnosis, ranks: Ranks, allt: Steps, nccl, busbw) -> list[dict]:
     """What could not be measured, why it matters, and how to get it next time."""
-    world = diagnosis.world_size
+    world = _world_size(diagnosis, ranks)
     out = _missing_ranks(diagnosis.missing_ranks, diagnosis.stopped_ranks, world)
     if not ranks:
         out.append({"what": "No rank data at all.", "why": "Nothing to analyse.",
@@ -269,6 +269,13 @@ def _missing(run: RunRecords, diagnosis: Diagnosis, ranks: Ranks, allt: Steps, n
         return out
     return (out + _missing_measurements(run, ranks, allt, world) + _missing_comm(run, ranks, world, nccl, busbw)
             + _missing_rates(ranks, allt))
+
+
+def _world_size(diagnosis: Diagnosis, ranks: Ranks) -> int:
+    """The job's world size as the diagnosis states it; a saved one that states none (damaged)
+    has at least the ranks it holds."""
+    world = diagnosis.world_size
+    return world if isinstance(world, int) else max(len(ranks), 1)
 
 
 def _missing_ranks(missing: list[int], stopped: list[int], world) -> list[dict]:
