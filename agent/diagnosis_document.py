@@ -15,7 +15,7 @@ from typing import Annotated, Any, Required, TypedDict
 
 import msgspec
 
-from diag.typed_json import REFUSED, settled
+from diag.typed_json import fits, settled
 
 SCHEMA = "diag.diagnosis/1"
 # summary.json of diag.report_summary/1 carried the diagnosis's parts at its top level.
@@ -123,12 +123,7 @@ def diagnosis_from_json(raw) -> Diagnosis | None:
 
 
 def _parts_in_shape(d: Diagnosis) -> Diagnosis:
-    unfit = []
-    for name, shape in _PART_SHAPES.items():
-        try:
-            msgspec.convert(getattr(d, name), shape)
-        except REFUSED:
-            unfit.append(name)
+    unfit = [name for name, shape in _PART_SHAPES.items() if not fits(getattr(d, name), shape)]
     if not unfit:
         return d
     absent = Diagnosis()

@@ -18,13 +18,18 @@ S = TypeVar("S", bound=msgspec.Struct)
 REFUSED = (msgspec.ValidationError, UnicodeEncodeError)
 
 
-def holds(kind: type[msgspec.Struct], field: str, value, base: dict[str, Any]) -> bool:
-    """Whether a `kind` (its required fields given by `base`) can hold `value` as its `field`."""
+def fits(value, shape) -> bool:
+    """Whether `value` converts to `shape` (a Struct, a TypedDict or any type msgspec reads)."""
     try:
-        msgspec.convert({**base, field: value}, kind)
+        msgspec.convert(value, shape)
     except REFUSED:
         return False
     return True
+
+
+def holds(kind: type[msgspec.Struct], field: str, value, base: dict[str, Any]) -> bool:
+    """Whether a `kind` (its required fields given by `base`) can hold `value` as its `field`."""
+    return fits({**base, field: value}, kind)
 
 
 def settled(raw: dict, kind: type[S], base: dict[str, Any] | None = None, refused=None) -> S:

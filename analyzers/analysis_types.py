@@ -28,7 +28,7 @@ from typing import Any, NotRequired, TypedDict, TypeVar, cast
 import msgspec
 
 from diag.diagnosis_document import Diagnosis, diagnosis_from_json
-from diag.typed_json import REFUSED, settled
+from diag.typed_json import fits, settled
 
 # Ops that bring a tensor's value to the host (on a GPU each waits for the device to reach it):
 # the trace layer measures their time, the diagnosis names them with the calls that make them.
@@ -285,18 +285,38 @@ def rank_document(r: JudgedRank) -> dict[str, Any]:
     return out
 
 
-def document_ranks(doc) -> list[JudgedRank]:
-    """The judged ranks of an analysis document: as built, or read back from its JSON (a rank
-    without an integer number is left out)."""
-    out: list[JudgedRank] = []
-    ranks = doc.get("ranks") if isinstance(doc, dict) else None
-    for r in ranks if isinstance(ranks, list) else []:
-        if isinstance(r, JudgedRank):
-            if isinstance(r.rank, int):
-                out.append(r)
-        elif type(r) is dict and isinstance(r.get("rank"), int) and not isinstance(r["rank"], bool):
-            out.append(judged_rank_from_document(r, r["rank"]))
-    return out
+def json_safe(obj):
+    """The document with non-finite floats as null (JSON has no inf/NaN) and numpy scalars as Python."""
+    t = type(obj)  # exact types first: a large document is mostly plain leaves
+    if t is str or t is int or t is bool or obj is None:
+        return obj
+    if t is float:
+        return obj if obj - obj == 0.0 else None  # NaN and +-inf give NaN
+    if t is dict:
+        return {k if type(k) is str else str(k): json_safe(v) for k, v in obj.items()}
+    if t is list:
+        return [json_safe(v) for v in obj]
+    if t is JudgedRank:  # its facts and verdict, one object
+        return json_safe(rank_document(obj))
+    if isinstance(obj, msgspec.Struct):  # a typed document: its JSON object, unset fields left out
+        return {name: json_safe(v) for name in obj.__struct_fields__ if (v := getattr(obj, name)) is not msgspec.UNSET}
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, float):
+        return obj if obj == obj and obj not in (float("inf"), float("-inf")) else None
+    if hasattr(obj, "item") and callable(obj.item):  # numpy scalar
+        return json_safe(obj.item())
+    return obj
+
+
+def document_ranks(raw: dict) -> list[JudgedRank]:
+    """The judged ranks of an analysis document's JSON object (a rank without an integer number
+    is left out)."""
+    ranks = raw.get("ranks")
+    return [judged_rank_from_document(r, r["rank"]) for r in (ranks if isinstance(ranks, list) else [])
+            if type(r) is dict and isinstance(r.get("rank"), int) and not isinstance(r["rank"], bool)]
 
 
 def judged_rank_from_document(raw: dict, rank: int) -> JudgedRank:
@@ -371,7 +391,6 @@ class AnalysisFacts(msgspec.Struct, kw_only=True):
     run directory's (job.run_analysis.analyze_run), or the facade's over traces and run
     directories. Its job block is `analyze_job`'s, or a hand-made one already holding
     stragglers and rank waits."""
-    schema: str = ANALYSIS_SCHEMA
     source: str | msgspec.UnsetType = msgspec.UNSET  # as Analysis's
     run: dict | msgspec.UnsetType = msgspec.UNSET  # as Analysis's
     ranks: list[RankFacts] = []
@@ -473,18 +492,10 @@ class _CollectiveShape(msgspec.Struct, forbid_unknown_fields=False):
     exposed: list[tuple[float, float]] | None = None
 
 
-def _sound_collective(record: dict) -> bool:
-    try:
-        msgspec.convert(record, _CollectiveShape)
-    except REFUSED:
-        return False
-    return True
-
-
 def _facts_from_document(raw: dict, kind: type[F], base: dict[str, Any]) -> F:
     causes = settled({k: raw[k] for k in CauseFacts.__struct_fields__ if k in raw}, CauseFacts)
     # A damaged record is left out: matched across ranks, its odd keys would stop the others'.
-    causes.collectives = [c for c in causes.collectives if _sound_collective(c)]
+    causes.collectives = [c for c in causes.collectives if fits(c, _CollectiveShape)]
     own = {k: v for k, v in raw.items() if k in kind.__struct_fields__ and k not in ("causes", "steps", *base)}
     facts = settled({**own, **base, "causes": causes}, kind, base)
     steps = raw.get("steps")

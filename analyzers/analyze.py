@@ -36,7 +36,7 @@ from diag.analyzers.analysis_types import (
     RankFacts,
     RunRankFacts,
     TraceRankFacts,
-    rank_document,
+    json_safe,
 )
 from diag.analyzers.diagnosis import decision_tree as dt
 from diag.analyzers.diagnosis import peers
@@ -393,29 +393,3 @@ def _settled_ranks(trace_ranks: list[TraceRankFacts], run_ranks: Sequence[RankFa
     if len(sizes) > 1:
         warnings.append({"source": None, "warning": f"traces disagree on world size: {sorted(sizes)}"})
     return settled
-
-
-def json_safe(obj):
-    """The document with non-finite floats as null (JSON has no inf/NaN) and numpy scalars as Python."""
-    t = type(obj)  # exact types first: a large document is mostly plain leaves
-    if t is str or t is int or t is bool or obj is None:
-        return obj
-    if t is float:
-        return obj if obj - obj == 0.0 else None  # NaN and +-inf give NaN
-    if t is dict:
-        return {k if type(k) is str else str(k): json_safe(v) for k, v in obj.items()}
-    if t is list:
-        return [json_safe(v) for v in obj]
-    if t is JudgedRank:  # its facts and verdict, one object
-        return json_safe(rank_document(obj))
-    if isinstance(obj, msgspec.Struct):  # a typed document: its JSON object, unset fields left out
-        return {name: json_safe(v) for name in obj.__struct_fields__ if (v := getattr(obj, name)) is not msgspec.UNSET}
-    if isinstance(obj, dict):
-        return {str(k): json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [json_safe(v) for v in obj]
-    if isinstance(obj, float):
-        return obj if obj == obj and obj not in (float("inf"), float("-inf")) else None
-    if hasattr(obj, "item") and callable(obj.item):  # numpy scalar
-        return json_safe(obj.item())
-    return obj

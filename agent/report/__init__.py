@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from diag import atomic_io, rundir
-from diag.analyzers.analysis_types import Analysis
 from diag.diagnosis_document import Diagnosis, diagnosis_in_summary, diagnosis_json
 from diag.run_documents import RunRecords
+
+if TYPE_CHECKING:
+    from diag.analyzers.analysis_types import Analysis
 
 REPORT_HTML = "report.html"
 REPORT_MD = "report.md"
@@ -77,7 +80,7 @@ def read_diagnosis(summary_path) -> Diagnosis | None:
 
 
 def write_model(model: dict, out_dir) -> dict:
-    from diag.analyzers.analyze import json_safe
+    from diag.analyzers.analysis_types import json_safe
     from diag.report import html, markdown
 
     out = Path(out_dir)

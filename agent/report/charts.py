@@ -5,7 +5,7 @@ and the NCCL bus bandwidth.
 
 from __future__ import annotations
 
-from diag.analyzers.analyze import json_safe
+from diag.analyzers.analysis_types import json_safe
 from diag.analyzers.diagnosis.inputs import CLASSES, PHASE_LABELS
 
 COLORS = {"data": "#e4a11b", "host": "#9467bd", "comm": "#d62728", "wait": "#ff9896", "memory": "#1f77b4",

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from diag import atomic_io
+from diag.analyzers.analysis_types import json_safe
 from diag.analyzers.diagnosis.inputs import CLASSES, PHASE_LABELS
 from diag.analyzers.numbers import percent
 from diag.report.html import COLORS, _asset, esc, plot_safe, plotly_js, script_json
@@ -158,8 +159,6 @@ def render_markdown(c: dict) -> str:
 
 
 def write_compare(c: dict, out_dir) -> dict:
-    from diag.analyzers.analyze import json_safe
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"html": out / COMPARE_HTML, "markdown": out / COMPARE_MD, "json": out / COMPARE_JSON}

@@ -21,6 +21,7 @@ from functools import lru_cache
 from importlib import resources
 
 from diag import __version__
+from diag.analyzers.analysis_types import json_safe
 from diag.analyzers.diagnosis.inputs import CLASSES, PHASE_LABELS
 from diag.analyzers.numbers import percent as pct
 from diag.diagnosis_document import diagnosis_json
@@ -53,8 +54,6 @@ def plot_safe(obj):
 def script_json(obj) -> str:
     """JSON safe to embed inside a <script> element (a non-finite number, which a damaged saved
     analysis can lead to, is written as null)."""
-    from diag.analyzers.analyze import json_safe
-
     text = json.dumps(json_safe(obj), separators=(",", ":"), allow_nan=False, default=_default)
     return (text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
             .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
