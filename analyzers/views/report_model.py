@@ -106,7 +106,7 @@ def build_model(doc: Analysis, run: RunRecords | None = None, limits: Limits | N
         "top_ops": _top_table([r.facts.top_ops for r in analysed], limits),
         "nccl": nccl,
         "charts": charts,
-        "missing": _missing(run, diagnosis, ranks, allt, nccl, busbw),
+        "missing": _missing(run, diagnosis, world, ranks, allt, nccl, busbw),
         "problems": _problems(doc, run),
         "notes": notes,
     }
@@ -259,9 +259,9 @@ def _problems(doc: Analysis, run: RunRecords) -> list[str]:
 # ---------------------------------------------------------------------------- missing
 
 
-def _missing(run: RunRecords, diagnosis: Diagnosis, ranks: Ranks, allt: Steps, nccl, busbw) -> list[dict]:
+def _missing(run: RunRecords, diagnosis: Diagnosis, world: int, ranks: Ranks, allt: Steps, nccl, busbw
+             ) -> list[dict]:
     """What could not be measured, why it matters, and how to get it next time."""
-    world = _world_size(diagnosis, ranks)
     out = _missing_ranks(diagnosis.missing_ranks, diagnosis.stopped_ranks, world)
     if not ranks:
         out.append({"what": "No rank data at all.", "why": "Nothing to analyse.",
