@@ -26,6 +26,11 @@ from diag.demo import free_port
 FACTS = load_tree().facts
 
 STEPS = 4
+# The FSDP test is about which levers an exposed collective is told, not whether the phase clears
+# the 10% a cause needs: on a busy machine the copies that hide a prefetched all-gather slow
+# down with the CPU, and its communication share falls to about 10% (0.10-0.15 with five
+# busy loops beside it). The gate at the collective recommendation's 2% keeps it in view.
+LEVERS_TREE = load_tree(overrides={"recommendation_min_share": load_tree().thresholds["recommendation_min_comm_share"]})
 pytestmark = pytest.mark.slow
 
 
@@ -90,7 +95,7 @@ def _fsdp_job(tmp_path, mode: str):
     proc = subprocess.run([sys.executable, str(worker), str(free_port()), str(out), mode],
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    return out, analyze_paths([str(out / "rank-0.json"), str(out / "rank-1.json")], jobs=1)
+    return out, analyze_paths([str(out / "rank-0.json"), str(out / "rank-1.json")], LEVERS_TREE, jobs=1)
 
 
 def _labels(path, prefix: str) -> int:
@@ -116,6 +121,7 @@ def test_fsdp_collectives_are_told_fsdps_own_levers(tmp_path, mode):
     assert fsdp["backward_prefetches_per_step"] == backward / steps > 0
     assert fsdp["forward_prefetches_per_step"] == forward / steps
     assert (forward > 0) is ("forward" in mode)
+    assert doc.diagnosis.phase_shares["comm"] >= LEVERS_TREE.thresholds["recommendation_min_share"]
     (cause,) = [c for c in doc.diagnosis.causes if c["id"] == "exposed_collectives"]
     assert "ddp" not in cause["action"].lower() and cause["evidence"]["fsdp"] == fsdp
     if "nosync" in mode:
