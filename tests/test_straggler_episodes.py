@@ -86,6 +86,25 @@ def test_one_rank_for_half_the_run_is_persistent_for_less_transient(burst, kind)
     assert (e["kind"], e["rank"], e["first_step"], e["last_step"]) == (kind, 0, 10, 9 + burst)
 
 
+@pytest.mark.parametrize("burst, kind", [(32, "persistent"), (8, "transient")])
+def test_a_burst_among_the_machines_noise_is_no_chronic_straggler(burst, kind):
+    """Rank 2 is 150 ms late in `burst` steps from step 20. Elsewhere, as a busy machine makes
+    ranks late by scheduling alone, every 8 steps one rank in turn is 8 ms late (above the 5 ms
+    minimum share) in 3 of 5 steps. The episodes span most of the run, and rank 2 is late most
+    often and carries most of the time they lost; but only a burst spanning the run's persistent
+    fraction makes it a persistent straggler: a short one is a transient episode of its own."""
+    def late(i, r):
+        if 20 <= i < 20 + burst:
+            return 150.0 if r == 2 else 0.0
+        return 8.0 if i % 8 in (0, 2, 4) and r == (i // 8) % 3 else 0.0
+    result = straggler_episodes(_ranks(60, 3, late), TREE)
+    costly = max(result["episodes"], key=lambda e: e["cost_ms"])
+    assert (costly["kind"], costly["rank"], result["pattern"]) == (kind, 2, kind), result["episodes"]
+    assert sum(e["steps"] for e in result["episodes"]) >= TH["straggler_persistent_fraction"] * 60
+    if kind == "transient":
+        assert (costly["first_step"], costly["last_step"]) == (16, 28)
+
+
 @pytest.mark.parametrize("lead_ms, dominant", [(8.0, True), (30.0, False)])
 def test_the_median_lateness_is_the_named_ranks(lead_ms, dominant):
     """Rank 0 is 40 ms late in steps 10-21, except that rank 1 leads by `lead_ms` in every second

@@ -28,8 +28,11 @@ of the run (of its traced steps, where traces showed most of the lateness: a pac
 collectives shows in profiler windows only), its straggler is chronic and every episode is of its
 kind:
 - persistent: one rank is the late one in `straggler_episode_same_rank` of their straggled
-  steps, or carries that share of the time they lost (a bad node, or its data shard);
+  steps, or carries that share of the time they lost, and its own episodes span that fraction
+  too (a bad node, or its data shard);
 - rotating: no rank is that dominant (contention shared by the nodes, or data skew).
+A dominant rank whose own episodes are shorter (a burst of its own among episodes of a busy
+machine's scheduling noise) makes no chronic pattern.
 Otherwise each episode is a burst of its own: transient when one rank is that dominant in it (a
 checkpoint, a noisy neighbour, a thermal event), rotating when not.
 Its cost is what the job waited beyond the median rank over its steps; an episode that reaches
@@ -240,23 +243,40 @@ def _chronic_kind(runs, who, cost, straggled, pace_late, source, th) -> str | No
     """Where episodes span `straggler_persistent_fraction` of the run, however profiler windows or
     quiet steps cut them into pieces, the run has one chronic straggler pattern: persistent when
     one rank is the late one in `straggler_episode_same_rank` of their straggled steps or carries
-    that share of the time they lost (_top_rank_share), else rotating. Where most of their
-    straggled steps are late by their pace in traces (late at the collectives, which steps outside
-    the windows can not show), the span is counted in traced steps. None for a run mostly free of
-    stragglers."""
-    sel = np.zeros(len(straggled), dtype=bool)
+    that share of the time they lost (_top_rank_share), and its own episodes span that fraction
+    too, else rotating; a rank that carries the time in a burst of its own, among episodes of the
+    machine's noise, makes no chronic pattern, and each episode is judged alone. Where most of
+    their straggled steps are late by their pace in traces (late at the collectives, which steps
+    outside the windows can not show), the span is counted in traced steps. None for a run mostly
+    free of stragglers."""
+    if _span(runs, straggled, pace_late, source) < th["straggler_persistent_fraction"]:
+        return None
+    late = _within(runs, len(straggled)) & straggled
+    top, share = _top_rank_share(who[late], cost[late])
+    if share < th["straggler_episode_same_rank"]:
+        return "rotating"
+    own = straggled & (who == top)
+    own_runs = _runs(own, th["straggler_episode_gap_steps"], th["straggler_episode_min_steps"])
+    return "persistent" if _span(own_runs, own, pace_late & own, source) >= th["straggler_persistent_fraction"] \
+        else None
+
+
+def _within(runs, n: int) -> np.ndarray:
+    """The steps inside the runs, as a mask over n steps."""
+    sel = np.zeros(n, dtype=bool)
     for i0, i1 in runs:
         sel[i0:i1 + 1] = True
+    return sel
+
+
+def _span(runs, straggled, pace_late, source) -> float:
+    """The share of the run the runs span: of its traced steps where most of their straggled
+    steps are late by their pace in traces, else of all its steps."""
+    sel = _within(runs, len(straggled))
     traced = source == 1
-    late = sel & straggled
-    if traced.any() and int((sel & pace_late).sum()) * 2 > int(late.sum()):
-        covered = int((sel & traced).sum()) / int(traced.sum())
-    else:
-        covered = int(sel.sum()) / len(sel) if len(sel) else 0.0
-    if covered < th["straggler_persistent_fraction"]:
-        return None
-    _, share = _top_rank_share(who[late], cost[late])
-    return "persistent" if share >= th["straggler_episode_same_rank"] else "rotating"
+    if traced.any() and int((sel & pace_late).sum()) * 2 > int((sel & straggled).sum()):
+        return int((sel & traced).sum()) / int(traced.sum())
+    return int(sel.sum()) / len(sel) if len(sel) else 0.0
 
 
 def _episode(i0, i1, steps, rank_ids, who, cost, straggled, start, step_ms, th, observed, chronic) -> dict:
