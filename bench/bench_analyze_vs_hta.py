@@ -17,7 +17,9 @@
 4. Prints a table, the speed ratio (HTA / diag wall time) and RSS ratio (diag / HTA), and
    checks that the two tools' idle / compute / non-compute percentages agree.
 
-Targets: diag at least 40x faster and at most a tenth of HTA's peak RSS.
+Targets: diag at least 40x faster and at most a tenth of HTA's peak RSS, both tools on one core
+(--cores 1, the default: on more, diag's loader inflates in a thread and may decode in worker
+processes, while HTA's load and breakdown stay on one).
 Results are also written to bench/out/analyze_vs_hta.json.
 """
 
@@ -203,15 +205,17 @@ def _tree_rss(proc: psutil.Process) -> int:
     return total
 
 
-def measure(cmd: list[str], env: dict | None = None) -> dict:
-    """Run cmd; wall time, peak RSS (largest process, /usr/bin/time) and peak tree RSS (polled)."""
+def measure(cmd: list[str], env: dict | None = None, cpus: set[int] | None = None) -> dict:
+    """Run cmd (on `cpus` where given, its children too); wall time, peak RSS (largest process,
+    /usr/bin/time) and peak tree RSS (polled)."""
     gnu_time = "/usr/bin/time" if os.access("/usr/bin/time", os.X_OK) else None
     with tempfile.NamedTemporaryFile("r", suffix=".time", delete=False) as tf:
         time_file = tf.name
     full = [gnu_time, "-v", "-o", time_file, *cmd] if gnu_time else cmd
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    proc = subprocess.Popen(full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+    proc = subprocess.Popen(full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, preexec_fn=pin)
     peak_tree = 0
     stop = threading.Event()
 
@@ -383,12 +387,18 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--keep", action="store_true", help="keep the tiled trace and print its path")
     ap.add_argument("--repeat", type=int, default=3, help="diag runs; the median is reported (default 3)")
+    ap.add_argument("--cores", type=int, default=1,
+                    help="CPUs both tools may use (default 1, the target's measure; 0: all of this machine's)")
     ap.add_argument("--scaling", metavar="N,N,...",
                     help="diag alone on tiled traces of these event counts (e.g. 2000000,10000000): its time and "
                          "memory per event at each size against the smallest's (HTA is not run)")
     args = ap.parse_args(argv)
     if args.repeat < 1:
         ap.error("--repeat must be at least 1")
+    allowed = sorted(os.sched_getaffinity(0))
+    if not 0 <= args.cores <= len(allowed):
+        ap.error(f"--cores must be 0 to {len(allowed)}, the CPUs this process may use")
+    cpus = set(allowed[:args.cores]) if args.cores else None
     if args.scaling:
         try:
             sizes = sorted({int(n) for n in args.scaling.split(",")})
@@ -416,11 +426,11 @@ def main(argv=None) -> int:
         # diag is cheap to repeat: the median of a few runs steadies it against the other
         # processes of a shared machine. HTA runs once (minutes).
         diag_runs = [
-            measure([sys.executable, "-m", "diag", "analyze", "--json", str(tiled)])
+            measure([sys.executable, "-m", "diag", "analyze", "--json", str(tiled)], cpus=cpus)
             for _ in range(args.repeat)
         ]
         diag_run = _median_run(diag_runs)
-        hta_run = measure([str(py_hta), "-c", HTA_SNIPPET, str(trace_dir)])
+        hta_run = measure([str(py_hta), "-c", HTA_SNIPPET, str(trace_dir)], cpus=cpus)
         for name, r in (("diag", diag_run), ("HTA", hta_run)):
             if r["rc"] != 0:
                 print(f"bench: {name} failed (exit {r['rc']}):\n{r['stderr'][-3000:]}", file=sys.stderr)
@@ -430,7 +440,8 @@ def main(argv=None) -> int:
         gt = doc["ranks"][0]["gpu_time"]
 
         print()
-        print(f"load average {load1:.1f} on {os.cpu_count()} CPUs at the start of the timed runs", end="")
+        where = f"both tools on {len(cpus)} of them" if cpus else "both tools on all of them"
+        print(f"load average {load1:.1f} on {os.cpu_count()} CPUs at the start of the timed runs, {where}", end="")
         print(" (wall times include contention; CPU seconds are less sensitive to it)" if load1 > 1 else "")
         print(f"{'tool':<36}{'wall s':>9}{'CPU s':>9}{'peak RSS MiB':>14}{'tree RSS MiB':>14}")
         diag_name = "diag analyze --json" + (f" (median of {args.repeat})" if args.repeat > 1 else "")
@@ -443,7 +454,10 @@ def main(argv=None) -> int:
             f"(HTA inside: import {hta_out['import_s']:.1f} s, load {hta_out['load_s']:.1f} s, "
             f"temporal breakdown {hta_out['breakdown_s']:.1f} s)"
         )
+        if cpus:  # the stages as the timed runs met them: on their CPUs
+            os.sched_setaffinity(0, cpus)
         bd = breakdown(tiled, diag_run["wall_s"])
+        os.sched_setaffinity(0, allowed)
         print(f"(diag, stage by stage in one process: inflate {bd['inflate_s']:.2f} s, decode {bd['decode_s']:.2f} s, "
               f"columns {bd['columns_s']:.2f} s, analysis {bd['analysis_s']:.2f} s; the loader overlaps inflating "
               f"with the rest and took {bd['load_as_run_s']:.2f} s; start-up, imports and JSON output "
@@ -487,6 +501,7 @@ def main(argv=None) -> int:
             | {"gpu_time": gt},
             "diag_breakdown_s": bd,
             "load_average": load1,
+            "cores": len(cpus) if cpus else len(allowed),
             "speed_ratio": speed,
             "cpu_time_ratio": speed_cpu,
             "rss_ratio": rss,

@@ -243,12 +243,12 @@ def _chronic_kind(runs, who, cost, straggled, pace_late, source, th) -> str | No
     """Where episodes span `straggler_persistent_fraction` of the run, however profiler windows or
     quiet steps cut them into pieces, the run has one chronic straggler pattern: persistent when
     one rank is the late one in `straggler_episode_same_rank` of their straggled steps or carries
-    that share of the time they lost (_top_rank_share), and its own episodes span that fraction
-    too, else rotating; a rank that carries the time in a burst of its own, among episodes of the
-    machine's noise, makes no chronic pattern, and each episode is judged alone. Where most of
-    their straggled steps are late by their pace in traces (late at the collectives, which steps
-    outside the windows can not show), the span is counted in traced steps. None for a run mostly
-    free of stragglers."""
+    that share of the time they lost (_top_rank_share) and its own episodes span that fraction
+    too; rotating when no rank is that dominant. A dominant rank whose own episodes are shorter
+    (a burst among episodes of the machine's noise) makes no chronic pattern: each episode is
+    judged alone. Where most of their straggled steps are late by their pace in traces (late at
+    the collectives, which steps outside the windows can not show), the span is counted in traced
+    steps. None for a run mostly free of stragglers."""
     if _span(runs, straggled, pace_late, source) < th["straggler_persistent_fraction"]:
         return None
     late = _within(runs, len(straggled)) & straggled
