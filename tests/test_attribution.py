@@ -174,3 +174,24 @@ def test_sampled_trace_is_flagged(real):
     assert all(s["evidence"] == "sampled" for s in r["steps"])
     kinds = {c["name"] for c in r["collectives"]}
     assert "all_reduce" in kinds and "all_to_all" in kinds
+
+
+def test_calls_of_one_collective_running_at_once_expose_their_time_once():
+    """Two all-gathers of one process group overlap (a prefetch beside the current one), and a
+    reduce-scatter of another group overlaps them both. The all-gathers' parts are disjoint, the
+    earlier-started call's first, and add up to the exposed time their spans cover; the
+    reduce-scatter keeps all of its own, whoever else runs beside it. Given out of start order."""
+    from diag.analyzers.trace.analysis import _exposed
+
+    comm = normalize(np.array([[20.0, 120.0], [140.0, 260.0]]))
+    records = [{"name": "all_gather", "pg": "0", "ts_us": 50.0, "dur_us": 150.0},   # 50-200
+               {"name": "all_gather", "pg": "0", "ts_us": 0.0, "dur_us": 100.0},    # 0-100
+               {"name": "reduce_scatter", "pg": "1", "ts_us": 60.0, "dur_us": 200.0},  # 60-260
+               {"name": "all_gather", "pg": "2", "ts_us": 10.0, "dur_us": 20.0}]    # 10-30: another group
+    later, earlier, other, own_group = _exposed(records, comm)
+    assert earlier["exposed"] == [[20.0, 100.0]]
+    assert later["exposed"] == [[100.0, 120.0], [140.0, 200.0]]
+    assert other["exposed"] == [[60.0, 120.0], [140.0, 260.0]]
+    assert own_group["exposed"] == [[20.0, 30.0]]
+    covered = sum(min(200.0, b) - max(0.0, a) for a, b in comm.tolist() if min(200.0, b) > max(0.0, a))
+    assert sum(b - a for r in (earlier, later) for a, b in r["exposed"]) == covered == 160.0

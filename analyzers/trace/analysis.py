@@ -363,20 +363,38 @@ def _tag_steps(records: list[dict], windows) -> list[dict]:
 def _exposed(records: list[dict], comm: np.ndarray | None) -> list[dict]:
     """Add each collective's exposed part: where its span is the step's exposed communication
     (nothing of higher priority runs beside it), as [start, end] pairs in the trace's clock.
-    The job analysis splits these into waiting for peers and transfer once it knows how long
-    each rank waited (diag.analyzers.job.waits)."""
+    Where calls of one collective and process group run at once (a prefetched all-gather beside
+    the current one), the time is the earlier-started call's, so the parts of a group add up to
+    the time it exposes; calls of different groups each keep their own. The job analysis splits
+    these into waiting for peers and transfer once it knows how long each rank waited
+    (diag.analyzers.job.waits)."""
     if not records:
         return records
     comm = comm if comm is not None and len(comm) else iv.EMPTY
     lo = np.array([r["ts_us"] for r in records], dtype=np.float64)
     hi = lo + np.array([r["dur_us"] for r in records], dtype=np.float64)
-    # Intervals of the (sorted, disjoint) comm set that may overlap each record.
-    first = np.searchsorted(comm[:, 1], lo, side="right") if len(comm) else np.zeros(len(lo), np.int64)
+    start = _after_earlier_calls(records, lo, hi)
+    # Intervals of the (sorted, disjoint) comm set that may overlap each record's part.
+    first = np.searchsorted(comm[:, 1], start, side="right") if len(comm) else np.zeros(len(lo), np.int64)
     last = np.searchsorted(comm[:, 0], hi, side="left") if len(comm) else np.zeros(len(lo), np.int64)
-    for rec, a, b, i, j in zip(records, lo.tolist(), hi.tolist(), first.tolist(), last.tolist()):
-        part = comm[i:j]
+    for rec, a, b, i, j in zip(records, start.tolist(), hi.tolist(), first.tolist(), last.tolist()):
+        part = comm[i:j] if b > a else iv.EMPTY
         rec["exposed"] = [[max(a, float(x)), min(b, float(y))] for x, y in part.tolist() if min(b, y) > max(a, x)]
     return records
+
+
+def _after_earlier_calls(records: list[dict], lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Where each call's own part of its span begins: in start order within its (name, process
+    group), where the earlier calls' spans end (what lies before, an earlier call holds)."""
+    start = lo.copy()
+    groups: dict[tuple, list[int]] = {}
+    for k, r in enumerate(records):
+        groups.setdefault((r["name"], r.get("pg")), []).append(k)
+    for rows in groups.values():
+        idx = np.array(rows)[np.argsort(lo[rows], kind="stable")]
+        reached = np.maximum.accumulate(hi[idx])
+        start[idx[1:]] = np.maximum(lo[idx[1:]], reached[:-1])
+    return start
 
 
 def collectives(trace: Trace, cls: np.ndarray | None) -> list[dict]:
