@@ -18,7 +18,7 @@ MATMULS = 4
 PHASES = [
     # Six profiled steps: late in all 3 of 3 is a chance of 1 in 8 with two ranks, and then the
     # rank is named only where its work exceeds its peer's by more than three steps' scatter,
-    # which a busy machine widens past the gap (one CI run named no straggler so); 6 of 6 is 1 in 64.
+    # which a busy machine can widen past the gap; late in 6 of 6 is a chance of 1 in 64.
     gen.GlooPhase("uneven", numel=1 << 16, grads=3, compute=512, matmuls=MATMULS, late_rank=1,
                   extra_matmuls=2 * MATMULS, active=6),
     # Last: rank 1 keeps its niceness. At niceness 10 beside two spinners rank 1 alone is slow
