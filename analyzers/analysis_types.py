@@ -304,7 +304,7 @@ def json_safe(obj):
         return {str(k): json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [json_safe(v) for v in obj]
-    if isinstance(obj, float):
+    if isinstance(obj, float):  # numpy's float64: inf - inf would warn, so compared instead
         return obj if obj == obj and obj not in (float("inf"), float("-inf")) else None
     if hasattr(obj, "item") and callable(obj.item):  # numpy scalar
         return json_safe(obj.item())

@@ -378,8 +378,7 @@ def _exposed(records: list[dict], comm: np.ndarray | None) -> list[dict]:
     first = np.searchsorted(comm[:, 1], start, side="right") if len(comm) else np.zeros(len(lo), np.int64)
     last = np.searchsorted(comm[:, 0], hi, side="left") if len(comm) else np.zeros(len(lo), np.int64)
     for rec, a, b, i, j in zip(records, start.tolist(), hi.tolist(), first.tolist(), last.tolist()):
-        part = comm[i:j] if b > a else iv.EMPTY
-        rec["exposed"] = [[max(a, float(x)), min(b, float(y))] for x, y in part.tolist() if min(b, y) > max(a, x)]
+        rec["exposed"] = [[max(a, float(x)), min(b, float(y))] for x, y in comm[i:j].tolist() if min(b, y) > max(a, x)]
     return records
 
 
