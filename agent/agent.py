@@ -396,7 +396,15 @@ class Agent:
         self._background.stop(5.0)
         if self.writer is not None:
             self._background.drain(final=True)
-            self.collectors.finish_analysis(self.writer, 5.0 if quick else self.config.profiler.analysis_wait_s)
+            self.collectors.finish_analysis(self.writer, 5.0 if quick else self.config.profiler.analysis_wait_s,
+                                            beat=self._closing_heartbeat)
+
+    def _closing_heartbeat(self) -> None:
+        """rank.json's heartbeat while the rank closes (its background thread has stopped)."""
+        try:
+            self._background.heartbeat()
+        except Exception as exc:
+            self._log(f"agent: heartbeat failed ({type(exc).__name__}: {exc})")
 
     def _close_run(self, writer: RunWriter, status: str, error: str | None, quick: bool) -> None:
         """This rank's last heartbeat, live.json and final status; on rank 0, the job's report."""

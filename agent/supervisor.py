@@ -223,12 +223,13 @@ class Collectors:
             except Exception as exc:
                 self._log(f"sampler: stop failed ({exc})")
 
-    def finish_analysis(self, writer, timeout_s: float) -> None:
-        """Give the analysis of the last windows up to timeout_s, then end the analysis process;
-        none where the run directory can no longer be written (a full disk): no summary could
-        land, so waiting for one would only hold the process's exit."""
+    def finish_analysis(self, writer, timeout_s: float, beat: Callable[[], None] | None = None) -> None:
+        """Give the analysis of the last windows up to timeout_s (calling `beat`, the rank's
+        heartbeat, meanwhile), then end the analysis process; none where the run directory can
+        no longer be written (a full disk): no summary could land, so waiting for one would only
+        hold the process's exit."""
         if self.analysis is not None:
-            self.analysis.finish(timeout_s if getattr(writer, "enabled", True) else 0.0)
+            self.analysis.finish(timeout_s if getattr(writer, "enabled", True) else 0.0, beat)
         if self.windows is not None:
             self.windows.enforce_budget()
 

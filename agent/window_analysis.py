@@ -72,13 +72,23 @@ class WindowAnalysis:
             first, last, path = self._pending.popleft()
             self._submit(first, last, path)
 
-    def finish(self, timeout_s: float) -> None:
-        """Give the last windows up to timeout_s, then end the analysis process."""
-        deadline = time.monotonic() + timeout_s
+    def finish(self, timeout_s: float, beat: Callable[[], None] | None = None, beat_s: float = 1.0) -> None:
+        """Give the last windows up to timeout_s, then end the analysis process.
+
+        `beat` is called every `beat_s` while the windows are waited for. The training loop's
+        heartbeat has stopped by now, and rank 0, waiting for its peers' final status, gives up
+        on a rank whose heartbeat stands still: a rank busy with its last windows must not read
+        as a rank that died.
+        """
+        started = time.monotonic()
+        deadline, last_beat = started + timeout_s, started
         while (self._inflight or self._pending) and time.monotonic() < deadline:
             self.poll(submit=True)
             if self._server is None and self._starts >= MAX_STARTS:
                 break
+            if beat is not None and time.monotonic() - last_beat >= beat_s:
+                last_beat = time.monotonic()
+                beat()
             if self._inflight or self._pending:
                 time.sleep(0.1)
         self._collect()

@@ -122,6 +122,39 @@ def test_wait_for_peers_gives_up_on_a_silent_rank(tmp_path):
     assert rundir.RunDir(tmp_path / "r").manifest()["lost_ranks"] == [1]
 
 
+def test_a_rank_busy_with_its_last_windows_is_waited_for(tmp_path):
+    """A rank analysing its last profiler windows at exit beats its heartbeat meanwhile, so rank
+    0, waiting for every rank's final status, does not take it for a rank that died."""
+    import threading
+    from pathlib import Path
+
+    from diag.window_analysis import WindowAnalysis
+
+    run = tmp_path / "r"
+    rank0 = RunWriter(run, _launch(0, 2), "slurm:6.0")
+    rank1 = RunWriter(run, _launch(1, 2), "slurm:6.0")
+    rank1.heartbeat(status="running")
+    rank0.close("completed")
+    waited: dict = {}
+    waiter = threading.Thread(target=lambda: waited.update(rank0.wait_for_peers(timeout_s=120, stale_s=0.5,
+                                                                                poll_s=0.05)))
+    waiter.start()
+    done: list[int] = []
+    beats: list[float] = []
+    analysis = WindowAnalysis(rank1.rank_path / rundir.WINDOWS, 1, None, None,
+                              on_done=lambda first, _last, _doc: done.append(first), log=lambda _line: None)
+    trace = Path(__file__).parent / "fixtures" / "cpu_compute_rank0.pt.trace.json.gz"
+    analysis.queue(3, 4, trace)
+    # A new process that imports the analysis and reads a trace takes well over the 0.5 s after
+    # which rank 0 gives up on a heartbeat that stands still.
+    analysis.finish(120, beat=lambda: (beats.append(1.0), rank1.heartbeat()), beat_s=0.1)
+    rank1.close("completed")
+    waiter.join(60)
+    assert done == [3]
+    assert len(beats) >= 3
+    assert waited[1]["status"] == "completed"
+
+
 def test_unwritable_location_switches_writing_off(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("a file where the run directory's parent should be")
