@@ -6,7 +6,7 @@ Every package below those folders is found, not listed, so a new subpackage cann
 left out of a wheel. The rest of the metadata is in pyproject.toml.
 """
 
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
 
 ROOTS = {"diag": "agent", "diag.collectors": "collectors", "diag.analyzers": "analyzers",
          "diag.dashboards": "dashboards"}
@@ -23,4 +23,10 @@ def discovered() -> list[str]:
     return sorted(out)
 
 
-setup(packages=discovered(), package_dir=ROOTS, package_data={"": DATA})
+# The compiled decoder of trace chunks (diag.analyzers.trace.scan). Optional: where it cannot be
+# built (no compiler, no Python headers) the install goes on, and traces decode in Python,
+# with the same results, more slowly.
+KINETO_SCAN = Extension("diag.analyzers.trace._kineto_scan", ["analyzers/trace/_kineto_scan.c"],
+                        extra_compile_args=["-O2"], optional=True)
+
+setup(packages=discovered(), package_dir=ROOTS, package_data={"": DATA}, ext_modules=[KINETO_SCAN])

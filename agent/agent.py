@@ -397,14 +397,7 @@ class Agent:
         if self.writer is not None:
             self._background.drain(final=True)
             self.collectors.finish_analysis(self.writer, 5.0 if quick else self.config.profiler.analysis_wait_s,
-                                            beat=self._closing_heartbeat)
-
-    def _closing_heartbeat(self) -> None:
-        """rank.json's heartbeat while the rank closes (its background thread has stopped)."""
-        try:
-            self._background.heartbeat()
-        except Exception as exc:
-            self._log(f"agent: heartbeat failed ({type(exc).__name__}: {exc})")
+                                            beat=lambda: _closing_heartbeat(self))
 
     def _close_run(self, writer: RunWriter, status: str, error: str | None, quick: bool) -> None:
         """This rank's last heartbeat, live.json and final status; on rank 0, the job's report."""
@@ -426,6 +419,14 @@ class Agent:
             print("diag: report skipped (interrupted); run `diag report` on the run directory", file=sys.stderr)
         except Exception as exc:
             self._log(f"report: failed ({type(exc).__name__}: {exc}); run `diag report {self.run_dir}`")
+
+
+def _closing_heartbeat(agent: Agent) -> None:
+    """rank.json's heartbeat while the rank closes (its background thread has stopped)."""
+    try:
+        agent._background.heartbeat()
+    except Exception as exc:
+        agent._log(f"agent: heartbeat failed ({type(exc).__name__}: {exc})")
 
 
 def _started_timer(agent: Agent) -> StepTimer:

@@ -7,12 +7,14 @@ parameters) read row by row only where present.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from itertools import compress, repeat
 from operator import is_, is_not, itemgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from diag.analyzers.trace import scan
 from diag.analyzers.trace.columns import Trace
 from diag.analyzers.trace.roofline import BANDWIDTH_OPS, FLOP_OPS
 from diag.analyzers.trace.schema import (
@@ -40,6 +42,22 @@ from diag.analyzers.trace.schema import (
     _g_tid,
     _g_ts,
 )
+
+
+class CpuRows(NamedTuple):
+    """One chunk's CPU-side events as columns, and accessors of the rows read one by one."""
+
+    ids: np.ndarray
+    code: np.ndarray
+    ts: np.ndarray
+    dur: np.ndarray
+    tid: Any  # int64 array, or the raw values where some are not integers
+    flops: np.ndarray
+    ext: np.ndarray
+    ev_idx: np.ndarray
+    coll_rows: Iterable[int]
+    args_at: Callable[[int], Any]  # row j's args (a struct of schema's CPU args)
+    dims_at: Callable[[int], tuple[bytes, bytes | None] | None]  # row j's input dims and types, if any
 
 
 class ColumnBuilder:
@@ -78,15 +96,32 @@ class ColumnBuilder:
         self.n += n
         if not n:
             return
+        log = self.decode.log
         dev_idx = np.flatnonzero((code >= _C_KERNEL) & (code <= _C_SYNC))
         rt_idx = np.flatnonzero(code == _C_RUNTIME)
         cpu_idx = np.flatnonzero((code >= _C_OP) & (code <= _C_PY))
         if len(dev_idx):
-            self._add_device(*_timed(_pick(events, dev_idx), code[dev_idx], self.decode.log))
+            evs, c, dur, ts = _timed(_pick(events, dev_idx), code[dev_idx], log)
+            args = list(map(_g_args, evs))
+            m = len(evs)
+            self.put_device(self._ids(evs, m), c, ts, dur, _int_column(args, m),
+                            np.fromiter(map(_g_corr, args), np.int64, m),
+                            np.fromiter(map(_g_bytes, args), np.float64, m), _ext_column(args, m),
+                            _with_collective(args, m), args.__getitem__)
         if len(rt_idx):
-            self._add_runtime(*_timed(_pick(events, rt_idx), None, self.decode.log))
+            evs, _, dur, ts = _timed(_pick(events, rt_idx), None, log)
+            args = list(map(_g_args, evs))
+            m = len(evs)
+            self.put_runtime(self._ids(evs, m), ts, dur, np.fromiter(map(_g_corr, args), np.int64, m),
+                             _int_column(args, m))
         if len(cpu_idx):
-            self._add_cpu(*_timed(_pick(events, cpu_idx), code[cpu_idx], self.decode.log))
+            evs, c, dur, ts = _timed(_pick(events, cpu_idx), code[cpu_idx], log)
+            args = list(map(_g_args, evs))
+            m = len(evs)
+            self.put_cpu(CpuRows(self._ids(evs, m), c, ts, dur, _raw_tids(evs, m),
+                                 np.fromiter(map(_g_flops, args), np.float64, m), _ext_column(args, m),
+                                 np.fromiter(map(_g_ev, args), np.int64, m), _with_collective(args, m),
+                                 args.__getitem__, lambda j: _dims_of(args[j])))
         for e in _pick(events, np.flatnonzero(code == _C_GPU_ANN)):
             if 0 <= e.dur <= MAX_EVENT_US and abs(e.ts) <= MAX_ABS_TS_US and "ProfilerStep" in e.name:
                 self.gpu_steps.append(e.ts)
@@ -96,60 +131,61 @@ class ColumnBuilder:
                 d = int(a.device_id or 0)  # device type 0 is the CPU
                 self.peak[d] = max(self.peak.get(d, 0.0), float(a.total_allocated))
 
+    def take(self, data) -> None:
+        """Decode one JSON array of events and append it: on the compiled path where it is built
+        and takes the chunk, else on the Python one (which raises msgspec's errors)."""
+        if not scan.take(self, data):
+            self.add(*self.decode(data))
+
     def _ids(self, evs, n: int) -> np.ndarray:
         """Name ids; new names are numbered in order of appearance."""
         return _intern(self.names, list(map(_g_name, evs)), n)
 
-    def _add_device(self, evs, code, dur, ts):
+    def put_device(self, ids, code, ts, dur, stream, corr, nbytes, ext, coll_rows, args_at) -> None:
+        """Device events' columns; `args_at(j)` is row j's args, read for the collective rows."""
         dev = self.dev
-        n = len(evs)
+        n = len(ids)
         if not n:
             return
-        args = list(map(_g_args, evs))
         base = self.n_dev
-        dev["name"].append(self._ids(evs, n))
+        dev["name"].append(ids)
         dev["kind"].append(code - _C_KERNEL)
         dev["ts"].append(ts)
         dev["dur"].append(dur)
-        dev["stream"].append(_int_column(args, n))
-        dev["corr"].append(np.fromiter(map(_g_corr, args), np.int64, n))
-        dev["bytes"].append(np.fromiter(map(_g_bytes, args), np.float64, n))
-        dev["ext"].append(_ext_column(args, n))
-        for j in _with_collective(args, n):
-            self.coll[("dev", base + j)] = _coll_args(args[j])
+        dev["stream"].append(stream)
+        dev["corr"].append(corr)
+        dev["bytes"].append(nbytes)
+        dev["ext"].append(ext)
+        for j in coll_rows:
+            self.coll[("dev", base + j)] = _coll_args(args_at(j))
         self.n_dev += n
 
-    def _add_runtime(self, evs, _code, dur, ts):
+    def put_runtime(self, ids, ts, dur, corr, stream) -> None:
         rt = self.rt
-        n = len(evs)
-        if not n:
+        if not len(ids):
             return
-        args = list(map(_g_args, evs))
-        rt["name"].append(self._ids(evs, n))
+        rt["name"].append(ids)
         rt["ts"].append(ts)
         rt["dur"].append(dur)
-        rt["corr"].append(np.fromiter(map(_g_corr, args), np.int64, n))
+        rt["corr"].append(corr)
         # HIP writes the stream as "0x0", which (like HTA) is not read as a device stream.
-        rt["stream"].append(_int_column(args, n))
+        rt["stream"].append(stream)
 
-    def _add_cpu(self, evs, code, dur, ts):
+    def put_cpu(self, rows: CpuRows) -> None:
         cpu = self.cpu
-        n = len(evs)
+        n = len(rows.ids)
         if not n:
             return
         base = self.n_cpu
-        ids = self._ids(evs, n)
-        args = list(map(_g_args, evs))
+        ids, dur, flops = rows.ids, rows.dur, rows.flops
         cpu["name"].append(ids)
-        cpu["kind"].append(code - _C_OP)
-        cpu["ts"].append(ts)
+        cpu["kind"].append(rows.code - _C_OP)
+        cpu["ts"].append(rows.ts)
         cpu["dur"].append(dur)
-        cpu["tid"].append(_raw_tids(evs, n))
-        flops = np.fromiter(map(_g_flops, args), np.float64, n)
+        cpu["tid"].append(rows.tid)
         cpu["flops"].append(flops)
-        cpu["ext"].append(_ext_column(args, n))
-        ei = np.fromiter(map(_g_ev, args), np.int64, n)
-        ei = ei[ei >= 0]
+        cpu["ext"].append(rows.ext)
+        ei = rows.ev_idx[rows.ev_idx >= 0]
         if len(ei):
             c = self.ev_idx
             c[0] += len(ei)
@@ -165,22 +201,24 @@ class ColumnBuilder:
         kinds = self._special_kinds[ids]
         # Bandwidth ops are many (most of a step's ops): their shapes are taken in one pass,
         # where the trace recorded any, outside the row-by-row loop of the rarer extras.
-        bandwidth = np.flatnonzero(kinds == 4).tolist()
-        for j in [j for j in bandwidth if args[j].input_dims]:
-            a = args[j]
-            self.bw_shapes[base + j] = (bytes(a.input_dims), bytes(a.input_type) if a.input_type else None)
+        for j in np.flatnonzero(kinds == 4).tolist():
+            shape = rows.dims_at(j)
+            if shape is not None:
+                self.bw_shapes[base + j] = shape
         extra = set(np.flatnonzero((kinds != 0) & (kinds != 4)).tolist())
         extra.update(np.flatnonzero(~np.isnan(flops)).tolist())
-        extra.update(_with_collective(args, n))
+        extra.update(rows.coll_rows)
+        names = self._name_list()
         for j in sorted(extra):
             kind = int(kinds[j])
-            a = args[j]
+            a = rows.args_at(j)
             if kind == 1:
-                m = _STEP_RE.match(evs[j].name)
+                name = names[ids[j]]
+                m = _STEP_RE.match(name)
                 if m and len(m.group(1)) < 19:  # a step number within int64
-                    self.steps.append((int(m.group(1)), evs[j].ts, float(dur[j])))
+                    self.steps.append((int(m.group(1)), float(rows.ts[j]), float(dur[j])))
                 elif m:
-                    self.decode.log().note(f"{evs[j].name[:40]!r}: a step number beyond int64, not a step")
+                    self.decode.log().note(f"{name[:40]!r}: a step number beyond int64, not a step")
             if (kind == 3 or not math.isnan(a.flops)) and a.input_dims:
                 self.shapes[base + j] = (bytes(a.input_dims), bytes(a.input_type) if a.input_type else None,
                                          bytes(a.concrete) if a.concrete else None)
@@ -351,21 +389,26 @@ def _timed(evs: list, code, log):
     writes are dropped and counted in the repairs (`log()`)."""
     n = len(evs)
     dur = np.fromiter(map(_g_dur, evs), np.float64, n)
+    ts = np.fromiter(map(_g_ts, evs), np.float64, n)
+    idx = timed_rows(dur, ts, lambda i: _g_name(evs[i]), log)
+    if idx is None:
+        return evs, code, dur, ts
+    return _pick(evs, idx), (code[idx] if code is not None else None), dur[idx], ts[idx]
+
+
+def timed_rows(dur: np.ndarray, ts: np.ndarray, name_at: Callable[[int], str], log) -> np.ndarray | None:
+    """The rows of `_timed`'s events kept (None: all of them); the dropped odd ones are noted."""
     keep = dur >= 0
     odd = dur > MAX_EVENT_US
-    ts = np.fromiter(map(_g_ts, evs), np.float64, n)
     odd |= np.abs(ts) > MAX_ABS_TS_US
     odd &= keep
     if odd.any():
         for i in np.flatnonzero(odd)[:3].tolist():
-            log().note(f"event {_g_name(evs[i])[:40]!r}: ts {ts[i]:.4g} us, dur {dur[i]:.4g} us is beyond what "
+            log().note(f"event {name_at(i)[:40]!r}: ts {ts[i]:.4g} us, dur {dur[i]:.4g} us is beyond what "
                        "a profiler records, event ignored", event=True)
         log().events += max(0, int(odd.sum()) - 3)
         keep &= ~odd
-    if keep.all():
-        return evs, code, dur, ts
-    idx = np.flatnonzero(keep)
-    return _pick(evs, idx), (code[idx] if code is not None else None), dur[idx], ts[idx]
+    return None if keep.all() else np.flatnonzero(keep)
 
 
 def _with_collective(args: list, n: int):
@@ -391,6 +434,10 @@ def _ext_column(args: list, n: int) -> np.ndarray:
     if len(missing):
         new[missing] = np.fromiter(map(_g_ext_old, _pick(args, missing)), np.int64, len(missing))
     return new
+
+
+def _dims_of(a) -> tuple[bytes, bytes | None] | None:
+    return (bytes(a.input_dims), bytes(a.input_type) if a.input_type else None) if a.input_dims else None
 
 
 def _int_or(v, default: int = -1) -> int:

@@ -94,7 +94,7 @@ def _decode_part(data: bytes) -> tuple[str, object]:
     gc.disable()
     b = ColumnBuilder()
     try:
-        b.add(*b.decode(b"".join((b"[", data, b"]"))))
+        b.take(b"".join((b"[", data, b"]")))
     except msgspec.ValidationError as exc:
         return "error", str(bad_event("", exc, b)).split(": ", 1)[-1]
     except msgspec.DecodeError:
@@ -291,11 +291,10 @@ def _decode_direct(buf: bytearray, blk: bytes, b: ColumnBuilder) -> bytearray | 
     with memoryview(blk) as mv:
         data = b"".join((b"[", buf, mv[: last.start() + 1], b"]"))
     try:
-        events, codes = b.decode(data)
+        b.take(data)
     except msgspec.DecodeError:  # ValidationError included: the general path reports it
         return None
     del data
-    b.add(events, codes)
     return bytearray(blk[last.end() - 1:])
 
 
@@ -340,7 +339,7 @@ def _decode_chunks(path: str, buf: bytearray, b: ColumnBuilder, final: bool, par
                     return start, None
                 return _decode_last(path, buf, start, b)
             try:
-                b.add(*b.decode(framed(buf, start, m.start() + 1)))
+                b.take(framed(buf, start, m.start() + 1))
             except msgspec.ValidationError as exc:
                 raise bad_event(path, exc, b) from None
             except msgspec.DecodeError as exc:
@@ -407,7 +406,7 @@ def _decode_last(path: str, buf: bytearray, start: int, b: ColumnBuilder):
     for m in reversed(cands):
         close = m.end()
         try:
-            b.add(*b.decode(framed(buf, start, close, close=False)))
+            b.take(framed(buf, start, close, close=False))
         except msgspec.ValidationError as exc:
             raise bad_event(path, exc, b) from None
         except msgspec.DecodeError as exc:
