@@ -275,11 +275,12 @@ def _median_run(runs: list[dict]) -> dict:
 
 def breakdown(path: Path, cli_wall_s: float) -> dict:
     """Where diag's time goes on this trace, in this process, one stage at a time (serial):
-    inflating, decoding the JSON text (msgspec), building the columns, the analysis, and
+    inflating, decoding the JSON text and building the columns (by the compiled reader where it
+    is built, and by the Python reader's two stages, msgspec and the columns), the analysis, and
     what the command adds around them (interpreter start-up, imports, the JSON output)."""
     from diag.analyzers.diagnosis import decision_tree as dt
     from diag.analyzers.diagnosis.rank import judge_trace
-    from diag.analyzers.trace import load
+    from diag.analyzers.trace import load, scan
     from diag.analyzers.trace.analysis import facts_of_loaded
     from diag.analyzers.trace.column_builder import ColumnBuilder
     from diag.analyzers.trace.read_blocks import blocks
@@ -297,6 +298,15 @@ def breakdown(path: Path, cli_wall_s: float) -> dict:
             break
         chunks.append(b"".join((b"[", text[pos:m.start() + 1], b"]")))
         pos = m.end() - 1
+    scanned = None
+    if scan.compiled():  # the compiled reader, decoding and building the columns in one pass
+        t = time.perf_counter()
+        fast = ColumnBuilder()
+        for c in chunks:
+            fast.take(c)
+        fast.build(str(path), {})
+        scanned = time.perf_counter() - t
+        del fast
     t = time.perf_counter()
     decoded = [b.decode(c) for c in chunks]
     decode = time.perf_counter() - t
@@ -313,7 +323,7 @@ def breakdown(path: Path, cli_wall_s: float) -> dict:
     t = time.perf_counter()
     load.load_trace(path, workers=None)
     loaded = time.perf_counter() - t
-    return {"inflate_s": inflate, "decode_s": decode, "columns_s": columns, "analysis_s": analysis,
+    return {"inflate_s": inflate, "decode_s": decode, "columns_s": columns, "scanned_s": scanned, "analysis_s": analysis,
             "load_as_run_s": loaded, "command_overhead_s": max(0.0, cli_wall_s - loaded - analysis)}
 
 
@@ -458,8 +468,11 @@ def main(argv=None) -> int:
             os.sched_setaffinity(0, cpus)
         bd = breakdown(tiled, diag_run["wall_s"])
         os.sched_setaffinity(0, allowed)
-        print(f"(diag, stage by stage in one process: inflate {bd['inflate_s']:.2f} s, decode {bd['decode_s']:.2f} s, "
-              f"columns {bd['columns_s']:.2f} s, analysis {bd['analysis_s']:.2f} s; the loader overlaps inflating "
+        reader = (f"the compiled reader {bd['scanned_s']:.2f} s (the Python reader's decode {bd['decode_s']:.2f} s "
+                  f"and columns {bd['columns_s']:.2f} s)" if bd["scanned_s"] is not None else
+                  f"decode {bd['decode_s']:.2f} s, columns {bd['columns_s']:.2f} s (the compiled reader is not built)")
+        print(f"(diag, stage by stage in one process: inflate {bd['inflate_s']:.2f} s, {reader}, "
+              f"analysis {bd['analysis_s']:.2f} s; the loader overlaps inflating "
               f"with the rest and took {bd['load_as_run_s']:.2f} s; start-up, imports and JSON output "
               f"{bd['command_overhead_s']:.2f} s)")
         speed = hta_run["wall_s"] / diag_run["wall_s"]
