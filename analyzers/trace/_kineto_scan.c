@@ -36,6 +36,9 @@ typedef struct {
     int type;
     Py_ssize_t start, end; /* the value's raw text: data[start:end] */
     int escaped;           /* a string with a backslash */
+    signed char has_i, has_d; /* numbers are converted once: 1 done (iv, dv), -1 not convertible */
+    int64_t iv;
+    double dv;
 } Tok;
 
 /* The keys read at the top of an event and in its args. */
@@ -104,10 +107,11 @@ static const int COL_SIZES[N_COLS] = {1, 4, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 
 typedef struct {
     Col cols[N_COLS];
     Py_ssize_t n, cap;
+    Py_ssize_t first_cap; /* sized from the chunk's bytes, so that a chunk rarely grows the table */
 } Table;
 
 static int table_grow(Table *t) {
-    Py_ssize_t cap = t->cap ? t->cap * 2 : 4096;
+    Py_ssize_t cap = t->cap ? t->cap * 2 : t->first_cap;
     for (int i = 0; i < N_COLS; i++) {
         char *p = PyMem_Realloc(t->cols[i].buf, (size_t)cap * (size_t)COL_SIZES[i]);
         if (p == NULL)
@@ -138,11 +142,20 @@ typedef struct {
     PyObject *list; /* the names as str, by id */
 } Names;
 
+/* Eight bytes a step (names run to hundreds of bytes): a multiply and a shift per word. */
 static uint64_t hash_bytes(const unsigned char *p, Py_ssize_t n) {
-    uint64_t h = 1469598103934665603ULL; /* FNV-1a */
-    for (Py_ssize_t i = 0; i < n; i++)
-        h = (h ^ p[i]) * 1099511628211ULL;
-    return h;
+    uint64_t h = 0x9E3779B97F4A7C15ULL ^ (uint64_t)n;
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        h = (h ^ w) * 0xFF51AFD7ED558CCDULL;
+        h ^= h >> 32;
+    }
+    uint64_t w = 0;
+    memcpy(&w, p + i, (size_t)(n - i));
+    h = (h ^ w) * 0xC4CEB9FE1A85EC53ULL;
+    return h ^ (h >> 29);
 }
 
 static Slot *empty_slots(Py_ssize_t size) {
@@ -250,6 +263,15 @@ static Py_ssize_t utf8_len(const unsigned char *p, Py_ssize_t left) {
     return 0;
 }
 
+/* The bytes that end a string's plain run: the quote, a backslash, control characters (which
+   JSON forbids raw) and the lead bytes of UTF-8 sequences (checked one by one). */
+static unsigned char STR_STOP[256];
+
+static void init_str_stop(void) {
+    for (int c = 0; c < 256; c++)
+        STR_STOP[c] = c < 0x20 || c == '"' || c == '\\' || c >= 0x80;
+}
+
 /* A string at s->i (its opening quote); its token, or -1 where it is not strictly valid. */
 static int scan_string(Scan *s, Tok *t) {
     const unsigned char *p = s->p;
@@ -258,6 +280,10 @@ static int scan_string(Scan *s, Tok *t) {
     t->start = s->i;
     t->escaped = 0;
     while (i < n) {
+        while (i < n && !STR_STOP[p[i]]) /* the plain run of characters: one lookup each */
+            i++;
+        if (i >= n)
+            return -1;
         unsigned char c = p[i];
         if (c == '"') {
             s->i = i + 1;
@@ -341,6 +367,7 @@ static int scan_number(Scan *s, Tok *t) {
             i++;
     }
     t->type = is_float ? T_FLOAT : T_INT;
+    t->has_i = t->has_d = 0;
     t->end = i;
     s->i = i;
     return 0;
@@ -443,17 +470,29 @@ static int scan_key(Scan *s, const char **keys, const size_t *lens, int n_keys) 
         return -2;
     const unsigned char *key = s->p + k.start + 1;
     size_t len = (size_t)(k.end - k.start - 2);
-    for (int i = 0; i < n_keys; i++)
-        if (lens[i] == len && keys[i][0] == (char)key[0] && memcmp(keys[i], key, len) == 0)
+    for (int i = 0; i < n_keys; i++) {
+        if (lens[i] != len || keys[i][0] != (char)key[0])
+            continue;
+        size_t j = 1; /* keys are short: compared inline, not through a call */
+        while (j < len && keys[i][j] == (char)key[j])
+            j++;
+        if (j == len)
             return i;
+    }
     return -1;
 }
 
-/* An object at s->i whose known keys' values are recorded in toks (type T_NONE: absent);
-   -1 on bad JSON or a repeated known key. */
-static int scan_object(Scan *s, const char **keys, const size_t *lens, int n_keys, Tok *toks) {
-    for (int i = 0; i < n_keys; i++)
-        toks[i].type = T_NONE;
+/* An object at s->i whose known keys' values are recorded in toks (type T_NONE: absent), and
+   their bits in mask; -1 on bad JSON or a repeated known key. The slots of the previous
+   object's keys are cleared first: a few stores instead of the whole array. */
+static void forget(Tok *toks, uint32_t *mask) {
+    for (int i = 0; *mask; i++, *mask >>= 1)
+        if (*mask & 1)
+            toks[i].type = T_NONE;
+}
+
+static int scan_object(Scan *s, const char **keys, const size_t *lens, int n_keys, Tok *toks, uint32_t *mask) {
+    forget(toks, mask);
     if (s->i >= s->n || s->p[s->i] != '{')
         return -1;
     s->i++;
@@ -471,14 +510,13 @@ static int scan_object(Scan *s, const char **keys, const size_t *lens, int n_key
         if (s->i >= s->n || s->p[s->i] != ':')
             return -1;
         s->i++;
-        Tok v;
-        if (scan_value(s, &v) < 0)
+        Tok skipped;
+        if (k >= 0 && (*mask & (1u << k)))
             return -1;
-        if (k >= 0) {
-            if (toks[k].type != T_NONE)
-                return -1;
-            toks[k] = v;
-        }
+        if (scan_value(s, k >= 0 ? &toks[k] : &skipped) < 0)
+            return -1;
+        if (k >= 0)
+            *mask |= 1u << k;
         skip_ws(s);
         if (s->i >= s->n)
             return -1;
@@ -497,7 +535,7 @@ static int scan_object(Scan *s, const char **keys, const size_t *lens, int n_key
 /* -- values, as the struct types read them ------------------------------------------------ */
 
 /* An integer token as int64; -1 where it is out of range (msgspec would refuse or widen). */
-static int as_i64(const Scan *s, const Tok *t, int64_t *out) {
+static int convert_i64(const Scan *s, const Tok *t, int64_t *out) {
     if (t->type != T_INT)
         return -1;
     const unsigned char *p = s->p + t->start;
@@ -559,10 +597,10 @@ static int fast_double(const unsigned char *p, Py_ssize_t len, double *out) {
 }
 
 /* A number token as a double, correctly rounded as msgspec's; -1 for anything else. */
-static int as_double(const Scan *s, const Tok *t, double *out) {
+static int convert_double(const Scan *s, const Tok *t, double *out) {
     if (t->type == T_INT) {
         int64_t v;
-        if (as_i64(s, t, &v) < 0)
+        if (convert_i64(s, t, &v) < 0)
             return -1;
         *out = (double)v; /* round to nearest, as the number's text would */
         return 0;
@@ -589,8 +627,27 @@ static int as_double(const Scan *s, const Tok *t, double *out) {
     return 0;
 }
 
+/* The token as an int64 or a double, converted once per token. */
+static int as_i64(const Scan *s, Tok *t, int64_t *out) {
+    if (t->type != T_INT)
+        return -1;
+    if (!t->has_i)
+        t->has_i = convert_i64(s, t, &t->iv) == 0 ? 1 : -1;
+    *out = t->iv;
+    return t->has_i > 0 ? 0 : -1;
+}
+
+static int as_double(const Scan *s, Tok *t, double *out) {
+    if (t->type != T_INT && t->type != T_FLOAT)
+        return -1;
+    if (!t->has_d)
+        t->has_d = convert_double(s, t, &t->dv) == 0 ? 1 : -1;
+    *out = t->dv;
+    return t->has_d > 0 ? 0 : -1;
+}
+
 /* A timestamp or duration: a number within msgspec's Finite bounds. */
-static int as_finite(const Scan *s, const Tok *t, double dflt, double *out) {
+static int as_finite(const Scan *s, Tok *t, double dflt, double *out) {
     if (t->type == T_NONE) {
         *out = dflt;
         return 0;
@@ -634,19 +691,19 @@ static int cat_code(const Cats *c, const Scan *s, const Tok *t) {
     return -1;
 }
 
-static int64_t i64_or(const Scan *s, const Tok *t, int64_t dflt) {
+static int64_t i64_or(const Scan *s, Tok *t, int64_t dflt) {
     int64_t v;
     return t->type != T_NONE && t->type != T_NULL && as_i64(s, t, &v) == 0 ? v : dflt;
 }
 
-static double f64_or(const Scan *s, const Tok *t, double dflt) {
+static double f64_or(const Scan *s, Tok *t, double dflt) {
     double v;
     return t->type != T_NONE && t->type != T_NULL && as_double(s, t, &v) == 0 ? v : dflt;
 }
 
 /* Whether the event's fields have the types the struct of group g (G_EVENT: `Event`) gives
    them; its start and duration. */
-static int fields_ok(const Scan *s, int g, const Tok *top, const Tok *args, double *ts, double *dur) {
+static int fields_ok(const Scan *s, int g, Tok *top, Tok *args, uint32_t present, double *ts, double *dur) {
     if (g == G_SKIP)
         return 1; /* an empty struct: nothing is read */
     int timed = g != G_INSTANT;
@@ -657,7 +714,9 @@ static int fields_ok(const Scan *s, int g, const Tok *top, const Tok *args, doub
     if (top[K_ARGS].type != T_NONE && top[K_ARGS].type != T_OBJ)
         return 0;
     const unsigned char *types = ARG_TYPE[g];
-    for (int a = 0; a < N_ARGS; a++) {
+    for (int a = 0; present; a++, present >>= 1) {
+        if (!(present & 1))
+            continue;
         int vt = types[a];
         if (!arg_ok(&args[a], vt))
             return 0;
@@ -675,7 +734,7 @@ static int fields_ok(const Scan *s, int g, const Tok *top, const Tok *args, doub
 
 /* A stream the columns read as the Python path does: an integer; null, or a HIP stream written
    "0x...", which int() refuses, reads -1. Anything else is left to the Python path. */
-static int stream_ok(const Scan *s, const Tok *t) {
+static int stream_ok(const Scan *s, Tok *t) {
     int64_t v;
     if (t->type == T_NONE || t->type == T_NULL || (t->type == T_INT && as_i64(s, t, &v) == 0))
         return 1;
@@ -684,13 +743,24 @@ static int stream_ok(const Scan *s, const Tok *t) {
 }
 
 /* The event at s->i into the table's next row: 0, 1 to fall back to Python, -1 on an error. */
-static int scan_event(Scan *s, const Cats *cats, int event_mode, Table *tb, Names *nm) {
+typedef struct {
     Tok top[N_TOP], args[N_ARGS];
-    for (int i = 0; i < N_ARGS; i++)
-        args[i].type = T_NONE;
-    /* The top level: known keys recorded, args read key by key where it is an object. */
+    uint32_t top_mask, args_mask; /* the keys present in the current event */
+} Fields;
+
+static void fields_init(Fields *f) {
     for (int i = 0; i < N_TOP; i++)
-        top[i].type = T_NONE;
+        f->top[i].type = T_NONE;
+    for (int i = 0; i < N_ARGS; i++)
+        f->args[i].type = T_NONE;
+    f->top_mask = f->args_mask = 0;
+}
+
+static int scan_event(Scan *s, const Cats *cats, int event_mode, Table *tb, Names *nm, Fields *f) {
+    Tok *top = f->top, *args = f->args;
+    /* The top level: known keys recorded, args read key by key where it is an object. */
+    forget(top, &f->top_mask);
+    forget(args, &f->args_mask);
     if (s->i >= s->n || s->p[s->i] != '{')
         return 1;
     s->i++;
@@ -708,22 +778,21 @@ static int scan_event(Scan *s, const Cats *cats, int event_mode, Table *tb, Name
             return 1;
         s->i++;
         skip_ws(s);
-        Tok v;
+        Tok skipped, *v = k >= 0 ? &top[k] : &skipped;
+        if (k >= 0 && (f->top_mask & (1u << k)))
+            return 1;
         if (k == K_ARGS && s->i < s->n && s->p[s->i] == '{') {
-            v.type = T_OBJ;
-            v.start = s->i;
-            v.escaped = 0;
-            if (scan_object(s, ARG_KEYS, ARG_LENS, N_ARGS, args) < 0)
+            v->type = T_OBJ;
+            v->start = s->i;
+            v->escaped = 0;
+            if (scan_object(s, ARG_KEYS, ARG_LENS, N_ARGS, args, &f->args_mask) < 0)
                 return 1;
-            v.end = s->i;
-        } else if (scan_value(s, &v) < 0) {
+            v->end = s->i;
+        } else if (scan_value(s, v) < 0) {
             return 1;
         }
-        if (k >= 0) {
-            if (top[k].type != T_NONE)
-                return 1;
-            top[k] = v;
-        }
+        if (k >= 0)
+            f->top_mask |= 1u << k;
         skip_ws(s);
         if (s->i >= s->n)
             return 1;
@@ -756,7 +825,7 @@ static int scan_event(Scan *s, const Cats *cats, int event_mode, Table *tb, Name
     }
     double ts = 0.0, dur = -1.0;
     int64_t tid = 0;
-    if (!fields_ok(s, event_mode ? G_EVENT : g, top, args, &ts, &dur))
+    if (!fields_ok(s, event_mode ? G_EVENT : g, top, args, f->args_mask, &ts, &dur))
         return 1;
     /* What the columns read must be an integer where they take one (else: the Python path). */
     if (g == G_CPU && top[K_TID].type != T_NONE && as_i64(s, &top[K_TID], &tid) < 0)
@@ -877,6 +946,7 @@ static PyObject *scan(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
         return NULL;
     Table tb;
     memset(&tb, 0, sizeof tb);
+    tb.first_cap = view.len / 96 > 1024 ? view.len / 96 : 1024; /* Kineto's events: about 100-300 bytes */
     Names nm = {NULL, 63, 0, PyList_New(0)};
     PyObject *out = NULL;
     int rc = 1;
@@ -886,6 +956,8 @@ static PyObject *scan(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
         goto done;
     }
     Scan s = {(const unsigned char *)view.buf, 0, view.len};
+    Fields fields;
+    fields_init(&fields);
     /* The GIL stays held: new names become str objects as they are met. */
     skip_ws(&s);
     if (s.i >= s.n || s.p[s.i] != '[')
@@ -898,7 +970,7 @@ static PyObject *scan(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
     }
     while (rc == 1) {
         skip_ws(&s);
-        int r = scan_event(&s, &cats, event_mode, &tb, &nm);
+        int r = scan_event(&s, &cats, event_mode, &tb, &nm, &fields);
         if (r != 0) {
             rc = r;
             break;
@@ -943,5 +1015,6 @@ static struct PyModuleDef MODULE = {PyModuleDef_HEAD_INIT, "_kineto_scan", NULL,
 
 PyMODINIT_FUNC PyInit__kineto_scan(void) {
     init_arg_types();
+    init_str_stop();
     return PyModule_Create(&MODULE);
 }

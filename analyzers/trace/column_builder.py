@@ -56,8 +56,8 @@ class CpuRows(NamedTuple):
     ext: np.ndarray
     ev_idx: np.ndarray
     coll_rows: Iterable[int]
-    args_at: Callable[[int], Any]  # row j's args (a struct of schema's CPU args)
-    dims_at: Callable[[int], tuple[bytes, bytes | None] | None]  # row j's input dims and types, if any
+    args_of: Callable[[list[int]], list]  # those rows' args (structs of schema's CPU args)
+    shapes_of: Callable[[list[int]], list[tuple[bytes, bytes | None] | None]]  # their input dims and types
 
 
 class ColumnBuilder:
@@ -107,7 +107,7 @@ class ColumnBuilder:
             self.put_device(self._ids(evs, m), c, ts, dur, _int_column(args, m),
                             np.fromiter(map(_g_corr, args), np.int64, m),
                             np.fromiter(map(_g_bytes, args), np.float64, m), _ext_column(args, m),
-                            _with_collective(args, m), args.__getitem__)
+                            _with_collective(args, m), _picker(args))
         if len(rt_idx):
             evs, _, dur, ts = _timed(_pick(events, rt_idx), None, log)
             args = list(map(_g_args, evs))
@@ -121,7 +121,7 @@ class ColumnBuilder:
             self.put_cpu(CpuRows(self._ids(evs, m), c, ts, dur, _raw_tids(evs, m),
                                  np.fromiter(map(_g_flops, args), np.float64, m), _ext_column(args, m),
                                  np.fromiter(map(_g_ev, args), np.int64, m), _with_collective(args, m),
-                                 args.__getitem__, lambda j: _dims_of(args[j])))
+                                 _picker(args), lambda js: [_dims_of(args[j]) for j in js]))
         for e in _pick(events, np.flatnonzero(code == _C_GPU_ANN)):
             if 0 <= e.dur <= MAX_EVENT_US and abs(e.ts) <= MAX_ABS_TS_US and "ProfilerStep" in e.name:
                 self.gpu_steps.append(e.ts)
@@ -141,8 +141,8 @@ class ColumnBuilder:
         """Name ids; new names are numbered in order of appearance."""
         return _intern(self.names, list(map(_g_name, evs)), n)
 
-    def put_device(self, ids, code, ts, dur, stream, corr, nbytes, ext, coll_rows, args_at) -> None:
-        """Device events' columns; `args_at(j)` is row j's args, read for the collective rows."""
+    def put_device(self, ids, code, ts, dur, stream, corr, nbytes, ext, coll_rows, args_of) -> None:
+        """Device events' columns; `args_of(rows)` gives those rows' args, read for the collectives."""
         dev = self.dev
         n = len(ids)
         if not n:
@@ -156,8 +156,9 @@ class ColumnBuilder:
         dev["corr"].append(corr)
         dev["bytes"].append(nbytes)
         dev["ext"].append(ext)
-        for j in coll_rows:
-            self.coll[("dev", base + j)] = _coll_args(args_at(j))
+        coll_rows = list(coll_rows)
+        for j, a in zip(coll_rows, args_of(coll_rows)):
+            self.coll[("dev", base + j)] = _coll_args(a)
         self.n_dev += n
 
     def put_runtime(self, ids, ts, dur, corr, stream) -> None:
@@ -201,17 +202,17 @@ class ColumnBuilder:
         kinds = self._special_kinds[ids]
         # Bandwidth ops are many (most of a step's ops): their shapes are taken in one pass,
         # where the trace recorded any, outside the row-by-row loop of the rarer extras.
-        for j in np.flatnonzero(kinds == 4).tolist():
-            shape = rows.dims_at(j)
+        bandwidth = np.flatnonzero(kinds == 4).tolist()
+        for j, shape in zip(bandwidth, rows.shapes_of(bandwidth)):
             if shape is not None:
                 self.bw_shapes[base + j] = shape
         extra = set(np.flatnonzero((kinds != 0) & (kinds != 4)).tolist())
         extra.update(np.flatnonzero(~np.isnan(flops)).tolist())
         extra.update(rows.coll_rows)
         names = self._name_list()
-        for j in sorted(extra):
+        extra_rows = sorted(extra)
+        for j, a in zip(extra_rows, rows.args_of(extra_rows)):
             kind = int(kinds[j])
-            a = rows.args_at(j)
             if kind == 1:
                 name = names[ids[j]]
                 m = _STEP_RE.match(name)
@@ -434,6 +435,10 @@ def _ext_column(args: list, n: int) -> np.ndarray:
     if len(missing):
         new[missing] = np.fromiter(map(_g_ext_old, _pick(args, missing)), np.int64, len(missing))
     return new
+
+
+def _picker(items: list) -> Callable[[list[int]], list]:
+    return lambda js: [items[j] for j in js]
 
 
 def _dims_of(a) -> tuple[bytes, bytes | None] | None:

@@ -2,11 +2,12 @@
 
 Why not `json.load` or one DataFrame: a 2M-event trace is ~1 GB of JSON and several GB
 as Python dicts. Here the file is decompressed in blocks, the `traceEvents` array is cut
-at event boundaries into chunks of a few MB, each chunk is decoded by msgspec into small
-typed structs, and the chunk's events are appended to numpy columns per event class
-before the next chunk is read.
+at event boundaries into chunks of a few MB, and each chunk is appended to numpy columns
+per event class before the next chunk is read: by the compiled reader (`scan`), which
+goes from the bytes to the columns in one pass, where it is built and takes the chunk;
+else decoded by msgspec into small typed structs, whose fields become the columns.
 
-Where the time goes on a 2M-event trace, and what keeps each part small:
+Where the time goes on a 2M-event trace on the Python path, and what keeps each part small:
 - inflating: ISA-L (python-isal) when installed, 2-3x faster than zlib (the fallback); it
   runs in a reader thread (both release the GIL), overlapping the decoding;
 - decoding: a tagged union keyed on "cat" gives each category a struct holding only the

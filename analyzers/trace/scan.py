@@ -121,7 +121,7 @@ class _Chunk:
         if len(rows):
             b.put_device(self._ids(rows), code[rows], c["ts"][rows], c["dur"][rows], c["stream"][rows],
                          c["corr"][rows], c["bytes"][rows], self._ext(rows), np.flatnonzero(c["coll"][rows]).tolist(),
-                         lambda j: self._args(_DEV_ARGS, _DevArgs, rows[j]))
+                         lambda js: self._args(_DEV_ARGS, _DevArgs, rows[js]))
         rows = self._timed(np.flatnonzero(code == _C_RUNTIME))
         if len(rows):
             b.put_runtime(self._ids(rows), c["ts"][rows], c["dur"][rows], c["corr"][rows], c["stream"][rows])
@@ -130,7 +130,7 @@ class _Chunk:
             b.put_cpu(CpuRows(self._ids(rows), code[rows], c["ts"][rows], c["dur"][rows], c["tid"][rows],
                               c["flops"][rows], self._ext(rows), c["ev_idx"][rows],
                               np.flatnonzero(c["coll"][rows]).tolist(),
-                              lambda j: self._args(_CPU_ARGS, _CpuArgs, rows[j]), lambda j: self._dims(rows[j])))
+                              lambda js: self._args(_CPU_ARGS, _CpuArgs, rows[js]), lambda js: self._shapes(rows[js])))
         self._gpu_steps(np.flatnonzero(code == _C_GPU_ANN))
         self._peaks(np.flatnonzero(code == _C_INSTANT))
 
@@ -147,8 +147,12 @@ class _Chunk:
     def _ids(self, rows: np.ndarray) -> np.ndarray:
         """The builder's name ids of the rows, new names numbered in order of first appearance."""
         local = self.c["name"][rows]
-        seen, first = np.unique(local, return_index=True)
         table = self.b.names
+        known = np.array([table.get(name, -1) for name in self.names], dtype=np.int32)
+        ids = known[local]
+        if not len(ids) or ids.min() >= 0:  # after the first chunks, every name is known
+            return ids
+        seen, first = np.unique(local, return_index=True)
         remap = np.zeros(len(self.names), dtype=np.int32)
         for k in seen[np.argsort(first, kind="stable")].tolist():
             remap[k] = table.setdefault(self.names[k], len(table))
@@ -159,20 +163,18 @@ class _Chunk:
         ext = self.c["ext"][rows]
         return np.where(ext < 0, self.c["ext_old"][rows], ext)
 
-    def _span(self, key: str, row: int) -> bytes | None:
-        n = int(self.c[f"{key}_len"][row])
-        if not n:
-            return None
-        at = int(self.c[f"{key}_at"][row])
-        return bytes(self.data[at:at + n])
+    def _spans(self, key: str, rows: np.ndarray) -> list[bytes | None]:
+        """The raw text of a recorded value in each row (None where the event has none)."""
+        data = self.data
+        return [data[a:a + n] if n else None
+                for a, n in zip(self.c[f"{key}_at"][rows].tolist(), self.c[f"{key}_len"][rows].tolist())]
 
-    def _args(self, decode, default_type, row: int):
-        raw = self._span("args", row)
-        return default_type() if raw is None else decode(raw)
+    def _args(self, decode, default_type, rows: np.ndarray) -> list:
+        return [default_type() if raw is None else decode(raw) for raw in self._spans("args", rows)]
 
-    def _dims(self, row: int) -> tuple[bytes, bytes | None] | None:
-        dims = self._span("dims", row)
-        return None if dims is None else (dims, self._span("type", row))
+    def _shapes(self, rows: np.ndarray) -> list[tuple[bytes, bytes | None] | None]:
+        return [None if dims is None else (bytes(dims), None if kind is None else bytes(kind))
+                for dims, kind in zip(self._spans("dims", rows), self._spans("type", rows))]
 
     def _gpu_steps(self, rows: np.ndarray) -> None:
         from diag.analyzers.trace.column_builder import MAX_ABS_TS_US, MAX_EVENT_US
