@@ -15,8 +15,10 @@
  *   groups:   bytes; groups[code] is the code's group (G_* below)
  *   as_event: read every event as schema.Event does (the Python path's fallback from the union:
  *             a missing category is "", an unknown one is not read, every key is typed)
+ *   n:        the chunk's events
  *   names:    the distinct event names of the chunk, in order of first appearance
- *   columns:  {column name: bytes of the column's values, one per event}
+ *   columns:  {column name: bytes of the column's values, one per event read: the events of
+ *             categories whose struct reads nothing (flow arrows) have no row}
  *   ("trailing", i): the array is whole and valid, and text follows it from byte i
  */
 #define PY_SSIZE_T_CLEAN
@@ -24,6 +26,9 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 enum { G_SKIP = 0, G_DEV = 1, G_RT = 2, G_CPU = 3, G_GPU_ANN = 4, G_INSTANT = 5, N_GROUPS = 6 };
 /* Not a group: the types of `Event`, which holds every key of every group. */
@@ -58,7 +63,6 @@ static const char *ARG_KEYS[N_ARGS] = {
 /* How each group's struct types an args key (schema._args_struct): absent from the struct
    (not read, any value), Any, int64, int64 or null, float, float or null, str or null, raw. */
 enum { V_NO = 0, V_ANY, V_I64, V_I64_NULL, V_FLOAT, V_FLOAT_NULL, V_STR_NULL, V_RAW };
-static size_t TOP_LENS[N_TOP], ARG_LENS[N_ARGS];
 static unsigned char ARG_TYPE[N_GROUPS + 1][N_ARGS];
 
 static void init_arg_types(void) {
@@ -66,10 +70,6 @@ static void init_arg_types(void) {
                                A_OUT_NELEMS, A_DTYPE, A_SEQ};
     static const unsigned char coll_t[] = {V_STR_NULL, V_ANY, V_ANY, V_STR_NULL, V_I64_NULL,
                                            V_I64_NULL, V_I64_NULL, V_STR_NULL, V_ANY};
-    for (int i = 0; i < N_TOP; i++)
-        TOP_LENS[i] = strlen(TOP_KEYS[i]);
-    for (int i = 0; i < N_ARGS; i++)
-        ARG_LENS[i] = strlen(ARG_KEYS[i]);
     memset(ARG_TYPE, V_NO, sizeof ARG_TYPE);
     unsigned char *d = ARG_TYPE[G_DEV], *r = ARG_TYPE[G_RT], *c = ARG_TYPE[G_CPU], *m = ARG_TYPE[G_INSTANT];
     d[A_STREAM] = V_ANY; d[A_CORR] = V_I64; d[A_EXT] = V_I64; d[A_EXT_OLD] = V_I64; d[A_BYTES] = V_FLOAT;
@@ -107,6 +107,7 @@ static const int COL_SIZES[N_COLS] = {1, 4, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 
 typedef struct {
     Col cols[N_COLS];
     Py_ssize_t n, cap;
+    Py_ssize_t events; /* every event of the chunk; rows are kept for the read ones only */
     Py_ssize_t first_cap; /* sized from the chunk's bytes, so that a chunk rarely grows the table */
 } Table;
 
@@ -272,6 +273,27 @@ static void init_str_stop(void) {
         STR_STOP[c] = c < 0x20 || c == '"' || c == '\\' || c >= 0x80;
 }
 
+/* The end of the plain run of string characters from i: 16 bytes a step where SSE2 is there
+   (every x86-64), a table lookup a byte elsewhere. */
+static inline Py_ssize_t plain_run(const unsigned char *p, Py_ssize_t i, Py_ssize_t n) {
+#if defined(__SSE2__) && (defined(__GNUC__) || defined(__clang__))
+    const __m128i quote = _mm_set1_epi8('"'), backslash = _mm_set1_epi8('\\'), space = _mm_set1_epi8(0x20);
+    while (i + 16 <= n) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(p + i));
+        /* signed: bytes from 0x80 up compare below 0x20 too, as the table marks them */
+        __m128i stop = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, backslash)),
+                                    _mm_cmplt_epi8(v, space));
+        int mask = _mm_movemask_epi8(stop);
+        if (mask)
+            return i + __builtin_ctz((unsigned)mask);
+        i += 16;
+    }
+#endif
+    while (i < n && !STR_STOP[p[i]])
+        i++;
+    return i;
+}
+
 /* A string at s->i (its opening quote); its token, or -1 where it is not strictly valid. */
 static int scan_string(Scan *s, Tok *t) {
     const unsigned char *p = s->p;
@@ -280,8 +302,7 @@ static int scan_string(Scan *s, Tok *t) {
     t->start = s->i;
     t->escaped = 0;
     while (i < n) {
-        while (i < n && !STR_STOP[p[i]]) /* the plain run of characters: one lookup each */
-            i++;
+        i = plain_run(p, i, n);
         if (i >= n)
             return -1;
         unsigned char c = p[i];
@@ -385,8 +406,10 @@ static int scan_literal(Scan *s, Tok *t, const char *word, int type) {
     return 0;
 }
 
+static int scan_container(Scan *s, Tok *t);
+
 /* Any JSON value at s->i, validated and skipped; nesting is followed with a bounded stack. */
-static int scan_value(Scan *s, Tok *t) {
+static inline int scan_value(Scan *s, Tok *t) {
     skip_ws(s);
     if (s->i >= s->n)
         return -1;
@@ -403,7 +426,12 @@ static int scan_value(Scan *s, Tok *t) {
         return scan_literal(s, t, "null", T_NULL);
     if (c != '{' && c != '[')
         return -1;
-    /* A container: walk it with a stack of open brackets. */
+    return scan_container(s, t);
+}
+
+/* An object or array at s->i, walked with a stack of open brackets. */
+static int scan_container(Scan *s, Tok *t) {
+    unsigned char c = s->p[s->i];
     char stack[MAX_DEPTH];
     int depth = 0;
     Tok inner;
@@ -462,19 +490,40 @@ static int scan_value(Scan *s, Tok *t) {
     }
 }
 
-/* The index of the key at s->i among `keys`, -1 for another key, -2 on bad JSON; a key with
-   an escape is refused (-2): msgspec matches keys after unescaping. */
-static int scan_key(Scan *s, const char **keys, const size_t *lens, int n_keys) {
+/* Known keys by length and first byte: a lookup and a short chain instead of a scan of them all. */
+typedef struct {
+    const char **keys;
+    size_t lens[32];
+    signed char first[32][128], next[32];
+} KeySet;
+
+static KeySet TOP_SET, ARG_SET;
+
+static void keyset_init(KeySet *ks, const char **keys, int n) {
+    ks->keys = keys;
+    memset(ks->first, -1, sizeof ks->first);
+    for (int i = n - 1; i >= 0; i--) {
+        size_t len = strlen(keys[i]);
+        unsigned char c = (unsigned char)keys[i][0];
+        ks->lens[i] = len;
+        ks->next[i] = ks->first[len][c];
+        ks->first[len][c] = (signed char)i;
+    }
+}
+
+/* The index of the key at s->i in ks, -1 for another key, -2 on bad JSON; a key with an
+   escape is refused (-2): msgspec matches keys after unescaping. */
+static int scan_key(Scan *s, const KeySet *ks) {
     Tok k;
     if (s->i >= s->n || s->p[s->i] != '"' || scan_string(s, &k) < 0 || k.escaped)
         return -2;
     const unsigned char *key = s->p + k.start + 1;
     size_t len = (size_t)(k.end - k.start - 2);
-    for (int i = 0; i < n_keys; i++) {
-        if (lens[i] != len || keys[i][0] != (char)key[0])
-            continue;
+    if (len == 0 || len >= 32 || key[0] >= 128)
+        return -1;
+    for (int i = ks->first[len][key[0]]; i >= 0; i = ks->next[i]) {
         size_t j = 1; /* keys are short: compared inline, not through a call */
-        while (j < len && keys[i][j] == (char)key[j])
+        while (j < len && ks->keys[i][j] == (char)key[j])
             j++;
         if (j == len)
             return i;
@@ -486,12 +535,14 @@ static int scan_key(Scan *s, const char **keys, const size_t *lens, int n_keys) 
    their bits in mask; -1 on bad JSON or a repeated known key. The slots of the previous
    object's keys are cleared first: a few stores instead of the whole array. */
 static void forget(Tok *toks, uint32_t *mask) {
-    for (int i = 0; *mask; i++, *mask >>= 1)
-        if (*mask & 1)
+    uint32_t m = *mask;
+    for (int i = 0; m; i++, m >>= 1)
+        if (m & 1)
             toks[i].type = T_NONE;
+    *mask = 0;
 }
 
-static int scan_object(Scan *s, const char **keys, const size_t *lens, int n_keys, Tok *toks, uint32_t *mask) {
+static int scan_object(Scan *s, const KeySet *ks, Tok *toks, uint32_t *mask) {
     forget(toks, mask);
     if (s->i >= s->n || s->p[s->i] != '{')
         return -1;
@@ -503,7 +554,7 @@ static int scan_object(Scan *s, const char **keys, const size_t *lens, int n_key
     }
     for (;;) {
         skip_ws(s);
-        int k = scan_key(s, keys, lens, n_keys);
+        int k = scan_key(s, ks);
         if (k == -2)
             return -1;
         skip_ws(s);
@@ -680,13 +731,16 @@ typedef struct {
     int n_cats;
     int empty_code; /* the code of "", an event without a category under `Event` */
     unsigned char group_of[256];
+    signed char first[32][256], next[MAX_CATS]; /* by length and first byte, as KeySet */
 } Cats;
 
 static int cat_code(const Cats *c, const Scan *s, const Tok *t) {
     const unsigned char *p = s->p + t->start + 1;
     Py_ssize_t len = t->end - t->start - 2;
-    for (int i = 0; i < c->n_cats; i++)
-        if (c->cat_len[i] == len && memcmp(c->cat[i], p, (size_t)len) == 0)
+    if (len >= 32)
+        return -1;
+    for (int i = c->first[len][len ? p[0] : 0]; i >= 0; i = c->next[i])
+        if (memcmp(c->cat[i], p, (size_t)len) == 0)
             return c->code[i];
     return -1;
 }
@@ -770,7 +824,7 @@ static int scan_event(Scan *s, const Cats *cats, int event_mode, Table *tb, Name
         s->i++;
     while (!empty) {
         skip_ws(s);
-        int k = scan_key(s, TOP_KEYS, TOP_LENS, N_TOP);
+        int k = scan_key(s, &TOP_SET);
         if (k == -2)
             return 1;
         skip_ws(s);
@@ -785,7 +839,7 @@ static int scan_event(Scan *s, const Cats *cats, int event_mode, Table *tb, Name
             v->type = T_OBJ;
             v->start = s->i;
             v->escaped = 0;
-            if (scan_object(s, ARG_KEYS, ARG_LENS, N_ARGS, args, &f->args_mask) < 0)
+            if (scan_object(s, &ARG_SET, args, &f->args_mask) < 0)
                 return 1;
             v->end = s->i;
         } else if (scan_value(s, v) < 0) {
@@ -842,6 +896,9 @@ static int scan_event(Scan *s, const Cats *cats, int event_mode, Table *tb, Name
         if (name == -2)
             return 1;
     }
+    tb->events++;
+    if (g == G_SKIP)
+        return 0; /* counted, and no row: nothing of it is read */
     Tok *a = args;
     PUT(tb, C_CODE, int8_t, (int8_t)code);
     PUT(tb, C_NAME, int32_t, name);
@@ -878,6 +935,7 @@ static int read_cats(PyObject *cats, PyObject *groups, Cats *c) {
     Py_ssize_t pos = 0;
     c->n_cats = 0;
     c->empty_code = 0;
+    memset(c->first, -1, sizeof c->first);
     if (!PyDict_Check(cats) || !PyBytes_Check(groups)) {
         PyErr_SetString(PyExc_TypeError, "cats must be a dict and groups bytes");
         return -1;
@@ -905,8 +963,16 @@ static int read_cats(PyObject *cats, PyObject *groups, Cats *c) {
         c->cat[c->n_cats] = (const unsigned char *)PyBytes_AS_STRING(key);
         c->cat_len[c->n_cats] = PyBytes_GET_SIZE(key);
         c->code[c->n_cats] = (int)code;
-        if (PyBytes_GET_SIZE(key) == 0)
+        Py_ssize_t len = PyBytes_GET_SIZE(key);
+        if (len == 0)
             c->empty_code = (int)code;
+        if (len >= 32) {
+            PyErr_SetString(PyExc_ValueError, "a category longer than 31 bytes");
+            return -1;
+        }
+        unsigned char first = len ? (unsigned char)PyBytes_AS_STRING(key)[0] : 0;
+        c->next[c->n_cats] = c->first[len][first];
+        c->first[len][first] = (signed char)c->n_cats;
         c->n_cats++;
     }
     return 0;
@@ -926,7 +992,7 @@ static PyObject *result_of(Table *tb, Names *nm) {
         }
         Py_DECREF(b);
     }
-    return Py_BuildValue("(nON)", tb->n, nm->list, cols);
+    return Py_BuildValue("(nON)", tb->events, nm->list, cols);
 }
 
 static PyObject *scan(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
@@ -1016,5 +1082,7 @@ static struct PyModuleDef MODULE = {PyModuleDef_HEAD_INIT, "_kineto_scan", NULL,
 PyMODINIT_FUNC PyInit__kineto_scan(void) {
     init_arg_types();
     init_str_stop();
+    keyset_init(&TOP_SET, TOP_KEYS, N_TOP);
+    keyset_init(&ARG_SET, ARG_KEYS, N_ARGS);
     return PyModule_Create(&MODULE);
 }
