@@ -233,3 +233,14 @@ def test_numbers_convert_exactly_as_msgspec_converts_them(monkeypatch):
     a, b = fast[0], slow[0]
     assert len(a.cpu_ts) > 1000  # the durations the profiler never writes (negative, huge) are left out alike
     assert a.cpu_ts.tobytes() == b.cpu_ts.tobytes() and a.cpu_dur.tobytes() == b.cpu_dur.tobytes()
+
+
+@needs_scanner
+@pytest.mark.parametrize("data", [b"", b"x", b"{}", b"  ", b"[", b"[{", b"[]", b"[] x", b"[,]", b"[{}]", b'[{"cat":1}]',
+                                  b"\x00" * 64, b"[" * 100_000, b'[{"args":' * 70 + b"1" + b"}" * 70 + b"]"])
+def test_the_scanner_answers_any_bytes_without_raising(data):
+    """Not an array, an unclosed one, nesting past its bound: an offset (the Python path reads
+    it), or whole columns; never an exception or a crash."""
+    for view in (data, bytearray(data), memoryview(data)):
+        out = scan._kineto_scan.scan(view, scan._CATS, scan._GROUP_OF_CODE, True)
+        assert isinstance(out, int) or (isinstance(out, tuple) and len(out) in (2, 3)), out

@@ -88,8 +88,7 @@ static void init_arg_types(void) {
 /* -- the columns -------------------------------------------------------------------------- */
 
 typedef struct {
-    const char *name;
-    int size; /* bytes per value */
+    PyObject *arr; /* a bytearray, resized as rows come and handed to Python as it is */
     char *buf;
 } Col;
 
@@ -102,7 +101,8 @@ static const char *COL_NAMES[N_COLS] = {
     "code", "name", "ts", "dur", "tid", "stream", "corr", "ext", "ext_old", "flops", "bytes", "ev_idx",
     "dims_at", "dims_len", "type_at", "type_len", "conc_at", "conc_len", "args_at", "args_len", "coll",
     "total_alloc", "dev_type", "dev_id"};
-static const int COL_SIZES[N_COLS] = {1, 4, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 1, 8, 8, 8};
+/* Offsets and lengths within a chunk take 32 bits: a chunk over 2 GiB is declined. */
+static const int COL_SIZES[N_COLS] = {1, 4, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 4, 4, 4, 4, 4, 4, 4, 4, 1, 8, 8, 8};
 
 typedef struct {
     Col cols[N_COLS];
@@ -111,13 +111,16 @@ typedef struct {
     Py_ssize_t first_cap; /* sized from the chunk's bytes, so that a chunk rarely grows the table */
 } Table;
 
+/* Room for more rows; -1 with an exception set. */
 static int table_grow(Table *t) {
     Py_ssize_t cap = t->cap ? t->cap * 2 : t->first_cap;
     for (int i = 0; i < N_COLS; i++) {
-        char *p = PyMem_Realloc(t->cols[i].buf, (size_t)cap * (size_t)COL_SIZES[i]);
-        if (p == NULL)
+        Col *c = &t->cols[i];
+        if (c->arr == NULL && (c->arr = PyByteArray_FromStringAndSize(NULL, 0)) == NULL)
             return -1;
-        t->cols[i].buf = p;
+        if (PyByteArray_Resize(c->arr, cap * COL_SIZES[i]) < 0)
+            return -1;
+        c->buf = PyByteArray_AS_STRING(c->arr);
     }
     t->cap = cap;
     return 0;
@@ -125,7 +128,7 @@ static int table_grow(Table *t) {
 
 static void table_free(Table *t) {
     for (int i = 0; i < N_COLS; i++)
-        PyMem_Free(t->cols[i].buf);
+        Py_CLEAR(t->cols[i].arr);
 }
 
 #define PUT(t, c, type, v) (((type *)(t)->cols[c].buf)[(t)->n] = (v))
@@ -227,12 +230,13 @@ typedef struct {
 } Scan;
 
 static inline void skip_ws(Scan *s) {
-    while (s->i < s->n) {
-        unsigned char c = s->p[s->i];
-        if (c != ' ' && c != '\n' && c != '\r' && c != '\t')
-            break;
-        s->i++;
-    }
+    const unsigned char *p = s->p;
+    Py_ssize_t i = s->i, n = s->n;
+    if (i < n && p[i] > ' ')
+        return; /* compact JSON, as most profilers write it: nothing to skip */
+    while (i < n && (p[i] == ' ' || p[i] == '\n' || p[i] == '\r' || p[i] == '\t'))
+        i++;
+    s->i = i;
 }
 
 static inline int hexval(unsigned char c) {
@@ -873,10 +877,8 @@ static int scan_event(Scan *s, const Cats *cats, int event_mode, Table *tb, Name
         code = code < 0 ? 0 : code;
     }
     int g = cats->group_of[code];
-    if (tb->n == tb->cap && table_grow(tb) < 0) {
-        PyErr_NoMemory();
+    if (tb->n == tb->cap && table_grow(tb) < 0)
         return -1;
-    }
     double ts = 0.0, dur = -1.0;
     int64_t tid = 0;
     if (!fields_ok(s, event_mode ? G_EVENT : g, top, args, f->args_mask, &ts, &dur))
@@ -912,14 +914,15 @@ static int scan_event(Scan *s, const Cats *cats, int event_mode, Table *tb, Name
     PUT(tb, C_FLOPS, double, f64_or(s, &a[A_FLOPS], NAN));
     PUT(tb, C_BYTES, double, f64_or(s, &a[A_BYTES], NAN));
     PUT(tb, C_EV_IDX, int64_t, i64_or(s, &a[A_EV_IDX], -1));
-    PUT(tb, C_DIMS_AT, int64_t, a[A_DIMS].type == T_NONE ? 0 : a[A_DIMS].start);
-    PUT(tb, C_DIMS_LEN, int64_t, a[A_DIMS].type == T_NONE ? 0 : a[A_DIMS].end - a[A_DIMS].start);
-    PUT(tb, C_TYPE_AT, int64_t, a[A_TYPE].type == T_NONE ? 0 : a[A_TYPE].start);
-    PUT(tb, C_TYPE_LEN, int64_t, a[A_TYPE].type == T_NONE ? 0 : a[A_TYPE].end - a[A_TYPE].start);
-    PUT(tb, C_CONC_AT, int64_t, a[A_CONCRETE].type == T_NONE ? 0 : a[A_CONCRETE].start);
-    PUT(tb, C_CONC_LEN, int64_t, a[A_CONCRETE].type == T_NONE ? 0 : a[A_CONCRETE].end - a[A_CONCRETE].start);
-    PUT(tb, C_ARGS_AT, int64_t, top[K_ARGS].type == T_NONE ? 0 : top[K_ARGS].start);
-    PUT(tb, C_ARGS_LEN, int64_t, top[K_ARGS].type == T_NONE ? 0 : top[K_ARGS].end - top[K_ARGS].start);
+    PUT(tb, C_DIMS_AT, int32_t, a[A_DIMS].type == T_NONE ? 0 : (int32_t)a[A_DIMS].start);
+    PUT(tb, C_DIMS_LEN, int32_t, a[A_DIMS].type == T_NONE ? 0 : (int32_t)(a[A_DIMS].end - a[A_DIMS].start));
+    PUT(tb, C_TYPE_AT, int32_t, a[A_TYPE].type == T_NONE ? 0 : (int32_t)a[A_TYPE].start);
+    PUT(tb, C_TYPE_LEN, int32_t, a[A_TYPE].type == T_NONE ? 0 : (int32_t)(a[A_TYPE].end - a[A_TYPE].start));
+    PUT(tb, C_CONC_AT, int32_t, a[A_CONCRETE].type == T_NONE ? 0 : (int32_t)a[A_CONCRETE].start);
+    PUT(tb, C_CONC_LEN, int32_t,
+        a[A_CONCRETE].type == T_NONE ? 0 : (int32_t)(a[A_CONCRETE].end - a[A_CONCRETE].start));
+    PUT(tb, C_ARGS_AT, int32_t, top[K_ARGS].type == T_NONE ? 0 : (int32_t)top[K_ARGS].start);
+    PUT(tb, C_ARGS_LEN, int32_t, top[K_ARGS].type == T_NONE ? 0 : (int32_t)(top[K_ARGS].end - top[K_ARGS].start));
     PUT(tb, C_COLL, int8_t, (int8_t)(a[A_COLL].type == T_STR));
     PUT(tb, C_TOTAL_ALLOC, double, f64_or(s, &a[A_TOTAL_ALLOC], NAN));
     PUT(tb, C_DEV_TYPE, int64_t, i64_or(s, &a[A_DEV_TYPE], INT64_MIN));
@@ -982,15 +985,16 @@ static PyObject *result_of(Table *tb, Names *nm) {
     PyObject *cols = PyDict_New();
     if (cols == NULL)
         return NULL;
+    if (tb->cols[0].arr == NULL && table_grow(tb) < 0) { /* no row at all: empty columns */
+        Py_DECREF(cols);
+        return NULL;
+    }
     for (int i = 0; i < N_COLS; i++) {
-        PyObject *b = PyBytes_FromStringAndSize(tb->cols[i].buf ? tb->cols[i].buf : "",
-                                                tb->n * COL_SIZES[i]);
-        if (b == NULL || PyDict_SetItemString(cols, COL_NAMES[i], b) < 0) {
-            Py_XDECREF(b);
+        PyObject *arr = tb->cols[i].arr;
+        if (PyByteArray_Resize(arr, tb->n * COL_SIZES[i]) < 0 || PyDict_SetItemString(cols, COL_NAMES[i], arr) < 0) {
             Py_DECREF(cols);
             return NULL;
         }
-        Py_DECREF(b);
     }
     return Py_BuildValue("(nON)", tb->events, nm->list, cols);
 }
@@ -1021,13 +1025,19 @@ static PyObject *scan(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
         PyErr_NoMemory();
         goto done;
     }
+    if (view.len > INT32_MAX) { /* spans are 32-bit: the Python path reads it */
+        out = PyLong_FromSsize_t(0);
+        goto done;
+    }
     Scan s = {(const unsigned char *)view.buf, 0, view.len};
     Fields fields;
     fields_init(&fields);
     /* The GIL stays held: new names become str objects as they are met. */
     skip_ws(&s);
-    if (s.i >= s.n || s.p[s.i] != '[')
+    if (s.i >= s.n || s.p[s.i] != '[') {
+        out = PyLong_FromSsize_t(s.i); /* not an array: the Python path says what it is */
         goto done;
+    }
     s.i++;
     skip_ws(&s);
     if (s.i < s.n && s.p[s.i] == ']') {

@@ -61,8 +61,8 @@ _CATS = {**{cat.encode(): code for cat, code in _CAT_CODE.items()}, **{cat.encod
 _DTYPES = {
     "code": np.int8, "name": np.int32, "ts": np.float64, "dur": np.float64, "tid": np.int64, "stream": np.int64,
     "corr": np.int64, "ext": np.int64, "ext_old": np.int64, "flops": np.float64, "bytes": np.float64,
-    "ev_idx": np.int64, "dims_at": np.int64, "dims_len": np.int64, "type_at": np.int64, "type_len": np.int64,
-    "conc_at": np.int64, "conc_len": np.int64, "args_at": np.int64, "args_len": np.int64, "coll": np.int8,
+    "ev_idx": np.int64, "dims_at": np.int32, "dims_len": np.int32, "type_at": np.int32, "type_len": np.int32,
+    "conc_at": np.int32, "conc_len": np.int32, "args_at": np.int32, "args_len": np.int32, "coll": np.int8,
     "total_alloc": np.float64, "dev_type": np.int64, "dev_id": np.int64,
 }
 _ABSENT = np.iinfo(np.int64).min  # the scanner's "absent or null" of an optional integer
