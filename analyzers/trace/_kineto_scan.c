@@ -3,11 +3,11 @@
  * with no Python object per event: the compiled fast path of diag.analyzers.trace.scan.
  *
  * It reads the same keys, with the same types and defaults, as the tagged msgspec union of
- * diag.analyzers.trace.schema, and it is stricter: on anything it does not fully understand
- * (a JSON error, a value of an unexpected type, a category outside the table, an escape in a
- * name, a duplicate key, deep nesting, a number it cannot convert exactly) it returns the offset
- * where it stopped, and the chunk takes the Python path, which reports or repairs it. So where this accepts a chunk,
- * the columns are those the Python path would build from it.
+ * diag.analyzers.trace.schema (or as its `Event`), and it is stricter: on anything it does not
+ * fully understand (a JSON error, a value of an unexpected type, a category outside the table,
+ * an escape in a name, a duplicate key, deep nesting, a number it cannot convert exactly) it
+ * returns the offset where it stopped, and the chunk takes the Python path, which reports or
+ * repairs it. So where this accepts a chunk, the columns are those the Python path would build.
  *
  * scan(data, cats, groups, as_event) -> int | ("trailing", int) | (n, names, columns)
  *   data:     a bytes-like JSON array of events
@@ -17,8 +17,8 @@
  *             a missing category is "", an unknown one is not read, every key is typed)
  *   n:        the chunk's events
  *   names:    the distinct event names of the chunk, in order of first appearance
- *   columns:  {column name: bytes of the column's values, one per event read: the events of
- *             categories whose struct reads nothing (flow arrows) have no row}
+ *   columns:  {column name: a bytearray of the column's values, one per event read: the events
+ *             of categories whose struct reads nothing (flow arrows) have no row}
  *   ("trailing", i): the array is whole and valid, and text follows it from byte i
  */
 #define PY_SSIZE_T_CLEAN

@@ -1,9 +1,9 @@
 """The compiled fast path of the trace decoder: one pass over a chunk's bytes into columns
 (`_kineto_scan.c`), with no Python object per event.
 
-It reads what the tagged msgspec union of `schema` reads, with the same types and defaults,
-and declines (returns None) anything it does not fully understand; the chunk then takes the
-Python path, which reports or repairs it. So the columns are the same either way, and the
+It reads what the tagged msgspec union of `schema` reads (or, where the union refuses a chunk,
+what `Event` reads), with the same types and defaults, and declines anything it does not
+fully understand; the chunk then takes the Python path, which reports or repairs it. So the columns are the same either way, and the
 Python path stays the reference: the tests compare the two on real traces and fuzzed input.
 
 The extension is optional: where it was not built (no compiler at install time), or with
