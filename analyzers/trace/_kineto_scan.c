@@ -546,7 +546,15 @@ static void forget(Tok *toks, uint32_t *mask) {
     *mask = 0;
 }
 
-static int scan_object(Scan *s, const KeySet *ks, Tok *toks, uint32_t *mask) {
+/* A key whose value, where it is an object, has its own known keys read too (an event's args). */
+typedef struct {
+    int at;
+    const KeySet *ks;
+    Tok *toks;
+    uint32_t *mask;
+} Nested;
+
+static int scan_object(Scan *s, const KeySet *ks, Tok *toks, uint32_t *mask, const Nested *nested) {
     forget(toks, mask);
     if (s->i >= s->n || s->p[s->i] != '{')
         return -1;
@@ -565,11 +573,20 @@ static int scan_object(Scan *s, const KeySet *ks, Tok *toks, uint32_t *mask) {
         if (s->i >= s->n || s->p[s->i] != ':')
             return -1;
         s->i++;
-        Tok skipped;
+        skip_ws(s);
+        Tok skipped, *v = k >= 0 ? &toks[k] : &skipped;
         if (k >= 0 && (*mask & (1u << k)))
             return -1;
-        if (scan_value(s, k >= 0 ? &toks[k] : &skipped) < 0)
+        if (nested != NULL && k == nested->at && s->i < s->n && s->p[s->i] == '{') {
+            v->type = T_OBJ;
+            v->start = s->i;
+            v->escaped = 0;
+            if (scan_object(s, nested->ks, nested->toks, nested->mask, NULL) < 0)
+                return -1;
+            v->end = s->i;
+        } else if (scan_value(s, v) < 0) {
             return -1;
+        }
         if (k >= 0)
             *mask |= 1u << k;
         skip_ws(s);
@@ -749,6 +766,16 @@ static int cat_code(const Cats *c, const Scan *s, const Tok *t) {
     return -1;
 }
 
+/* Where a value's raw text lies in the chunk (0, 0 where the key is absent); chunks are under
+   2 GiB, so 32 bits hold it. */
+static inline int32_t span_at(const Tok *t) {
+    return t->type == T_NONE ? 0 : (int32_t)t->start;
+}
+
+static inline int32_t span_len(const Tok *t) {
+    return t->type == T_NONE ? 0 : (int32_t)(t->end - t->start);
+}
+
 static int64_t i64_or(const Scan *s, Tok *t, int64_t dflt) {
     int64_t v;
     return t->type != T_NONE && t->type != T_NULL && as_i64(s, t, &v) == 0 ? v : dflt;
@@ -800,7 +827,7 @@ static int stream_ok(const Scan *s, Tok *t) {
            (s->p[t->start + 2] == 'x' || s->p[t->start + 2] == 'X');
 }
 
-/* The event at s->i into the table's next row: 0, 1 to fall back to Python, -1 on an error. */
+/* The tokens of one event's known keys, kept from event to event (only the set ones are cleared). */
 typedef struct {
     Tok top[N_TOP], args[N_ARGS];
     uint32_t top_mask, args_mask; /* the keys present in the current event */
@@ -814,56 +841,14 @@ static void fields_init(Fields *f) {
     f->top_mask = f->args_mask = 0;
 }
 
+/* The event at s->i into the table's next row: 0, 1 to fall back to Python, -1 on an error. */
 static int scan_event(Scan *s, const Cats *cats, int event_mode, Table *tb, Names *nm, Fields *f) {
     Tok *top = f->top, *args = f->args;
-    /* The top level: known keys recorded, args read key by key where it is an object. */
-    forget(top, &f->top_mask);
+    /* The top level's known keys, and the args' where args is an object. */
     forget(args, &f->args_mask);
-    if (s->i >= s->n || s->p[s->i] != '{')
+    const Nested args_of = {K_ARGS, &ARG_SET, args, &f->args_mask};
+    if (scan_object(s, &TOP_SET, top, &f->top_mask, &args_of) < 0)
         return 1;
-    s->i++;
-    skip_ws(s);
-    int empty = s->i < s->n && s->p[s->i] == '}';
-    if (empty)
-        s->i++;
-    while (!empty) {
-        skip_ws(s);
-        int k = scan_key(s, &TOP_SET);
-        if (k == -2)
-            return 1;
-        skip_ws(s);
-        if (s->i >= s->n || s->p[s->i] != ':')
-            return 1;
-        s->i++;
-        skip_ws(s);
-        Tok skipped, *v = k >= 0 ? &top[k] : &skipped;
-        if (k >= 0 && (f->top_mask & (1u << k)))
-            return 1;
-        if (k == K_ARGS && s->i < s->n && s->p[s->i] == '{') {
-            v->type = T_OBJ;
-            v->start = s->i;
-            v->escaped = 0;
-            if (scan_object(s, &ARG_SET, args, &f->args_mask) < 0)
-                return 1;
-            v->end = s->i;
-        } else if (scan_value(s, v) < 0) {
-            return 1;
-        }
-        if (k >= 0)
-            f->top_mask |= 1u << k;
-        skip_ws(s);
-        if (s->i >= s->n)
-            return 1;
-        if (s->p[s->i] == ',') {
-            s->i++;
-            continue;
-        }
-        if (s->p[s->i] == '}') {
-            s->i++;
-            break;
-        }
-        return 1;
-    }
     /* The category: the union's tag; for `Event`, "" when absent and 0 when unknown. */
     int code;
     if (top[K_CAT].type == T_NONE && event_mode) {
@@ -914,15 +899,14 @@ static int scan_event(Scan *s, const Cats *cats, int event_mode, Table *tb, Name
     PUT(tb, C_FLOPS, double, f64_or(s, &a[A_FLOPS], NAN));
     PUT(tb, C_BYTES, double, f64_or(s, &a[A_BYTES], NAN));
     PUT(tb, C_EV_IDX, int64_t, i64_or(s, &a[A_EV_IDX], -1));
-    PUT(tb, C_DIMS_AT, int32_t, a[A_DIMS].type == T_NONE ? 0 : (int32_t)a[A_DIMS].start);
-    PUT(tb, C_DIMS_LEN, int32_t, a[A_DIMS].type == T_NONE ? 0 : (int32_t)(a[A_DIMS].end - a[A_DIMS].start));
-    PUT(tb, C_TYPE_AT, int32_t, a[A_TYPE].type == T_NONE ? 0 : (int32_t)a[A_TYPE].start);
-    PUT(tb, C_TYPE_LEN, int32_t, a[A_TYPE].type == T_NONE ? 0 : (int32_t)(a[A_TYPE].end - a[A_TYPE].start));
-    PUT(tb, C_CONC_AT, int32_t, a[A_CONCRETE].type == T_NONE ? 0 : (int32_t)a[A_CONCRETE].start);
-    PUT(tb, C_CONC_LEN, int32_t,
-        a[A_CONCRETE].type == T_NONE ? 0 : (int32_t)(a[A_CONCRETE].end - a[A_CONCRETE].start));
-    PUT(tb, C_ARGS_AT, int32_t, top[K_ARGS].type == T_NONE ? 0 : (int32_t)top[K_ARGS].start);
-    PUT(tb, C_ARGS_LEN, int32_t, top[K_ARGS].type == T_NONE ? 0 : (int32_t)(top[K_ARGS].end - top[K_ARGS].start));
+    PUT(tb, C_DIMS_AT, int32_t, span_at(&a[A_DIMS]));
+    PUT(tb, C_DIMS_LEN, int32_t, span_len(&a[A_DIMS]));
+    PUT(tb, C_TYPE_AT, int32_t, span_at(&a[A_TYPE]));
+    PUT(tb, C_TYPE_LEN, int32_t, span_len(&a[A_TYPE]));
+    PUT(tb, C_CONC_AT, int32_t, span_at(&a[A_CONCRETE]));
+    PUT(tb, C_CONC_LEN, int32_t, span_len(&a[A_CONCRETE]));
+    PUT(tb, C_ARGS_AT, int32_t, span_at(&top[K_ARGS]));
+    PUT(tb, C_ARGS_LEN, int32_t, span_len(&top[K_ARGS]));
     PUT(tb, C_COLL, int8_t, (int8_t)(a[A_COLL].type == T_STR));
     PUT(tb, C_TOTAL_ALLOC, double, f64_or(s, &a[A_TOTAL_ALLOC], NAN));
     PUT(tb, C_DEV_TYPE, int64_t, i64_or(s, &a[A_DEV_TYPE], INT64_MIN));

@@ -123,13 +123,11 @@ class ColumnBuilder:
                                  np.fromiter(map(_g_ev, args), np.int64, m), _with_collective(args, m),
                                  _picker(args), lambda js: [_dims_of(args[j]) for j in js]))
         for e in _pick(events, np.flatnonzero(code == _C_GPU_ANN)):
-            if 0 <= e.dur <= MAX_EVENT_US and abs(e.ts) <= MAX_ABS_TS_US and "ProfilerStep" in e.name:
+            if is_gpu_step(e.dur, e.ts, e.name):
                 self.gpu_steps.append(e.ts)
         for e in _pick(events, np.flatnonzero(code == _C_INSTANT)):
             a = e.args
-            if e.dur < 0 and a.total_allocated is not None and a.device_type not in (0, None):
-                d = int(a.device_id or 0)  # device type 0 is the CPU
-                self.peak[d] = max(self.peak.get(d, 0.0), float(a.total_allocated))
+            note_peak(self.peak, e.dur, a.total_allocated, a.device_type, a.device_id)
 
     def take(self, data) -> None:
         """Decode one JSON array of events and append it: on the compiled path where it is built
@@ -410,6 +408,18 @@ def timed_rows(dur: np.ndarray, ts: np.ndarray, name_at: Callable[[int], str], l
         log().events += max(0, int(odd.sum()) - 3)
         keep &= ~odd
     return None if keep.all() else np.flatnonzero(keep)
+
+
+def is_gpu_step(dur: float, ts: float, name: str) -> bool:
+    """A GPU-side ProfilerStep annotation, within what a profiler records."""
+    return 0 <= dur <= MAX_EVENT_US and abs(ts) <= MAX_ABS_TS_US and "ProfilerStep" in name
+
+
+def note_peak(peak: dict[int, float], dur: float, total, device_type, device_id) -> None:
+    """A memory instant's allocated total into its device's peak (absent values are None)."""
+    if dur < 0 and total is not None and device_type not in (0, None):  # device type 0 is the CPU
+        d = int(device_id or 0)
+        peak[d] = max(peak.get(d, 0.0), float(total))
 
 
 def _with_collective(args: list, n: int):

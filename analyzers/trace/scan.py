@@ -177,19 +177,19 @@ class _Chunk:
                 for dims, kind in zip(self._spans("dims", rows), self._spans("type", rows))]
 
     def _gpu_steps(self, rows: np.ndarray) -> None:
-        from diag.analyzers.trace.column_builder import MAX_ABS_TS_US, MAX_EVENT_US
+        from diag.analyzers.trace.column_builder import is_gpu_step
 
         c = self.c
         for r in rows.tolist():
-            dur, ts = float(c["dur"][r]), float(c["ts"][r])
-            if 0 <= dur <= MAX_EVENT_US and abs(ts) <= MAX_ABS_TS_US and "ProfilerStep" in self.names[c["name"][r]]:
+            ts = float(c["ts"][r])
+            if is_gpu_step(float(c["dur"][r]), ts, self.names[c["name"][r]]):
                 self.b.gpu_steps.append(ts)
 
     def _peaks(self, rows: np.ndarray) -> None:
-        c, peak = self.c, self.b.peak
+        from diag.analyzers.trace.column_builder import note_peak
+
+        c = self.c
         for r in rows.tolist():
-            kind = int(c["dev_type"][r])
-            if c["dur"][r] < 0 and not np.isnan(c["total_alloc"][r]) and kind not in (0, _ABSENT):
-                d = int(c["dev_id"][r])
-                d = 0 if d == _ABSENT else d  # device type 0 is the CPU
-                peak[d] = max(peak.get(d, 0.0), float(c["total_alloc"][r]))
+            total, kind, device = float(c["total_alloc"][r]), int(c["dev_type"][r]), int(c["dev_id"][r])
+            note_peak(self.b.peak, float(c["dur"][r]), None if np.isnan(total) else total,
+                      None if kind == _ABSENT else kind, None if device == _ABSENT else device)
